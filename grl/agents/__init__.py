@@ -1,0 +1,72 @@
+"""Agents: prompting, reply parsing and action budgets over the envs.
+
+`make_agent(task_name, task_cfg)` builds the generic Agent for a task instance
+of configs/agents.yaml (`{agent_type, agent_config, env_config}`). Agent types
+are registered in grl/agents/tasks.py with the env they drive.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import grl.envs
+from grl.agents.base import Agent, AgentSettings, AgentStep
+from grl.agents.parse import ParsedReply, parse_reply, split_actions
+from grl.agents.tasks import AGENT_TYPES, AgentType, TaskHooks
+
+
+def agent_types() -> list[str]:
+    return sorted(AGENT_TYPES)
+
+
+def env_name(agent_type: str) -> str:
+    """The grl.envs name an agent type drives."""
+    if agent_type not in AGENT_TYPES:
+        raise KeyError(f"unknown agent_type {agent_type!r}; registered: {', '.join(agent_types())}")
+    return AGENT_TYPES[agent_type].env
+
+
+def register(agent_type: str, env: str, hooks: TaskHooks | None = None) -> None:
+    """Add an agent type (a new env, or new hooks for an existing one)."""
+    AGENT_TYPES[agent_type] = AgentType(env, hooks or TaskHooks())
+
+
+def _plain(value: Any) -> Any:
+    """OmegaConf containers to plain dicts/lists, without importing omegaconf here."""
+    if hasattr(value, "_metadata") and hasattr(value, "_get_node"):
+        from omegaconf import OmegaConf
+
+        return OmegaConf.to_container(value, resolve=True)
+    return value
+
+
+def make_agent(task_name: str, task_cfg: Mapping[str, Any]) -> Agent:
+    """The Agent of one task instance; its env is built here and owned by it."""
+    task_cfg = _plain(task_cfg)
+    if not isinstance(task_cfg, Mapping):
+        raise ValueError(f"{task_name}: a task instance must be a mapping, got {type(task_cfg).__name__}")
+    for key in task_cfg:
+        if key not in ("agent_type", "agent_config", "env_config"):
+            raise ValueError(f"{task_name}.{key}: unknown key (known: agent_type, agent_config, env_config)")
+    agent_type = task_cfg.get("agent_type")
+    if agent_type not in AGENT_TYPES:
+        raise ValueError(f"{task_name}.agent_type: {agent_type!r} is not one of {', '.join(agent_types())}")
+    agent_config = task_cfg.get("agent_config")
+    if not isinstance(agent_config, Mapping):
+        raise ValueError(f"{task_name}.agent_config: missing or not a mapping")
+    env_config = task_cfg.get("env_config") or {}
+    if not isinstance(env_config, Mapping):
+        raise ValueError(f"{task_name}.env_config: must be a mapping")
+    settings = AgentSettings.from_mapping(agent_config, f"{task_name}.agent_config")
+    kind = AGENT_TYPES[agent_type]
+    accepted = grl.envs.config_keys(kind.env)
+    for key in env_config:
+        if accepted is not None and key not in accepted:
+            raise ValueError(f"{task_name}.env_config.{key}: unknown key for env {kind.env} "
+                             f"(known: {', '.join(sorted(accepted))})")
+    env = grl.envs.make(kind.env, **env_config)
+    return Agent(task_name, settings, env, kind.hooks)
+
+
+__all__ = ["Agent", "AgentSettings", "AgentStep", "AgentType", "ParsedReply", "TaskHooks", "agent_types",
+           "env_name", "make_agent", "parse_reply", "register", "split_actions"]

@@ -1,0 +1,236 @@
+"""The generic Agent: an env seen through a chat.
+
+One Agent owns one env. `reset(seed)` gives the first messages; each
+`step(reply)` parses the model's reply (grl/agents/parse.py), runs its
+actions in the env within the budgets, and appends the reply and the next
+user message. The rollout layer renders `messages` with the tokenizer's chat
+template; the agent never sees a token.
+
+An episode ends when the env is done, after `max_turns` replies, when
+`max_actions_all_turns` actions are spent, or when the env raises (reported
+in `info["env_error"]`, never raised). Actions beyond `max_actions_per_turn`
+in one reply are dropped. A turn's reward is the sum of its actions' env
+rewards plus `format_penalty` when the reply has no usable answer or holds an
+action the env calls invalid. Every action the env is given counts against
+the budget, valid or not.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any, Mapping
+
+from grl.agents.parse import parse_reply
+from grl.agents.tasks import TaskHooks
+from grl.envs.base import Env
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    """`agent_config` of a task instance (configs/agents.yaml)."""
+
+    system_prompt: str
+    prompt: str
+    enable_think: bool
+    max_tokens: int
+    max_turns: int
+    max_actions_per_turn: int
+    max_actions_all_turns: int
+    format_penalty: float
+    action_separator: str | None
+
+    @classmethod
+    def from_mapping(cls, cfg: Mapping[str, Any], where: str) -> "AgentSettings":
+        """Checked settings; a bad key raises ValueError naming `where.key`."""
+        known = [f.name for f in fields(cls)]
+        for key in cfg:
+            if key not in known:
+                raise ValueError(f"{where}.{key}: unknown agent_config key (known: {', '.join(known)})")
+        values = {}
+        for f in fields(cls):
+            if f.name not in cfg:
+                raise ValueError(f"{where}.{f.name}: missing")
+            values[f.name] = cfg[f.name]
+        for key in ("max_tokens", "max_turns", "max_actions_per_turn", "max_actions_all_turns"):
+            if not isinstance(values[key], int) or isinstance(values[key], bool) or values[key] < 1:
+                raise ValueError(f"{where}.{key}: must be an integer >= 1, got {values[key]!r}")
+        for key in ("system_prompt", "prompt"):
+            if not isinstance(values[key], str):
+                raise ValueError(f"{where}.{key}: must be a string, got {values[key]!r}")
+        if not isinstance(values["enable_think"], bool):
+            raise ValueError(f"{where}.enable_think: must be true or false, got {values['enable_think']!r}")
+        if not isinstance(values["format_penalty"], (int, float)) or isinstance(values["format_penalty"], bool):
+            raise ValueError(f"{where}.format_penalty: must be a number, got {values['format_penalty']!r}")
+        if values["action_separator"] is not None and not isinstance(values["action_separator"], str):
+            raise ValueError(f"{where}.action_separator: must be a string or null")
+        values["format_penalty"] = float(values["format_penalty"])
+        return cls(**values)
+
+
+@dataclass
+class AgentStep:
+    reward: float
+    done: bool
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+class Agent:
+    def __init__(self, task_name: str, settings: AgentSettings, env: Env, hooks: TaskHooks):
+        self.task_name = task_name
+        self.settings = settings
+        self.env = env
+        self.hooks = hooks
+        self.messages: list[dict[str, str]] = []
+        self._start_episode("")
+        self._done = True
+
+    # The rollout layer reads these three.
+    @property
+    def max_turns(self) -> int:
+        return self.settings.max_turns
+
+    @property
+    def max_tokens(self) -> int:
+        return self.settings.max_tokens
+
+    @property
+    def format_penalty(self) -> float:
+        return self.settings.format_penalty
+
+    # ------------------------------------------------------------ prompts
+
+    def format_text(self) -> str:
+        """The reply format, stated from the settings so that it always matches the parser."""
+        s = self.settings
+        if s.enable_think:
+            text = "Reply in the form <think>your reasoning</think><answer>your answer</answer>."
+        else:
+            text = "End your reply with <answer>your answer</answer>."
+        if s.action_separator and s.max_actions_per_turn > 1:
+            text += f" Separate actions with {s.action_separator.strip() or s.action_separator!r}" \
+                    f" and give at most {s.max_actions_per_turn} per answer."
+        return text
+
+    def _state_text(self, observation: str) -> str:
+        actions_left = self.settings.max_actions_all_turns - self._actions_used
+        return (f"Turn {self._turn + 1}. State:\n{observation}\n"
+                f"{self.hooks.budget_text(actions_left, self.settings.max_actions_per_turn)}")
+
+    def _first_user_message(self, observation: str) -> str:
+        parts = [self.settings.prompt.strip(), self.env.legend().strip(), self.env.action_help().strip(),
+                 self.format_text(), self._state_text(observation)]
+        return "\n\n".join(p for p in parts if p)
+
+    def _next_user_message(self, reward: float, feedback: str, observation: str) -> str:
+        parts = [f"Reward: {reward:g}", feedback, self._state_text(observation)]
+        return "\n".join(p for p in parts if p)
+
+    # ------------------------------------------------------------ episode
+
+    def reset(self, seed: int) -> list[dict[str, str]]:
+        observation = self.env.reset(seed)
+        self._start_episode(observation)
+        self.messages = [{"role": "system", "content": self.settings.system_prompt},
+                         {"role": "user", "content": self._first_user_message(observation)}]
+        return list(self.messages)
+
+    def _start_episode(self, observation: str) -> None:
+        self._observation = observation
+        self._turn = 0
+        self._actions_used = 0
+        self._done = False
+        self._success = False
+        self._valid: list[bool] = []
+        self._effective: list[bool] = []
+        self._format_ok: list[bool] = []
+        self._env_infos: list[dict[str, Any]] = []
+
+    def step(self, reply_text: str) -> AgentStep:
+        if self._done:
+            return AgentStep(0.0, True, {"actions": [], "format_ok": False, "env_error": None,
+                                         "error": "the episode is over; call reset()"})
+        reply = reply_text if isinstance(reply_text, str) else ""
+        s = self.settings
+        parsed = parse_reply(reply, s.enable_think)
+        answer = parsed.answer if parsed.format_ok else self.hooks.fallback_answer(reply)
+        proposed = self.hooks.actions(answer, s.action_separator)
+        room = min(s.max_actions_per_turn, s.max_actions_all_turns - self._actions_used)
+
+        reward, env_done, env_error, observation = 0.0, False, None, None
+        executed, invalid = [], []
+        for action in proposed[:room]:
+            try:
+                observation, action_reward, env_done, env_info = self.env.step(action)
+            except Exception as err:  # a broken env ends this episode, never the rollout
+                env_error = f"{type(err).__name__}: {err}"
+                break
+            executed.append(action)
+            reward += float(action_reward)
+            self._env_infos.append(env_info)
+            self._valid.append(bool(env_info.get("action_is_valid", False)))
+            self._effective.append(bool(env_info.get("action_is_effective", False)))
+            self._success = bool(env_info.get("success", False))
+            if not self._valid[-1]:
+                invalid.append(action)
+            if env_done:
+                break
+        self._actions_used += len(executed)
+        self._format_ok.append(parsed.format_ok)
+        self._turn += 1
+
+        penalised = not parsed.format_ok or bool(invalid)
+        if penalised:
+            reward += s.format_penalty
+        done = (env_done or env_error is not None or self._turn >= s.max_turns
+                or self._actions_used >= s.max_actions_all_turns)
+        self._done = done
+        if observation is not None:
+            self._observation = observation
+        over_budget = max(0, len(proposed) - room)
+        info = {
+            "turn": self._turn,
+            "actions": executed,
+            "actions_dropped": over_budget,
+            "invalid_actions": invalid,
+            "format_ok": parsed.format_ok,
+            "format_error": parsed.error,
+            "penalised": penalised,
+            "success": self._success,
+            "env_done": env_done,
+            "env_error": env_error,
+            "think": parsed.think,
+            "answer": answer,
+        }
+        self.messages.append({"role": "assistant", "content": reply})
+        if not done:
+            feedback = self._feedback(parsed.error, invalid, over_budget)
+            self.messages.append({"role": "user",
+                                  "content": self._next_user_message(reward, feedback, self._observation)})
+        return AgentStep(reward, done, info)
+
+    def _feedback(self, format_error: str, invalid: list[str], over_budget: int) -> str:
+        notes = []
+        if format_error:
+            notes.append(f"Format error: {format_error}.")
+        if invalid:
+            notes.append(f"Invalid action{'s' if len(invalid) > 1 else ''}: {', '.join(map(repr, invalid))}.")
+        if over_budget > 0:
+            notes.append(f"{over_budget} action{'s' if over_budget > 1 else ''} over the limit ignored.")
+        return " ".join(notes)
+
+    def episode_metrics(self) -> dict[str, float]:
+        def share(flags: list[bool]) -> float:
+            return sum(flags) / len(flags) if flags else 0.0
+
+        return {
+            "success": float(self._success),
+            "num_actions": float(len(self._valid)),
+            "action_is_valid": share(self._valid),
+            "action_is_effective": share(self._effective),
+            "format_ok": share(self._format_ok),
+            "num_turns": float(self._turn),
+            **self.hooks.episode_extras(self._env_infos),
+        }
+
+    def close(self) -> None:
+        self.env.close()

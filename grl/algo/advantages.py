@@ -1,0 +1,280 @@
+"""Advantage estimators for multi-turn episodes laid out as right-padded `[batch, tokens]` tensors.
+
+Conventions (docs/CONTRACTS.md):
+- `loss_mask[b, t]` is 1.0 exactly on tokens the model sampled (every turn's reply), 0 on
+  system/user/env/template tokens and padding. "Generated" below means `loss_mask > 0`.
+- `values[b, t]` is the critic's estimate at token t (aligned to the token, like log-probs).
+- `token_rewards[b, t]` holds rewards on the last generated token of a turn or of the episode;
+  rewards sitting on non-generated positions are ignored by every estimator.
+- `turn_ids[b, t]` is the turn a token belongs to (-1 on padding).
+- Every returned tensor is 0 outside the loss mask.
+
+The MDP the critic-based estimators see is the sequence of generated tokens only: environment
+tokens are part of the next state, not actions, so they are skipped rather than discounted over.
+"""
+
+from collections.abc import Sequence
+
+import torch
+
+from grl.algo.masked import masked_whiten
+
+ESTIMATORS = ("gae", "bi_level_gae", "weighted_gae", "grpo", "rloo", "reinforce_plus_plus")
+
+
+def _zero(x: torch.Tensor) -> torch.Tensor:
+    return torch.zeros((), dtype=x.dtype, device=x.device)
+
+
+def _compaction(gen: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """Where each generated token goes when a row's generated tokens are packed to the left.
+
+    Returns (dest, N): dest[b, t] is the rank of token t among row b's generated tokens, or N (a
+    dump column) for the others; N is the largest number of generated tokens in a row. In packed
+    form "the next generated token" is simply the next column, which is what makes environment
+    tokens invisible to every scan below.
+    """
+    rank = gen.long().cumsum(1) - 1
+    n = int(rank[:, -1].max()) + 1 if gen.numel() else 0
+    return torch.where(gen, rank, n), n
+
+
+def _pack(x: torch.Tensor, dest: torch.Tensor, n: int) -> torch.Tensor:
+    """`[B, T] -> [B, n]`: generated entries in order, 0 after each row's last one."""
+    return x.new_zeros(x.shape[0], n + 1).scatter(1, dest, x)[:, :n]
+
+
+def _unpack(packed: torch.Tensor, dest: torch.Tensor, gen: torch.Tensor) -> torch.Tensor:
+    """Inverse of `_pack`: `[B, n] -> [B, T]`, 0 on non-generated positions."""
+    padded = torch.cat([packed, packed.new_zeros(packed.shape[0], 1)], dim=1)
+    return torch.where(gen, padded.gather(1, dest), _zero(packed))
+
+
+def _shift_left(x: torch.Tensor) -> torch.Tensor:
+    return torch.cat([x[:, 1:], x.new_zeros(x.shape[0], 1)], dim=1)
+
+
+def _discounted_reverse_sum(x: torch.Tensor, decay: float | torch.Tensor) -> torch.Tensor:
+    """out[:, j] = x[:, j] + decay[:, j] * out[:, j + 1] on packed `[B, n]` tensors.
+
+    One fused multiply-add per column, vectorised over the batch; the zeros that pad a packed
+    row keep the carry at 0 until its last real entry.
+    """
+    if x.shape[1] == 0:
+        return x.clone()
+    cols = x.unbind(1)
+    decays = decay.unbind(1) if isinstance(decay, torch.Tensor) else [torch.full_like(cols[0], decay)] * len(cols)
+    carry, out = torch.zeros_like(cols[0]), [None] * len(cols)
+    for j in range(len(cols) - 1, -1, -1):
+        carry = torch.addcmul(cols[j], decays[j], carry)
+        out[j] = carry
+    return torch.stack(out, dim=1)
+
+
+def compute_gae(token_rewards: torch.Tensor, values: torch.Tensor, loss_mask: torch.Tensor, gamma: float, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Masked multi-turn GAE -> (advantages, returns).
+
+    Over generated tokens only: delta_t = r_t + gamma * V(next generated token) - V_t, where the
+    next generated token of a turn's last token is the first generated token of the next turn,
+    and 0 after the episode's last one; A_t = delta_t + gamma * lam * A(next generated token).
+    returns = advantages + values. Not whitened (the dispatcher does that).
+    """
+    gen = loss_mask > 0
+    dest, n = _compaction(gen)
+    rewards, vals = _pack(token_rewards, dest, n), _pack(values, dest, n)
+    deltas = rewards + gamma * _shift_left(vals) - vals
+    advantages = _unpack(_discounted_reverse_sum(deltas, gamma * lam), dest, gen)
+    returns = torch.where(gen, advantages + values, _zero(values))
+    return advantages, returns
+
+
+def turn_ids_from_mask(loss_mask: torch.Tensor) -> torch.Tensor:
+    """Turn index per token when only the mask is known: each maximal run of generated tokens
+    is one turn, and the non-generated tokens before a run (its prompt) belong to that turn.
+    A token's turn is the number of runs that ended before it."""
+    gen = (loss_mask > 0).long()
+    ends = torch.cat([gen.new_zeros(gen.shape[0], 1), gen[:, :-1] * (1 - gen[:, 1:])], dim=1)
+    return ends.cumsum(1)
+
+
+def _turn_layout(turn_ids: torch.Tensor, gen: torch.Tensor):
+    """Per row and turn: first and last generated position, and whether the turn has any.
+
+    Returns (tid, first, last, has_turn, K): `tid` is the turn id on generated tokens and K (a
+    dump slot) elsewhere; `first`, `last`, `has_turn` are `[batch, K]`.
+    """
+    if bool((gen & (turn_ids < 0)).any()):
+        raise ValueError("turn_ids must be >= 0 on every generated token (loss_mask > 0)")
+    B, T = gen.shape
+    K = int(turn_ids[gen].max()) + 1 if bool(gen.any()) else 0
+    tid = torch.where(gen, turn_ids.long(), K)
+    pos = torch.arange(T, device=gen.device).expand(B, T)
+    first = pos.new_full((B, K + 1), T).scatter_reduce(1, tid, pos, "amin")[:, :K]
+    last = pos.new_full((B, K + 1), -1).scatter_reduce(1, tid, pos, "amax")[:, :K]
+    return tid, first, last, last >= 0, K
+
+
+def _to_tokens(per_turn: torch.Tensor, tid: torch.Tensor, gen: torch.Tensor) -> torch.Tensor:
+    """Broadcast a `[batch, K]` per-turn quantity onto the generated tokens of each turn."""
+    padded = torch.cat([per_turn, per_turn.new_zeros(per_turn.shape[0], 1)], dim=1)
+    return torch.where(gen, padded.gather(1, tid), _zero(per_turn))
+
+
+def compute_turn_gae(token_rewards: torch.Tensor, values: torch.Tensor, loss_mask: torch.Tensor, turn_ids: torch.Tensor,
+                     high_level_gamma: float, high_level_lam: float):
+    """High-level (turn) GAE -> (turn_advantages, turn_returns, tid, last, has_turn), per turn `[batch, K]`.
+
+    Turn k of a row is the set of its generated tokens with turn_ids == k; turns without a
+    generated token are skipped. Turn reward R_k = sum of the turn's token rewards; turn value
+    V_k = value at the turn's first generated token (the state the reply was written from).
+    GAE over the row's turns: delta_k = R_k + high_level_gamma * V_{k+1} - V_k (0 after the
+    last turn), A_k = delta_k + high_level_gamma * high_level_lam * A_{k+1}, G_k = A_k + V_k.
+    """
+    gen = loss_mask > 0
+    tid, first, last, has_turn, K = _turn_layout(turn_ids, gen)
+    B, T = gen.shape
+    turn_rewards = token_rewards.new_zeros(B, K + 1).scatter_add(1, tid, torch.where(gen, token_rewards, _zero(token_rewards)))[:, :K]
+    turn_values = torch.where(has_turn, values.gather(1, first.clamp(max=T - 1)), _zero(values))
+    turn_adv, turn_ret = compute_gae(turn_rewards, turn_values, has_turn.to(values.dtype), high_level_gamma, high_level_lam)
+    return turn_adv, turn_ret, tid, last, has_turn
+
+
+def compute_bi_level_gae(token_rewards: torch.Tensor, values: torch.Tensor, loss_mask: torch.Tensor, turn_ids: torch.Tensor,
+                         gamma: float, lam: float, high_level_gamma: float, high_level_lam: float | None = None):
+    """Bi-level (turn-level) GAE as in RAGEN -> (advantages, returns).
+
+    1. High level: `compute_turn_gae` gives each turn its lambda-return
+       G_k = R_k + high_level_gamma * ((1 - high_level_lam) * V_{k+1} + high_level_lam * G_{k+1}).
+    2. Low level: inside each turn, token GAE with (gamma, lam) where the turn's last generated
+       token receives reward G_k and bootstraps nothing further (the next turn is already in G_k);
+       other tokens of the turn get reward 0 (their rewards are counted in R_k).
+    returns = advantages + values. `high_level_lam` defaults to `lam` (RAGEN uses one lambda).
+    """
+    high_level_lam = lam if high_level_lam is None else high_level_lam
+    gen = loss_mask > 0
+    _, turn_ret, tid, last, has_turn = compute_turn_gae(token_rewards, values, loss_mask, turn_ids, high_level_gamma, high_level_lam)
+    B, T = gen.shape
+    is_last = gen.new_zeros(B, T + 1).scatter(1, torch.where(has_turn, last, T), True)[:, :T]
+    low_rewards = torch.where(is_last, _to_tokens(turn_ret, tid, gen), _zero(values))
+    dest, n = _compaction(gen)
+    rewards, vals = _pack(low_rewards, dest, n), _pack(values, dest, n)
+    cont = 1.0 - _pack(is_last.to(values.dtype), dest, n)  # a turn's last token bootstraps nothing
+    deltas = rewards + gamma * cont * _shift_left(vals) - vals
+    advantages = _unpack(_discounted_reverse_sum(deltas, gamma * lam * cont), dest, gen)
+    returns = torch.where(gen, advantages + values, _zero(values))
+    return advantages, returns
+
+
+def compute_weighted_gae(token_rewards: torch.Tensor, values: torch.Tensor, loss_mask: torch.Tensor, turn_ids: torch.Tensor,
+                         gamma: float, lam: float, high_level_gamma: float, turn_weight: float, high_level_lam: float | None = None):
+    """Token + turn advantage -> (advantages, returns).
+
+    A = A_token + turn_weight * A_turn, where A_token is `compute_gae` (multi-turn, env tokens
+    skipped) and A_turn is the high-level advantage of `compute_turn_gae` broadcast to every
+    generated token of its turn. returns are the token-level GAE returns (what the critic fits).
+    """
+    high_level_lam = lam if high_level_lam is None else high_level_lam
+    gen = loss_mask > 0
+    token_adv, returns = compute_gae(token_rewards, values, loss_mask, gamma, lam)
+    turn_adv, _, tid, _, _ = compute_turn_gae(token_rewards, values, loss_mask, turn_ids, high_level_gamma, high_level_lam)
+    return token_adv + turn_weight * _to_tokens(turn_adv, tid, gen), returns
+
+
+def group_index(group_ids: torch.Tensor | Sequence, device: torch.device | None = None) -> torch.Tensor:
+    """Dense group index `[batch]` (0..G-1) from a tensor or a list of hashable group ids."""
+    if isinstance(group_ids, torch.Tensor):
+        return torch.unique(group_ids, return_inverse=True)[1].to(device or group_ids.device)
+    dense: dict = {}
+    return torch.tensor([dense.setdefault(g, len(dense)) for g in group_ids], dtype=torch.long, device=device)
+
+
+def _group_stats(scores: torch.Tensor, idx: torch.Tensor):
+    """Per-row group size, group sum and unbiased group std, gathered back to rows."""
+    G = int(idx.max()) + 1 if idx.numel() else 0
+    count = scores.new_zeros(G).index_add_(0, idx, torch.ones_like(scores))
+    total = scores.new_zeros(G).index_add_(0, idx, scores)
+    mean = total / count
+    sq_dev = scores.new_zeros(G).index_add_(0, idx, (scores - mean[idx]) ** 2)
+    std = (sq_dev / (count - 1).clamp(min=1)).sqrt()
+    return count[idx], total[idx], std[idx]
+
+
+def compute_grpo(episode_scores: torch.Tensor, loss_mask: torch.Tensor, group_ids, norm_by_std: bool = True, eps: float = 1e-6):
+    """GRPO -> (advantages, returns): A_b = (s_b - mean_group) / (std_group + eps) on every
+    generated token (std unbiased; without `norm_by_std` only the mean is removed).
+    As in verl, a group of one keeps its raw score (mean 0, std 1)."""
+    idx = group_index(group_ids, episode_scores.device)
+    n, total, std = _group_stats(episode_scores, idx)
+    single = n == 1
+    mean = torch.where(single, _zero(total), total / n)
+    adv = episode_scores - mean
+    if norm_by_std:
+        adv = adv / (torch.where(single, torch.ones_like(std), std) + eps)
+    advantages = torch.where(loss_mask > 0, adv[:, None].to(loss_mask.dtype), _zero(loss_mask))
+    return advantages, advantages
+
+
+def compute_rloo(episode_scores: torch.Tensor, loss_mask: torch.Tensor, group_ids):
+    """RLOO -> (advantages, returns): A_b = s_b - mean of the other members of b's group, on every
+    generated token. As in verl, a group of one keeps its raw score."""
+    idx = group_index(group_ids, episode_scores.device)
+    n, total, _ = _group_stats(episode_scores, idx)
+    leave_one_out = (total - episode_scores) / (n - 1).clamp(min=1)
+    adv = torch.where(n > 1, episode_scores - leave_one_out, episode_scores)
+    advantages = torch.where(loss_mask > 0, adv[:, None].to(loss_mask.dtype), _zero(loss_mask))
+    return advantages, advantages
+
+
+def compute_reinforce_plus_plus(token_rewards: torch.Tensor, loss_mask: torch.Tensor, gamma: float):
+    """REINFORCE++ -> (advantages, returns).
+
+    returns G_t = r_t + gamma * G(next generated token): the discount runs over generated tokens
+    across turns and is not reset at environment tokens. advantages = G whitened over the mask.
+    """
+    gen = loss_mask > 0
+    dest, n = _compaction(gen)
+    returns = _unpack(_discounted_reverse_sum(_pack(token_rewards, dest, n), gamma), dest, gen)
+    return masked_whiten(returns, loss_mask), returns
+
+
+def _need(name: str, value, estimator: str):
+    if value is None:
+        raise ValueError(f"advantage estimator '{estimator}' needs '{name}'")
+    return value
+
+
+def compute_advantage(estimator: str, *, token_rewards: torch.Tensor, loss_mask: torch.Tensor, values: torch.Tensor | None = None,
+                      turn_ids: torch.Tensor | None = None, group_ids=None, episode_scores: torch.Tensor | None = None,
+                      gamma: float = 1.0, lam: float = 1.0, high_level_gamma: float = 1.0, high_level_lam: float | None = None,
+                      turn_weight: float = 1.0, norm_adv_by_std: bool = True, whiten: bool = True, eps: float = 1e-6):
+    """Dispatch to one estimator by name -> (advantages, returns), both `[batch, tokens]`.
+
+    `whiten` whitens the advantages of the critic-based estimators (gae, bi_level_gae,
+    weighted_gae) over the mask, as verl and RAGEN do; returns stay raw. REINFORCE++ always
+    whitens (it is part of the method); GRPO and RLOO are already group-normalised.
+    `episode_scores` default to each row's summed rewards on generated tokens; `turn_ids`
+    default to one turn per run of generated tokens.
+    """
+    if estimator not in ESTIMATORS:
+        raise ValueError(f"unknown advantage estimator '{estimator}'; choose one of: {', '.join(ESTIMATORS)}")
+    if estimator in ("grpo", "rloo"):
+        group_ids = _need("group_ids", group_ids, estimator)
+        if episode_scores is None:
+            episode_scores = torch.where(loss_mask > 0, token_rewards, _zero(token_rewards)).sum(-1)
+        if estimator == "grpo":
+            return compute_grpo(episode_scores, loss_mask, group_ids, norm_adv_by_std, eps)
+        return compute_rloo(episode_scores, loss_mask, group_ids)
+    if estimator == "reinforce_plus_plus":
+        return compute_reinforce_plus_plus(token_rewards, loss_mask, gamma)
+    values = _need("values", values, estimator)
+    if estimator == "gae":
+        advantages, returns = compute_gae(token_rewards, values, loss_mask, gamma, lam)
+    else:
+        turn_ids = turn_ids_from_mask(loss_mask) if turn_ids is None else turn_ids
+        if estimator == "bi_level_gae":
+            advantages, returns = compute_bi_level_gae(token_rewards, values, loss_mask, turn_ids, gamma, lam, high_level_gamma, high_level_lam)
+        else:
+            advantages, returns = compute_weighted_gae(token_rewards, values, loss_mask, turn_ids, gamma, lam, high_level_gamma, turn_weight, high_level_lam)
+    if whiten:
+        advantages = masked_whiten(advantages, loss_mask)
+    return advantages, returns

@@ -1,0 +1,127 @@
+"""PPO losses over `[batch, tokens]` tensors: loss aggregation, clipped policy loss (clip-higher,
+dual-clip), clipped value loss, entropy and log-probs from logits.
+
+Positions outside `loss_mask` may hold inf/NaN (pad log-probs, unset advantages); they are
+removed with `torch.where` before any arithmetic so neither the loss nor its gradient sees them.
+"""
+
+import torch
+
+from grl.algo.masked import masked_mean
+
+AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
+
+
+def _clean(x: torch.Tensor, gen: torch.Tensor) -> torch.Tensor:
+    return torch.where(gen, x, torch.zeros((), dtype=x.dtype, device=x.device))
+
+
+def agg_loss(loss_mat: torch.Tensor, loss_mask: torch.Tensor, mode: str = "token-mean") -> torch.Tensor:
+    """Reduce a per-token loss to a scalar.
+
+    token-mean            sum over all masked tokens / number of masked tokens
+    seq-mean-token-sum    mean over rows of each row's masked sum
+    seq-mean-token-mean   mean over rows of each row's masked mean
+    Rows without masked tokens are left out of the seq-mean modes; an empty mask gives 0.
+    """
+    gen = loss_mask > 0
+    if mode == "token-mean":
+        return masked_mean(loss_mat, loss_mask)
+    has_tokens = gen.any(-1)
+    if mode == "seq-mean-token-sum":
+        return masked_mean(_clean(loss_mat, gen).sum(-1), has_tokens)
+    if mode == "seq-mean-token-mean":
+        return masked_mean(masked_mean(loss_mat, loss_mask, dim=-1), has_tokens)
+    raise ValueError(f"unknown loss_agg_mode '{mode}'; choose one of: {', '.join(AGG_MODES)}")
+
+
+def policy_loss(log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantages: torch.Tensor, loss_mask: torch.Tensor,
+                clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2, clip_ratio_c: float | None = 3.0,
+                loss_agg_mode: str = "token-mean") -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Clipped PPO surrogate -> (loss, metrics).
+
+    ratio = exp(log_probs - old_log_probs) (log-ratio clamped to +-20);
+    loss_t = max(-A * ratio, -A * clip(ratio, 1 - clip_ratio_low, 1 + clip_ratio_high));
+    dual-clip (Ye et al. 2020): where A < 0 the loss is further capped at -A * clip_ratio_c,
+    so a huge ratio on a bad action cannot blow up the update (None turns it off).
+    metrics (detached): pg_clipfrac (share of tokens where clipping bound the loss),
+    pg_clipfrac_lower (share where the dual-clip cap bound it), ppo_kl (masked mean of
+    old - new log-prob, the k1 estimate of KL(old || new)).
+    """
+    if clip_ratio_c is not None and clip_ratio_c <= 1.0:
+        raise ValueError(f"clip_ratio_c must be > 1.0, got {clip_ratio_c}")
+    gen = loss_mask > 0
+    log_ratio = _clean(log_probs - old_log_probs, gen).clamp(-20.0, 20.0)
+    advantages = _clean(advantages, gen)
+    ratio = torch.exp(log_ratio)
+    loss_unclipped = -advantages * ratio
+    loss_clipped = -advantages * ratio.clamp(1 - clip_ratio_low, 1 + clip_ratio_high)
+    loss_ppo = torch.maximum(loss_unclipped, loss_clipped)
+    metrics = {"pg_clipfrac": masked_mean((loss_clipped > loss_unclipped).to(log_ratio.dtype), loss_mask)}
+    capped = torch.zeros_like(gen)
+    if clip_ratio_c is not None:
+        loss_cap = -advantages * clip_ratio_c
+        capped = (advantages < 0) & (loss_ppo > loss_cap)
+        loss_ppo = torch.where(capped, loss_cap, loss_ppo)
+    metrics["pg_clipfrac_lower"] = masked_mean(capped.to(log_ratio.dtype), loss_mask)
+    metrics["ppo_kl"] = masked_mean(-log_ratio, loss_mask)
+    loss = agg_loss(loss_ppo, loss_mask, loss_agg_mode)
+    return loss, {k: v.detach() for k, v in metrics.items()}
+
+
+def value_loss(values_pred: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, loss_mask: torch.Tensor,
+               cliprange_value: float | None = 0.5, loss_agg_mode: str = "token-mean") -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Clipped value loss (as verl) -> (loss, metrics).
+
+    v_clipped = old_values + clip(values_pred - old_values, -cliprange_value, cliprange_value);
+    loss = 0.5 * agg(max((values_pred - R)^2, (v_clipped - R)^2)). metrics: vf_clipfrac (share
+    of tokens where the clipped error was the larger one). cliprange_value None: plain MSE.
+    """
+    gen = loss_mask > 0
+    values_pred, old_values, returns = _clean(values_pred, gen), _clean(old_values, gen), _clean(returns, gen)
+    err_unclipped = (values_pred - returns) ** 2
+    if cliprange_value is None:
+        err, clipfrac = err_unclipped, torch.zeros((), dtype=values_pred.dtype, device=values_pred.device)
+    else:
+        v_clipped = old_values + (values_pred - old_values).clamp(-cliprange_value, cliprange_value)
+        err_clipped = (v_clipped - returns) ** 2
+        err = torch.maximum(err_unclipped, err_clipped)
+        clipfrac = masked_mean((err_clipped > err_unclipped).to(values_pred.dtype), loss_mask)
+    loss = 0.5 * agg_loss(err, loss_mask, loss_agg_mode)
+    return loss, {"vf_clipfrac": clipfrac.detach()}
+
+
+def _chunked_rows(fn, logits: torch.Tensor, *extra: torch.Tensor, chunk_size: int | None):
+    """Apply `fn` row-chunk by row-chunk over the flattened leading dims of `logits`."""
+    lead = logits.shape[:-1]
+    flat = logits.reshape(-1, logits.shape[-1])
+    flat_extra = [e.reshape(-1) for e in extra]
+    step = flat.shape[0] if not chunk_size else chunk_size
+    parts = [fn(flat[i:i + step], *(e[i:i + step] for e in flat_extra)) for i in range(0, flat.shape[0], max(step, 1))]
+    out = torch.cat(parts) if parts else flat.new_zeros(0)
+    return out.reshape(lead)
+
+
+def _entropy(logits: torch.Tensor) -> torch.Tensor:
+    # H = logsumexp(z) - sum softmax(z) * z: no log(0) for tokens with zero probability
+    return torch.logsumexp(logits, -1) - (torch.softmax(logits, -1) * logits).sum(-1)
+
+
+def entropy_from_logits(logits: torch.Tensor, chunk_size: int | None = None) -> torch.Tensor:
+    """Entropy of the categorical over the last dim: `[..., vocab] -> [...]`.
+    `chunk_size` rows at a time bounds the softmax temporaries for big vocabularies."""
+    return _chunked_rows(_entropy, logits, chunk_size=chunk_size)
+
+
+def _token_log_prob(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return logits.gather(-1, labels[:, None]).squeeze(-1) - torch.logsumexp(logits, -1)
+
+
+def log_probs_from_logits(logits: torch.Tensor, labels: torch.Tensor, chunk_size: int | None = None) -> torch.Tensor:
+    """log softmax(logits)[label] for each position: `[..., vocab], [...] -> [...]`."""
+    return _chunked_rows(_token_log_prob, logits, labels, chunk_size=chunk_size)
+
+
+def entropy_bonus(entropy: torch.Tensor, loss_mask: torch.Tensor, loss_agg_mode: str = "token-mean") -> torch.Tensor:
+    """Aggregated entropy; the actor loss subtracts entropy_coeff times this."""
+    return agg_loss(entropy, loss_mask, loss_agg_mode)

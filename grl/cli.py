@@ -1,0 +1,126 @@
+"""The `grl` command: small tools around training.
+
+    grl play <task instance> [--seed N] [--config-dir DIR] [key=value ...]
+        play a task in the terminal, seeing exactly the messages the model sees
+    grl plot ...
+        plot logged curves (grl.tracking.plot)
+
+Training itself is `grl-train` / `python -m grl.train`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import TextIO
+
+RULE = "-" * 72
+
+
+def load_task(task: str, overrides: list[str], config_dir: str | None) -> dict:
+    """A task instance block, composed and validated exactly as training would."""
+    from grl import config
+
+    # Put the task in the rollout lists so the validator checks its env keys too.
+    forced = [f"rollout.training=[{task}]", f"rollout.validation=[{task}]"]
+    cfg = config.load_config(forced + list(overrides), config_dir=config_dir)
+    return config.task_instance(cfg, task)
+
+
+def _show(message: dict, out: TextIO) -> None:
+    out.write(f"{RULE}\n[{message['role']}]\n{message['content']}\n")
+
+
+def _read_reply(inp: TextIO, out: TextIO) -> str | None:
+    """One reply: a line, or several when each but the last ends with a backslash."""
+    out.write(f"{RULE}\n[assistant] (your reply; a line ending in \\ continues; Ctrl-D quits)\n> ")
+    out.flush()
+    lines = []
+    while True:
+        line = inp.readline()
+        if not line:
+            return "\n".join(lines) if lines else None
+        line = line.rstrip("\n")
+        if line.endswith("\\"):
+            lines.append(line[:-1])
+            out.write("> ")
+            out.flush()
+            continue
+        lines.append(line)
+        return "\n".join(lines)
+
+
+def play(task: str, seed: int, overrides: list[str], config_dir: str | None,
+         inp: TextIO = sys.stdin, out: TextIO = sys.stdout) -> dict[str, float]:
+    """Run one episode of a task with a human (or a pipe) writing the replies."""
+    import grl.agents
+
+    agent = grl.agents.make_agent(task, load_task(task, overrides, config_dir))
+    try:
+        out.write(f"task {task}, seed {seed}: up to {agent.max_turns} turn(s), "
+                  f"{agent.max_tokens} tokens per reply\n")
+        for message in agent.reset(seed):
+            _show(message, out)
+        total, done = 0.0, False
+        while not done:
+            reply = _read_reply(inp, out)
+            if reply is None:
+                out.write("\n(no more input; episode stopped)\n")
+                break
+            result = agent.step(reply)
+            total += result.reward
+            done = result.done
+            info = result.info
+            out.write(f"\n=> reward {result.reward:g}  done {done}  actions {info['actions']}  "
+                      f"format_ok {info['format_ok']}  success {info['success']}"
+                      f"{'  env_error ' + info['env_error'] if info['env_error'] else ''}\n")
+            if not done:
+                _show(agent.messages[-1], out)
+        metrics = agent.episode_metrics()
+        out.write(f"{RULE}\nepisode reward {total:g}; " + ", ".join(f"{k} {v:g}" for k, v in metrics.items()) + "\n")
+        return metrics
+    finally:
+        agent.close()
+
+
+def _play_main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="grl play", description="Play a task instance in the terminal.")
+    parser.add_argument("task", help="task instance name from configs/agents.yaml, e.g. simpleSokobanAgent")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. simpleSokobanAgent.env_config.num_boxes=2")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--config-dir", default=None, help="folder holding base.yaml (default: the repo's configs/)")
+    args = parser.parse_args(argv)
+    from grl.config import ConfigError
+
+    try:
+        play(args.task, args.seed, args.overrides, args.config_dir)
+    except (ConfigError, ValueError, KeyError, FileNotFoundError, RuntimeError) as err:
+        print(f"grl play: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+def _plot_main(argv: list[str]) -> int:
+    from grl.tracking.plot import main as plot_main
+
+    return plot_main(argv) or 0
+
+
+COMMANDS = {"play": _play_main, "plot": _plot_main}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__.strip())
+        return 0 if argv else 2
+    if argv[0] not in COMMANDS:
+        print(f"grl: unknown command {argv[0]!r}; commands: {', '.join(COMMANDS)}", file=sys.stderr)
+        return 2
+    return COMMANDS[argv[0]](argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

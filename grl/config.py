@@ -1,0 +1,450 @@
+"""Compose the Hydra config and check it before anything starts.
+
+The YAML files in configs/ hold the values; the dataclasses here hold only the
+types. `load_config` composes base.yaml with the command-line overrides,
+merges the result into the typed schema and runs the checks a type cannot
+express. Every mistake becomes one `ConfigError` line that names the key, so a
+typo costs seconds, not a Ray start-up.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field, fields, is_dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+
+
+class ConfigError(ValueError):
+    """A configuration mistake, described in one line that names the key."""
+
+
+# ---------------------------------------------------------------- schema
+
+@dataclass
+class RewardNormalization:
+    grouping: str = MISSING
+    method: str = MISSING
+
+
+@dataclass
+class Rollout:
+    training: list[str] = MISSING
+    agent_group_num: list[int] = MISSING
+    agent_group_size: list[int] = MISSING
+    validation: list[str] = MISSING
+    validation_agent_group_num: list[int] = MISSING
+    validation_agent_group_size: list[int] = MISSING
+    validation_seed: int = MISSING
+    seed: int = MISSING
+    truncation: str = MISSING
+    use_turn_scores: bool = MISSING
+    rollout_filter_ratio: float = MISSING
+    rollout_filter_type: str = MISSING
+    reward_normalization: RewardNormalization = MISSING
+    max_episode_length: int = MISSING
+    packing: bool = MISSING
+    env_workers: int = MISSING
+    env_step_timeout: float = MISSING
+    env_error_penalty: Optional[float] = MISSING
+    max_failed_agent_ratio: float = MISSING
+
+
+@dataclass
+class Model:
+    path: str = MISSING
+    dtype: str = MISSING
+    enable_gradient_checkpointing: bool = MISSING
+    trust_remote_code: bool = False
+
+
+@dataclass
+class Optim:
+    lr: float = MISSING
+    lr_warmup_steps: int = MISSING
+    betas: list[float] = MISSING
+    weight_decay: float = MISSING
+
+
+@dataclass
+class FSDPConfig:
+    param_offload: bool = MISSING
+    optimizer_offload: bool = False
+    mixed_precision: bool = True
+
+
+@dataclass
+class Actor:
+    strategy: str = MISSING
+    ppo_mini_batch_size: int = MISSING
+    ppo_micro_batch_size_per_gpu: int = MISSING
+    ppo_epochs: int = MISSING
+    shuffle: bool = MISSING
+    grad_clip: float = MISSING
+    clip_ratio_low: float = MISSING
+    clip_ratio_high: float = MISSING
+    clip_ratio_c: float = MISSING
+    loss_agg_mode: str = MISSING
+    entropy_coeff: float = MISSING
+    use_kl_loss: bool = MISSING
+    kl_loss_coef: float = MISSING
+    kl_loss_type: str = MISSING
+    logits_chunk_size: int = MISSING
+    optim: Optim = MISSING
+    fsdp_config: FSDPConfig = MISSING
+
+
+@dataclass
+class Ref:
+    log_prob_micro_batch_size_per_gpu: int = MISSING
+    fsdp_config: FSDPConfig = MISSING
+
+
+@dataclass
+class SamplingOverrides:
+    do_sample: bool = MISSING
+    temperature: float = MISSING
+    top_p: float = MISSING
+    top_k: int = MISSING
+
+
+@dataclass
+class RolloutEngine:
+    name: str = MISSING
+    temperature: float = MISSING
+    top_p: float = MISSING
+    top_k: int = MISSING
+    prompt_length: int = MISSING
+    response_length: int = MISSING
+    gpu_memory_utilization: float = MISSING
+    enforce_eager: bool = MISSING
+    free_cache_engine: bool = MISSING
+    tensor_model_parallel_size: int = MISSING
+    max_model_len: Optional[int] = MISSING
+    log_prob_micro_batch_size_per_gpu: int = MISSING
+    val_kwargs: SamplingOverrides = MISSING
+
+
+@dataclass
+class ActorRolloutRef:
+    hybrid_engine: bool = MISSING
+    model: Model = MISSING
+    actor: Actor = MISSING
+    ref: Ref = MISSING
+    rollout: RolloutEngine = MISSING
+
+
+@dataclass
+class Critic:
+    enable: bool = MISSING
+    model: Model = MISSING
+    ppo_mini_batch_size: int = MISSING
+    ppo_micro_batch_size_per_gpu: int = MISSING
+    ppo_epochs: int = MISSING
+    cliprange_value: float = MISSING
+    grad_clip: float = MISSING
+    optim: Optim = MISSING
+    fsdp_config: FSDPConfig = MISSING
+
+
+@dataclass
+class KLControl:
+    type: str = MISSING
+    kl_coef: float = MISSING
+    horizon: int = MISSING
+    target_kl: float = MISSING
+
+
+@dataclass
+class Algorithm:
+    adv_estimator: str = MISSING
+    gamma: float = MISSING
+    lam: float = MISSING
+    high_level_gamma: float = MISSING
+    turn_advantage_weight: float = MISSING
+    norm_adv_by_std_in_grpo: bool = MISSING
+    kl_penalty: str = MISSING
+    use_kl_in_reward: bool = MISSING
+    kl_ctrl: KLControl = MISSING
+
+
+@dataclass
+class Trainer:
+    project_name: str = MISSING
+    experiment_name: str = MISSING
+    logger: list[str] = MISSING
+    nnodes: int = MISSING
+    n_gpus_per_node: int = MISSING
+    device: str = MISSING
+    ray_address: Optional[str] = MISSING
+    total_training_steps: int = MISSING
+    test_freq: int = MISSING
+    save_freq: int = MISSING
+    val_before_train: bool = MISSING
+    resume_mode: str = MISSING
+    default_local_dir: str = MISSING
+    run_dir: str = MISSING
+    max_ckpt_to_keep: Optional[int] = MISSING
+    export_hf: bool = MISSING
+    critic_warmup: int = MISSING
+    seed: int = MISSING
+
+
+@dataclass
+class GRLConfig:
+    model_path: str = MISSING
+    max_prompt_length: int = MISSING
+    max_response_length: int = MISSING
+    train_batch_size: Optional[int] = MISSING
+    ppo_mini_batch_size: int = MISSING
+    micro_batch_size_per_gpu: int = MISSING
+    total_training_steps: int = MISSING
+    n_gpus_per_node: int = MISSING
+    nnodes: int = MISSING
+    test_freq: int = MISSING
+    save_freq: int = MISSING
+    gpu_memory_utilization: float = MISSING
+    project_name: str = MISSING
+    experiment_name: str = MISSING
+    resume_mode: str = MISSING
+    rollout: Rollout = MISSING
+    actor_rollout_ref: ActorRolloutRef = MISSING
+    critic: Critic = MISSING
+    algorithm: Algorithm = MISSING
+    trainer: Trainer = MISSING
+
+
+@dataclass
+class AgentConfig:
+    """`agent_config` of a task instance in configs/agents.yaml."""
+
+    system_prompt: str = MISSING
+    prompt: str = MISSING
+    enable_think: bool = MISSING
+    max_tokens: int = MISSING
+    max_turns: int = MISSING
+    max_actions_per_turn: int = MISSING
+    max_actions_all_turns: int = MISSING
+    format_penalty: float = MISSING
+    action_separator: Optional[str] = MISSING
+
+
+@dataclass
+class TaskInstance:
+    agent_type: str = MISSING
+    agent_config: AgentConfig = MISSING
+    env_config: dict[str, Any] = field(default_factory=dict)
+
+
+# Values a type cannot check: key -> allowed choices.
+CHOICES: dict[str, tuple[str, ...]] = {
+    "rollout.truncation": ("left", "right", "error"),
+    "rollout.rollout_filter_type": ("std", "std_rev"),
+    "rollout.reward_normalization.grouping": ("state", "batch", "inductive"),
+    "rollout.reward_normalization.method": ("identity", "mean_std", "asym_clip"),
+    "actor_rollout_ref.actor.loss_agg_mode": ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean"),
+    "actor_rollout_ref.actor.kl_loss_type": ("kl", "abs", "mse", "low_var_kl"),
+    "actor_rollout_ref.actor.strategy": ("fsdp", "fsdp2"),
+    "actor_rollout_ref.rollout.name": ("auto", "hf", "vllm"),
+    "actor_rollout_ref.model.dtype": ("auto", "float32", "bfloat16", "float16", "fp32", "bf16", "fp16"),
+    "critic.model.dtype": ("auto", "float32", "bfloat16", "float16", "fp32", "bf16", "fp16"),
+    "algorithm.adv_estimator": ("gae", "bi_level_gae", "weighted_gae", "grpo", "rloo", "reinforce_plus_plus"),
+    "algorithm.kl_penalty": ("kl", "abs", "mse", "low_var_kl"),
+    "algorithm.kl_ctrl.type": ("fixed", "adaptive"),
+    "trainer.device": ("auto", "cuda", "cpu"),
+}
+LOGGERS = ("console", "jsonl", "wandb", "tensorboard")
+CRITIC_FREE_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus")
+
+
+# ---------------------------------------------------------------- checks
+
+def _schema_keys(schema) -> list[str]:
+    keys = []
+    for f in fields(schema):
+        keys.append(f.name)
+        default = f.default_factory() if callable(f.default_factory) else None  # type: ignore[misc]
+        if is_dataclass(f.type if isinstance(f.type, type) else None):
+            keys += [f"{f.name}.{k}" for k in _schema_keys(f.type)]
+        del default
+    return keys
+
+
+def _did_you_mean(key: str, known: list[str]) -> str:
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def _one_line(err: BaseException) -> str:
+    """The first informative line of an OmegaConf/Hydra error."""
+    cause = err
+    while cause.__cause__ is not None and isinstance(cause.__cause__, OmegaConfBaseException):
+        cause = cause.__cause__
+    text = str(cause).strip().splitlines()
+    return text[0] if text else type(cause).__name__
+
+
+def _typed_merge(schema, cfg: DictConfig, prefix: str) -> DictConfig:
+    try:
+        return OmegaConf.merge(OmegaConf.structured(schema), cfg)
+    except OmegaConfBaseException as err:
+        key = getattr(err, "full_key", None) or ""
+        full = f"{prefix}{key}" if key else prefix.rstrip(".") or "config"
+        message = _one_line(err)
+        if "not in struct" in message or "Key '" in message and "not" in message:
+            known = [f"{prefix}{k}" for k in _all_keys(OmegaConf.structured(schema))]
+            raise ConfigError(f"{full}: unknown key{_did_you_mean(full, known)}") from None
+        raise ConfigError(f"{full}: {message}") from None
+
+
+def _all_keys(cfg: DictConfig, prefix: str = "") -> list[str]:
+    keys = []
+    for key in cfg.keys():
+        value = cfg._get_node(key)
+        full = f"{prefix}{key}"
+        keys.append(full)
+        if isinstance(value, DictConfig):
+            keys += _all_keys(value, f"{full}.")
+    return keys
+
+
+def _check_choices(cfg: DictConfig) -> None:
+    for key, allowed in CHOICES.items():
+        value = OmegaConf.select(cfg, key)
+        if value not in allowed:
+            raise ConfigError(f"{key}: {value!r} is not one of {', '.join(allowed)}")
+    for name in cfg.trainer.logger:
+        if name not in LOGGERS:
+            raise ConfigError(f"trainer.logger: {name!r} is not one of {', '.join(LOGGERS)}")
+    mode = cfg.trainer.resume_mode
+    if mode not in ("auto", "disable") and not Path(mode).is_dir():
+        raise ConfigError(f"trainer.resume_mode: {mode!r} is neither auto, disable nor an existing folder")
+
+
+def _check_lists(cfg: DictConfig) -> None:
+    groups = [("rollout.training", "rollout.agent_group_num", "rollout.agent_group_size"),
+              ("rollout.validation", "rollout.validation_agent_group_num", "rollout.validation_agent_group_size")]
+    for names_key, num_key, size_key in groups:
+        names = OmegaConf.select(cfg, names_key)
+        for key in (num_key, size_key):
+            values = OmegaConf.select(cfg, key)
+            if len(values) != len(names):
+                raise ConfigError(f"{key}: has {len(values)} entries but {names_key} has {len(names)}")
+            if any(v < 1 for v in values):
+                raise ConfigError(f"{key}: every entry must be at least 1, got {list(values)}")
+    if not cfg.rollout.training:
+        raise ConfigError("rollout.training: name at least one task instance")
+    if not 0.0 < cfg.rollout.rollout_filter_ratio <= 1.0:
+        raise ConfigError(f"rollout.rollout_filter_ratio: {cfg.rollout.rollout_filter_ratio} is not in (0, 1]")
+    if not 0.0 <= cfg.rollout.max_failed_agent_ratio <= 1.0:
+        raise ConfigError(f"rollout.max_failed_agent_ratio: {cfg.rollout.max_failed_agent_ratio} is not in [0, 1]")
+    for key in ("max_prompt_length", "max_response_length", "ppo_mini_batch_size", "micro_batch_size_per_gpu",
+                "n_gpus_per_node", "nnodes", "rollout.env_workers", "rollout.max_episode_length",
+                "actor_rollout_ref.actor.ppo_epochs", "actor_rollout_ref.actor.logits_chunk_size"):
+        if OmegaConf.select(cfg, key) < 1:
+            raise ConfigError(f"{key}: must be at least 1, got {OmegaConf.select(cfg, key)}")
+    if cfg.algorithm.adv_estimator not in CRITIC_FREE_ESTIMATORS and not cfg.critic.enable:
+        raise ConfigError(f"critic.enable: estimator {cfg.algorithm.adv_estimator} needs the critic")
+
+
+def _check_tasks(cfg: DictConfig, tasks: dict[str, DictConfig]) -> dict[str, DictConfig]:
+    """Type-check every task instance; check env keys of the ones in use."""
+    import grl.agents
+    import grl.envs
+
+    typed: dict[str, DictConfig] = {}
+    for name, block in tasks.items():
+        typed[name] = _typed_merge(TaskInstance, block, f"{name}.")
+        agent_type = typed[name].agent_type
+        if agent_type not in grl.agents.agent_types():
+            raise ConfigError(f"{name}.agent_type: {agent_type!r} is not one of {', '.join(grl.agents.agent_types())}")
+    for list_key in ("rollout.training", "rollout.validation"):
+        for name in OmegaConf.select(cfg, list_key):
+            if name not in typed:
+                known = sorted(typed)
+                hint = _did_you_mean(name, known) or f" (known: {', '.join(known)})"
+                raise ConfigError(f"{list_key}: no task instance named {name!r}{hint}")
+            env_type = grl.agents.env_name(typed[name].agent_type)
+            try:
+                accepted = grl.envs.config_keys(env_type)
+            except grl.envs.EnvUnavailable as err:
+                raise ConfigError(f"{name}.agent_type: {err}") from None
+            for key in typed[name].env_config:
+                if accepted is not None and key not in accepted:
+                    raise ConfigError(f"{name}.env_config.{key}: unknown key for env {env_type}"
+                                      f"{_did_you_mean(key, sorted(accepted))}")
+    return typed
+
+
+# ---------------------------------------------------------------- entry
+
+def compose(overrides: list[str] | tuple[str, ...] = (), config_name: str = "base",
+            config_dir: str | Path | None = None) -> DictConfig:
+    """Hydra composition only (no checks)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.errors import HydraException
+
+    config_dir = Path(config_dir or CONFIG_DIR).resolve()
+    try:
+        with initialize_config_dir(config_dir=str(config_dir), version_base=None):
+            return hydra_compose(config_name=config_name, overrides=list(overrides))
+    except (HydraException, OmegaConfBaseException) as err:
+        message = _one_line(err)
+        key = getattr(err.__cause__, "full_key", None) or getattr(err, "full_key", None)
+        if key and "not in struct" in message:
+            raise ConfigError(f"{key}: unknown key{_did_you_mean(key, _known_keys(config_dir, config_name))}") from None
+        raise ConfigError(f"{key + ': ' if key else ''}{message}") from None
+
+
+def _known_keys(config_dir: Path, config_name: str) -> list[str]:
+    try:
+        return _all_keys(compose((), config_name, config_dir))
+    except ConfigError:
+        return []
+
+
+def validate(cfg: DictConfig) -> DictConfig:
+    """Check a composed config; returns it typed, with task blocks kept."""
+    known = {f.name for f in fields(GRLConfig)}
+    core = OmegaConf.create({k: cfg._get_node(k) for k in cfg.keys() if k in known})
+    tasks = {}
+    for key in cfg.keys():
+        if key in known:
+            continue
+        block = cfg._get_node(key)
+        if not isinstance(block, DictConfig) or "agent_type" not in block:
+            raise ConfigError(f"{key}: unknown key{_did_you_mean(str(key), sorted(known))}")
+        tasks[str(key)] = block
+    typed = _typed_merge(GRLConfig, core, "")
+    try:
+        OmegaConf.resolve(typed)
+    except OmegaConfBaseException as err:
+        raise ConfigError(f"{getattr(err, 'full_key', 'config')}: {_one_line(err)}") from None
+    missing = OmegaConf.missing_keys(typed)
+    if missing:
+        raise ConfigError(f"{sorted(missing)[0]}: no value given")
+    _check_choices(typed)
+    _check_lists(typed)
+    typed_tasks = _check_tasks(typed, tasks)
+    for name, block in typed_tasks.items():
+        OmegaConf.set_struct(typed, False)
+        typed[name] = block
+    OmegaConf.set_struct(typed, True)
+    return typed
+
+
+def load_config(overrides: list[str] | tuple[str, ...] = (), config_name: str = "base",
+                config_dir: str | Path | None = None) -> DictConfig:
+    """Compose `configs/<config_name>.yaml` with overrides and validate it."""
+    return validate(compose(overrides, config_name, config_dir))
+
+
+def task_instance(cfg: DictConfig, name: str) -> dict[str, Any]:
+    """A task instance block as a plain dict (what grl.agents.make_agent takes)."""
+    return OmegaConf.to_container(cfg[name], resolve=True)  # type: ignore[return-value]

@@ -1,0 +1,59 @@
+"""The generation-engine interface shared by the hf and vllm backends.
+
+Prompts go in and come out as token ids, never text: the trainer trains on
+exactly the tokens the engine sampled.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping
+
+
+@dataclass
+class SamplingParams:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # -1: no top-k filter
+    max_new_tokens: int = 256
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    greedy: bool = False
+    seed: int | None = None  # request i of a batch uses seed + i, so equal prompts still differ
+    logprobs: bool = True  # return the sampled tokens' log-probs where cheap
+    ignore_eos: bool = False  # keep going past eos (benchmarks that need a fixed length)
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.greedy or self.temperature == 0
+
+
+@dataclass
+class GenerationOutput:
+    token_ids: list[int]
+    log_probs: list[float] | None = None  # one per token in token_ids, or None
+    finish_reason: str = "stop"  # "stop" (eos / stop string / stop token) or "length"
+
+
+NamedTensors = Iterable[tuple[str, "torch.Tensor"]] | Mapping[str, "torch.Tensor"]  # noqa: F821
+
+
+class Engine:
+    """A generation backend: `generate`, `update_weights`, `sleep`/`wake`."""
+
+    def generate(self, prompt_token_ids: list[list[int]], sampling: SamplingParams) -> list[GenerationOutput]:
+        raise NotImplementedError
+
+    def update_weights(self, named_tensors: NamedTensors) -> None:
+        """Load new weights in place (no disk). A name or shape mismatch raises
+        and leaves the old weights."""
+        raise NotImplementedError
+
+    def sleep(self) -> None:
+        """Free accelerator memory (weights and KV cache) until `wake`."""
+
+    def wake(self) -> None:
+        """Take back the memory `sleep` freed."""
+
+    def shutdown(self) -> None:
+        """Release the engine's processes and memory."""

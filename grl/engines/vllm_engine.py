@@ -1,0 +1,138 @@
+"""vLLM engine, in the calling process.
+
+On GPU it lives beside the actor (hybrid engine): `sleep` gives the weights
+and KV cache memory back for the update, `update_weights` copies the
+trainer's tensors in with `reload_weights`, no disk. On CPU, vLLM pins the
+process's threads, so `make_engine` runs this class inside a spawned child
+(grl/engines/proxy.py) instead.
+
+Log-probs are vLLM's `raw_logprobs` of the sampled token: log-softmax of the
+model's logits before temperature, penalties, top-k or top-p, which is what
+the trainer computes for the same tokens.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from grl.engines.base import Engine, GenerationOutput, NamedTensors, SamplingParams
+from grl.engines.hf import _check_prompts
+from grl.engines.weights import check_named_tensors, meta_weight_spec
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_CPU_KVCACHE_GIB = "2"
+
+
+def _vllm_dtype(dtype: str, on_gpu: bool) -> str:
+    from grl.models import torch_dtype
+
+    return str(torch_dtype(dtype, "cuda" if on_gpu else "cpu")).removeprefix("torch.")
+
+
+def to_vllm_sampling(sampling: SamplingParams, index: int):
+    """Our SamplingParams for request `index` of a batch, as vLLM's."""
+    from vllm import SamplingParams as VllmSamplingParams
+
+    greedy = sampling.is_greedy
+    return VllmSamplingParams(
+        n=1,
+        temperature=0.0 if greedy else sampling.temperature,
+        top_p=1.0 if greedy else sampling.top_p,
+        top_k=0 if greedy or sampling.top_k <= 0 else sampling.top_k,
+        max_tokens=sampling.max_new_tokens,
+        stop=list(sampling.stop) or None,
+        stop_token_ids=list(sampling.stop_token_ids) or None,
+        ignore_eos=sampling.ignore_eos,
+        seed=None if greedy or sampling.seed is None else sampling.seed + index,
+        logprobs=0 if sampling.logprobs else None,  # 0: the sampled token only
+        include_stop_str_in_output=True,  # the text keeps what the token ids hold
+    )
+
+
+class VLLMEngine(Engine):
+    """`vllm.LLM` behind the Engine interface."""
+
+    def __init__(self, model_path: str, *, dtype: str = "auto", device: str | None = None,
+                 gpu_memory_utilization: float = 0.5, enforce_eager: bool = True,
+                 max_model_len: int | None = None, tensor_model_parallel_size: int = 1,
+                 free_cache_engine: bool = True, seed: int = 0):
+        # In-process engine core: collective_rpc then hands our tensors to the
+        # worker as objects instead of serialising them.
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", DEFAULT_CPU_KVCACHE_GIB)
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        import torch
+        from vllm import LLM
+
+        from grl.models import resolve_model_path
+
+        path = resolve_model_path(model_path)
+        on_gpu = device.startswith("cuda") if device else torch.cuda.is_available()
+        # vLLM's CPU worker has no sleep mode (it logs and ignores the call).
+        self.sleep_mode = bool(free_cache_engine and on_gpu)
+        self.llm = LLM(
+            model=path,
+            tokenizer=path,
+            dtype=_vllm_dtype(dtype, on_gpu),
+            seed=seed,
+            gpu_memory_utilization=gpu_memory_utilization,
+            enforce_eager=enforce_eager,
+            max_model_len=max_model_len,
+            tensor_parallel_size=tensor_model_parallel_size,
+            enable_sleep_mode=self.sleep_mode,
+            logprobs_mode="raw_logprobs",
+        )
+        self.spec = meta_weight_spec(path)
+        self.weights_asleep = self.cache_asleep = False
+        if free_cache_engine and not on_gpu:
+            logger.info("vLLM on CPU has no sleep mode: sleep() and wake() keep the memory")
+
+    def generate(self, prompt_token_ids: list[list[int]], sampling: SamplingParams) -> list[GenerationOutput]:
+        from vllm.inputs import TokensPrompt
+
+        _check_prompts(prompt_token_ids)
+        if sampling.max_new_tokens <= 0:  # vLLM requires max_tokens >= 1
+            return [GenerationOutput([], [] if sampling.logprobs else None, "length") for _ in prompt_token_ids]
+        self.wake()
+        prompts = [TokensPrompt(prompt_token_ids=list(p)) for p in prompt_token_ids]
+        params = [to_vllm_sampling(sampling, i) for i in range(len(prompts))]
+        results = self.llm.generate(prompts, params, use_tqdm=False)
+        return [self._output(result.outputs[0], sampling.logprobs) for result in results]
+
+    @staticmethod
+    def _output(completion, want_log_probs: bool) -> GenerationOutput:
+        token_ids = list(completion.token_ids)
+        log_probs = None
+        if want_log_probs:
+            log_probs = [float(step[token].logprob) for token, step in zip(token_ids, completion.logprobs)]
+        return GenerationOutput(token_ids, log_probs, "length" if completion.finish_reason == "length" else "stop")
+
+    def update_weights(self, named_tensors: NamedTensors) -> None:
+        checked = check_named_tensors(named_tensors, self.spec)
+        if self.weights_asleep:
+            # Weights first; the KV cache comes back in wake(), after the
+            # trainer's tensors are freed, which keeps the peak low.
+            self.llm.wake_up(tags=["weights"])
+            self.weights_asleep = False
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": checked})
+        # Cached prefixes were computed with the old weights.
+        self.llm.reset_prefix_cache()
+
+    def sleep(self) -> None:
+        if not self.sleep_mode or (self.weights_asleep and self.cache_asleep):
+            return
+        self.llm.sleep(level=1)  # weights to host memory, KV cache dropped
+        self.weights_asleep = self.cache_asleep = True
+
+    def wake(self) -> None:
+        tags = [tag for tag, asleep in (("weights", self.weights_asleep), ("kv_cache", self.cache_asleep)) if asleep]
+        if tags:
+            self.llm.wake_up(tags=tags)
+            self.weights_asleep = self.cache_asleep = False
+
+    def shutdown(self) -> None:
+        llm, self.llm = getattr(self, "llm", None), None
+        if llm is not None:
+            llm.llm_engine.engine_core.shutdown()

@@ -1,0 +1,78 @@
+"""Environment registry: `make(name, **env_config)` builds an env by name.
+
+Envs are registered by module path so that importing `grl.envs` imports no
+env module (and none of their optional dependencies). An env whose module
+fails to import is reported as unavailable with the reason; it never breaks
+the package.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+
+from grl.envs.base import Env, step_info
+
+_REGISTRY: dict[str, str] = {
+    "sokoban": "grl.envs.sokoban:SokobanEnv",
+    "tetris": "grl.envs.tetris:TetrisEnv",
+    "blocksworld": "grl.envs.blocksworld:BlocksWorldEnv",
+    "gsm8k": "grl.envs.gsm8k:GSM8KEnv",
+    "webshop": "grl.envs.webshop:WebShopEnv",
+    "bird": "grl.envs.bird:BirdEnv",
+}
+
+
+class EnvUnavailable(RuntimeError):
+    """An env is registered but cannot be built here (missing dependency)."""
+
+
+def register(name: str, target: str | type[Env]) -> None:
+    """Register an env class, or a "module:Class" path imported on first use."""
+    if not isinstance(target, str):
+        target = f"{target.__module__}:{target.__qualname__}"
+    _REGISTRY[name] = target
+
+
+def names() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def env_class(name: str) -> type[Env]:
+    if name not in _REGISTRY:
+        raise KeyError(f"unknown env {name!r}; registered: {', '.join(names())}")
+    module_name, class_name = _REGISTRY[name].split(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise EnvUnavailable(f"env {name!r} is unavailable: {err}") from err
+    cls = getattr(module, class_name)
+    cls.name = name
+    return cls
+
+
+def available() -> dict[str, str | None]:
+    """Each registered env mapped to None if it imports, else the reason."""
+    status: dict[str, str | None] = {}
+    for name in names():
+        try:
+            env_class(name)
+            status[name] = None
+        except EnvUnavailable as err:
+            status[name] = str(err)
+    return status
+
+
+def config_keys(name: str) -> set[str] | None:
+    """The keyword arguments an env accepts, or None if it takes **kwargs."""
+    params = inspect.signature(env_class(name).__init__).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return None
+    return {p for p in params if p != "self"}
+
+
+def make(name: str, **env_config) -> Env:
+    return env_class(name)(**env_config)
+
+
+__all__ = ["Env", "EnvUnavailable", "available", "config_keys", "env_class", "make", "names", "register", "step_info"]

@@ -1,0 +1,52 @@
+"""The environment contract every task implements.
+
+An env is pure Python: text in, text out, seeded, no model and no Ray. The
+agent layer turns its observations into chat messages; the env never sees a
+prompt or a token.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class Env:
+    """Base class of every environment.
+
+    Subclasses implement `reset` and `step`; `legend` and `action_help` feed
+    the first prompt so that the model is told the symbols and the action
+    syntax by the env that defines them.
+    """
+
+    #: registered name, set by `grl.envs.register`
+    name: str = ""
+
+    def reset(self, seed: int) -> str:
+        """Start a new episode; the same seed gives the same episode."""
+        raise NotImplementedError
+
+    def step(self, action: str) -> tuple[str, float, bool, dict[str, Any]]:
+        """Apply one action. `info` holds at least `success`,
+        `action_is_valid` and `action_is_effective`."""
+        raise NotImplementedError
+
+    def legend(self) -> str:
+        """What the symbols of the rendered state mean (may be empty)."""
+        return ""
+
+    def action_help(self) -> str:
+        """The actions this env accepts, as a sentence for the prompt."""
+        return ""
+
+    def close(self) -> None:
+        """Release files, connections or threads the env holds."""
+
+
+def step_info(success: bool, action_is_valid: bool, action_is_effective: bool, **extra: Any) -> dict[str, Any]:
+    """The `info` dict of the contract, with task-specific extras."""
+    return {
+        "success": bool(success),
+        "action_is_valid": bool(action_is_valid),
+        "action_is_effective": bool(action_is_effective),
+        **extra,
+    }

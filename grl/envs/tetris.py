@@ -1,0 +1,151 @@
+"""Tetris on a small board: drop pieces until a row is full.
+
+Rules
+- The board is `dim_x` columns wide and `dim_y` rows tall. Pieces by
+  `box_type`: 1 -> a 1x1 block; 2 -> also a vertical and a horizontal
+  two-cell piece; 3 -> also the 2x2 square. Pieces never rotate.
+- Each piece enters with its top row in the board's top row, at a column the
+  seed picks (if that column is blocked, at the nearest column where it fits,
+  the left one on a tie); the shape is also drawn from the seed, uniformly
+  among the allowed ones. The same seed gives the same piece sequence.
+- Actions (case and surrounding whitespace are ignored): `Left` / `Right`
+  move the piece one column if the cells are free (else nothing moves: valid,
+  not effective); `Down` drops it straight to the lowest free position, where
+  it locks (a hard drop: one `Down` places one piece). Any other string is
+  invalid and changes nothing.
+- Rewards: -0.1 for every action (invalid ones included), +10 per row cleared.
+- The episode ends with success when a drop completes a row (full rows are
+  cleared and the rows above fall), and without success when the next piece
+  fits in no column of the top rows (the board is full) or after `max_steps`
+  actions.
+  A locked piece stays on the board, also at game over. Steps after the end
+  change nothing and earn 0.
+- Observation: `dim_y` rows of `dim_x` symbols joined by newlines: `_` empty,
+  `#` filled, `X` the falling piece.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from grl.envs.base import Env, step_info
+
+# Cells of each piece as (row, col) offsets from its top-left corner.
+PIECES = {
+    "block": ((0, 0),),
+    "vertical": ((0, 0), (1, 0)),
+    "horizontal": ((0, 0), (0, 1)),
+    "square": ((0, 0), (0, 1), (1, 0), (1, 1)),
+}
+BOX_TYPES = {
+    1: ("block",),
+    2: ("block", "vertical", "horizontal"),
+    3: ("block", "vertical", "horizontal", "square"),
+}
+ACTIONS = ("left", "right", "down")
+
+STEP_REWARD = -0.1
+LINE_REWARD = 10.0
+
+
+def parse_action(action: Any) -> str | None:
+    """`left`, `right` or `down`, or None when the string is none of them."""
+    if not isinstance(action, str):
+        return None
+    key = action.strip().lower()
+    return key if key in ACTIONS else None
+
+
+class TetrisEnv(Env):
+    def __init__(self, dim_x: int = 4, dim_y: int = 4, box_type: int = 1, max_steps: int = 100):
+        if int(box_type) not in BOX_TYPES:
+            raise ValueError(f"tetris: box_type must be 1, 2 or 3, got {box_type!r}")
+        if int(dim_x) < 2 or int(dim_y) < 2:
+            raise ValueError(f"tetris: dim_x and dim_y must be at least 2, got {dim_x!r} x {dim_y!r}")
+        if int(max_steps) < 1:
+            raise ValueError(f"tetris: max_steps must be positive, got {max_steps!r}")
+        self.dim_x, self.dim_y = int(dim_x), int(dim_y)
+        self.box_type = int(box_type)
+        self.max_steps = int(max_steps)
+
+    # ---------------------------------------------------------- board logic
+
+    def _cells(self, row: int, col: int) -> list[tuple[int, int]]:
+        return [(row + dr, col + dc) for dr, dc in PIECES[self.piece]]
+
+    def _fits(self, row: int, col: int) -> bool:
+        return all(0 <= r < self.dim_y and 0 <= c < self.dim_x and not self.board[r][c] for r, c in self._cells(row, col))
+
+    def _spawn(self) -> bool:
+        """Draw the next piece into the top rows; False when it fits nowhere (game over)."""
+        self.piece = self.rng.choice(BOX_TYPES[self.box_type])
+        width = 1 + max(dc for _, dc in PIECES[self.piece])
+        wanted = self.rng.randint(0, self.dim_x - width)
+        # A blocked column moves the piece to the nearest free one (the left one on a tie).
+        for col in sorted(range(self.dim_x - width + 1), key=lambda c: (abs(c - wanted), c)):
+            if self._fits(0, col):
+                self.row, self.col = 0, col
+                return True
+        return False
+
+    def _drop(self) -> int:
+        """Drop and lock the piece; return the number of rows cleared."""
+        while self._fits(self.row + 1, self.col):
+            self.row += 1
+        for r, c in self._cells(self.row, self.col):
+            self.board[r][c] = True
+        kept = [row for row in self.board if not all(row)]
+        cleared = self.dim_y - len(kept)
+        self.board = [[False] * self.dim_x for _ in range(cleared)] + kept
+        return cleared
+
+    # ------------------------------------------------------------ contract
+
+    def reset(self, seed: int | None = None) -> str:
+        self.rng = random.Random(seed)
+        self.board = [[False] * self.dim_x for _ in range(self.dim_y)]
+        self.steps = 0
+        self.done = False
+        self.success = False
+        self.falling = self._spawn()  # an empty board always has room
+        return self.render()
+
+    def render(self) -> str:
+        grid = [["#" if filled else "_" for filled in row] for row in self.board]
+        if self.falling:
+            for r, c in self._cells(self.row, self.col):
+                grid[r][c] = "X"
+        return "\n".join("".join(row) for row in grid)
+
+    def step(self, action: str):
+        move = parse_action(action)
+        if self.done:
+            return self.render(), 0.0, True, step_info(self.success, move is not None, False)
+        self.steps += 1
+        reward, effective = STEP_REWARD, False
+        if move in ("left", "right"):
+            col = self.col + (1 if move == "right" else -1)
+            if self._fits(self.row, col):
+                self.col, effective = col, True
+        elif move == "down":
+            effective = True
+            cleared = self._drop()
+            reward += LINE_REWARD * cleared
+            if cleared:
+                self.success = self.done = True
+                self.falling = False
+            else:
+                self.falling = self._spawn()
+                self.done = not self.falling
+        self.done = self.done or self.steps >= self.max_steps
+        return self.render(), reward, self.done, step_info(self.success, move is not None, effective)
+
+    def legend(self) -> str:
+        return "Symbols: _ empty cell, # filled cell, X the falling piece."
+
+    def action_help(self) -> str:
+        return (
+            "Actions: Left, Right (move the falling piece one column), Down (drop it to the bottom, "
+            "where it locks). Goal: fill a whole row to clear it."
+        )

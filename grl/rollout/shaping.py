@@ -1,0 +1,117 @@
+"""Reward normalisation and group filtering, as RAGEN defines them.
+
+Normalisation (`rollout.reward_normalization`) rescales episode scores within
+sets of episodes chosen by `grouping`:
+- `state`: the episodes of one group (same seed, so the same puzzle);
+- `inductive`: the episodes of one task instance;
+- `batch`: all episodes of the step.
+and `method`:
+- `identity`: unchanged;
+- `mean_std`: (x - mean) / (std + 1e-6) with the sample standard deviation
+  (n - 1 in the denominator); a set whose std is at most 1e-6 (all equal, or
+  a single episode) becomes all zeros;
+- `asym_clip`: mean_std, then clipped to [-1, 3], so that a rare success in a
+  hard group keeps a large push while failures are not punished below -1.
+As in RAGEN, when every set holds a single episode (e.g. group size 1 under
+`state`), nothing is normalised. Scores include the format penalty.
+
+Filtering (`rollout_filter_ratio`, `rollout_filter_type`) keeps, per task,
+the `floor(ratio * groups)` groups (at least one) with the largest (`std`)
+or smallest (`std_rev`) sample standard deviation of raw episode scores;
+ties go to the earlier group. Groups of a single episode have std 0.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Hashable, Sequence
+
+from grl.rollout.types import Episode
+
+STD_EPS = 1e-6
+ASYM_CLIP = (-1.0, 3.0)
+
+
+def sample_std(values: Sequence[float]) -> float:
+    n = len(values)
+    if n < 2:
+        return 0.0
+    mean = sum(values) / n
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+
+
+def normalize(scores: Sequence[float], keys: Sequence[Hashable], method: str) -> list[float]:
+    """Scores normalised within the sets of equal `keys`."""
+    if method not in ("identity", "mean_std", "asym_clip"):
+        raise ValueError(f"rollout.reward_normalization.method: {method!r} is not one of identity, mean_std, asym_clip")
+    out = [float(s) for s in scores]
+    sets: dict[Hashable, list[int]] = {}
+    for i, key in enumerate(keys):
+        sets.setdefault(key, []).append(i)
+    if method == "identity" or len(sets) == len(out):
+        return out
+    for members in sets.values():
+        values = [out[i] for i in members]
+        mean, std = sum(values) / len(values), sample_std(values)
+        for i, v in zip(members, values):
+            z = (v - mean) / (std + STD_EPS) if std > STD_EPS else 0.0
+            out[i] = min(max(z, ASYM_CLIP[0]), ASYM_CLIP[1]) if method == "asym_clip" else z
+    return out
+
+
+def grouping_keys(episodes: Sequence[Episode], grouping: str) -> list[Hashable]:
+    if grouping == "state":
+        return [ep.group_id for ep in episodes]
+    if grouping == "inductive":
+        return [ep.task for ep in episodes]
+    if grouping == "batch":
+        return [0] * len(episodes)
+    raise ValueError(f"rollout.reward_normalization.grouping: {grouping!r} is not one of state, batch, inductive")
+
+
+def normalize_episode_scores(episodes: Sequence[Episode], grouping: str, method: str) -> list[float]:
+    """One normalised score per episode (to pass to `build_batch(scores=...)`)."""
+    return normalize([ep.score for ep in episodes], grouping_keys(episodes, grouping), method)
+
+
+def filter_groups(episodes: Sequence[Episode], ratio: float, kind: str = "std") -> tuple[list[Episode], dict[str, float]]:
+    """Keep the groups with the most (`std`) or least (`std_rev`) reward spread, per task."""
+    if kind not in ("std", "std_rev"):
+        raise ValueError(f"rollout.rollout_filter_type: {kind!r} is not one of std, std_rev")
+    if not 0.0 < ratio <= 1.0:
+        raise ValueError(f"rollout.rollout_filter_ratio: {ratio} is not in (0, 1]")
+    groups: dict[int, list[Episode]] = {}
+    for ep in episodes:
+        groups.setdefault(ep.group_id, []).append(ep)
+    by_task: dict[str, list[int]] = {}
+    for gid, members in groups.items():
+        by_task.setdefault(members[0].task, []).append(gid)
+
+    kept_ids: set[int] = set()
+    metrics: dict[str, float] = {}
+    all_stats, kept_stats = [], []
+    for task, gids in by_task.items():
+        stats = {g: _group_stats([ep.score for ep in groups[g]]) for g in gids}
+        count = max(1, int(ratio * len(gids) + 1e-9))
+        sign = -1.0 if kind == "std" else 1.0
+        position = {g: n for n, g in enumerate(gids)}
+        chosen = sorted(gids, key=lambda g: (sign * stats[g][0], position[g]))[:count]
+        kept_ids.update(chosen)
+        for name, values in (("in_group", [stats[g] for g in gids]), ("chosen_in_group", [stats[g] for g in chosen])):
+            for j, stat in enumerate(("std", "max", "mean")):
+                metrics[f"{task}/{name}_{stat}"] = sum(v[j] for v in values) / len(values)
+        metrics[f"{task}/kept_groups"] = float(len(chosen))
+        all_stats += [stats[g] for g in gids]
+        kept_stats += [stats[g] for g in chosen]
+    kept = [ep for ep in episodes if ep.group_id in kept_ids]
+    if all_stats:
+        for j, stat in enumerate(("std", "max", "mean")):
+            metrics[f"rollout/in_group_{stat}"] = sum(v[j] for v in all_stats) / len(all_stats)
+            metrics[f"rollout/chosen_in_group_{stat}"] = sum(v[j] for v in kept_stats) / len(kept_stats)
+    metrics["rollout/kept_groups"] = float(len(kept_ids))
+    metrics["rollout/kept_episodes"] = float(len(kept))
+    return kept, metrics
+
+
+def _group_stats(scores: list[float]) -> tuple[float, float, float]:
+    return sample_std(scores), max(scores), sum(scores) / len(scores)

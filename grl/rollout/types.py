@@ -1,0 +1,110 @@
+"""The records a rollout produces and the batch the trainer consumes.
+
+`Turn` and `Episode` are plain Python (token ids as lists); `Batch` holds
+`[rows, tokens]` tensors plus per-row metadata, and knows how to be split
+into shards and mini-batches and put back together.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Turn:
+    prompt_ids: list[int]  # tokens added before this turn's reply: the whole first prompt, then template + env tokens
+    response_ids: list[int]  # exactly what the engine sampled
+    response_log_probs: list[float] | None
+    reward: float  # env reward of the turn, format penalty included
+    info: dict[str, Any] = field(default_factory=dict)
+    finish_reason: str = ""  # the engine's: "stop" or "length"
+
+
+@dataclass
+class Episode:
+    task: str  # task instance name, e.g. simpleSokobanAgent
+    group_id: int  # unique across tasks within one rollout
+    seed: int
+    turns: list[Turn]
+    score: float  # episode reward: the sum of its turn rewards
+    metrics: dict[str, float] = field(default_factory=dict)
+    error: str | None = None  # env failure that ended the episode, if any
+    member: int = 0  # position of the agent within its group
+
+    @property
+    def uid(self) -> str:
+        """Unique within one rollout: group id and position in the group."""
+        return f"{self.group_id}-{self.member}"
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(t.prompt_ids) + len(t.response_ids) for t in self.turns)
+
+
+@dataclass
+class Batch:
+    """`tensors`: name -> `[rows, tokens]` (or `[rows]`) torch tensors;
+    `meta`: name -> list with one entry per row."""
+
+    tensors: dict[str, Any]
+    meta: dict[str, list] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        for value in self.tensors.values():
+            return int(value.shape[0])
+        for value in self.meta.values():
+            return len(value)
+        return 0
+
+    def __getitem__(self, name: str):
+        return self.tensors[name]
+
+    def __setitem__(self, name: str, value) -> None:
+        self.tensors[name] = value
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.tensors
+
+    def select(self, rows) -> "Batch":
+        """Rows by index list or boolean tensor."""
+        import torch
+
+        index = torch.as_tensor(rows)
+        if index.dtype == torch.bool:
+            index = index.nonzero(as_tuple=True)[0]
+        positions = index.tolist()
+        return Batch({k: v[index] for k, v in self.tensors.items()},
+                     {k: [v[i] for i in positions] for k, v in self.meta.items()})
+
+    def chunk(self, parts: int) -> list["Batch"]:
+        """Split into `parts` contiguous shards whose sizes differ by at most one."""
+        n = len(self)
+        bounds = [round(i * n / parts) for i in range(parts + 1)]
+        return [self.select(list(range(bounds[i], bounds[i + 1]))) for i in range(parts)]
+
+    def split(self, size: int) -> list["Batch"]:
+        """Consecutive pieces of `size` rows (the last may be smaller)."""
+        return [self.select(list(range(i, min(i + size, len(self))))) for i in range(0, len(self), size)]
+
+    @staticmethod
+    def concat(batches: list["Batch"]) -> "Batch":
+        """Stack shards back in order; `[rows, tokens]` tensors are right-padded
+        with zeros to the longest shard first."""
+        import torch
+
+        batches = [b for b in batches if len(b)]
+        if not batches:
+            return Batch({}, {})
+        tensors = {}
+        for name in batches[0].tensors:
+            parts = [b.tensors[name] for b in batches]
+            if parts[0].dim() >= 2:
+                width = max(p.shape[1] for p in parts)
+                parts = [torch.nn.functional.pad(p, (0, width - p.shape[1])) for p in parts]
+            tensors[name] = torch.cat(parts)
+        meta = {name: [x for b in batches for x in b.meta[name]] for name in batches[0].meta}
+        return Batch(tensors, meta)
+
+    def to(self, device) -> "Batch":
+        return Batch({k: v.to(device) for k, v in self.tensors.items()}, self.meta)

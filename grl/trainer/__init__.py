@@ -1,0 +1,27 @@
+"""The training loop: `run(cfg)` builds the workers, the rollout and the
+tracker from a validated config and runs `AgentTrainer.fit()`.
+
+Importing this package is cheap; torch and Ray are imported by `run`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
+
+class RunAborted(RuntimeError):
+    """The run stopped early (a worker died); the message says where to resume from."""
+
+
+def run(cfg: "DictConfig") -> None:
+    """Train with a config from `grl.config.load_config`."""
+    from grl.trainer.agent_trainer import AgentTrainer
+
+    trainer = AgentTrainer.from_config(cfg)
+    trainer.fit()
+
+
+__all__ = ["RunAborted", "run"]

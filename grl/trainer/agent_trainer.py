@@ -1,0 +1,321 @@
+"""AgentTrainer: the one place that knows the whole training step.
+
+`fit()` reads as the step of docs/DESIGN.md: rollout -> batch -> shape ->
+score -> advantage -> update -> sync -> report. Every phase is one call into
+a lower layer (grl.rollout, grl.algo, grl.workers); this module only wires
+them, times them, validates, checkpoints and reports.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
+from typing import Callable
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from grl.algo import apply_kl_penalty, compute_advantage, finite_rows, make_kl_controller
+from grl.engines import sampling_from_config
+from grl.rollout import (Batch, Episode, MultiTurnRollout, build_batch, filter_groups, normalize_episode_scores,
+                         task_specs, training_base_seed, unpack)
+from grl.tracking import Tracker, save_run_info
+from grl.trainer import RunAborted
+from grl.trainer import checkpoint as ckpt
+from grl.trainer.metrics import Timer, batch_metrics, reward_metrics, task_metrics, throughput_metrics
+from grl.workers import WorkerDiedError
+
+log = logging.getLogger("grl.trainer")
+
+# A hook runs after each step is reported: hook(trainer, step, metrics).
+StepHook = Callable[["AgentTrainer", int, dict], None]
+
+
+class AgentTrainer:
+    def __init__(self, cfg: DictConfig, actor, critic, rollout, hooks: list[StepHook] | None = None):
+        self.cfg = cfg
+        self.actor = actor  # grl.workers.ActorRolloutRefGroup (policy, reference model, rollout engine)
+        self.critic = critic  # grl.workers.CriticGroup, or None for critic-free estimators
+        self.rollout = rollout  # grl.rollout.MultiTurnRollout over the actor's engine
+        self.hooks = list(hooks or [])
+        algo = cfg.algorithm
+        self.use_ref = use_reference(cfg)
+        self.kl_ctrl = make_kl_controller(algo.kl_ctrl.type, algo.kl_ctrl.kl_coef, algo.kl_ctrl.target_kl,
+                                          algo.kl_ctrl.horizon)
+        self.train_tasks = task_specs(cfg)
+        self.val_tasks = task_specs(cfg, validation=True)
+        self.sampling = sampling_from_config(cfg)
+        self.val_sampling = sampling_from_config(cfg, validation=True)
+        self.global_step = 0
+        self.last_checkpoint: Path | None = None
+        self.batch: Batch | None = None  # the last step's batch, for benchmarks and debugging
+        self.tracker: Tracker | None = None
+        self.show_progress = "console" in cfg.trainer.logger
+
+    @classmethod
+    def from_config(cls, cfg: DictConfig, hooks: list[StepHook] | None = None) -> "AgentTrainer":
+        """Start Ray, the actor (+ref, +engine) and critic workers, and the rollout."""
+        from grl.models import load_tokenizer
+        from grl.workers import ActorRolloutRefGroup, CriticGroup, init_ray, world_size
+
+        init_ray(cfg.trainer.ray_address)
+        ranks = world_size(cfg)
+        actor = ActorRolloutRefGroup(cfg, ranks, use_ref=use_reference(cfg))
+        try:
+            critic = CriticGroup(cfg, ranks) if cfg.critic.enable else None
+        except BaseException:
+            actor.shutdown()
+            raise
+        tokenizer = load_tokenizer(cfg.actor_rollout_ref.model.path)
+        rollout = MultiTurnRollout.from_config(cfg, actor.engine, tokenizer)
+        return cls(cfg, actor, critic, rollout, hooks)
+
+    # ------------------------------------------------------------------ loop
+
+    def fit(self) -> None:
+        """Validate, then train step by step, validating every `test_freq` and
+        checkpointing every `save_freq` steps (and both at the end)."""
+        cfg = self.cfg.trainer
+        try:
+            resumed = self.resume()
+            self.tracker = Tracker(list(cfg.logger), cfg.run_dir, cfg.project_name, cfg.experiment_name,
+                                   config=OmegaConf.to_container(self.cfg, resolve=True),
+                                   total_steps=cfg.total_training_steps,
+                                   resume_step=self.global_step if resumed else None)
+            save_run_info(cfg.run_dir, OmegaConf.to_yaml(self.cfg, resolve=True))
+            if cfg.val_before_train and self.global_step == 0:
+                self.tracker.log(self.validate(), self.global_step)
+            while self.global_step < cfg.total_training_steps:
+                self.global_step += 1
+                step, last = self.global_step, self.global_step == cfg.total_training_steps
+                metrics = self.train_step(step)
+                if cfg.test_freq > 0 and (step % cfg.test_freq == 0 or last):
+                    metrics.update(self.validate())
+                if (cfg.save_freq > 0 and step % cfg.save_freq == 0) or last:
+                    metrics.update(self.save_checkpoint())
+                self.tracker.log(metrics, step)
+                for hook in self.hooks:
+                    hook(self, step, metrics)
+            if cfg.export_hf:
+                self.export_hf()
+        except WorkerDiedError as err:
+            message = self._death_message(err)
+            log.error(message)
+            raise RunAborted(message) from err
+        finally:
+            self.close()
+
+    def train_step(self, step: int) -> dict[str, float]:
+        """One PPO step: rollout -> batch -> shape -> score -> advantage -> update -> sync."""
+        timer = Timer()
+        with self._progress(step) as phase, timer("step"):
+            with phase("rollout"), timer("rollout"):
+                sampling = replace(self.sampling, seed=training_base_seed(self.cfg.trainer.seed, step))
+                result = self.rollout.run(self.train_tasks, training_base_seed(self.cfg.rollout.seed, step), sampling)
+            metrics = {**task_metrics(result.metrics, "env"), **reward_metrics(result.episodes)}
+
+            batch, shape_metrics = shape_batch(result.episodes, self.cfg.rollout, self.rollout.tokenizer.pad_token_id)
+            metrics.update(shape_metrics)
+            self.batch = batch
+            if len(batch) == 0:
+                log.warning("step %d: no episode left to train on after filtering; update skipped", step)
+                return {**metrics, **timer.metrics()}
+
+            with phase("old_log_prob"), timer("old_log_prob"):
+                batch["old_log_probs"], batch["entropy"] = self.actor.compute_log_probs(batch)
+            if self.use_ref:
+                with phase("ref"), timer("ref"):
+                    batch["ref_log_probs"] = self.actor.compute_ref_log_probs(batch)
+            if self.critic is not None:
+                with phase("values"), timer("values"):
+                    batch["values"] = self.critic.compute_values(batch)
+
+            with phase("advantage"), timer("advantage"):
+                metrics.update(add_advantages(batch, self.cfg.algorithm, self.kl_ctrl))
+                batch, dropped = drop_nonfinite_rows(batch)
+                metrics["train/dropped_nonfinite_rows"] = float(dropped)
+                self.batch = batch
+
+            if len(batch) > 0:
+                if self.critic is not None:
+                    with phase("update_critic"), timer("update_critic"):
+                        metrics.update(self.critic.update(batch))
+                if step > self.cfg.trainer.critic_warmup:
+                    with phase("update_actor"), timer("update_actor"):
+                        metrics.update(self.actor.update(batch))
+                    with phase("sync_weights"), timer("sync_weights"):
+                        self.actor.sync_weights()
+        if len(batch) > 0:
+            metrics.update(batch_metrics(batch))
+            metrics.update(throughput_metrics(batch, timer.times))
+        metrics.update(timer.metrics())
+        return metrics
+
+    def validate(self) -> dict[str, float]:
+        """Every validation task in one batched greedy rollout -> `val-env/<task>/<metric>`."""
+        timer = Timer()
+        with timer("validation"):
+            result = self.rollout.run(self.val_tasks, self.cfg.rollout.validation_seed, self.val_sampling)
+        return {**task_metrics(result.metrics, "val-env"), **timer.metrics()}
+
+    # ------------------------------------------------------------ checkpoints
+
+    def save_checkpoint(self) -> dict[str, float]:
+        timer = Timer()
+        cfg = self.cfg.trainer
+
+        def write_parts(tmp: Path) -> None:
+            self.actor.save_checkpoint(str(tmp / "actor"))
+            if self.critic is not None:
+                self.critic.save_checkpoint(str(tmp / "critic"))
+
+        state = {"global_step": self.global_step, "kl_coef": self.kl_ctrl.value, "rng": ckpt.rng_state()}
+        with timer("save_checkpoint"):
+            self.last_checkpoint = ckpt.write_checkpoint(cfg.default_local_dir, self.global_step, write_parts, state,
+                                                         cfg.max_ckpt_to_keep)
+        return timer.metrics()
+
+    def export_hf(self) -> Path:
+        """The actor as a Hugging Face folder (`<default_local_dir>/hf_actor`) that
+        transformers and vLLM load; written beside it, then renamed into place."""
+        target = Path(self.cfg.trainer.default_local_dir) / "hf_actor"
+        tmp = target.with_name(f".tmp_hf_actor_{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        self.actor.export_hf(str(tmp))
+        shutil.rmtree(target, ignore_errors=True)
+        os.rename(tmp, target)
+        return target
+
+    def resume(self) -> bool:
+        """Load the checkpoint `trainer.resume_mode` points at; True if one was loaded."""
+        cfg = self.cfg.trainer
+        path = ckpt.resume_path(cfg.resume_mode, cfg.default_local_dir)
+        if path is None:
+            return False
+        state = ckpt.read_state(path)
+        self.actor.load_checkpoint(str(path / "actor"))
+        if self.critic is not None:
+            self.critic.load_checkpoint(str(path / "critic"))
+        self.actor.sync_weights()  # the engine must sample from the resumed weights
+        self.kl_ctrl.value = state["kl_coef"]
+        ckpt.set_rng_state(state["rng"])
+        self.global_step = state["global_step"]
+        self.last_checkpoint = path
+        log.info("resumed from %s (step %d)", path, self.global_step)
+        return True
+
+    def _death_message(self, err) -> str:
+        if self.last_checkpoint is not None:
+            where = (f"the last complete checkpoint is {self.last_checkpoint}; rerun with "
+                     f"trainer.resume_mode=auto to continue from step {ckpt.step_of(self.last_checkpoint)}")
+        else:
+            where = "no checkpoint was written yet, so a rerun starts from step 0"
+        return f"worker {err.worker} died during step {self.global_step} ({err}); {where}"
+
+    # ------------------------------------------------------------ plumbing
+
+    @contextmanager
+    def _progress(self, step: int):
+        """A progress bar over the phases of one step (console logger only)."""
+        from tqdm import tqdm
+
+        names = ["rollout", "old_log_prob", *(["ref"] if self.use_ref else []),
+                 *(["values", "update_critic"] if self.critic is not None else []), "advantage",
+                 "update_actor", "sync_weights"]
+        bar = tqdm(total=len(names), desc=f"step {step}", leave=False, disable=not self.show_progress)
+
+        @contextmanager
+        def phase(name: str):
+            bar.set_postfix_str(name)
+            yield
+            bar.update(1)
+
+        try:
+            yield phase
+        finally:
+            bar.close()
+
+    def close(self) -> None:
+        self.rollout.close()
+        if self.tracker is not None:
+            self.tracker.close()
+            self.tracker = None
+        for group in (self.actor, self.critic):
+            if group is not None:
+                group.shutdown()
+
+
+def shape_batch(episodes: list[Episode], r: DictConfig, pad_token_id: int) -> tuple[Batch, dict[str, float]]:
+    """Normalise episode scores (`rollout.reward_normalization`), keep the groups
+    with the most reward spread (`rollout_filter_ratio`), and lay the kept
+    episodes out as a token batch."""
+    normalized = r.reward_normalization.method != "identity"
+    scores = normalize_episode_scores(episodes, r.reward_normalization.grouping, r.reward_normalization.method)
+    score_of = {id(ep): score for ep, score in zip(episodes, scores)}
+    kept, filter_metrics = filter_groups(episodes, r.rollout_filter_ratio, r.rollout_filter_type)
+    batch, build_metrics = build_batch(
+        kept, use_turn_scores=r.use_turn_scores, max_episode_length=r.max_episode_length, packing=r.packing,
+        pad_token_id=pad_token_id, scores=[score_of[id(ep)] for ep in kept] if normalized else None)
+    return batch, {**task_metrics(filter_metrics, "env"), **build_metrics}
+
+
+def add_advantages(batch: Batch, algo: DictConfig, kl_ctrl) -> dict[str, float]:
+    """KL-in-reward (if enabled, updating `kl_ctrl`), then the configured
+    estimator: writes `token_rewards`, `advantages` and `returns` into the batch."""
+    metrics = {}
+    if algo.use_kl_in_reward:
+        batch["token_rewards"], mean_kl = apply_kl_penalty(
+            batch["token_rewards"], batch["old_log_probs"], batch["ref_log_probs"], batch["loss_mask"],
+            kl_ctrl.value, algo.kl_penalty)
+        metrics["actor/reward_kl_penalty"] = mean_kl.item()
+        metrics["actor/reward_kl_penalty_coeff"] = kl_ctrl.value
+        kl_ctrl.update(mean_kl.item(), n_steps=len(batch))
+    view = EpisodeView(batch)
+    advantages, returns = compute_advantage(
+        algo.adv_estimator, token_rewards=view.rows(batch["token_rewards"]), loss_mask=view.rows(batch["loss_mask"]),
+        values=view.rows(batch["values"]) if "values" in batch else None, turn_ids=view.rows(batch["turn_ids"]),
+        group_ids=view.group_ids, gamma=algo.gamma, lam=algo.lam, high_level_gamma=algo.high_level_gamma,
+        turn_weight=algo.turn_advantage_weight, norm_adv_by_std=algo.norm_adv_by_std_in_grpo)
+    batch["advantages"], batch["returns"] = view.back(advantages), view.back(returns)
+    return metrics
+
+
+def use_reference(cfg: DictConfig) -> bool:
+    """The reference model is needed for a KL loss or a KL penalty in the reward."""
+    return bool(cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward)
+
+
+class EpisodeView:
+    """Token tensors with one episode per row. A padded batch already is one; a
+    packed batch is unpacked for the advantage and packed back, so that no
+    advantage runs across two episodes that share a row."""
+
+    def __init__(self, batch: Batch):
+        self.seq_ids = batch.tensors.get("seq_ids")
+        groups = batch.meta["group_id"]
+        self.group_ids = groups if self.seq_ids is None else [g for row in groups for g in row]
+
+    def rows(self, x: torch.Tensor) -> torch.Tensor:
+        return x if self.seq_ids is None else unpack(x, self.seq_ids)
+
+    def back(self, x: torch.Tensor) -> torch.Tensor:
+        if self.seq_ids is None:
+            return x
+        out = x.new_zeros(self.seq_ids.shape)
+        for k in range(x.shape[0]):
+            where = self.seq_ids == k
+            out[where] = x[k, :int(where.sum())]
+        return out
+
+
+def drop_nonfinite_rows(batch: Batch) -> tuple[Batch, int]:
+    """Drop rows whose reward, advantage or return is NaN/inf on a trained token."""
+    keep = finite_rows(batch["token_rewards"], batch["advantages"], batch["returns"], loss_mask=batch["loss_mask"])
+    dropped = int((~keep).sum())
+    return (batch.select(keep) if dropped else batch), dropped
+
+

@@ -1,0 +1,399 @@
+"""Driver side of the workers: the Ray runtime, worker groups and the engine proxy.
+
+A worker group is N Ray actors (ranks) of one role placed on the bundles of a
+placement group (one bundle per GPU, or per rank on CPU) and joined into one
+torch.distributed group. The driver splits a batch into equal shards, calls
+the same method on every rank and stitches the results back in row order.
+Actor and critic groups of the same size share one placement group, so on GPU
+rank i of each role lives on GPU i (colocated, as in verl).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+import torch
+
+from grl.engines.base import Engine, NamedTensors, SamplingParams
+from grl.rollout.types import Batch
+
+log = logging.getLogger("grl.workers")
+
+PRODUCT_ENV = {"RAY_AUTH_MODE": "disabled", "TOKENIZERS_PARALLELISM": "false"}
+REPO_ROOT = str(Path(__file__).resolve().parents[2])
+# Ranks take a fraction of their bundle so that several groups (actor,
+# critic, a second actor while a test compares two) can share one bundle.
+GROUPS_PER_BUNDLE = 4
+PLACEMENT_TIMEOUT_S = 600
+TEARDOWN_TIMEOUT_S = 30
+DRIVER_STATE = "driver_state.json"
+
+ACTOR_KEYS = ("input_ids", "attention_mask", "position_ids", "segment_ids", "loss_mask", "advantages",
+              "old_log_probs", "ref_log_probs")
+CRITIC_KEYS = ("input_ids", "attention_mask", "position_ids", "segment_ids", "loss_mask", "values", "returns")
+SCORE_KEYS = ("input_ids", "attention_mask", "position_ids", "segment_ids")
+
+
+class WorkerDiedError(RuntimeError):
+    """A worker process died (Ray reported its actor dead); `worker` names it, e.g. "actor rank 1"."""
+
+    def __init__(self, message: str, worker: str):
+        super().__init__(message)
+        self.worker = worker
+
+
+def init_ray(address: str | None = None, **ray_kwargs) -> None:
+    """Start (or join) Ray: `address`, else $RAY_ADDRESS, else a local runtime."""
+    for key, value in PRODUCT_ENV.items():
+        os.environ.setdefault(key, value)
+    import ray
+
+    if ray.is_initialized():
+        return
+    address = address or os.environ.get("RAY_ADDRESS")
+    if address:
+        ray.init(address=address, **ray_kwargs)
+    else:
+        ray_kwargs.setdefault("include_dashboard", False)
+        ray.init(**ray_kwargs)
+
+
+def world_size(cfg) -> int:
+    """Ranks per role: trainer.n_gpus_per_node x trainer.nnodes (processes on CPU too)."""
+    return int(cfg.trainer.n_gpus_per_node) * int(cfg.trainer.nnodes)
+
+
+def resolve_device(requested: str) -> str:
+    import ray
+
+    gpus = ray.cluster_resources().get("GPU", 0)
+    if requested == "auto":
+        return "cuda" if gpus >= 1 else "cpu"
+    if requested == "cuda" and gpus < 1:
+        raise RuntimeError("trainer.device: cuda requested but the Ray cluster has no GPU")
+    return requested
+
+
+# ---------------------------------------------------------------- placement
+
+_pools: dict[tuple[int, str], list] = {}  # (world size, device) -> [placement group, users]
+
+
+def _acquire_pool(size: int, device: str):
+    import ray
+    from ray.util.placement_group import placement_group
+
+    key = (size, device)
+    if key in _pools and _pools[key][1] > 0:
+        _pools[key][1] += 1
+        return _pools[key][0]
+    total_cpu = ray.cluster_resources().get("CPU", 1)
+    bundle = {"CPU": min(2.0, total_cpu / size)}
+    if device == "cuda":
+        bundle["GPU"] = 1.0
+    pg = placement_group([dict(bundle) for _ in range(size)], strategy="PACK")
+    ready, _ = ray.wait([pg.ready()], timeout=PLACEMENT_TIMEOUT_S)
+    if not ready:
+        ray.util.remove_placement_group(pg)
+        raise RuntimeError(f"cannot place {size} worker ranks with {bundle} each; the cluster has "
+                           f"{ray.cluster_resources()}")
+    _pools[key] = [pg, 1]
+    return pg
+
+
+def _release_pool(size: int, device: str) -> None:
+    import ray
+
+    entry = _pools.get((size, device))
+    if entry is None:
+        return
+    entry[1] -= 1
+    if entry[1] <= 0:
+        del _pools[(size, device)]
+        try:
+            ray.util.remove_placement_group(entry[0])
+        except Exception as err:  # Ray already gone (ray.shutdown before our shutdown)
+            log.debug("remove_placement_group: %s", err)
+
+
+# ---------------------------------------------------------------- groups
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+def _pad_rows(tensors: dict[str, torch.Tensor], multiple: int) -> tuple[dict[str, torch.Tensor], int]:
+    """Append copies of row 0 (with an empty loss mask) so the row count divides
+    by `multiple`: every rank then runs the same number of micro-batches, which
+    FSDP2's collectives need. -> (padded, original row count)."""
+    n = next(iter(tensors.values())).shape[0]
+    extra = (-n) % multiple
+    if extra == 0:
+        return tensors, n
+    padded = {}
+    for key, value in tensors.items():
+        filler = value[:1].expand(extra, *value.shape[1:])
+        if key == "loss_mask":
+            filler = torch.zeros_like(filler)
+        padded[key] = torch.cat([value, filler])
+    return padded, n
+
+
+def _equal_shards(tensors: dict[str, torch.Tensor], parts: int) -> list[dict[str, torch.Tensor]]:
+    n = next(iter(tensors.values())).shape[0]
+    size = n // parts
+    return [{k: v[i * size:(i + 1) * size] for k, v in tensors.items()} for i in range(parts)]
+
+
+def _pick(batch: Batch, keys: tuple[str, ...]) -> dict[str, torch.Tensor]:
+    return {k: batch[k].detach().cpu() for k in keys if k in batch}
+
+
+def plan_minibatches(rows: int, mini_batch_size: int, epochs: int, shuffle: bool, seed: int) -> list[list[int]]:
+    """Row indices of each mini-batch, epoch after epoch (a fresh permutation
+    per epoch when shuffling, seeded so a resumed run draws the same ones)."""
+    generator = torch.Generator().manual_seed(seed)
+    plan = []
+    for _ in range(epochs):
+        order = torch.randperm(rows, generator=generator) if shuffle else torch.arange(rows)
+        plan += [order[i:i + mini_batch_size].tolist() for i in range(0, rows, mini_batch_size)]
+    return plan
+
+
+class _WorkerGroup:
+    """N ranks of one role; shared plumbing of the actor and critic groups."""
+
+    def __init__(self, role: str, cfg, size: int, use_ref: bool = False, engine_name: str | None = None,
+                 engine_ranks: tuple[int, ...] = ()):
+        import ray
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        from grl.workers.worker import Worker
+
+        if size < 1:
+            raise ValueError(f"a worker group needs at least one rank, got {size}")
+        self.role, self.cfg, self.size = role, cfg, size
+        self.device = resolve_device(cfg.trainer.device)
+        self.workers: list = []
+        self._closed = False
+        self._updates = 0  # update() calls so far: seeds the mini-batch shuffle
+        pg = _acquire_pool(size, self.device)
+        self._pool = (size, self.device)
+        bundle = pg.bundle_specs[0]
+        options = {"num_cpus": bundle["CPU"] / GROUPS_PER_BUNDLE,
+                   "runtime_env": {"env_vars": dict(PRODUCT_ENV, PYTHONPATH=os.pathsep.join(
+                       p for p in (REPO_ROOT, os.environ.get("PYTHONPATH")) if p))}}
+        if self.device == "cuda":
+            options["num_gpus"] = 1.0 / GROUPS_PER_BUNDLE
+        remote = ray.remote(Worker)
+        try:
+            for rank in range(size):
+                strategy = PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=rank)
+                self.workers.append(remote.options(scheduling_strategy=strategy, **options).remote(
+                    role, rank, size, cfg, self.device, use_ref, engine_name if rank in engine_ranks else None))
+            master_addr, master_port = self._gather([self.workers[0].address.remote()], [0])[0]
+            self.call("setup", master_addr, master_port)
+        except BaseException:
+            self.shutdown()
+            raise
+
+    # -- dispatch
+
+    def _gather(self, refs: list, ranks: list[int]) -> list:
+        """Results in rank order. Returns as soon as any rank fails, so a dead
+        rank never leaves the driver waiting on its peers' collectives."""
+        import ray
+        from ray.exceptions import RayActorError
+
+        where = {ref: i for i, ref in enumerate(refs)}
+        results: list = [None] * len(refs)
+        pending = list(refs)
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            i = where[ready[0]]
+            try:
+                results[i] = ray.get(ready[0])
+            except RayActorError as err:
+                name = f"{self.role} rank {ranks[i]}"
+                raise WorkerDiedError(f"{name} died: {_first_line(err)}", worker=name) from err
+        return results
+
+    def call(self, method: str, *args) -> list:
+        """`method(*args)` on every rank."""
+        self._check_open()
+        return self._gather([getattr(w, method).remote(*args) for w in self.workers], list(range(self.size)))
+
+    def call_sharded(self, method: str, shards: list, *args) -> list:
+        """`method(shards[i], *args)` on rank i."""
+        self._check_open()
+        refs = [getattr(w, method).remote(s, *args) for w, s in zip(self.workers, shards)]
+        return self._gather(refs, list(range(self.size)))
+
+    def call_ranks(self, ranks: list[int], method: str, per_rank_args: list[tuple]) -> list:
+        self._check_open()
+        refs = [getattr(self.workers[r], method).remote(*a) for r, a in zip(ranks, per_rank_args)]
+        return self._gather(refs, ranks)
+
+    def execute(self, fn, *args) -> list:
+        """Run `fn(worker, *args)` on every rank (debugging and fault injection)."""
+        return self.call("execute", fn, *args)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError(f"the {self.role} group has been shut down")
+
+    def _scatter(self, method: str, tensors: dict[str, torch.Tensor], *args) -> tuple[list, int]:
+        padded, rows = _pad_rows(tensors, self.size)
+        return self.call_sharded(method, _equal_shards(padded, self.size), *args), rows
+
+    def _update(self, batch: Batch, keys: tuple[str, ...], train_cfg) -> dict[str, float]:
+        tensors = _pick(batch, keys)
+        seed = int(self.cfg.trainer.seed) * 1_000_003 + self._updates
+        plan = plan_minibatches(len(batch), int(train_cfg.ppo_mini_batch_size), int(train_cfg.ppo_epochs),
+                                bool(train_cfg.get("shuffle", True)), seed)
+        per_rank: list[list[dict]] = [[] for _ in range(self.size)]
+        for rows in plan:
+            index = torch.tensor(rows)
+            mini, _ = _pad_rows({k: v[index] for k, v in tensors.items()}, self.size)
+            for rank, shard in enumerate(_equal_shards(mini, self.size)):
+                per_rank[rank].append(shard)
+        metrics = self.call_sharded("update", per_rank)[0]
+        self._updates += 1
+        return metrics
+
+    # -- checkpoints
+
+    def save_checkpoint(self, path: str) -> None:
+        self.call("save_checkpoint", str(path))
+        (Path(path) / DRIVER_STATE).write_text(json.dumps({"updates": self._updates}))
+
+    def load_checkpoint(self, path: str) -> None:
+        state_file = Path(path) / DRIVER_STATE
+        if not state_file.is_file():
+            raise FileNotFoundError(f"{path}: not a {self.role} checkpoint (no {DRIVER_STATE})")
+        self.call("load_checkpoint", str(path))
+        self._updates = json.loads(state_file.read_text())["updates"]
+
+    # -- lifetime
+
+    def shutdown(self) -> None:
+        """Stop every rank (engines first). Works after a rank died and twice."""
+        import ray
+
+        if self._closed:
+            return
+        self._closed = True
+        if self.workers and ray.is_initialized():
+            refs = []
+            for w in self.workers:
+                try:
+                    refs.append(w.teardown.remote())
+                except Exception as err:  # noqa: BLE001 - the actor may be gone already
+                    log.debug("teardown: %s", err)
+            if refs:
+                ray.wait(refs, num_returns=len(refs), timeout=TEARDOWN_TIMEOUT_S)
+            for w in self.workers:
+                try:
+                    ray.kill(w)
+                except Exception as err:  # noqa: BLE001
+                    log.debug("kill: %s", err)
+        self.workers = []
+        if ray.is_initialized():
+            _release_pool(*self._pool)
+
+
+class EngineProxy(Engine):
+    """The rollout engine as the driver sees it. Generation runs inside the
+    actor ranks that hold an engine; prompts are split over them in order."""
+
+    def __init__(self, group: "ActorRolloutRefGroup", ranks: list[int]):
+        self._group, self._ranks = group, ranks
+
+    def generate(self, prompt_token_ids: list[list[int]], sampling: SamplingParams) -> list:
+        n, k = len(prompt_token_ids), len(self._ranks)
+        bounds = [round(i * n / k) for i in range(k + 1)]
+        pieces = [(prompt_token_ids[bounds[i]:bounds[i + 1]], sampling) for i in range(k)]
+        results = self._group.call_ranks(self._ranks, "engine_generate", pieces)
+        return [out for part in results for out in part]
+
+    def update_weights(self, named_tensors: NamedTensors) -> None:
+        items = list(named_tensors.items()) if hasattr(named_tensors, "items") else list(named_tensors)
+        self._group.call_ranks(self._ranks, "engine_update_weights", [(items,)] * len(self._ranks))
+
+    def sleep(self) -> None:
+        self._group.call_ranks(self._ranks, "engine_call", [("sleep",)] * len(self._ranks))
+
+    def wake(self) -> None:
+        self._group.call_ranks(self._ranks, "engine_call", [("wake",)] * len(self._ranks))
+
+    def shutdown(self) -> None:
+        if not self._group._closed:
+            self._group.call_ranks(self._ranks, "engine_call", [("shutdown",)] * len(self._ranks))
+
+
+class ActorRolloutRefGroup(_WorkerGroup):
+    """Policy (trained), reference model (frozen, if `use_ref`) and the rollout
+    engine: inside every rank on GPU, inside rank 0 on CPU (the vllm engine
+    then runs in a process of its own that the engines package starts)."""
+
+    def __init__(self, cfg, world_size: int, use_ref: bool):
+        from grl.engines import pick_engine_name
+
+        self.use_ref = use_ref
+        init_ray(cfg.trainer.get("ray_address"))
+        device = resolve_device(cfg.trainer.device)
+        self.engine_name = pick_engine_name(cfg.actor_rollout_ref.rollout.name, device=device)
+        engine_ranks = tuple(range(world_size)) if device == "cuda" else (0,)
+        super().__init__("actor", cfg, world_size, use_ref=use_ref, engine_name=self.engine_name,
+                         engine_ranks=engine_ranks)
+        self.engine: Engine = EngineProxy(self, list(engine_ranks))
+        log.info("actor group: %d ranks on %s, rollout engine %s in rank(s) %s%s", world_size, self.device,
+                 self.engine_name, list(engine_ranks), ", with reference model" if use_ref else "")
+
+    def compute_log_probs(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """(old_log_probs, entropy), `[B, T]`, aligned with `loss_mask`."""
+        results, rows = self._scatter("compute_log_probs", _pick(batch, SCORE_KEYS), False)
+        return torch.cat([r[0] for r in results])[:rows], torch.cat([r[1] for r in results])[:rows]
+
+    def compute_ref_log_probs(self, batch: Batch) -> torch.Tensor:
+        if not self.use_ref:
+            raise RuntimeError("compute_ref_log_probs: the actor group was built with use_ref=False")
+        results, rows = self._scatter("compute_log_probs", _pick(batch, SCORE_KEYS), True)
+        return torch.cat([r[0] for r in results])[:rows]
+
+    def update(self, batch: Batch) -> dict[str, float]:
+        """PPO epochs over mini-batches; needs advantages, old_log_probs and
+        loss_mask (ref_log_probs too when use_kl_loss)."""
+        for key in ("advantages", "old_log_probs", "loss_mask"):
+            if key not in batch:
+                raise KeyError(f"actor update: the batch has no {key!r}")
+        return self._update(batch, ACTOR_KEYS, self.cfg.actor_rollout_ref.actor)
+
+    def sync_weights(self) -> None:
+        """Push the actor's current weights into the rollout engine(s), in memory."""
+        self.call("sync_weights")
+
+    def export_hf(self, path: str) -> None:
+        self.call("export_hf", str(path))
+
+
+class CriticGroup(_WorkerGroup):
+    """The value model: the policy's backbone with a scalar head."""
+
+    def __init__(self, cfg, world_size: int):
+        init_ray(cfg.trainer.get("ray_address"))
+        super().__init__("critic", cfg, world_size)
+
+    def compute_values(self, batch: Batch) -> torch.Tensor:
+        results, rows = self._scatter("compute_values", _pick(batch, SCORE_KEYS))
+        return torch.cat(results)[:rows]
+
+    def update(self, batch: Batch) -> dict[str, float]:
+        for key in ("returns", "values", "loss_mask"):
+            if key not in batch:
+                raise KeyError(f"critic update: the batch has no {key!r}")
+        return self._update(batch, CRITIC_KEYS, self.cfg.critic)

@@ -1,0 +1,126 @@
+"""Per-token scores from a causal LM without vocabulary-sized peaks.
+
+`TokenScorer` wraps a Hugging Face model (causal LM or token classifier) and
+returns, for every position t, the log-prob (and entropy) of token t given
+tokens < t, or the value predicted from the state before t. Position 0, padding
+and the first token of every packed episode get 0.
+
+The backbone runs once; the head (`lm_head`, or the tied input embedding) is
+then applied to `chunk_size` hidden states at a time, and in training each
+chunk is recomputed in backward, so at most one chunk of `[tokens, vocab]`
+logits is alive at once.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from grl.algo import entropy_from_logits, log_probs_from_logits
+
+
+def packed_attention_mask(segment_ids: torch.Tensor, attention_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Additive `[B, 1, T, T]` mask: causal, and a token sees only tokens of its
+    own episode (same segment id). Padding queries see themselves, so no
+    softmax row is empty (an empty row is NaN in sdpa)."""
+    T = segment_ids.shape[1]
+    valid = attention_mask.bool()
+    causal = torch.ones(T, T, dtype=torch.bool, device=segment_ids.device).tril()
+    same = segment_ids[:, :, None] == segment_ids[:, None, :]
+    allowed = same & causal & valid[:, None, :] & valid[:, :, None]
+    allowed |= torch.eye(T, dtype=torch.bool, device=segment_ids.device)
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=segment_ids.device)
+    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+    return mask[:, None]
+
+
+def scored_positions(attention_mask: torch.Tensor, segment_ids: torch.Tensor | None) -> torch.Tensor:
+    """Bool `[B, T]`: positions t whose score comes from a real previous token
+    of the same episode."""
+    valid = attention_mask.bool()
+    keep = torch.zeros_like(valid)
+    keep[:, 1:] = valid[:, 1:] & valid[:, :-1]
+    if segment_ids is not None:
+        keep[:, 1:] &= segment_ids[:, 1:] == segment_ids[:, :-1]
+    return keep
+
+
+def _log_prob_and_entropy(head: nn.Module, hidden: torch.Tensor, labels: torch.Tensor):
+    logits = head(hidden).float()
+    return log_probs_from_logits(logits, labels), entropy_from_logits(logits)
+
+
+def _value(head: nn.Module, hidden: torch.Tensor):
+    return head(hidden).float().squeeze(-1)
+
+
+class TokenScorer(nn.Module):
+    """`kind="policy"`: forward -> (log_probs, entropy); `kind="value"`:
+    forward -> values. All `[B, T]`, aligned as described in the module doc.
+
+    The wrapper is the FSDP2 root, so the backbone's embedding and the head are
+    gathered by the root's hooks before they are used here."""
+
+    def __init__(self, model: nn.Module, kind: str, compute_dtype: torch.dtype = torch.float32):
+        super().__init__()
+        if kind not in ("policy", "value"):
+            raise ValueError(f"TokenScorer kind must be policy or value, got {kind!r}")
+        self.model = model
+        self.kind = kind
+        self.compute_dtype = compute_dtype  # dtype of the packed attention mask
+
+    def head(self) -> nn.Module:
+        # With tied embeddings lm_head shares the input embedding's weight, so
+        # the output embedding is the right head either way.
+        return self.model.get_output_embeddings() if self.kind == "policy" else self.model.score
+
+    def forward(self, input_ids, attention_mask, position_ids, segment_ids=None, chunk_size: int = 1024):
+        backbone = self.model.base_model
+        if segment_ids is not None:
+            mask = packed_attention_mask(segment_ids, attention_mask, self.compute_dtype)
+        else:
+            mask = attention_mask
+        hidden = backbone(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
+                          use_cache=False).last_hidden_state
+        B, T, H = hidden.shape
+        keep = scored_positions(attention_mask, segment_ids)
+        # Position t is scored from the hidden state at t - 1.
+        flat_hidden = hidden[:, :-1].reshape(-1, H)
+        flat_labels = input_ids[:, 1:].reshape(-1)
+        head = self.head()
+        step = max(int(chunk_size), 1)
+        recompute = torch.is_grad_enabled()
+        outputs = []
+        for i in range(0, flat_hidden.shape[0], step):
+            h = flat_hidden[i:i + step]
+            if self.kind == "policy":
+                args = (head, h, flat_labels[i:i + step])
+                fn = _log_prob_and_entropy
+            else:
+                args, fn = (head, h), _value
+            outputs.append(checkpoint(fn, *args, use_reentrant=False) if recompute else fn(*args))
+        zeros = hidden.new_zeros((B, 1), dtype=torch.float32)
+
+        def assemble(parts):
+            shifted = torch.cat(parts).reshape(B, T - 1) if parts else hidden.new_zeros((B, 0), dtype=torch.float32)
+            full = torch.cat([zeros, shifted], dim=1)
+            return torch.where(keep, full, torch.zeros((), dtype=full.dtype, device=full.device))
+
+        if self.kind == "policy":
+            return assemble([o[0] for o in outputs]), assemble([o[1] for o in outputs])
+        return assemble(outputs)
+
+
+def trim_width(tensors: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], int]:
+    """Cut the all-padding columns at the right end of `[B, T]` tensors
+    (attention is causal, so they change nothing) -> (trimmed, original T)."""
+    mask = tensors["attention_mask"]
+    width = mask.shape[1]
+    used = mask.bool().any(0).nonzero()
+    keep = int(used.max()) + 1 if used.numel() else 1
+    return {k: (v[:, :keep] if v.dim() == 2 and v.shape[1] == width else v) for k, v in tensors.items()}, width
+
+
+def pad_width(x: torch.Tensor, width: int) -> torch.Tensor:
+    return torch.nn.functional.pad(x, (0, width - x.shape[1]))

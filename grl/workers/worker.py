@@ -1,0 +1,381 @@
+"""One rank of a worker group, run as a Ray actor.
+
+A rank of role `actor` holds the policy (FSDP2, trained), optionally the
+frozen reference model and, where the group places it, the rollout engine. A
+rank of role `critic` holds the value model. All ranks of a group form one
+torch.distributed group; every method that touches a sharded model is a
+collective, so the driver calls it on all ranks with equally sized shards.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from grl.workers import fsdp
+from grl.workers.scoring import TokenScorer, pad_width, trim_width
+
+log = logging.getLogger("grl.workers")
+
+MODEL_FILE, OPTIM_FILE, STATE_FILE = "model.pt", "optim.pt", "state.pt"
+WRAPPER_PREFIX = "model."  # TokenScorer keeps the Hugging Face model under `.model`
+
+
+def rng_file(rank: int) -> str:
+    return f"rng_rank{rank}.pt"
+
+
+def hf_names(state: dict) -> dict:
+    return {k[len(WRAPPER_PREFIX):]: v for k, v in state.items()}
+
+
+def split_rows(tensors: dict, size: int) -> list[dict]:
+    n = next(iter(tensors.values())).shape[0]
+    return [{k: v[i:i + size] for k, v in tensors.items()} for i in range(0, n, max(size, 1))]
+
+
+class Worker:
+    def __init__(self, role: str, rank: int, world_size: int, cfg, device: str, use_ref: bool = False,
+                 engine_name: str | None = None):
+        logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {role}[{rank}] %(message)s")
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        self.role, self.rank, self.world_size = role, rank, world_size
+        self.cfg, self.device, self.use_ref, self.engine_name = cfg, device, use_ref, engine_name
+        self.engine = None
+        self.ref = None
+        self.updates = 0  # optimizer steps taken (the scheduler's clock)
+        self.skipped_steps = 0
+
+    # ------------------------------------------------------------ set-up
+
+    def address(self) -> tuple[str, int]:
+        return fsdp.node_ip(), fsdp.free_port()
+
+    def setup(self, master_addr: str, master_port: int) -> None:
+        fsdp.init_process_group(self.rank, self.world_size, master_addr, master_port, self.device)
+        fsdp.seed_everything(int(self.cfg.trainer.seed) + self.rank)
+        if self.role == "actor":
+            section = self.cfg.actor_rollout_ref
+            self.model_cfg, self.train_cfg = section.model, section.actor
+            self.module = self._build(section.model, section.actor.fsdp_config, "policy", trainable=True)
+            if self.use_ref:
+                self.ref = self._build(section.model, section.ref.fsdp_config, "policy", trainable=False)
+            if self.engine_name is not None:
+                self.engine = self._make_engine()
+        else:
+            self.model_cfg, self.train_cfg = self.cfg.critic.model, self.cfg.critic
+            self.module = self._build(self.cfg.critic.model, self.cfg.critic.fsdp_config, "value", trainable=True)
+        self.optimizer = fsdp.make_optimizer(self.module.parameters(), self.train_cfg.optim)
+        self.scheduler = fsdp.make_scheduler(self.optimizer, self.train_cfg.optim.lr_warmup_steps)
+
+    def _build(self, model_cfg, fsdp_cfg, kind: str, trainable: bool) -> TokenScorer:
+        from grl.models import load_causal_lm, load_critic
+
+        mixed = bool(fsdp_cfg.get("mixed_precision", True))
+        # Mixed precision keeps fp32 master weights and computes in bf16.
+        dtype = "float32" if (trainable and mixed and self.device == "cuda") else model_cfg.dtype
+        load = load_causal_lm if kind == "policy" else load_critic
+        model = load(model_cfg.path, dtype=dtype, device=self.device).to(self.device)
+        if trainable:
+            if model_cfg.enable_gradient_checkpointing:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            model.train()  # Hugging Face only checkpoints in train mode ...
+            for sub in model.modules():  # ... but dropout would make ratios noisy, so it stays off.
+                if isinstance(sub, torch.nn.Dropout):
+                    sub.eval()
+        else:
+            model.eval()
+            model.requires_grad_(False)
+        scorer = TokenScorer(model, kind)
+        offload = bool(fsdp_cfg.param_offload) or bool(fsdp_cfg.get("optimizer_offload", False))
+        if trainable and fsdp_cfg.get("optimizer_offload", False) and not fsdp_cfg.param_offload:
+            log.info("%s: FSDP2 offloads the optimizer together with the parameters; param offload is on too", self.role)
+        name = f"{self.role}{'' if trainable else ' (ref)'}"
+        scorer.compute_dtype = fsdp.shard(scorer, fsdp.decoder_layers(model), self.device,
+                                          mixed_precision=trainable and mixed, offload=offload, role=name)
+        return scorer
+
+    def _make_engine(self):
+        from grl.engines import make_engine
+
+        rollout = self.cfg.actor_rollout_ref.rollout
+        max_len = rollout.max_model_len or rollout.prompt_length + rollout.response_length
+        return make_engine(self.engine_name, self.model_cfg.path, dtype=self.model_cfg.dtype, device=self.device,
+                           gpu_memory_utilization=rollout.gpu_memory_utilization, max_model_len=max_len,
+                           enforce_eager=rollout.enforce_eager, seed=int(self.cfg.trainer.seed) + self.rank)
+
+    # ------------------------------------------------------------ scoring
+
+    def _score(self, scorer: TokenScorer, tensors: dict, grad: bool):
+        trimmed, width = trim_width(tensors)
+        with torch.set_grad_enabled(grad):
+            out = scorer(trimmed["input_ids"], trimmed["attention_mask"], trimmed["position_ids"],
+                         trimmed.get("segment_ids"), chunk_size=self._chunk_size())
+        if grad:
+            return out, trimmed
+        return tuple(pad_width(o, width) for o in out) if isinstance(out, tuple) else pad_width(out, width)
+
+    def _chunk_size(self) -> int:
+        return int(self.cfg.actor_rollout_ref.actor.logits_chunk_size)
+
+    def _to_device(self, tensors: dict) -> dict:
+        return {k: v.to(self.device) for k, v in tensors.items()}
+
+    def compute_log_probs(self, tensors: dict, ref: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """(log_probs, entropy) of this rank's shard under the policy (or ref)."""
+        scorer = self.ref if ref else self.module
+        if scorer is None:
+            raise RuntimeError("this actor group was built without a reference model (use_ref=False)")
+        section = self.cfg.actor_rollout_ref
+        size = section.ref.log_prob_micro_batch_size_per_gpu if ref else section.rollout.log_prob_micro_batch_size_per_gpu
+        parts = [self._score(scorer, self._to_device(m), grad=False) for m in split_rows(tensors, int(size))]
+        return torch.cat([p[0] for p in parts]).cpu(), torch.cat([p[1] for p in parts]).cpu()
+
+    def compute_values(self, tensors: dict) -> torch.Tensor:
+        size = int(self.cfg.critic.ppo_micro_batch_size_per_gpu)
+        return torch.cat([self._score(self.module, self._to_device(m), grad=False)
+                          for m in split_rows(tensors, size)]).cpu()
+
+    # ------------------------------------------------------------ update
+
+    def update(self, parts: list[dict]) -> dict[str, float]:
+        """One optimizer step per element of `parts` (this rank's share of
+        each global mini-batch, in order). Returns metrics summed over ranks."""
+        totals: dict[str, float] = {}
+        steps = 0
+        grad_norms, dropped = [], 0.0
+        for part in parts:
+            stats, n_dropped = self._minibatch(self._to_device(part))
+            dropped += n_dropped
+            norm = self._optimizer_step()
+            if math.isfinite(norm):
+                grad_norms.append(norm)
+            for k, v in stats.items():
+                totals[k] = totals.get(k, 0.0) + v
+            steps += 1
+        keys = sorted(totals)
+        summed = fsdp.all_reduce_sum([totals[k] for k in keys] + [dropped])
+        p = "actor" if self.role == "actor" else "critic"
+        metrics = {f"{p}/{k}": v / max(steps, 1) for k, v in zip(keys, summed[:-1])}
+        metrics[f"{p}/grad_norm"] = sum(grad_norms) / len(grad_norms) if grad_norms else float("nan")
+        metrics[f"{p}/lr"] = self.optimizer.param_groups[0]["lr"]
+        metrics[f"{p}/skipped_steps"] = float(self.skipped_steps)
+        metrics[f"{p}/dropped_samples"] = summed[-1]
+        return metrics
+
+    def _loss_agg_mode(self) -> str:
+        return self.train_cfg.loss_agg_mode if self.role == "actor" else "token-mean"
+
+    def _guarded_inputs(self, part: dict) -> list[torch.Tensor]:
+        if self.role == "critic":
+            return [part["returns"], part["values"]]
+        inputs = [part["advantages"], part["old_log_probs"]]
+        if self._uses_kl_loss(part):
+            inputs.append(part["ref_log_probs"])
+        return inputs
+
+    def _uses_kl_loss(self, part: dict) -> bool:
+        return self.role == "actor" and bool(self.train_cfg.use_kl_loss) and "ref_log_probs" in part
+
+    def _minibatch(self, part: dict) -> tuple[dict[str, float], float]:
+        """Accumulate the gradient of one mini-batch's loss; the optimizer step
+        is the caller's. Rows with non-finite inputs, ratios or losses are dropped."""
+        from grl.algo import finite_rows
+
+        mode = self._loss_agg_mode()
+        mask = part["loss_mask"].float().clone()
+        has_tokens = (mask > 0).any(-1)
+        ok = finite_rows(*self._guarded_inputs(part), loss_mask=mask)
+        dropped = float((~ok & has_tokens).sum())
+        mask[~ok] = 0.0
+        part = dict(part, loss_mask=mask)
+        # Normalise by the whole mini-batch (all ranks), so micro-batch
+        # gradients add up to the gradient of the mini-batch loss.
+        tokens, rows = fsdp.all_reduce_sum([float((mask > 0).sum()), float((mask > 0).any(-1).sum())])
+        denom = max(tokens if mode == "token-mean" else rows, 1.0)
+        stats: dict[str, float] = {}
+        micro = int(self.train_cfg.ppo_micro_batch_size_per_gpu)
+        for chunk in split_rows(part, micro):
+            out, trimmed = self._score(self.module, chunk, grad=True)
+            loss, chunk_stats, n_dropped = self._micro_loss(out, trimmed, mode)
+            dropped += n_dropped
+            m = trimmed["loss_mask"]
+            count = float((m > 0).sum()) if mode == "token-mean" else float((m > 0).any(-1).sum())
+            weight = count / denom
+            token_weight = float((m > 0).sum()) / max(tokens, 1.0)
+            # FSDP2 averages gradients over ranks; the loss is a share of a global sum, so undo it.
+            (loss * weight * self.world_size).backward()
+            for k, v in chunk_stats.items():
+                w = weight if k.endswith("loss") else token_weight
+                stats[k] = stats.get(k, 0.0) + v * w
+        return stats, dropped
+
+    def _micro_loss(self, out, trimmed: dict, mode: str):
+        """Loss of one micro-batch -> (loss, stats, dropped rows). Rows whose
+        ratio (or value) is non-finite get their mask zeroed; if the loss is
+        still non-finite every row is dropped and the loss becomes a zero that
+        still runs backward (FSDP2 ranks must all take part)."""
+        from grl.algo import finite_rows
+
+        mask = trimmed["loss_mask"]
+        scored = out[0] - trimmed["old_log_probs"] if self.role == "actor" else out
+        ok = finite_rows(scored, loss_mask=mask)
+        has_tokens = (mask > 0).any(-1)
+        dropped = float((~ok & has_tokens).sum())
+        if not bool(ok.all()):
+            mask = mask.masked_fill(~ok[:, None], 0.0)
+            trimmed["loss_mask"] = mask
+        loss, stats = self._loss_terms(out, trimmed, mode)
+        if not torch.isfinite(loss):
+            log.warning("%s rank %d: non-finite loss; dropping the micro-batch's %d rows", self.role, self.rank,
+                        int(((mask > 0).any(-1)).sum()))
+            dropped += float(((mask > 0).any(-1)).sum())
+            trimmed["loss_mask"] = torch.zeros_like(mask)
+            loss, stats = self._loss_terms(out, trimmed, mode)
+            loss = torch.nan_to_num(loss, nan=0.0, posinf=0.0, neginf=0.0)
+            stats = {k: 0.0 for k in stats}
+        return loss, stats, dropped
+
+    def _loss_terms(self, out, t: dict, mode: str) -> tuple[torch.Tensor, dict[str, float]]:
+        from grl.algo import entropy_bonus, kl_loss, masked_mean, policy_loss, value_loss
+
+        c = self.train_cfg
+        if self.role == "critic":
+            loss, m = value_loss(out, t["values"], t["returns"], t["loss_mask"],
+                                 cliprange_value=float(c.cliprange_value), loss_agg_mode=mode)
+            return loss, {"vf_loss": float(loss), "vf_clipfrac": float(m["vf_clipfrac"]),
+                          "vpred_mean": float(masked_mean(out.detach(), t["loss_mask"]))}
+        log_probs, entropy = out
+        pg, m = policy_loss(log_probs, t["old_log_probs"], t["advantages"], t["loss_mask"],
+                            clip_ratio_low=float(c.clip_ratio_low), clip_ratio_high=float(c.clip_ratio_high),
+                            clip_ratio_c=float(c.clip_ratio_c), loss_agg_mode=mode)
+        coeff = float(c.entropy_coeff)
+        ent = entropy_bonus(entropy if coeff else entropy.detach(), t["loss_mask"], mode)
+        loss = pg - coeff * ent
+        stats = {"pg_loss": float(pg), "entropy": float(ent), "pg_clipfrac": float(m["pg_clipfrac"]),
+                 "pg_clipfrac_lower": float(m["pg_clipfrac_lower"]), "ppo_kl": float(m["ppo_kl"])}
+        if self._uses_kl_loss(t):
+            kl = kl_loss(log_probs, t["ref_log_probs"], t["loss_mask"], kind=c.kl_loss_type, loss_agg_mode=mode)
+            loss = loss + float(c.kl_loss_coef) * kl
+            stats["kl_loss"] = float(kl)
+        return loss, stats
+
+    def _optimizer_step(self) -> float:
+        """Clip and step; a non-finite gradient norm skips the step. The norm
+        is reduced over all ranks, so every rank takes the same decision."""
+        params = [p for p in self.module.parameters() if p.grad is not None]
+        clip = float(self.train_cfg.grad_clip) if self.train_cfg.grad_clip else float("inf")
+        norm = torch.nn.utils.clip_grad_norm_(params, clip)
+        if hasattr(norm, "full_tensor"):
+            norm = norm.full_tensor()
+        norm = float(norm)
+        if math.isfinite(norm):
+            self.optimizer.step()
+            self.scheduler.step()
+            self.updates += 1
+        else:
+            self.skipped_steps += 1
+            log.warning("%s rank %d: gradient norm is %s; optimizer step skipped (%d so far)",
+                        self.role, self.rank, norm, self.skipped_steps)
+        self.optimizer.zero_grad(set_to_none=True)
+        return norm
+
+    # ------------------------------------------------------------ checkpoints
+
+    def _check_finite(self, state: dict, what: str) -> None:
+        bad = fsdp.non_finite_entries(state)
+        if bad:
+            raise ValueError(f"refusing to save the {self.role} {what}: {len(bad)} tensor(s) hold NaN/inf, "
+                             f"first {bad[0]}")
+
+    def save_checkpoint(self, path: str) -> None:
+        model_state = fsdp.full_state_dict(self.module)
+        optim_state = fsdp.full_optimizer_state(self.module, self.optimizer)
+        folder = Path(path)
+        if self.rank == 0:
+            self._check_finite(model_state, "weights")
+            self._check_finite(optim_state, "optimizer state")
+            folder.mkdir(parents=True, exist_ok=True)
+            torch.save(model_state, folder / MODEL_FILE)
+            torch.save(optim_state, folder / OPTIM_FILE)
+            torch.save({"scheduler": self.scheduler.state_dict(), "updates": self.updates,
+                        "skipped_steps": self.skipped_steps, "world_size": self.world_size}, folder / STATE_FILE)
+        dist.barrier()  # the folder exists before other ranks write into it
+        torch.save(fsdp.rng_state(), folder / rng_file(self.rank))
+
+    def load_checkpoint(self, path: str) -> None:
+        folder = Path(path)
+        state = torch.load(folder / STATE_FILE, weights_only=False)
+        if state["world_size"] != self.world_size:
+            raise ValueError(f"{path}: saved by {state['world_size']} ranks, loading into {self.world_size}")
+        fsdp.load_full_state(self.module, self.optimizer, torch.load(folder / MODEL_FILE, weights_only=False),
+                             torch.load(folder / OPTIM_FILE, weights_only=False))
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.updates, self.skipped_steps = state["updates"], state["skipped_steps"]
+        fsdp.set_rng_state(torch.load(folder / rng_file(self.rank), weights_only=False))
+
+    def export_hf(self, path: str) -> None:
+        """The policy as a Hugging Face folder (config, safetensors, tokenizer)."""
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        from grl.models import load_tokenizer, resolve_model_path, torch_dtype
+
+        state = fsdp.full_state_dict(self.module)
+        if self.rank == 0:
+            self._check_finite(state, "weights")
+            source = resolve_model_path(self.model_cfg.path)
+            config = AutoConfig.from_pretrained(source)
+            dtype = torch_dtype(self.model_cfg.dtype, self.device)
+            with torch.device("meta"):
+                model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+            weights = {k: v.to(dtype) for k, v in hf_names(state).items()}
+            model.load_state_dict(weights, strict=False, assign=True)
+            model.tie_weights()
+            missing = [n for n, p in model.named_parameters() if p.is_meta]
+            if missing:
+                raise ValueError(f"export_hf: no weights for {missing[:3]}")
+            Path(path).mkdir(parents=True, exist_ok=True)
+            model.save_pretrained(path)
+            load_tokenizer(self.model_cfg.path).save_pretrained(path)
+        dist.barrier()
+
+    # ------------------------------------------------------------ engine
+
+    def sync_weights(self) -> None:
+        """Full weights -> this rank's engine, in place. Collective: ranks
+        without an engine still take part in the gathers."""
+        state = fsdp.full_state_dict(self.module, on_all_ranks=self.device == "cuda")
+        if self.engine is None:
+            return
+        weights = hf_names(state)
+        if getattr(self.module.model.config, "tie_word_embeddings", False):
+            weights.pop("lm_head.weight", None)  # the engine ties it to the input embedding itself
+        self.engine.update_weights(list(weights.items()))
+
+    def engine_generate(self, prompts: list[list[int]], sampling) -> list:
+        return self.engine.generate(prompts, sampling)
+
+    def engine_update_weights(self, named_tensors) -> None:
+        self.engine.update_weights(named_tensors)
+
+    def engine_call(self, method: str) -> None:
+        if self.engine is not None:
+            getattr(self.engine, method)()
+
+    # ------------------------------------------------------------ misc
+
+    def execute(self, fn, *args):
+        """Run `fn(self, *args)` on this rank (debugging, fault injection in tests)."""
+        return fn(self, *args)
+
+    def teardown(self) -> None:
+        if self.engine is not None:
+            self.engine.shutdown()
+            self.engine = None
+        if dist.is_initialized():
+            dist.destroy_process_group()

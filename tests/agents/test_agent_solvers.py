@@ -1,0 +1,152 @@
+"""Each env driven to success through the agent's text interface by a scripted player.
+
+The players read only what the model reads (the state in the last user
+message) and answer only as the model would (a reply string).
+"""
+
+import json
+
+import pytest
+
+import grl.envs
+from grl.agents import make_agent
+from grl.envs.gsm8k import extract_answer
+
+from conftest import GSM8K_TEST, state_of
+
+
+def think_answer(actions):
+    return f"<think>scripted</think><answer>{' || '.join(actions)}</answer>"
+
+
+def play(agent, seed, policy):
+    """Run an episode where `policy(state_text)` picks each reply's actions."""
+    agent.reset(seed)
+    done, total = False, 0.0
+    while not done:
+        result = agent.step(think_answer(policy(state_of(agent.messages[-1]["content"]))))
+        total, done = total + result.reward, result.done
+    return total, agent.episode_metrics()
+
+
+# ---------------------------------------------------------------- Sokoban
+
+@pytest.mark.parametrize("name", ["simpleSokobanAgent", "largeSokobanAgent"])
+def test_sokoban_bfs_solves_through_the_agent(task, name):
+    from grl.envs.solvers import solve_sokoban
+
+    # A larger budget than the task's, so that every seed is solvable; the BFS
+    # re-plans from the shown state each turn.
+    agent = make_agent(name, task(name, agent={"max_turns": 20, "max_actions_all_turns": 100}))
+    per_turn = agent.settings.max_actions_per_turn
+    for seed in range(8):
+        total, metrics = play(agent, seed, lambda state: solve_sokoban(state)[:per_turn])
+        assert metrics["success"] == 1.0 and metrics["action_is_valid"] == 1.0 and metrics["format_ok"] == 1.0
+        assert total > 0
+
+
+def test_sokoban_short_puzzles_fit_the_task_budget(task):
+    """With simpleSokobanAgent's own budget, a puzzle BFS solves in <= 10 moves is won."""
+    from grl.envs.solvers import solve_sokoban
+
+    agent = make_agent("simpleSokobanAgent", task("simpleSokobanAgent"))
+    won = 0
+    for seed in range(20):
+        plan = solve_sokoban(grl.envs.make("sokoban", dim_room=[6, 6], num_boxes=1).reset(seed))
+        if len(plan) <= 10:
+            total, metrics = play(agent, seed, lambda state: solve_sokoban(state)[:5])
+            assert metrics["success"] == 1.0 and metrics["num_actions"] == len(plan)
+            won += 1
+    assert won > 0
+
+
+# ---------------------------------------------------------------- Tetris
+
+def tetris_policy(state: str) -> list[str]:
+    """Greedy placement: try every column for the falling piece, drop it in a
+    plain simulation of the shown board, and prefer cleared rows, then fewer
+    covered holes, then cells placed as deep as possible."""
+    rows = state.split("\n")
+    piece = [(r, c) for r, row in enumerate(rows) for c, ch in enumerate(row) if ch == "X"]
+    filled = {(r, c) for r, row in enumerate(rows) for c, ch in enumerate(row) if ch == "#"}
+    height, width = len(rows), len(rows[0])
+    left = min(c for _, c in piece)
+
+    def fits(cells):
+        return all(0 <= r < height and 0 <= c < width and (r, c) not in filled for r, c in cells)
+
+    best = None
+    for shift in range(-left, width):
+        cells = [(r, c + shift) for r, c in piece]
+        if not fits(cells):
+            continue
+        while fits([(r + 1, c) for r, c in cells]):
+            cells = [(r + 1, c) for r, c in cells]
+        board = filled | set(cells)
+        cleared = sum(all((r, c) in board for c in range(width)) for r in range(height))
+        holes = sum((r, c) not in board and any((above, c) in board for above in range(r))
+                    for r in range(height) for c in range(width))
+        score = (cleared, -holes, sum(r for r, _ in cells), -abs(shift))
+        if best is None or score > best[0]:
+            best = (score, shift)
+    shift = best[1]
+    return ["Right" if shift > 0 else "Left"] * abs(shift) + ["Down"]
+
+
+@pytest.mark.parametrize("name", ["tetrisAgent_type_1_dim_4", "tetrisAgent_type_2_dim_3", "tetrisAgent_type_2_dim_4"])
+def test_tetris_placement_policy_clears_a_row(task, name):
+    agent = make_agent(name, task(name))
+    for seed in range(10):
+        total, metrics = play(agent, seed, tetris_policy)
+        assert metrics["success"] == 1.0, f"seed {seed}"
+        assert metrics["action_is_valid"] == 1.0 and total > 0
+
+
+# ---------------------------------------------------------------- GSM8K
+
+needs_gsm8k = pytest.mark.skipif(not GSM8K_TEST.is_file(), reason="../shared/data/gsm8k/test.jsonl is not here")
+
+
+@needs_gsm8k
+def test_gsm8k_all_gold_answers_succeed_and_wrong_ones_never(task):
+    rows = [json.loads(line) for line in GSM8K_TEST.read_text(encoding="utf-8").splitlines() if line.strip()]
+    block = task("gsm8kAgent_single_turn", env={"dataset_path": str(GSM8K_TEST), "split": "test"})
+    agent = make_agent("gsm8kAgent_single_turn", block)
+    assert len(rows) == 1319
+    for seed, row in enumerate(rows):
+        gold = row["answer"].rsplit("####", 1)[1].strip()  # as written, e.g. "1,600"
+        assert state_of(agent.reset(seed)[-1]["content"]) == row["question"].strip()
+        right = agent.step(f"<answer>{gold}</answer>")
+        assert (right.reward, right.done, right.info["success"]) == (10.0, True, True), gold
+        agent.reset(seed)
+        wrong = agent.step(f"<answer>{extract_answer(gold) + 1}</answer>")
+        assert (wrong.reward, wrong.done, wrong.info["success"]) == (-0.1, True, False), gold
+        assert agent.episode_metrics()["success"] == 0.0
+
+
+@needs_gsm8k
+def test_gsm8k_five_turns_sum_the_rewards(task):
+    block = task("gsm8kAgent_5_turn", env={"dataset_path": str(GSM8K_TEST), "split": "test"})
+    agent = make_agent("gsm8kAgent_5_turn", block)
+    messages = agent.reset(0)  # Janet's ducks: 18
+    assert "Attempts left: 5." in messages[-1]["content"]
+    replies = ["Sixteen minus seven", "<answer>$20</answer>", "so it is 18 dollars", "<answer>18</answer>"]
+    results = [agent.step(r) for r in replies[:3]]
+    # turn 1: no number (invalid, penalised); turn 2: wrong; turn 3: untagged, judged by its last number
+    assert [r.reward for r in results] == pytest.approx([-0.1 - 0.1, -0.1, 10.0 - 0.1])
+    assert [r.done for r in results] == [False, False, True]
+    assert "is not the right answer" in agent.messages[5]["content"] and "Attempts left: 3." in agent.messages[5]["content"]
+    metrics = agent.episode_metrics()
+    assert metrics["success"] == 1.0 and metrics["num_actions"] == 3 and metrics["format_ok"] == pytest.approx(1 / 3)
+    assert metrics["action_is_valid"] == pytest.approx(2 / 3)
+
+
+@needs_gsm8k
+def test_gsm8k_answer_is_one_action_whatever_the_separator(task):
+    block = task("gsm8kAgent_5_turn", agent={"action_separator": ","},
+                 env={"dataset_path": str(GSM8K_TEST), "split": "test"})
+    agent = make_agent("gsm8kAgent_5_turn", block)
+    agent.reset(7)
+    gold = json.loads(GSM8K_TEST.read_text(encoding="utf-8").splitlines()[7])["answer"].rsplit("####", 1)[1].strip()
+    result = agent.step(f"<answer>{gold}, I think</answer>")
+    assert result.info["actions"] == [f"{gold}, I think"]

@@ -1,0 +1,283 @@
+"""BIRD env on a real SQLite database and its 88 gold queries (../shared/data/text2sql), laid out
+by the tests in BIRD's layout: {db_root}/{db_id}/{db_id}.sqlite plus a JSON-lines question file."""
+
+import hashlib
+import json
+import os
+import random
+import shutil
+import sqlite3
+import time
+from pathlib import Path
+
+import pytest
+
+import grl.envs
+from grl.envs.bird import BirdEnv, extract_sql
+
+DATA = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "text2sql"
+DB_FILE, GOLD_FILE = DATA / "department_store.sqlite", DATA / "department_store_gold.sql"
+pytestmark = pytest.mark.skipif(not DB_FILE.exists(), reason="../shared/data/text2sql is absent")
+
+
+def gold_queries() -> list[str]:
+    return [line.split("\t")[0] for line in GOLD_FILE.read_text().splitlines() if line.strip()]
+
+
+def write_bird_layout(root: Path, split: str = "train", records=None) -> tuple[Path, Path]:
+    """{root}/{split}.jsonl and {root}/{split}_databases/department_store/department_store.sqlite."""
+    db_dir = root / f"{split}_databases" / "department_store"
+    db_dir.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(DB_FILE, db_dir / "department_store.sqlite")
+    if records is None:
+        records = [{"question": f"Gold question {i}", "SQL": sql, "db_id": "department_store",
+                    "evidence": f"hint {i}" if i % 2 else ""} for i, sql in enumerate(gold_queries())]
+    dataset = root / f"{split}.jsonl"
+    dataset.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return dataset, root / f"{split}_databases"
+
+
+@pytest.fixture(scope="module")
+def layout(tmp_path_factory):
+    return write_bird_layout(tmp_path_factory.mktemp("bird"))
+
+
+def fenced(sql: str) -> str:
+    return f"Here is my query.\n```sql\n{sql}\n```"
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+# ---------------------------------------------------------------- rewards on the gold queries
+
+
+def test_every_gold_query_gets_reward_one_and_seeds_cover_the_dataset(layout):
+    env = BirdEnv(*map(str, layout))
+    seen = set()
+    for seed in range(88):
+        obs = env.reset(seed)
+        seen.add(env.question["question"])
+        assert f"Question: {env.question['question']}" in obs and "CREATE TABLE `Products`" in obs
+        assert ("Evidence: hint" in obs) == bool(env.question["evidence"])
+        obs, reward, done, info = env.step(fenced(env.question["SQL"]))
+        assert (reward, done, info["success"], info["action_is_valid"]) == (1.0, True, True, True), env.question
+    assert len(seen) == 88
+    env.close()
+
+
+def test_changed_queries_do_not_match_and_row_order_does_not_matter(layout):
+    env = BirdEnv(*map(str, layout))
+    for seed in range(0, 88, 2):  # the file holds every query twice
+        env.reset(seed)
+        gold = env.question["SQL"].strip().rstrip(";")
+        changes = [
+            f"SELECT * FROM ({gold}) UNION ALL SELECT * FROM ({gold})",  # every row twice
+            f"SELECT * FROM ({gold}) LIMIT (SELECT count(*) FROM ({gold})) - 1",  # one row fewer
+        ]
+        for changed in changes:
+            env.reset(seed)
+            _, reward, done, info = env.step(fenced(changed))
+            assert (reward, done, info["success"], info["action_is_effective"]) == (0.0, True, False, True), changed
+        env.reset(seed)
+        assert env.step(fenced(f"SELECT * FROM ({gold}) ORDER BY 1 DESC;"))[1] == 1.0
+
+
+def test_concatenation_operator_survives(layout):
+    records = [{"question": "names", "SQL": "SELECT product_name || ' - ' || product_type_code FROM Products",
+                "db_id": "department_store"}]
+    dataset, db_root = write_bird_layout(layout[0].parent / "concat", records=records)
+    env = BirdEnv(str(dataset), str(db_root))
+    env.reset(0)
+    answer = "```sql\nSELECT product_name||' - '||product_type_code FROM Products ORDER BY product_id DESC\n```"
+    assert extract_sql(answer).count("||") == 2
+    assert env.step(answer)[1] == 1.0
+
+
+# ---------------------------------------------------------------- turns and penalties
+
+
+def test_single_turn_no_fence_is_penalised_and_ends(layout):
+    env = BirdEnv(*map(str, layout))
+    env.reset(0)
+    obs, reward, done, info = env.step("SELECT count(*) FROM Products")
+    assert (reward, done, info["action_is_valid"]) == (-0.5, True, False) and "No tries left" in obs
+    env = BirdEnv(*map(str, layout), no_fence_penalty=-0.1)
+    env.reset(0)
+    assert env.step("no sql here")[1] == -0.1
+
+
+def test_multi_turn_feedback_and_halved_reward(layout):
+    env = BirdEnv(*map(str, layout), max_tries=5)
+    env.reset(3)
+    obs, reward, done, info = env.step(fenced("SELECT nope FROM Products"))
+    assert (reward, done, info["action_is_effective"]) == (0.0, False, False)
+    assert "no such column: nope" in obs and "4 tries left" in obs
+    obs, reward, done, _ = env.step(fenced("SELECT 42"))
+    assert (reward, done) == (0.0, False) and "It returned 1 row: (42,)" in obs and "3 tries left" in obs
+    obs, reward, done, _ = env.step("I think the answer is obvious.")
+    assert (reward, done) == (-0.5, False) and "no ```sql" in obs
+    obs, reward, done, info = env.step(fenced(env.question["SQL"]))
+    assert (reward, done, info["success"], info["tries"]) == (0.125, True, True, 4)
+    assert env.step(fenced(env.question["SQL"]))[1:3] == (0.0, True)  # the episode is over
+
+
+def test_multi_turn_ends_after_max_tries(layout):
+    env = BirdEnv(*map(str, layout), max_tries=3)
+    env.reset(7)
+    results = [env.step(fenced("SELECT 1")) for _ in range(3)]
+    assert [r[2] for r in results] == [False, False, True] and "No tries left" in results[-1][0]
+
+
+# ---------------------------------------------------------------- sandbox
+
+
+HOSTILE = [
+    "DROP TABLE Products",
+    "INSERT INTO Products VALUES (999, 'x', 'y', 1.0)",
+    "UPDATE Products SET product_price = 0",
+    "DELETE FROM Products",
+    "CREATE TABLE evil (x)",
+    "CREATE TEMP TABLE evil (x)",
+    "ALTER TABLE Products ADD COLUMN evil TEXT",
+    "ATTACH DATABASE '{attach}' AS evil",
+    "VACUUM INTO '{attach}'",
+    "VACUUM",
+    "PRAGMA query_only = OFF",
+    "PRAGMA writable_schema = ON",
+    "PRAGMA journal_mode = WAL",
+    "PRAGMA user_version = 7",
+    "BEGIN IMMEDIATE",
+    "SELECT 1; DELETE FROM Products",
+    "SELECT load_extension('/tmp/evil.so')",
+    "REINDEX",
+    "ANALYZE",
+    "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c",
+    "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT x FROM c",
+    "SELECT count(*) FROM Products a, Products b, Products c, Products d, Products e, Products f, Products g",
+    "SELECT * FROM Order_Items a, Order_Items b, Order_Items c, Order_Items d",
+    "SELECT randomblob(2000000000)",
+]
+
+
+def test_hostile_sql_leaves_the_database_unchanged_and_returns_in_time(tmp_path):
+    dataset, db_root = write_bird_layout(tmp_path)
+    db_file = db_root / "department_store" / "department_store.sqlite"
+    before, files_before = sha256(db_file), sorted(os.listdir(db_file.parent))
+    attach = tmp_path / "attached.sqlite"
+    env = BirdEnv(str(dataset), str(db_root), max_tries=len(HOSTILE) + 1, step_timeout_seconds=1.0, max_rows=50_000)
+    env.reset(0)
+    for sql in HOSTILE:
+        start = time.monotonic()
+        obs, reward, done, info = env.step(fenced(sql.format(attach=attach)))
+        elapsed = time.monotonic() - start
+        assert elapsed < 8.0, (sql, elapsed)  # a 1 s limit; the bound only catches a hang
+        assert reward == 0.0 and not done and not info["action_is_effective"], (sql, obs)
+        assert "Your query failed" in obs
+    assert sha256(db_file) == before and sorted(os.listdir(db_file.parent)) == files_before
+    assert not attach.exists()
+    # the connection still answers after all that
+    _, reward, done, _ = env.step(fenced(env.question["SQL"]))
+    assert (reward, done) == (0.5 ** len(HOSTILE), True)
+    assert sha256(db_file) == before
+
+
+def test_endless_queries_report_a_timeout(tmp_path):
+    env = BirdEnv(*map(str, write_bird_layout(tmp_path)), step_timeout_seconds=0.5)
+    env.reset(0)
+    obs, _, _, info = env.step(fenced(HOSTILE[19]))
+    assert info["timed_out"] and "time limit of 0.5 s" in obs
+
+
+def test_row_cap(tmp_path):
+    env = BirdEnv(*map(str, write_bird_layout(tmp_path)), max_rows=100)
+    env.reset(0)
+    obs, _, _, info = env.step(fenced("SELECT * FROM Products a, Products b"))  # 225 rows
+    assert "more than 100 rows" in obs and not info["timed_out"]
+
+
+def test_agents_have_their_own_connections(layout):
+    a, b = BirdEnv(*map(str, layout), max_tries=2), BirdEnv(*map(str, layout), max_tries=2)
+    a.reset(11), b.reset(11)
+    assert a._sandbox is not b._sandbox and a.question is b.question
+    a.step(fenced("SELECT 1"))
+    assert b.step(fenced(b.question["SQL"]))[1] == 1.0 and a.tries == 1
+    a.close()
+    assert b.reset(12) and b.step(fenced(b.question["SQL"]))[1] == 1.0
+
+
+# ---------------------------------------------------------------- dataset loading
+
+
+def test_schema_and_evidence_from_the_record_and_split_paths(tmp_path):
+    records = [{"question": "How many products?", "SQL": "SELECT count(*) FROM Products", "db_id": "department_store",
+                "evidence": "products are in Products", "schema": "CREATE TABLE Products (product_id INT);"}]
+    write_bird_layout(tmp_path, split="dev", records=records)
+    env = BirdEnv(dataset_path=str(tmp_path / "{split}.jsonl"), db_root=str(tmp_path / "{split}_databases"), split="dev")
+    obs = env.reset(0)
+    assert "CREATE TABLE Products (product_id INT);" in obs and "`Customers`" not in obs
+    assert obs.endswith("Question: How many products?\nEvidence: products are in Products")
+
+
+def test_bird_json_array_file(tmp_path):
+    dataset, db_root = write_bird_layout(tmp_path)
+    array = tmp_path / "train.json"
+    array.write_text(json.dumps([json.loads(line) for line in dataset.read_text().splitlines()]))
+    env = BirdEnv(str(array), str(db_root))
+    env.reset(5)
+    assert env.step(fenced(env.question["SQL"]))[1] == 1.0
+
+
+def test_missing_files_fail_with_clear_errors(tmp_path):
+    dataset, db_root = write_bird_layout(tmp_path)
+    with pytest.raises(FileNotFoundError, match="dataset_path .*nope.jsonl"):
+        BirdEnv(str(tmp_path / "nope.jsonl"), str(db_root))
+    with pytest.raises(FileNotFoundError, match="db_root"):
+        BirdEnv(str(dataset), str(tmp_path / "no_dbs"))
+    missing_db = tmp_path / "missing.jsonl"
+    missing_db.write_text(json.dumps({"question": "q", "SQL": "SELECT 1", "db_id": "ghost"}) + "\n")
+    env = BirdEnv(str(missing_db), str(db_root))
+    with pytest.raises(FileNotFoundError, match="ghost"):
+        env.reset(0)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"question": "q", "db_id": "department_store"}) + "\n")
+    with pytest.raises(ValueError, match="record 0 lacks SQL"):
+        BirdEnv(str(bad), str(db_root))
+    with pytest.raises(RuntimeError, match="reset"):
+        BirdEnv(str(dataset), str(db_root)).step("```sql SELECT 1```")
+
+
+def test_hub_style_dataset_folder_through_datasets(tmp_path):
+    pytest.importorskip("datasets")
+    dataset, db_root = write_bird_layout(tmp_path)
+    folder = tmp_path / "hub_copy"
+    folder.mkdir()
+    shutil.copyfile(dataset, folder / "train.jsonl")
+    env = BirdEnv(str(folder), str(db_root), split="train")
+    assert len(env.records) == 88
+    env.reset(2)
+    assert env.step(fenced(env.question["SQL"]))[1] == 1.0
+
+
+def test_registered_as_bird(layout):
+    env = grl.envs.make("bird", dataset_path=str(layout[0]), db_root=str(layout[1]))
+    assert isinstance(env, BirdEnv) and {"step_timeout_seconds", "max_tries"} <= grl.envs.config_keys("bird")
+
+
+def test_extract_sql_never_raises():
+    assert extract_sql("```SQL\nSELECT 1;\n```") == "SELECT 1;"
+    assert extract_sql("```sql a``` then ```sql b```") == "a"
+    assert extract_sql("```python\nprint()\n```") is None and extract_sql(None) is None
+    rng = random.Random(0)
+    for _ in range(2000):
+        text = "".join(rng.choice("`sqlSQL \n|;x\x00") for _ in range(rng.randrange(20)))
+        result = extract_sql(text)
+        assert result is None or isinstance(result, str)
+
+
+def test_the_database_file_is_opened_read_only(layout):
+    env = BirdEnv(*map(str, layout))
+    env.reset(0)
+    with pytest.raises(sqlite3.Error):
+        env._sandbox._conn.set_authorizer(None) or env._sandbox._conn.execute("DELETE FROM Products")

@@ -1,0 +1,233 @@
+import random
+
+import pytest
+
+import grl.envs
+from grl.envs.sokoban import generate_level, parse_level, reverse_search, scramble
+from grl.envs.solvers import solve_sokoban
+
+LEVEL = """
+#######
+#     #
+# $@. #
+#  *  #
+#######
+"""
+
+
+def drive(env, actions):
+    """Play actions through step(); return the total reward and the last step."""
+    total, last = 0.0, None
+    for action in actions:
+        last = env.step(action)
+        total += last[1]
+    return total, last
+
+
+# ------------------------------------------------------- slow reference model
+
+
+def reference_step(grid, action):
+    """Sokoban rules on a list-of-lists grid of rendered symbols; returns (reward, valid, effective)."""
+    moves = {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}
+    key = action.strip().lower() if isinstance(action, str) else None
+    if key not in moves:
+        return -0.1, False, False
+    dr, dc = moves[key]
+    pr, pc = next((r, c) for r, row in enumerate(grid) for c, ch in enumerate(row) if ch in "PS")
+
+    def at(r, c):
+        return grid[r][c] if 0 <= r < len(grid) and 0 <= c < len(grid[r]) else "#"
+
+    ahead, beyond = at(pr + dr, pc + dc), at(pr + 2 * dr, pc + 2 * dc)
+    reward = -0.1
+    if ahead == "#" or (ahead in "X√" and beyond in "#X√"):
+        return reward, True, False
+    if ahead in "X√":
+        reward += (beyond == "O") - (ahead == "√")
+        grid[pr + 2 * dr][pc + 2 * dc] = "√" if beyond == "O" else "X"
+    grid[pr][pc] = "O" if grid[pr][pc] == "S" else "_"
+    grid[pr + dr][pc + dc] = "S" if ahead in "O√" else "P"
+    if not any(ch == "X" for row in grid for ch in row):
+        reward += 10
+    return reward, True, True
+
+
+def test_matches_reference_model_on_random_actions():
+    actions = ["Up", "down", " LEFT ", "Right\n", "right", "left", "up", "jump", "", "Up Up", "4", "DOWN"]
+    rng = random.Random(0)
+    for seed in range(30):
+        env = grl.envs.make("sokoban", dim_room=(7, 7), num_boxes=2, max_steps=60)
+        obs = env.reset(seed)
+        grid = [list(row) for row in obs.split("\n")]
+        for t in range(60):
+            action = rng.choice(actions)
+            reward, valid, effective = reference_step(grid, action)
+            obs, got_reward, done, info = env.step(action)
+            solved = not any(ch == "X" for row in grid for ch in row)
+            assert obs == "\n".join("".join(row) for row in grid)
+            assert got_reward == pytest.approx(reward)
+            assert (info["action_is_valid"], info["action_is_effective"], info["success"]) == (valid, effective, solved)
+            assert done == (solved or t == 59)
+            if done:
+                break
+
+
+# ------------------------------------------------------------- generation
+
+
+@pytest.mark.parametrize("dim_room,num_boxes,seeds", [((6, 6), 1, 150), ((8, 8), 1, 100), ((7, 7), 2, 40), ((8, 8), 2, 15)])
+def test_generated_levels_are_solved_by_bfs_through_step(dim_room, num_boxes, seeds):
+    env = grl.envs.make("sokoban", dim_room=list(dim_room), num_boxes=num_boxes, max_steps=500)
+    for seed in range(seeds):
+        obs = env.reset(seed)
+        start_on = obs.count("√")
+        plan = solve_sokoban(obs)
+        assert plan, f"seed {seed}: level unsolvable or already solved\n{obs}"
+        total, (obs, reward, done, info) = drive(env, plan)
+        assert done and info["success"], f"seed {seed}"
+        # +1 per box that ends on a target net of those that started on one
+        assert total == pytest.approx(-0.1 * len(plan) + num_boxes - start_on + 10)
+
+
+def test_optimal_prefix_never_succeeds():
+    env = grl.envs.make("sokoban", dim_room=(8, 8), num_boxes=1)
+    for seed in range(20):
+        plan = solve_sokoban(env.reset(seed))
+        env.reset(seed)
+        for action in plan[:-1]:
+            _, _, done, info = env.step(action)
+            assert not done and not info["success"]
+
+
+def test_generated_level_invariants():
+    for seed in range(50):
+        level = generate_level(seed, (8, 9), 2, 100)
+        assert (level.rows, level.cols) == (8, 9)
+        border = {(r, c) for r in range(8) for c in range(9) if r in (0, 7) or c in (0, 8)}
+        assert border <= level.walls
+        assert len(level.boxes) == len(level.targets) == 2
+        assert level.boxes != level.targets and scramble(level) > 0
+        assert level.player not in level.walls | level.boxes
+        assert not (level.boxes | level.targets) & level.walls
+
+
+def test_same_seed_same_level_and_seeds_differ():
+    a = grl.envs.make("sokoban", dim_room=(8, 8))
+    b = grl.envs.make("sokoban", dim_room=(8, 8))
+    levels = [a.reset(seed) for seed in range(20)]
+    assert levels == [b.reset(seed) for seed in range(20)]
+    assert len(set(levels)) >= 18
+
+
+def test_reverse_search_keeps_the_farthest_box():
+    # One corridor row: the target at column 1, the player right of it. Pulls can
+    # only carry the box right, and the player needs one cell beyond the box.
+    cols = 8
+    floor = {cols + c for c in range(1, cols - 1)}
+    boxes, reach = reverse_search(floor, cols, frozenset({cols + 1}), cols + 3, search_depth=100)
+    assert boxes == {cols + cols - 3}
+    assert reach == [cols + cols - 2]
+    # search_depth bounds the number of pulls
+    boxes, _ = reverse_search(floor, cols, frozenset({cols + 1}), cols + 3, search_depth=2)
+    assert boxes == {cols + 3}
+
+
+# ---------------------------------------------------------- fixed levels
+
+
+def test_parse_and_render_symbols():
+    env = grl.envs.make("sokoban", level=LEVEL)
+    assert env.reset(0) == "#######\n#_____#\n#_XPO_#\n#__√__#\n#######"
+    assert env.level.player == (2, 3) and env.level.targets == {(2, 4), (3, 3)}
+    for symbol in "#_OX√PS":
+        assert symbol in env.legend()
+    assert all(name in env.action_help() for name in ("Up", "Down", "Left", "Right"))
+
+
+def test_walls_pushes_and_rewards():
+    env = grl.envs.make("sokoban", level=LEVEL)
+    start = env.reset(0)
+    obs, reward, done, info = env.step("Down")  # the box below has a wall behind it
+    assert obs == start and reward == pytest.approx(-0.1)
+    assert info["action_is_valid"] and not info["action_is_effective"]
+    env.reset(0)
+    obs, reward, _, info = env.step("Left")  # push the box onto plain floor
+    assert obs.split("\n")[2] == "#XP_O_#" and reward == pytest.approx(-0.1) and info["action_is_effective"]
+    env.reset(0)
+    _, (obs, reward, done, _) = drive(env, ["Right", "Down", "Left"])  # push the box off its target
+    assert obs.split("\n")[3] == "#_XS__#" and reward == pytest.approx(-1.1) and not done
+    env.reset(0)
+    plan = solve_sokoban(env.render())
+    total, (obs, reward, done, info) = drive(env, plan)
+    assert done and info["success"] and reward == pytest.approx(-0.1 + 1 + 10)
+    assert total == pytest.approx(-0.1 * len(plan) + 11)
+
+
+def test_box_off_target_costs_one():
+    env = grl.envs.make("sokoban", level="#####\n#@*_#\n#_$.#\n#####")
+    env.reset(0)
+    obs, reward, done, info = env.step("Right")
+    assert obs == "#####\n#_SX#\n#_XO#\n#####"  # the player now stands on the target
+    assert reward == pytest.approx(-1.1) and info["action_is_effective"] and not done
+
+
+def test_levels_path_picks_level_by_seed(tmp_path):
+    text = "; 0\n#####\n#@$.#\n#####\n\n; 1\n######\n#@_$.#\n######\n\n; 2\n  #####\n  #@$.#\n  #####\n"
+    path = tmp_path / "levels.txt"
+    path.write_text(text)
+    env = grl.envs.make("sokoban", levels_path=str(path))
+    assert env.reset(1) == "######\n#P_XO#\n######"
+    assert env.reset(4) == env.reset(1)
+    # floor outside the outer wall (leading spaces) is shown as wall
+    assert env.reset(2) == "#######\n###PXO#\n#######"
+    _, reward, done, info = env.step("Right")
+    assert done and info["success"] and reward == pytest.approx(10.9)
+
+
+@pytest.mark.parametrize(
+    "bad,needle",
+    [
+        ("#####\n#$.#\n#####", "player"),
+        ("#####\n#@$$.#\n#####", "boxes"),
+        ("#####\n#@$.?#\n#####", "'?'"),
+        ("#####\n#@*#\n#####", "solved"),
+        ("", "empty"),
+    ],
+)
+def test_bad_levels_raise_clear_errors(bad, needle):
+    with pytest.raises(ValueError, match="sokoban") as err:
+        grl.envs.make("sokoban", level=bad)
+    assert needle in str(err.value)
+
+
+def test_bad_config_raises_clear_errors(tmp_path):
+    with pytest.raises(ValueError, match="levels_path"):
+        grl.envs.make("sokoban", levels_path=str(tmp_path / "missing.txt"))
+    with pytest.raises(ValueError, match="dim_room"):
+        grl.envs.make("sokoban", dim_room=(3, 3))
+    with pytest.raises(ValueError, match="dim_room"):
+        grl.envs.make("sokoban", dim_room="big")
+    assert {"dim_room", "num_boxes", "max_steps", "search_depth", "level", "levels_path"} == grl.envs.config_keys("sokoban")
+
+
+# --------------------------------------------------------- actions, limits
+
+
+@pytest.mark.parametrize("action", ["jump", "", "  ", "up up", "U", "north", None, 3, "Up."])
+def test_invalid_actions_are_flagged_and_change_nothing(action):
+    env = grl.envs.make("sokoban", level=LEVEL)
+    before = env.reset(0)
+    obs, reward, done, info = env.step(action)
+    assert obs == before and reward == pytest.approx(-0.1) and not done
+    assert info == {"success": False, "action_is_valid": False, "action_is_effective": False}
+
+
+def test_max_steps_ends_without_success_and_later_steps_are_inert():
+    env = grl.envs.make("sokoban", level=LEVEL, max_steps=3)
+    env.reset(0)
+    results = [env.step("Up") for _ in range(3)]
+    assert [r[2] for r in results] == [False, False, True]
+    assert not results[-1][3]["success"]
+    obs, reward, done, info = env.step("Down")
+    assert obs == results[-1][0] and reward == 0.0 and done and not info["action_is_effective"]

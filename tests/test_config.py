@@ -1,0 +1,82 @@
+"""The config is composed, typed and checked before anything starts."""
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from grl.config import ConfigError, load_config
+
+
+def test_default_config_is_valid():
+    cfg = load_config()
+    assert cfg.actor_rollout_ref.model.path == cfg.model_path
+    assert cfg.trainer.project_name == cfg.project_name
+    assert list(cfg.rollout.training) == ["simpleSokobanAgent"]
+    assert cfg.simpleSokobanAgent.agent_config.max_turns == 6
+
+
+def test_shorthands_flow_into_nested_keys():
+    cfg = load_config(["model_path=tiny", "micro_batch_size_per_gpu=3", "max_response_length=77"])
+    assert cfg.actor_rollout_ref.model.path == "tiny"
+    assert cfg.critic.model.path == "tiny"
+    assert cfg.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu == 3
+    assert cfg.actor_rollout_ref.rollout.response_length == 77
+
+
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("rollout.agent_group_nmu=[2]", "rollout.agent_group_nmu"),
+        ("algorithm.gamma=high", "algorithm.gamma"),
+        ("rollout.validation_agent_group_num=[1,2]", "rollout.validation_agent_group_num"),
+        ("rollout.agent_group_size=[4,4]", "rollout.agent_group_size"),
+        ("rollout.training=[noSuchAgent]", "rollout.training"),
+        ("rollout.truncation=middle", "rollout.truncation"),
+        ("algorithm.adv_estimator=ppo2", "algorithm.adv_estimator"),
+        ("trainer.logger=[console,mlflow]", "trainer.logger"),
+        ("+simpleSokobanAgent.env_config.not_a_key=1", "simpleSokobanAgent.env_config.not_a_key"),
+        ("simpleSokobanAgent.agent_config.max_turns=many", "simpleSokobanAgent.agent_config.max_turns"),
+        ("+nonsense=1", "nonsense"),
+        ("rollout.rollout_filter_ratio=1.5", "rollout.rollout_filter_ratio"),
+        ("trainer.resume_mode=/no/such/checkpoint", "trainer.resume_mode"),
+    ],
+)
+def test_mistakes_name_the_key_in_one_line(override, key):
+    with pytest.raises(ConfigError) as info:
+        load_config([override])
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith(key + ":"), message
+
+
+def test_typo_suggests_the_known_key():
+    with pytest.raises(ConfigError, match=r"did you mean rollout\.agent_group_num"):
+        load_config(["rollout.agent_group_nmu=[2]"])
+
+
+def test_cli_config_error_exits_fast_with_one_line():
+    start = time.monotonic()
+    result = subprocess.run([sys.executable, "-m", "grl.train", "rollout.agent_group_nmu=[2]"],
+                            capture_output=True, text=True, timeout=60)
+    elapsed = time.monotonic() - start
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "rollout.agent_group_nmu" in lines[0], result.stderr
+    assert elapsed < 15
+    # the check happens before any heavy import
+    assert "torch" not in result.stdout
+
+
+def test_cli_help():
+    result = subprocess.run([sys.executable, "-m", "grl.train", "--help"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0
+    assert "rollout.agent_group_num" in result.stdout
+
+
+def test_light_imports_stay_light():
+    code = ("import sys, grl, grl.envs, grl.agents, grl.config; "
+            "heavy = [m for m in ('torch', 'ray', 'vllm') if m in sys.modules]; print(heavy)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.stdout.strip() == "[]", result.stdout + result.stderr
