@@ -54,21 +54,44 @@ def _shift_left(x: torch.Tensor) -> torch.Tensor:
     return torch.cat([x[:, 1:], x.new_zeros(x.shape[0], 1)], dim=1)
 
 
-def _discounted_reverse_sum(x: torch.Tensor, decay: float | torch.Tensor) -> torch.Tensor:
-    """out[:, j] = x[:, j] + decay[:, j] * out[:, j + 1] on packed `[B, n]` tensors.
+def _discounted_reverse_sum(x: torch.Tensor, decay: float | torch.Tensor, chunk: int = 64) -> torch.Tensor:
+    """out[:, j] = x[:, j] + decay[:, j] * out[:, j + 1] on packed `[B, n]` tensors (decay >= 0).
 
-    One fused multiply-add per column, vectorised over the batch; the zeros that pad a packed
-    row keep the carry at 0 until its last real entry.
+    Blocked scan: inside each chunk of columns the recurrence is one small matmul with the
+    transfer matrix M[i, j] = decay_i * ... * decay_{j-1} (j >= i); only the carries between
+    chunks run in a Python loop (n / chunk steps instead of n). The zeros that pad a packed row
+    keep the carry at 0 until its last real entry.
     """
-    if x.shape[1] == 0:
+    B, n = x.shape
+    if n == 0:
         return x.clone()
-    cols = x.unbind(1)
-    decays = decay.unbind(1) if isinstance(decay, torch.Tensor) else [torch.full_like(cols[0], decay)] * len(cols)
-    carry, out = torch.zeros_like(cols[0]), [None] * len(cols)
-    for j in range(len(cols) - 1, -1, -1):
-        carry = torch.addcmul(cols[j], decays[j], carry)
-        out[j] = carry
-    return torch.stack(out, dim=1)
+    C = min(chunk, n)
+    nc = -(-n // C)
+    xs = torch.nn.functional.pad(x, (0, nc * C - n)).view(B, nc, C)
+    i = torch.arange(C, device=x.device)
+    if isinstance(decay, torch.Tensor):
+        d = torch.nn.functional.pad(decay.to(x.dtype), (0, nc * C - n)).view(B, nc, C)
+        # products of decays as exp of log sums; a zero decay cuts the chain, tracked by counting zeros
+        is_zero = d == 0
+        log_d = torch.where(is_zero, _zero(d), d.log())
+        L = torch.cat([log_d.new_zeros(B, nc, 1), log_d.cumsum(-1)], dim=-1)  # L[k] = sum of log_d[:k]
+        Z = torch.cat([is_zero.new_zeros(B, nc, 1, dtype=torch.long), is_zero.long().cumsum(-1)], dim=-1)
+        linked = (Z[..., :C, None] == Z[..., None, :C]) & (i[:, None] <= i[None, :])
+        M = torch.where(linked, (L[..., None, :C] - L[..., :C, None]).clamp(max=0).exp(), _zero(d))
+        to_next = torch.where(Z[..., :C] == Z[..., C:], (L[..., C:] - L[..., :C]).clamp(max=0).exp(), _zero(d))
+        local = (M @ xs[..., None]).squeeze(-1)
+    else:
+        exponent = (i[None, :] - i[:, None]).to(x.dtype)
+        M = torch.where(exponent >= 0, float(decay) ** exponent.clamp(min=0), _zero(x))
+        to_next = float(decay) ** (C - i).to(x.dtype)
+        local = xs @ M.T
+        to_next = to_next.expand(B, nc, C)
+    heads, carry = [None] * nc, x.new_zeros(B)
+    for c in range(nc - 1, -1, -1):
+        carry = local[:, c, 0] + to_next[:, c, 0] * carry
+        heads[c] = carry
+    next_heads = torch.stack(heads[1:] + [x.new_zeros(B)], dim=1)
+    return (local + to_next * next_heads[..., None]).reshape(B, nc * C)[:, :n]
 
 
 def compute_gae(token_rewards: torch.Tensor, values: torch.Tensor, loss_mask: torch.Tensor, gamma: float, lam: float) -> tuple[torch.Tensor, torch.Tensor]:

@@ -291,7 +291,7 @@ class BirdEnv(Env):
         if matched:
             note = "Your query's result matches the expected result."
         elif result.rows is None:
-            note = f"Your query failed: {result.error}."
+            note = f"Your query failed: {result.error.rstrip('.')}."
         else:
             note = f"Your query ran but its result does not match the expected result. {self._preview(result.rows)}"
         info = step_info(matched, True, result.rows is not None, tries=self.tries, timed_out=result.timed_out)

@@ -91,7 +91,7 @@ class TetrisEnv(Env):
 
     def _drop(self) -> int:
         """Drop and lock the piece; return the number of rows cleared."""
-        while self._fits(self.row + 1, self.col):
+        while self.row + 1 < self.dim_y - 1 and self._fits(self.row + 1, self.col):
             self.row += 1
         for r, c in self._cells(self.row, self.col):
             self.board[r][c] = True

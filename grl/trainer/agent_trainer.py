@@ -48,8 +48,9 @@ class AgentTrainer:
                                           algo.kl_ctrl.horizon)
         self.train_tasks = task_specs(cfg)
         self.val_tasks = task_specs(cfg, validation=True)
-        self.sampling = sampling_from_config(cfg)
-        self.val_sampling = sampling_from_config(cfg, validation=True)
+        engine_cfg = cfg.actor_rollout_ref.rollout
+        self.sampling = sampling_from_config(engine_cfg, validate=False, max_new_tokens=cfg.max_response_length)
+        self.val_sampling = sampling_from_config(engine_cfg, validate=True, max_new_tokens=cfg.max_response_length)
         self.global_step = 0
         self.last_checkpoint: Path | None = None
         self.batch: Batch | None = None  # the last step's batch, for benchmarks and debugging

@@ -276,8 +276,59 @@ def test_extract_sql_never_raises():
         assert result is None or isinstance(result, str)
 
 
-def test_the_database_file_is_opened_read_only(layout):
-    env = BirdEnv(*map(str, layout))
+def test_each_layer_alone_refuses_writes(tmp_path):
+    dataset, db_root = write_bird_layout(tmp_path)
+    db_file = db_root / "department_store" / "department_store.sqlite"
+    before = sha256(db_file)
+    env = BirdEnv(str(dataset), str(db_root))
     env.reset(0)
-    with pytest.raises(sqlite3.Error):
-        env._sandbox._conn.set_authorizer(None) or env._sandbox._conn.execute("DELETE FROM Products")
+    conn = env._sandbox._conn
+    conn.set_authorizer(None)  # without the authorizer, PRAGMA query_only refuses
+    with pytest.raises(sqlite3.OperationalError, match="readonly"):
+        conn.execute("DELETE FROM Products")
+    conn.execute("PRAGMA query_only = OFF")  # without query_only too, the mode=ro connection refuses
+    with pytest.raises(sqlite3.OperationalError, match="readonly"):
+        conn.execute("DELETE FROM Products")
+    env.close()
+    assert sha256(db_file) == before
+
+
+# ---------------------------------------------------------------- scripts/install_dataset.sh --bird (offline)
+
+
+def _bird_style_archive(path: Path, top: str, split: str, records) -> None:
+    """An archive laid out like BIRD's: {top}/{split}.json and a nested {split}_databases.zip."""
+    import zipfile
+
+    inner = path.parent / f"{split}_databases.zip"
+    with zipfile.ZipFile(inner, "w") as z:
+        z.write(DB_FILE, f"{split}_databases/department_store/department_store.sqlite")
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr(f"{top}/{split}.json", json.dumps(records))
+        z.write(inner, f"{top}/{split}_databases.zip")
+
+
+def test_install_script_bird_layout_feeds_the_env(tmp_path):
+    import subprocess
+
+    records = [{"question_id": i, "db_id": "department_store", "question": f"q{i}", "evidence": "", "SQL": sql}
+               for i, sql in enumerate(gold_queries()[:6])]
+    _bird_style_archive(tmp_path / "train.zip", "train", "train", records)
+    _bird_style_archive(tmp_path / "dev.zip", "dev_20240627", "dev", records[:2])
+    script = Path(__file__).resolve().parents[2] / "scripts" / "install_dataset.sh"
+    data = tmp_path / "data"
+    env_vars = {**os.environ, "GRL_BIRD_TRAIN_URL": (tmp_path / "train.zip").as_uri(),
+                "GRL_BIRD_DEV_URL": (tmp_path / "dev.zip").as_uri()}
+    done = subprocess.run(["bash", str(script), "--bird", "--data-dir", str(data)], capture_output=True, text=True,
+                          timeout=60, env=env_vars)
+    assert done.returncode == 0, done.stderr
+    assert "BIRD train: 6 questions, 1 databases" in done.stdout
+    for split, n in (("train", 6), ("dev", 2)):
+        env = BirdEnv(str(data / "bird" / "{split}.jsonl"), str(data / "bird" / "{split}_databases"), split=split)
+        assert len(env.records) == n
+        env.reset(1)
+        assert env.step(fenced(env.question["SQL"]))[1] == 1.0
+    failed = subprocess.run(["bash", str(script), "--bird", "--small", "--data-dir", str(tmp_path / "d2")],
+                            capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "GRL_BIRD_MINIDEV_URL": "file:///nonexistent/minidev.zip"})
+    assert failed.returncode == 1 and "BIRD minidev from file:///nonexistent/minidev.zip" in failed.stderr

@@ -424,3 +424,48 @@ def test_title_parser_choices(tmp_path):
     if not rw.spacy_available():
         with pytest.raises(ValueError, match="spacy"):
             WebShopEnv(*paths, title_parser="spacy")
+
+
+# ---------------------------------------------------------------- scripts/install_dataset.sh (offline checks)
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "install_dataset.sh"
+
+
+def run_script(*args, env=None):
+    import os
+    import subprocess
+
+    return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, **(env or {})})
+
+
+def test_install_script_arguments():
+    shown = run_script("--help")
+    assert shown.returncode == 0 and "--webshop" in shown.stdout and "items_ins_v2_1000.json" in shown.stdout
+    assert run_script().returncode == 2 and "nothing to install" in run_script().stderr
+    wrong = run_script("--webshopp")
+    assert wrong.returncode == 2 and "unknown argument: --webshopp" in wrong.stderr
+
+
+def test_install_script_says_what_it_could_not_fetch(tmp_path):
+    page = tmp_path / "page.html"
+    page.write_text("<!DOCTYPE html><html>quota exceeded</html>")
+    done = run_script("--webshop", "--small", "--data-dir", str(tmp_path / "data"), env={
+        "GRL_WEBSHOP_SMALL_ITEMS_URL": "file:///nonexistent/items.json",
+        "GRL_WEBSHOP_SMALL_ATTRS_URL": page.as_uri()})
+    assert done.returncode == 1
+    assert "Could not fetch 2 item(s)" in done.stderr
+    assert "items_shuffle_1000.json from file:///nonexistent/items.json (download error)" in done.stderr
+    assert "items_ins_v2_1000.json" in done.stderr and "not JSON" in done.stderr
+    assert list((tmp_path / "data" / "webshop").iterdir()) == []  # no partial file is left behind
+
+
+def test_install_script_webshop_layout_feeds_the_env(tmp_path):
+    items, goals = _tiny_raw_set(tmp_path)
+    data = tmp_path / "data"
+    done = run_script("--webshop", "--small", "--data-dir", str(data), env={
+        "GRL_WEBSHOP_SMALL_ITEMS_URL": Path(items).as_uri(), "GRL_WEBSHOP_SMALL_ATTRS_URL": Path(goals).as_uri()})
+    assert done.returncode == 0, done.stderr
+    env = WebShopEnv(str(data / "webshop" / "items_shuffle_1000.json"), str(data / "webshop" / "items_ins_v2_1000.json"))
+    env.reset(0)
+    assert env.goal["asin"] == "B000SHOE01"

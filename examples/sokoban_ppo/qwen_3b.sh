@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Sokoban (6x6, 1 box) PPO with Qwen2.5-3B-Instruct on two GPUs.
+# Usage: bash examples/sokoban_ppo/qwen_3b.sh [CUDA_VISIBLE_DEVICES] [group num] [group size] [val group nums] [val group sizes] \
+#          [train tasks] [val tasks] [GPUs per node] [project] [experiment] [model path] [vLLM mem fraction] [steps] [hydra overrides...]
+# Works with `source` too; see examples/launch_common.sh for the arguments. DRY_RUN=1 prints the command.
+(
+    GRL_DEFAULTS=(0,1 8 16 64 1 simpleSokobanAgent simpleSokobanAgent 2 grl sokoban_qwen_3b Qwen/Qwen2.5-3B-Instruct 0.5 200)
+    GRL_HAS_MEM_FRACTION=1
+    GRL_PRESET=
+    GRL_CPU_OVERRIDES=()
+    source "$(dirname "${BASH_SOURCE[0]}")/../launch_common.sh"
+    grl_launch "$@"
+)

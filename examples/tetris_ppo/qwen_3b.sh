@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Tetris (type 1, 4x4) PPO with Qwen2.5-3B-Instruct on two GPUs.
+# Usage: bash examples/tetris_ppo/qwen_3b.sh [CUDA_VISIBLE_DEVICES] [group num] [group size] [val group nums] [val group sizes] \
+#          [train tasks] [val tasks] [GPUs per node] [project] [experiment] [model path] [vLLM mem fraction] [steps] [hydra overrides...]
+# Works with `source` too; see examples/launch_common.sh for the arguments. DRY_RUN=1 prints the command.
+(
+    GRL_DEFAULTS=(0,1 8 16 64 1 tetrisAgent_type_1_dim_4 tetrisAgent_type_1_dim_4 2 grl tetris_qwen_3b Qwen/Qwen2.5-3B-Instruct 0.5 200)
+    GRL_HAS_MEM_FRACTION=1
+    GRL_PRESET=
+    # The CPU preset trains on Sokoban; this script's task replaces it there too.
+    GRL_CPU_OVERRIDES=(rollout.training=[tetrisAgent_type_1_dim_4] rollout.validation=[tetrisAgent_type_1_dim_4])
+    source "$(dirname "${BASH_SOURCE[0]}")/../launch_common.sh"
+    grl_launch "$@"
+)

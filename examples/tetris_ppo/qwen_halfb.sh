@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Tetris (type 1, 4x4) PPO with Qwen2.5-0.5B-Instruct on one GPU.
+# Usage: bash examples/tetris_ppo/qwen_halfb.sh [CUDA_VISIBLE_DEVICES] [group num] [group size] [val group nums] [val group sizes] \
+#          [train tasks] [val tasks] [GPUs per node] [project] [experiment] [model path] [steps] [hydra overrides...]
+# Works with `source` too; see examples/launch_common.sh for the arguments. DRY_RUN=1 prints the command.
+(
+    GRL_DEFAULTS=(0 8 16 64 1 tetrisAgent_type_1_dim_4 tetrisAgent_type_1_dim_4 1 grl tetris_qwen_halfb Qwen/Qwen2.5-0.5B-Instruct 200)
+    GRL_HAS_MEM_FRACTION=0
+    GRL_PRESET=a100_1x_0.5b
+    # The CPU preset trains on Sokoban; this script's task replaces it there too.
+    GRL_CPU_OVERRIDES=(rollout.training=[tetrisAgent_type_1_dim_4] rollout.validation=[tetrisAgent_type_1_dim_4])
+    source "$(dirname "${BASH_SOURCE[0]}")/../launch_common.sh"
+    grl_launch "$@"
+)

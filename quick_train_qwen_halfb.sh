@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Quick start: PPO on 6x6 Sokoban with Qwen2.5-0.5B-Instruct on one GPU, validated on Sokoban,
+# Tetris, BlocksWorld and GSM8K.
+# Usage: bash quick_train_qwen_halfb.sh [CUDA_VISIBLE_DEVICES] [group num] [group size] [val group nums] [val group sizes] \
+#          [train tasks] [val tasks] [GPUs per node] [project] [experiment] [model path] [steps] [hydra overrides...]
+# Works with `source` too; see examples/launch_common.sh for the arguments. DRY_RUN=1 prints the command.
+(
+    GRL_DEFAULTS=(0 8 16 64,32,32,32 1,1,1,1 simpleSokobanAgent simpleSokobanAgent,tetrisAgent_type_1_dim_4,blocksworldAgent_text,gsm8kAgent_single_turn 1 grl quick_train_qwen_halfb Qwen/Qwen2.5-0.5B-Instruct 200)
+    GRL_HAS_MEM_FRACTION=0
+    GRL_PRESET=a100_1x_0.5b
+    # GSM8K needs its dataset (scripts/install_dataset.sh --gsm8k); the CPU run validates on the three games.
+    GRL_CPU_OVERRIDES=(rollout.validation=[simpleSokobanAgent,tetrisAgent_type_1_dim_4,blocksworldAgent_text] rollout.validation_agent_group_num=[8,4,4] rollout.validation_agent_group_size=[1,1,1])
+    source "$(dirname "${BASH_SOURCE[0]}")/examples/launch_common.sh"
+    grl_launch "$@"
+)

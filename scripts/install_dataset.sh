@@ -1,0 +1,185 @@
+#!/usr/bin/env bash
+# Download GRL's task data from the datasets' usual public sources into the layout the configs use.
+#
+#   scripts/install_dataset.sh --webshop | --bird | --gsm8k | --all  [--small] [--data-dir DIR]
+#
+# Layout (DIR defaults to $GRL_DATA_DIR, else data/ in the repository root; configs/agents.yaml
+# reads ${oc.env:GRL_DATA_DIR,data}/...):
+#   DIR/webshop/items_shuffle_1000.json, items_ins_v2_1000.json   WebShop small set (1,000 products)
+#   DIR/webshop/items_shuffle.json, items_ins_v2.json             WebShop full set (~1.18M products)
+#   DIR/bird/{train,dev}.jsonl                                    BIRD questions, one JSON object a line
+#   DIR/bird/{train,dev}_databases/{db_id}/{db_id}.sqlite         BIRD databases
+#   DIR/bird/minidev.jsonl, minidev_databases/...                 BIRD mini-dev (with --small)
+#   DIR/gsm8k/{train,test}.jsonl                                  GSM8K (`question`, `answer`)
+#
+# --small: WebShop small set only, and BIRD mini-dev instead of train + dev.
+# Sources (each can be overridden by the environment variable named beside it):
+#   WebShop: the Google Drive files of princeton-nlp/WebShop's setup.sh
+#     GRL_WEBSHOP_SMALL_ITEMS_URL, GRL_WEBSHOP_SMALL_ATTRS_URL, GRL_WEBSHOP_FULL_ITEMS_URL, GRL_WEBSHOP_FULL_ATTRS_URL
+#   BIRD: https://bird-bench.github.io archives   GRL_BIRD_TRAIN_URL, GRL_BIRD_DEV_URL, GRL_BIRD_MINIDEV_URL
+#   GSM8K: the Hugging Face dataset openai/gsm8k (config main) through `datasets`   GRL_GSM8K_DATASET
+# PYTHON picks the interpreter (default: the repository's .venv, else python3).
+# The script reports every file it could not fetch and exits 1 if there was any.
+
+set -uo pipefail
+
+REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+DATA_DIR="${GRL_DATA_DIR:-$REPO_ROOT/data}"
+if [[ -z "${PYTHON:-}" ]]; then
+  if [[ -x "$REPO_ROOT/.venv/bin/python" ]]; then PYTHON="$REPO_ROOT/.venv/bin/python"; else PYTHON=python3; fi
+fi
+
+gdrive() { echo "https://drive.usercontent.google.com/download?id=$1&export=download&confirm=t"; }
+WEBSHOP_SMALL_ITEMS_URL="${GRL_WEBSHOP_SMALL_ITEMS_URL:-$(gdrive 1EgHdxQ_YxqIQlvvq5iKlCrkEKR6-j0Ib)}"
+WEBSHOP_SMALL_ATTRS_URL="${GRL_WEBSHOP_SMALL_ATTRS_URL:-$(gdrive 1IduG0xl544V_A_jv3tHXC0kyFi7PnyBu)}"
+WEBSHOP_FULL_ITEMS_URL="${GRL_WEBSHOP_FULL_ITEMS_URL:-$(gdrive 1A2whVgOO0euk5O13n2iYDM0bQRkkRduB)}"
+WEBSHOP_FULL_ATTRS_URL="${GRL_WEBSHOP_FULL_ATTRS_URL:-$(gdrive 1s2j6NgHljiZzQNL3veZaAiyW_qDEgBNi)}"
+BIRD_TRAIN_URL="${GRL_BIRD_TRAIN_URL:-https://bird-bench.oss-cn-beijing.aliyuncs.com/train.zip}"
+BIRD_DEV_URL="${GRL_BIRD_DEV_URL:-https://bird-bench.oss-cn-beijing.aliyuncs.com/dev.zip}"
+BIRD_MINIDEV_URL="${GRL_BIRD_MINIDEV_URL:-https://bird-bench.oss-cn-beijing.aliyuncs.com/minidev.zip}"
+GSM8K_DATASET="${GRL_GSM8K_DATASET:-openai/gsm8k}"
+
+usage() {  # the comment block at the top of this file
+  awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "${BASH_SOURCE[0]}"
+}
+
+FAILED=()
+fail() { echo "FAILED: $1" >&2; FAILED+=("$1"); }
+
+# download URL DEST: fetch to a temporary name, move into place only when complete
+download() {
+  local url="$1" dest="$2"
+  mkdir -p "$(dirname "$dest")"
+  echo "fetching $url"
+  if command -v curl >/dev/null; then
+    curl -fL --retry 2 --connect-timeout 20 -sS -o "$dest.part" "$url"
+  else
+    wget -q --tries=3 --timeout=20 -O "$dest.part" "$url"
+  fi || { rm -f "$dest.part"; return 1; }
+  mv "$dest.part" "$dest"
+}
+
+# fetch_json URL DEST: a JSON file (Google Drive answers an HTML page when it refuses)
+fetch_json() {
+  local url="$1" dest="$2"
+  if [[ -s "$dest" ]]; then echo "have $dest"; return 0; fi
+  if ! download "$url" "$dest"; then fail "$(basename "$dest") from $url (download error)"; return 1; fi
+  if ! head -c 512 "$dest" | tr -d ' \t\r\n' | grep -q '^[[{]'; then
+    rm -f "$dest"; fail "$(basename "$dest") from $url (not JSON: the server sent a web page; download it by hand into $(dirname "$dest"))"
+    return 1
+  fi
+}
+
+install_webshop() {
+  local dir="$DATA_DIR/webshop"
+  fetch_json "$WEBSHOP_SMALL_ITEMS_URL" "$dir/items_shuffle_1000.json"
+  fetch_json "$WEBSHOP_SMALL_ATTRS_URL" "$dir/items_ins_v2_1000.json"
+  if [[ "$SMALL" == 0 ]]; then
+    fetch_json "$WEBSHOP_FULL_ITEMS_URL" "$dir/items_shuffle.json"
+    fetch_json "$WEBSHOP_FULL_ATTRS_URL" "$dir/items_ins_v2.json"
+  fi
+}
+
+# bird_split NAME URL: DIR/bird/NAME.jsonl and DIR/bird/NAME_databases/ from a BIRD archive
+bird_split() {
+  local name="$1" url="$2" dir="$DATA_DIR/bird"
+  if [[ -s "$dir/$name.jsonl" && -d "$dir/${name}_databases" ]]; then echo "have BIRD $name"; return 0; fi
+  local work="$dir/.download_$name"
+  mkdir -p "$work"
+  if ! download "$url" "$work/archive.zip"; then fail "BIRD $name from $url (download error)"; return 1; fi
+  if ! "$PYTHON" - "$work" "$dir" "$name" <<'PY'
+import json, shutil, sys, zipfile
+from pathlib import Path
+
+work, out, name = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
+zipfile.ZipFile(work / "archive.zip").extractall(work / "x")
+# BIRD nests its databases in a second archive (train_databases.zip, dev_databases.zip)
+for inner in sorted((work / "x").rglob("*_databases.zip")):
+    zipfile.ZipFile(inner).extractall(inner.parent)
+questions = [p for p in (work / "x").rglob("*.json")
+             if "__MACOSX" not in p.parts and p.name in ("train.json", "dev.json", "mini_dev_sqlite.json")]
+if not questions:
+    sys.exit(f"no train.json / dev.json / mini_dev_sqlite.json in the {name} archive")
+rows = json.loads(questions[0].read_text(encoding="utf-8"))
+with open(out / f"{name}.jsonl", "w", encoding="utf-8") as f:
+    for row in rows:
+        f.write(json.dumps(row, ensure_ascii=False) + "\n")
+databases = out / f"{name}_databases"
+databases.mkdir(parents=True, exist_ok=True)
+count = 0
+for db in (work / "x").rglob("*.sqlite"):
+    if "__MACOSX" in db.parts or db.stem != db.parent.name:
+        continue
+    target = databases / db.stem
+    if not target.exists():
+        shutil.move(str(db.parent), str(target))
+    count += 1
+if count == 0:
+    sys.exit(f"no {{db_id}}/{{db_id}}.sqlite databases in the {name} archive")
+print(f"BIRD {name}: {len(rows)} questions, {count} databases")
+PY
+  then
+    fail "BIRD $name from $url (archive not in BIRD's layout)"; return 1
+  fi
+  rm -rf "$work"
+}
+
+install_bird() {
+  if [[ "$SMALL" == 1 ]]; then
+    bird_split minidev "$BIRD_MINIDEV_URL"
+  else
+    bird_split train "$BIRD_TRAIN_URL"
+    bird_split dev "$BIRD_DEV_URL"
+  fi
+}
+
+install_gsm8k() {
+  local dir="$DATA_DIR/gsm8k"
+  if [[ -s "$dir/train.jsonl" && -s "$dir/test.jsonl" ]]; then echo "have GSM8K"; return 0; fi
+  mkdir -p "$dir"
+  if ! "$PYTHON" - "$GSM8K_DATASET" "$dir" <<'PY'
+import json, sys
+from datasets import load_dataset
+
+name, out = sys.argv[1], sys.argv[2]
+for split in ("train", "test"):
+    rows = load_dataset(name, "main", split=split)
+    with open(f"{out}/{split}.jsonl", "w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps({"question": row["question"], "answer": row["answer"]}) + "\n")
+    print(f"GSM8K {split}: {len(rows)} problems")
+PY
+  then
+    fail "GSM8K from the Hugging Face dataset $GSM8K_DATASET (needs \`datasets\` and access to the hub)"
+  fi
+}
+
+WANT=() SMALL=0
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --webshop|--bird|--gsm8k) WANT+=("${1#--}") ;;
+    --all) WANT+=(webshop bird gsm8k) ;;
+    --small) SMALL=1 ;;
+    --data-dir) [[ $# -ge 2 ]] || { echo "--data-dir needs a folder" >&2; exit 2; }; DATA_DIR="$2"; shift ;;
+    -h|--help) usage; exit 0 ;;
+    *) echo "unknown argument: $1" >&2; usage >&2; exit 2 ;;
+  esac
+  shift
+done
+if [[ ${#WANT[@]} -eq 0 ]]; then
+  echo "nothing to install: name --webshop, --bird, --gsm8k or --all" >&2; usage >&2; exit 2
+fi
+
+mkdir -p "$DATA_DIR" || { echo "cannot create $DATA_DIR" >&2; exit 1; }
+echo "data folder: $DATA_DIR"
+for what in $(printf '%s\n' "${WANT[@]}" | sort -u); do
+  "install_$what"
+done
+
+if [[ ${#FAILED[@]} -gt 0 ]]; then
+  echo >&2
+  echo "Could not fetch ${#FAILED[@]} item(s):" >&2
+  printf '  - %s\n' "${FAILED[@]}" >&2
+  exit 1
+fi
+echo "done: everything asked for is in $DATA_DIR"

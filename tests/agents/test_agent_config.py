@@ -1,0 +1,81 @@
+"""configs/agents.yaml: every block passes the config validator, and the named instances hold the
+values the task list promises."""
+
+import pytest
+
+import grl.agents
+import grl.envs
+from grl.agents import make_agent
+from grl.config import AgentConfig, ConfigError, load_config, task_instance
+
+from conftest import GSM8K_TEST
+
+OURS = ["simpleSokobanAgent", "largeSokobanAgent", "tetrisAgent_type_1_dim_4", "tetrisAgent_type_2_dim_3",
+        "tetrisAgent_type_2_dim_4", "blocksworldAgent_text", "blocksworldAgent_1d", "blocksworldAgent_2d_sparse",
+        "gsm8kAgent_single_turn", "gsm8kAgent_5_turn"]
+
+
+def every_task_overrides(names):
+    listed = ",".join(names)
+    ones = ",".join("1" for _ in names)
+    return [f"rollout.training=[{listed}]", f"rollout.validation=[{listed}]",
+            f"rollout.agent_group_num=[{ones}]", f"rollout.agent_group_size=[{ones}]",
+            f"rollout.validation_agent_group_num=[{ones}]", f"rollout.validation_agent_group_size=[{ones}]"]
+
+
+@pytest.fixture(scope="module")
+def validated(agents_yaml):
+    """The composed config with every task instance in the rollout lists, so every env key is checked."""
+    usable = [name for name, block in agents_yaml.items()
+              if grl.envs.available().get(grl.agents.env_name(block["agent_type"])) is None]
+    return load_config(every_task_overrides(usable)), usable
+
+
+def test_every_block_validates(validated, agents_yaml):
+    cfg, usable = validated
+    assert set(OURS) <= set(usable)
+    for name in usable:
+        block = task_instance(cfg, name)
+        assert set(block["agent_config"]) == {f.name for f in AgentConfig.__dataclass_fields__.values()}
+
+
+def test_promised_values(validated):
+    cfg, _ = validated
+
+    def get(name):
+        block = task_instance(cfg, name)
+        return block["agent_config"], block["env_config"]
+
+    agent, env = get("simpleSokobanAgent")
+    assert env["dim_room"] == [6, 6] and env["num_boxes"] == 1
+    assert (agent["max_turns"], agent["max_actions_per_turn"], agent["max_actions_all_turns"]) == (6, 5, 10)
+    assert get("largeSokobanAgent")[1]["dim_room"] == [8, 8]
+    for name, box_type, dim in (("tetrisAgent_type_1_dim_4", 1, 4), ("tetrisAgent_type_2_dim_3", 2, 3),
+                                ("tetrisAgent_type_2_dim_4", 2, 4)):
+        agent, env = get(name)
+        assert (env["box_type"], env["dim_x"], env["dim_y"]) == (box_type, dim, dim)
+        assert (agent["max_turns"], agent["max_actions_per_turn"], agent["max_actions_all_turns"]) == (11, 5, 40)
+    for mode in ("text", "1d", "2d_sparse"):
+        agent, env = get(f"blocksworldAgent_{mode}")
+        assert env["render_mode"] == mode and env["num_blocks"] == 3
+        assert (agent["max_turns"], agent["max_actions_per_turn"], agent["max_actions_all_turns"]) == (11, 5, 20)
+    assert get("gsm8kAgent_single_turn")[0]["max_turns"] == 1 and get("gsm8kAgent_5_turn")[0]["max_turns"] == 5
+    assert get("gsm8kAgent_single_turn")[1]["dataset_path"] == "openai/gsm8k"
+
+
+@pytest.mark.skipif(not GSM8K_TEST.is_file(), reason="../shared/data/gsm8k/test.jsonl is not here")
+def test_our_blocks_build_agents(validated):
+    cfg, _ = validated
+    for name in OURS:
+        block = task_instance(cfg, name)
+        if block["agent_type"] == "gsm8kAgent":
+            block["env_config"]["dataset_path"] = str(GSM8K_TEST)
+        agent = make_agent(name, block)
+        messages = agent.reset(0)
+        assert messages[0]["role"] == "system" and "Turn 1. State:" in messages[1]["content"]
+        agent.close()
+
+
+def test_a_misspelt_env_key_is_caught_by_the_validator():
+    with pytest.raises(ConfigError, match=r"simpleSokobanAgent.env_config.dim_rom: unknown key for env sokoban"):
+        load_config(["+simpleSokobanAgent.env_config.dim_rom=[5,5]"])

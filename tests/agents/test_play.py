@@ -1,0 +1,54 @@
+"""`grl play`: a human (here, a pipe) plays a task through the same messages the model sees."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+import grl.envs
+from grl.envs.solvers import solve_sokoban
+
+from conftest import GSM8K_TEST, ROOT
+
+
+def grl_cli(*args, stdin=""):
+    return subprocess.run([sys.executable, "-m", "grl.cli", *args], cwd=ROOT, input=stdin,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_play_sokoban_with_bfs_replies():
+    seed, plan = next((s, p) for s in range(50)
+                      if len(p := solve_sokoban(grl.envs.make("sokoban", dim_room=[6, 6]).reset(s))) <= 10)
+    replies = "".join(f"<think>bfs</think><answer>{' || '.join(plan[i:i + 5])}</answer>\n"
+                      for i in range(0, len(plan), 5))
+    out = grl_cli("play", "simpleSokobanAgent", "--seed", str(seed), stdin=replies)
+    assert out.returncode == 0, out.stderr
+    start = grl.envs.make("sokoban", dim_room=[6, 6]).reset(seed)
+    assert "[system]" in out.stdout and "[user]" in out.stdout and start in out.stdout
+    assert "done True" in out.stdout and "success True" in out.stdout
+    assert "episode reward" in out.stdout and "success 1" in out.stdout
+
+
+@pytest.mark.skipif(not GSM8K_TEST.is_file(), reason="../shared/data/gsm8k/test.jsonl is not here")
+def test_play_gsm8k_from_a_local_jsonl_with_a_multiline_reply():
+    row = json.loads(GSM8K_TEST.read_text(encoding="utf-8").splitlines()[3])
+    gold = row["answer"].rsplit("####", 1)[1].strip()
+    out = grl_cli("play", "gsm8kAgent_5_turn", f"gsm8kAgent_5_turn.env_config.dataset_path={GSM8K_TEST}",
+                  "gsm8kAgent_5_turn.env_config.split=test", "--seed", "3",
+                  stdin=f"I think it is 0.5\n<answer>\\\n{gold}</answer>\n")
+    assert out.returncode == 0, out.stderr
+    assert row["question"].strip() in out.stdout
+    assert "0.5 is not the right answer" in out.stdout and "Attempts left: 4." in out.stdout
+    assert out.stdout.count("=> reward") == 2 and "=> reward 10  done True" in out.stdout
+
+
+def test_play_stops_cleanly_at_end_of_input():
+    out = grl_cli("play", "tetrisAgent_type_1_dim_4", stdin="<think>x</think><answer>Left</answer>\n")
+    assert out.returncode == 0 and "no more input" in out.stdout and "=> reward -0.1  done False" in out.stdout
+
+
+def test_play_unknown_task_is_one_clear_line():
+    out = grl_cli("play", "simpleSokobanAgnet")
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.strip().count("\n") == 0 and "simpleSokobanAgnet" in out.stderr and "simpleSokobanAgent" in out.stderr

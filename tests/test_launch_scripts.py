@@ -1,0 +1,80 @@
+"""Launch scripts: positional arguments map to the right Hydra keys, the command they would run is a
+valid config, and `source` leaves the caller's shell as it was."""
+
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from grl.config import load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = ["quick_train_qwen_halfb.sh"] + [f"examples/{task}_ppo/qwen_{size}.sh"
+                                           for task in ("sokoban", "tetris") for size in ("halfb", "3b", "7b")]
+
+
+def dry_run(script: str, *args: str, force_gpu: bool = False) -> list[str]:
+    env = {"PATH": "/usr/bin:/bin", "DRY_RUN": "1", "HOME": str(Path.home())}
+    if force_gpu:
+        env["GRL_FORCE_GPU"] = "1"
+    out = subprocess.run(["bash", script, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    command_line = out.stdout.strip().splitlines()[-1]
+    argv = shlex.split(command_line)
+    assert argv[1:3] == ["-m", "grl.train"], command_line
+    return argv[3:]
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_every_script_builds_a_valid_command_on_gpu_and_cpu(script):
+    for force_gpu in (True, False):
+        overrides = dry_run(script, force_gpu=force_gpu)
+        overrides = [o for o in overrides if not o.startswith("model_path=Qwen")]  # no hub here
+        load_config(overrides)
+
+
+def test_positional_arguments_map_in_order_with_memory_fraction():
+    overrides = dry_run("examples/sokoban_ppo/qwen_3b.sh", "0,1", "4,2", "8", "16,8", "1,2",
+                        "simpleSokobanAgent,largeSokobanAgent", "simpleSokobanAgent,gsm8kAgent_single_turn",
+                        "2", "proj", "exp", "/models/x", "0.3", "17", "trainer.test_freq=3", force_gpu=True)
+    assert overrides == [
+        "model_path=/models/x", "rollout.agent_group_num=[4,2]", "rollout.agent_group_size=[8]",
+        "rollout.validation_agent_group_num=[16,8]", "rollout.validation_agent_group_size=[1,2]",
+        "rollout.training=[simpleSokobanAgent,largeSokobanAgent]",
+        "rollout.validation=[simpleSokobanAgent,gsm8kAgent_single_turn]", "n_gpus_per_node=2",
+        "project_name=proj", "experiment_name=exp", "total_training_steps=17", "gpu_memory_utilization=0.3",
+        "trainer.test_freq=3",
+    ]
+
+
+def test_halfb_scripts_take_steps_twelfth_and_empty_arguments_keep_defaults():
+    overrides = dry_run("examples/tetris_ppo/qwen_halfb.sh", "", "", "", "", "", "", "", "", "", "", "", "9",
+                        force_gpu=True)
+    assert "total_training_steps=9" in overrides
+    assert "rollout.training=[tetrisAgent_type_1_dim_4]" in overrides
+    assert "preset=a100_1x_0.5b" in overrides
+
+
+def test_cpu_fallback_uses_the_cpu_preset_and_keeps_explicit_arguments():
+    overrides = dry_run("examples/sokoban_ppo/qwen_7b.sh", "0", "3", "2")
+    assert overrides[:2] == ["preset=cpu", "model_path=embedded"]
+    assert "rollout.agent_group_num=[3]" in overrides and "rollout.agent_group_size=[2]" in overrides
+    assert not any(o.startswith("n_gpus_per_node") for o in overrides)
+
+
+def test_source_leaves_the_callers_shell_unchanged(tmp_path):
+    script = f"""
+        cd {tmp_path}
+        set +e +u
+        before_opts="$(set +o)"; before_dir="$PWD"
+        DRY_RUN=1 source {ROOT}/examples/sokoban_ppo/qwen_halfb.sh 0 2 >/dev/null
+        status=$?
+        [ "$(set +o)" = "$before_opts" ] || {{ echo "options changed"; exit 1; }}
+        [ "$PWD" = "$before_dir" ] || {{ echo "directory changed"; exit 1; }}
+        type grl_launch >/dev/null 2>&1 && {{ echo "function leaked"; exit 1; }}
+        [ -z "${{GRL_DEFAULTS+x}}" ] || {{ echo "variable leaked"; exit 1; }}
+        echo "ok $status"
+    """
+    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "ok 0", out.stdout + out.stderr

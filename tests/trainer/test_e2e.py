@@ -1,0 +1,100 @@
+"""CPU end to end: the tiny model on two FSDP2 ranks over gloo.
+
+Three runs share one Ray runtime:
+  A  trains 2 steps without interruption (validation, a checkpoint per step, HF export);
+  B  is the same run, but a worker is killed after step 1: it must stop with a
+     message naming the worker and the checkpoint to resume from;
+  C  reruns B with resume_mode=auto: it continues from step 1, and its step 2
+     equals A's step 2 in every deterministic metric.
+"""
+
+import json
+
+import pytest
+from omegaconf import OmegaConf
+
+from grl.config import load_config
+from grl.tracking import METRICS_FILE, read_jsonl
+from grl.trainer import RunAborted
+from grl.trainer.agent_trainer import AgentTrainer
+
+ray = pytest.importorskip("ray")
+
+# Metrics that depend only on the data and the weights (timings and throughput excluded).
+DETERMINISTIC = ("reward/mean", "reward/std", "response_length/mean", "actor/pg_loss", "actor/entropy",
+                 "actor/pg_clipfrac", "actor/ppo_kl", "actor/grad_norm", "critic/vf_loss", "critic/grad_norm",
+                 "critic/advantages/mean", "critic/returns/mean", "critic/values/mean",
+                 "env/simpleSokobanAgent/format_ok", "val-env/simpleSokobanAgent/success",
+                 "val-env/simpleSokobanAgent/response_length")
+
+
+def config(tmp_path, name, **over):
+    overrides = {
+        "model_path": "tiny", "n_gpus_per_node": 2, "trainer.device": "cpu", "max_response_length": 12,
+        "rollout.agent_group_num": "[2]", "rollout.agent_group_size": "[2]",
+        "rollout.validation_agent_group_num": "[2]", "rollout.validation_agent_group_size": "[1]",
+        "simpleSokobanAgent.agent_config.max_turns": 2,
+        "ppo_mini_batch_size": 2, "micro_batch_size_per_gpu": 1, "total_training_steps": 2,
+        "test_freq": 2, "save_freq": 1, "trainer.logger": "[jsonl]", "trainer.export_hf": True,
+        "trainer.run_dir": str(tmp_path / name / "run"), "trainer.default_local_dir": str(tmp_path / name / "ckpt"),
+        "actor_rollout_ref.model.enable_gradient_checkpointing": False,
+        "critic.model.enable_gradient_checkpointing": False,
+        "actor_rollout_ref.actor.optim.lr": 1e-3, "critic.optim.lr": 1e-3,
+    }
+    overrides.update(over)
+    return load_config([f"{k}={v}" for k, v in overrides.items()])
+
+
+@pytest.fixture(scope="module")
+def ray_runtime():
+    from grl.workers import init_ray
+
+    init_ray(None, num_cpus=4)
+    yield
+    ray.shutdown()
+
+
+def by_step(run_dir):
+    return {r["step"]: r for r in read_jsonl(run_dir / METRICS_FILE)}
+
+
+def test_train_checkpoint_kill_and_resume(tmp_path, ray_runtime):
+    # A: uninterrupted
+    cfg_a = config(tmp_path, "a", resume_mode="disable")
+    AgentTrainer.from_config(cfg_a).fit()
+    a_dir = tmp_path / "a"
+    history = by_step(a_dir / "run")
+    assert sorted(history) == [0, 1, 2]
+    assert "val-env/simpleSokobanAgent/success" in history[0] and "val-env/simpleSokobanAgent/success" in history[2]
+    assert history[1]["actor/grad_norm"] > 0 and history[1]["critic/vf_loss"] >= 0
+    assert {p.name for p in (a_dir / "ckpt").iterdir()} >= {"global_step_1", "global_step_2", "latest", "hf_actor"}
+    assert (a_dir / "ckpt" / "latest").read_text().strip() == "global_step_2"
+    assert OmegaConf.load(a_dir / "run" / "config.yaml").model_path == "tiny"
+    assert "git_sha" in json.loads((a_dir / "run" / "run_info.json").read_text())
+    from transformers import AutoModelForCausalLM
+
+    exported = AutoModelForCausalLM.from_pretrained(a_dir / "ckpt" / "hf_actor")
+    assert exported.config.num_hidden_layers == 2
+
+    # B: a worker dies after step 1 has been checkpointed
+    def kill_after_step_1(trainer, step, metrics):
+        if step == 1:
+            ray.kill(trainer.actor.workers[1], no_restart=True)
+
+    cfg_b = config(tmp_path, "b", resume_mode="auto")
+    with pytest.raises(RunAborted) as info:
+        AgentTrainer.from_config(cfg_b, hooks=[kill_after_step_1]).fit()
+    message = str(info.value)
+    assert "actor rank 1" in message and "global_step_1" in message and "resume_mode=auto" in message
+    b_dir = tmp_path / "b"
+    assert (b_dir / "ckpt" / "latest").read_text().strip() == "global_step_1"
+
+    # C: resume B; its step 2 is A's step 2
+    AgentTrainer.from_config(cfg_b).fit()
+    resumed = by_step(b_dir / "run")
+    assert sorted(resumed) == [0, 1, 2]
+    assert (b_dir / "ckpt" / "latest").read_text().strip() == "global_step_2"
+    compared = [k for k in DETERMINISTIC if k in history[2]]
+    assert len(compared) >= 10, compared
+    for key in compared:
+        assert resumed[2][key] == pytest.approx(history[2][key], rel=1e-6, abs=1e-9), key
