@@ -14,7 +14,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from grl.envs.webshop.catalog import load_catalog  # noqa: E402
+from grl.envs.webshop.catalog import load_catalog
 
 DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "webshop"
 TOP_K, NUM_QUERIES, REPEATS = 50, 300, 3

@@ -94,7 +94,7 @@ def _play_main(argv: list[str]) -> int:
 
     try:
         play(args.task, args.seed, args.overrides, args.config_dir)
-    except (ConfigError, ValueError, KeyError, FileNotFoundError, RuntimeError) as err:
+    except (ConfigError, ValueError, KeyError, OSError, RuntimeError) as err:
         print(f"grl play: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -107,7 +107,7 @@ with open(out / f"{name}.jsonl", "w", encoding="utf-8") as f:
 databases = out / f"{name}_databases"
 databases.mkdir(parents=True, exist_ok=True)
 count = 0
-for db in (work / "x").rglob("*.sqlite"):
+for db in sorted((work / "x").rglob("*.sqlite")):  # listed before anything moves
     if "__MACOSX" in db.parts or db.stem != db.parent.name:
         continue
     target = databases / db.stem

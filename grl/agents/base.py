@@ -147,8 +147,10 @@ class Agent:
 
     def step(self, reply_text: str) -> AgentStep:
         if self._done:
-            return AgentStep(0.0, True, {"actions": [], "format_ok": False, "env_error": None,
-                                         "error": "the episode is over; call reset()"})
+            return AgentStep(0.0, True, {
+                "turn": self._turn, "actions": [], "actions_dropped": 0, "invalid_actions": [], "format_ok": False,
+                "format_error": "the episode is over; call reset()", "penalised": False, "success": self._success,
+                "env_done": True, "env_error": None, "think": None, "answer": None})
         reply = reply_text if isinstance(reply_text, str) else ""
         s = self.settings
         parsed = parse_reply(reply, s.enable_think)
@@ -161,11 +163,12 @@ class Agent:
         for action in proposed[:room]:
             try:
                 observation, action_reward, env_done, env_info = self.env.step(action)
+                action_reward, env_done, env_info = float(action_reward), bool(env_done), dict(env_info)
             except Exception as err:  # a broken env ends this episode, never the rollout
                 env_error = f"{type(err).__name__}: {err}"
                 break
             executed.append(action)
-            reward += float(action_reward)
+            reward += action_reward
             self._env_infos.append(env_info)
             self._valid.append(bool(env_info.get("action_is_valid", False)))
             self._effective.append(bool(env_info.get("action_is_effective", False)))

@@ -22,7 +22,7 @@ from grl.algo.kl import (
     FixedKLController,
     apply_kl_penalty,
     kl_loss,
-    kl_penalty,
+    kl_estimate,
     make_kl_controller,
 )
 from grl.algo.losses import (

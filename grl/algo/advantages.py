@@ -26,72 +26,77 @@ def _zero(x: torch.Tensor) -> torch.Tensor:
     return torch.zeros((), dtype=x.dtype, device=x.device)
 
 
-def _compaction(gen: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """Where each generated token goes when a row's generated tokens are packed to the left.
+class _Packing:
+    """Where each generated token goes when every sequence's generated tokens are packed left.
 
-    Returns (dest, N): dest[b, t] is the rank of token t among row b's generated tokens, or N (a
-    dump column) for the others; N is the largest number of generated tokens in a row. In packed
-    form "the next generated token" is simply the next column, which is what makes environment
-    tokens invisible to every scan below.
+    A sequence is a whole row, or with `segments` one (row, segment) pair (a turn). In packed
+    form `[num_sequences, n]` "the next generated token" is simply the next column and each row
+    ends in zeros, which is what makes environment tokens invisible to the scans below. Tokens
+    of one segment must be contiguous among the row's generated tokens (turn ids never go back).
     """
-    rank = gen.long().cumsum(1) - 1
-    n = int(rank[:, -1].max()) + 1 if gen.numel() else 0
-    return torch.where(gen, rank, n), n
 
+    def __init__(self, gen: torch.Tensor, segments: torch.Tensor | None = None):
+        B, T = gen.shape
+        rank = gen.long().cumsum(1) - 1  # rank among the row's generated tokens
+        if segments is None:
+            seq, in_seq, S = torch.arange(B, device=gen.device)[:, None].expand(B, T), rank, 1
+        else:
+            seg = torch.where(gen, segments.long(), 0)
+            S = int(seg.max()) + 1 if gen.any() else 1
+            seq = torch.arange(B, device=gen.device)[:, None] * S + seg
+            start = rank.new_full((B * S,), T).scatter_reduce(0, seq[gen], rank[gen], "amin")
+            in_seq = rank - start[seq]
+        self.gen, self.shape = gen, (B * S, int(in_seq[gen].max()) + 1 if gen.any() else 0)
+        self.dest = torch.where(gen, seq * self.shape[1] + in_seq, B * S * self.shape[1])  # the last slot is a dump
 
-def _pack(x: torch.Tensor, dest: torch.Tensor, n: int) -> torch.Tensor:
-    """`[B, T] -> [B, n]`: generated entries in order, 0 after each row's last one."""
-    return x.new_zeros(x.shape[0], n + 1).scatter(1, dest, x)[:, :n]
+    def pack(self, x: torch.Tensor) -> torch.Tensor:
+        """`[B, T] -> [num_sequences, n]`: generated entries in order, 0 after each sequence's last."""
+        flat = x.new_zeros(self.shape[0] * self.shape[1] + 1).scatter(0, self.dest.flatten(), x.flatten())
+        return flat[:-1].view(self.shape)
 
-
-def _unpack(packed: torch.Tensor, dest: torch.Tensor, gen: torch.Tensor) -> torch.Tensor:
-    """Inverse of `_pack`: `[B, n] -> [B, T]`, 0 on non-generated positions."""
-    padded = torch.cat([packed, packed.new_zeros(packed.shape[0], 1)], dim=1)
-    return torch.where(gen, padded.gather(1, dest), _zero(packed))
+    def unpack(self, packed: torch.Tensor) -> torch.Tensor:
+        """Inverse of `pack`: back to `[B, T]`, 0 on non-generated positions."""
+        flat = torch.cat([packed.flatten(), packed.new_zeros(1)])
+        return torch.where(self.gen, flat[self.dest], _zero(packed))
 
 
 def _shift_left(x: torch.Tensor) -> torch.Tensor:
     return torch.cat([x[:, 1:], x.new_zeros(x.shape[0], 1)], dim=1)
 
 
-def _discounted_reverse_sum(x: torch.Tensor, decay: float | torch.Tensor, chunk: int = 64) -> torch.Tensor:
-    """out[:, j] = x[:, j] + decay[:, j] * out[:, j + 1] on packed `[B, n]` tensors (decay >= 0).
+def _discounted_reverse_sum(x: torch.Tensor, decay: float, chunk: int = 64) -> torch.Tensor:
+    """out[:, j] = x[:, j] + decay * out[:, j + 1] over the columns of a packed `[S, n]` tensor.
 
-    Blocked scan: inside each chunk of columns the recurrence is one small matmul with the
-    transfer matrix M[i, j] = decay_i * ... * decay_{j-1} (j >= i); only the carries between
-    chunks run in a Python loop (n / chunk steps instead of n). The zeros that pad a packed row
-    keep the carry at 0 until its last real entry.
+    Blocked scan: inside a chunk of C columns the recurrence is one matmul with the transfer
+    matrix M[i, j] = decay^(j - i) (j >= i); only the carries between chunks run in a Python
+    loop, n / C steps instead of n, and powers stay within decay^C so nothing underflows.
     """
-    B, n = x.shape
+    S, n = x.shape
     if n == 0:
         return x.clone()
     C = min(chunk, n)
     nc = -(-n // C)
-    xs = torch.nn.functional.pad(x, (0, nc * C - n)).view(B, nc, C)
+    blocks = torch.nn.functional.pad(x, (0, nc * C - n)).view(S, nc, C)
     i = torch.arange(C, device=x.device)
-    if isinstance(decay, torch.Tensor):
-        d = torch.nn.functional.pad(decay.to(x.dtype), (0, nc * C - n)).view(B, nc, C)
-        # products of decays as exp of log sums; a zero decay cuts the chain, tracked by counting zeros
-        is_zero = d == 0
-        log_d = torch.where(is_zero, _zero(d), d.log())
-        L = torch.cat([log_d.new_zeros(B, nc, 1), log_d.cumsum(-1)], dim=-1)  # L[k] = sum of log_d[:k]
-        Z = torch.cat([is_zero.new_zeros(B, nc, 1, dtype=torch.long), is_zero.long().cumsum(-1)], dim=-1)
-        linked = (Z[..., :C, None] == Z[..., None, :C]) & (i[:, None] <= i[None, :])
-        M = torch.where(linked, (L[..., None, :C] - L[..., :C, None]).clamp(max=0).exp(), _zero(d))
-        to_next = torch.where(Z[..., :C] == Z[..., C:], (L[..., C:] - L[..., :C]).clamp(max=0).exp(), _zero(d))
-        local = (M @ xs[..., None]).squeeze(-1)
-    else:
-        exponent = (i[None, :] - i[:, None]).to(x.dtype)
-        M = torch.where(exponent >= 0, float(decay) ** exponent.clamp(min=0), _zero(x))
-        to_next = float(decay) ** (C - i).to(x.dtype)
-        local = xs @ M.T
-        to_next = to_next.expand(B, nc, C)
-    heads, carry = [None] * nc, x.new_zeros(B)
+    lag = (i[None, :] - i[:, None]).to(x.dtype)
+    M = torch.where(lag >= 0, decay ** lag.clamp(min=0), _zero(x))
+    local = blocks @ M.T  # the discounted sum that stays inside each chunk
+    to_next = decay ** (C - i).to(x.dtype)  # weight of the next chunk's first output at column i
+    heads, carry = [None] * nc, x.new_zeros(S)
     for c in range(nc - 1, -1, -1):
-        carry = local[:, c, 0] + to_next[:, c, 0] * carry
+        carry = local[:, c, 0] + to_next[0] * carry
         heads[c] = carry
-    next_heads = torch.stack(heads[1:] + [x.new_zeros(B)], dim=1)
-    return (local + to_next * next_heads[..., None]).reshape(B, nc * C)[:, :n]
+    next_heads = torch.stack(heads[1:] + [x.new_zeros(S)], dim=1)
+    return (local + to_next * next_heads[..., None]).reshape(S, nc * C)[:, :n]
+
+
+def _packed_gae(token_rewards, values, gen, gamma, lam, segments=None):
+    """GAE over each sequence's generated tokens (whole rows, or each segment on its own)."""
+    packing = _Packing(gen, segments)
+    rewards, vals = packing.pack(token_rewards), packing.pack(values)
+    deltas = rewards + gamma * _shift_left(vals) - vals
+    advantages = packing.unpack(_discounted_reverse_sum(deltas, gamma * lam))
+    return advantages, torch.where(gen, advantages + values, _zero(values))
 
 
 def compute_gae(token_rewards: torch.Tensor, values: torch.Tensor, loss_mask: torch.Tensor, gamma: float, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -102,13 +107,7 @@ def compute_gae(token_rewards: torch.Tensor, values: torch.Tensor, loss_mask: to
     and 0 after the episode's last one; A_t = delta_t + gamma * lam * A(next generated token).
     returns = advantages + values. Not whitened (the dispatcher does that).
     """
-    gen = loss_mask > 0
-    dest, n = _compaction(gen)
-    rewards, vals = _pack(token_rewards, dest, n), _pack(values, dest, n)
-    deltas = rewards + gamma * _shift_left(vals) - vals
-    advantages = _unpack(_discounted_reverse_sum(deltas, gamma * lam), dest, gen)
-    returns = torch.where(gen, advantages + values, _zero(values))
-    return advantages, returns
+    return _packed_gae(token_rewards, values, loss_mask > 0, gamma, lam)
 
 
 def turn_ids_from_mask(loss_mask: torch.Tensor) -> torch.Tensor:
@@ -128,6 +127,8 @@ def _turn_layout(turn_ids: torch.Tensor, gen: torch.Tensor):
     """
     if bool((gen & (turn_ids < 0)).any()):
         raise ValueError("turn_ids must be >= 0 on every generated token (loss_mask > 0)")
+    if bool((gen & (turn_ids < torch.where(gen, turn_ids, -1).cummax(1).values)).any()):
+        raise ValueError("turn_ids must not decrease along a row's generated tokens")
     B, T = gen.shape
     K = int(turn_ids[gen].max()) + 1 if bool(gen.any()) else 0
     tid = torch.where(gen, turn_ids.long(), K)
@@ -179,13 +180,7 @@ def compute_bi_level_gae(token_rewards: torch.Tensor, values: torch.Tensor, loss
     B, T = gen.shape
     is_last = gen.new_zeros(B, T + 1).scatter(1, torch.where(has_turn, last, T), True)[:, :T]
     low_rewards = torch.where(is_last, _to_tokens(turn_ret, tid, gen), _zero(values))
-    dest, n = _compaction(gen)
-    rewards, vals = _pack(low_rewards, dest, n), _pack(values, dest, n)
-    cont = 1.0 - _pack(is_last.to(values.dtype), dest, n)  # a turn's last token bootstraps nothing
-    deltas = rewards + gamma * cont * _shift_left(vals) - vals
-    advantages = _unpack(_discounted_reverse_sum(deltas, gamma * lam * cont), dest, gen)
-    returns = torch.where(gen, advantages + values, _zero(values))
-    return advantages, returns
+    return _packed_gae(low_rewards, values, gen, gamma, lam, segments=turn_ids)
 
 
 def compute_weighted_gae(token_rewards: torch.Tensor, values: torch.Tensor, loss_mask: torch.Tensor, turn_ids: torch.Tensor,
@@ -255,8 +250,8 @@ def compute_reinforce_plus_plus(token_rewards: torch.Tensor, loss_mask: torch.Te
     across turns and is not reset at environment tokens. advantages = G whitened over the mask.
     """
     gen = loss_mask > 0
-    dest, n = _compaction(gen)
-    returns = _unpack(_discounted_reverse_sum(_pack(token_rewards, dest, n), gamma), dest, gen)
+    packing = _Packing(gen)
+    returns = packing.unpack(_discounted_reverse_sum(packing.pack(token_rewards), gamma))
     return masked_whiten(returns, loss_mask), returns
 
 

@@ -16,7 +16,7 @@ from grl.algo.masked import masked_mean
 KL_ESTIMATORS = ("kl", "abs", "mse", "low_var_kl")
 
 
-def kl_penalty(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, kind: str) -> torch.Tensor:
+def kl_estimate(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, kind: str) -> torch.Tensor:
     """Per-token KL estimate of `kind` (aliases: k1 = kl, k2 = mse, k3 = low_var_kl)."""
     kind = {"k1": "kl", "k2": "mse", "k3": "low_var_kl"}.get(kind, kind)
     log_ratio = log_probs - ref_log_probs
@@ -30,19 +30,20 @@ def kl_penalty(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, kind: str) 
         # clamps keep exp() finite when the two models disagree wildly on a token
         ref_over_pi = (-log_ratio).clamp(-20, 20)
         return (ref_over_pi.exp() - ref_over_pi - 1).clamp(-10, 10)
-    raise ValueError(f"unknown kl_penalty '{kind}'; choose one of: {', '.join(KL_ESTIMATORS)} (or k1, k2, k3)")
+    raise ValueError(f"unknown KL estimator '{kind}'; choose one of: {', '.join(KL_ESTIMATORS)} (or k1, k2, k3)")
 
 
 def apply_kl_penalty(token_rewards: torch.Tensor, log_probs: torch.Tensor, ref_log_probs: torch.Tensor, loss_mask: torch.Tensor,
-                     kl_coef: float, kl_penalty_kind: str = "kl") -> tuple[torch.Tensor, torch.Tensor]:
+                     kl_coef: float, kl_penalty: str = "kl") -> tuple[torch.Tensor, torch.Tensor]:
     """KL-in-reward -> (new_rewards, mean_kl).
 
-    new_rewards = token_rewards - kl_coef * kl on every generated token (unchanged elsewhere).
+    new_rewards = token_rewards - kl_coef * kl on every generated token, kl being the estimator
+    named by `kl_penalty` (unchanged elsewhere).
     mean_kl is the batch mean of each row's masked-mean KL (rows without generated tokens are
     left out); feed it to the KL controller's `update`.
     """
     gen = loss_mask > 0
-    kld = torch.where(gen, kl_penalty(log_probs, ref_log_probs, kl_penalty_kind), torch.zeros((), dtype=token_rewards.dtype, device=token_rewards.device))
+    kld = torch.where(gen, kl_estimate(log_probs, ref_log_probs, kl_penalty), torch.zeros((), dtype=token_rewards.dtype, device=token_rewards.device))
     new_rewards = token_rewards - kl_coef * kld
     has_tokens = gen.any(-1)
     mean_kl = masked_mean(masked_mean(kld, loss_mask, dim=-1), has_tokens)
@@ -52,7 +53,7 @@ def apply_kl_penalty(token_rewards: torch.Tensor, log_probs: torch.Tensor, ref_l
 def kl_loss(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, loss_mask: torch.Tensor, kind: str = "low_var_kl",
             loss_agg_mode: str = "token-mean") -> torch.Tensor:
     """KL term added to the actor loss (GRPO-style) aggregated over the mask."""
-    return agg_loss(kl_penalty(log_probs, ref_log_probs, kind), loss_mask, loss_agg_mode)
+    return agg_loss(kl_estimate(log_probs, ref_log_probs, kind), loss_mask, loss_agg_mode)
 
 
 class FixedKLController:

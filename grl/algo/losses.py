@@ -102,23 +102,30 @@ def _chunked_rows(fn, logits: torch.Tensor, *extra: torch.Tensor, chunk_size: in
     return out.reshape(lead)
 
 
+def _upcast(logits: torch.Tensor) -> torch.Tensor:
+    # bf16 logsumexp is too coarse for PPO ratios; chunking keeps the fp32 copy small
+    return logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
+
+
 def _entropy(logits: torch.Tensor) -> torch.Tensor:
     # H = logsumexp(z) - sum softmax(z) * z: no log(0) for tokens with zero probability
+    logits = _upcast(logits)
     return torch.logsumexp(logits, -1) - (torch.softmax(logits, -1) * logits).sum(-1)
 
 
 def entropy_from_logits(logits: torch.Tensor, chunk_size: int | None = None) -> torch.Tensor:
-    """Entropy of the categorical over the last dim: `[..., vocab] -> [...]`.
+    """Entropy of the categorical over the last dim: `[..., vocab] -> [...]` (fp32 for half inputs).
     `chunk_size` rows at a time bounds the softmax temporaries for big vocabularies."""
     return _chunked_rows(_entropy, logits, chunk_size=chunk_size)
 
 
 def _token_log_prob(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    logits = _upcast(logits)
     return logits.gather(-1, labels[:, None]).squeeze(-1) - torch.logsumexp(logits, -1)
 
 
 def log_probs_from_logits(logits: torch.Tensor, labels: torch.Tensor, chunk_size: int | None = None) -> torch.Tensor:
-    """log softmax(logits)[label] for each position: `[..., vocab], [...] -> [...]`."""
+    """log softmax(logits)[label] for each position: `[..., vocab], [...] -> [...]` (fp32 for half inputs)."""
     return _chunked_rows(_token_log_prob, logits, labels, chunk_size=chunk_size)
 
 

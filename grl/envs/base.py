@@ -50,3 +50,14 @@ def step_info(success: bool, action_is_valid: bool, action_is_effective: bool, *
         "action_is_effective": bool(action_is_effective),
         **extra,
     }
+
+
+def positive_int(env: str, key: str, value: Any) -> int:
+    """An env_config value that must be a whole number >= 1 (bools and 2.5 refused)."""
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        number = 0
+    if number < 1 or number != value or isinstance(value, bool):
+        raise ValueError(f"{env}: {key} must be a positive integer, got {value!r}")
+    return number

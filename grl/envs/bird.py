@@ -44,7 +44,6 @@ Sandbox (one connection per env, opened read-only)
 from __future__ import annotations
 
 import json
-import os
 import random
 import re
 import sqlite3
@@ -198,7 +197,7 @@ def _read_hub(name: str, split: str) -> list[Any]:
         raise FileNotFoundError(f"bird: dataset_path {name!r} is not a file and `datasets` is not installed") from None
     try:
         return list(datasets.load_dataset(name, split=split))
-    except Exception as err:  # the hub client raises many types; the user needs the one line
+    except Exception as err:  # noqa: BLE001 - the hub client raises many types; the user needs one line
         raise FileNotFoundError(f"bird: dataset_path {name!r} is neither a file nor a loadable hub dataset: {err}") from None
 
 

@@ -33,7 +33,7 @@ import random
 import re
 from typing import Any
 
-from grl.envs.base import Env, step_info
+from grl.envs.base import Env, step_info, positive_int
 from grl.envs.solvers import solve_blocksworld
 
 RENDER_MODES = ("text", "1d", "2d_sparse")
@@ -122,17 +122,16 @@ def draw(state: State) -> list[str]:
     return lines
 
 
+
 class BlocksWorldEnv(Env):
     def __init__(self, num_blocks: int = 3, render_mode: str = "text", max_steps: int = 20):
-        if not 2 <= int(num_blocks) <= MAX_BLOCKS:
+        self.num_blocks = positive_int("blocksworld", "num_blocks", num_blocks)
+        if not 2 <= self.num_blocks <= MAX_BLOCKS:
             raise ValueError(f"blocksworld: num_blocks must be 2 to {MAX_BLOCKS}, got {num_blocks!r}")
         if render_mode not in RENDER_MODES:
             raise ValueError(f"blocksworld: render_mode must be one of {', '.join(RENDER_MODES)}, got {render_mode!r}")
-        if int(max_steps) < 1:
-            raise ValueError(f"blocksworld: max_steps must be positive, got {max_steps!r}")
-        self.num_blocks = int(num_blocks)
         self.render_mode = render_mode
-        self.max_steps = int(max_steps)
+        self.max_steps = positive_int("blocksworld", "max_steps", max_steps)
 
     def reset(self, seed: int | None = None) -> str:
         rng = random.Random(seed)

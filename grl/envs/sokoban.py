@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from grl.envs.base import Env, step_info
+from grl.envs.base import Env, step_info, positive_int
 
 ACTIONS = {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}
 
@@ -97,8 +97,22 @@ def scramble(level: Level) -> float:
 # ---------------------------------------------------------------- parsing
 
 
+def _flood(start: Cell, passable) -> set[Cell]:
+    seen, todo = {start}, [start]
+    while todo:
+        r, c = todo.pop()
+        for dr, dc in ACTIONS.values():
+            nxt = (r + dr, c + dc)
+            if nxt not in seen and passable(nxt):
+                seen.add(nxt)
+                todo.append(nxt)
+    return seen
+
+
 def parse_level(text: str) -> Level:
-    """A level in Boxoban notation. Raises ValueError saying what is wrong."""
+    """A level in Boxoban notation (`-` and `_` are also read as floor). Raises ValueError saying what is wrong."""
+    if not isinstance(text, str):
+        raise ValueError(f"sokoban level must be a string in Boxoban notation, got {type(text).__name__}")
     lines = [line.rstrip("\r") for line in text.split("\n")]
     while lines and not lines[0].strip():
         lines.pop(0)
@@ -156,18 +170,6 @@ def load_levels(path: str | Path) -> list[str]:
 
 
 # ------------------------------------------------------------- generation
-
-
-def _flood(start: Cell, passable) -> set[Cell]:
-    seen, todo = {start}, [start]
-    while todo:
-        r, c = todo.pop()
-        for dr, dc in ACTIONS.values():
-            nxt = (r + dr, c + dc)
-            if nxt not in seen and passable(nxt):
-                seen.add(nxt)
-                todo.append(nxt)
-    return seen
 
 
 def carve_room(rng: random.Random, rows: int, cols: int) -> set[int]:
@@ -271,8 +273,8 @@ def generate_level(seed: int | None, dim_room: tuple[int, int], num_boxes: int, 
             continue  # no pull possible from this layout
         player = rng.choice(reach)
         walls = frozenset((r, c) for r in range(rows) for c in range(cols) if r * cols + c not in floor)
-        to_cell = lambda p: divmod(p, cols)  # noqa: E731
-        return Level(rows, cols, walls, frozenset(map(to_cell, targets)), frozenset(map(to_cell, boxes)), to_cell(player))
+        targets, boxes = (frozenset(divmod(p, cols) for p in cells) for cells in (targets, boxes))
+        return Level(rows, cols, walls, targets, boxes, divmod(player, cols))
     raise RuntimeError(f"sokoban: no scrambled level for dim_room={dim_room}, num_boxes={num_boxes} after {MAX_GENERATION_TRIES} rooms")
 
 
@@ -284,6 +286,7 @@ def parse_action(action: Any) -> tuple[int, int] | None:
     if not isinstance(action, str):
         return None
     return ACTIONS.get(action.strip().lower())
+
 
 
 class SokobanEnv(Env):
@@ -302,14 +305,13 @@ class SokobanEnv(Env):
             rows, cols = (int(x) for x in dim_room)
         except (TypeError, ValueError):
             raise ValueError(f"sokoban: dim_room must be two integers (rows, cols), got {dim_room!r}") from None
-        if min(rows, cols) < 3 or (rows - 2) * (cols - 2) < int(num_boxes) + 2:
+        num_boxes = positive_int("sokoban", "num_boxes", num_boxes)
+        max_steps = positive_int("sokoban", "max_steps", max_steps)
+        search_depth = positive_int("sokoban", "search_depth", search_depth)
+        if min(rows, cols) < 3 or (rows - 2) * (cols - 2) < num_boxes + 2:
             raise ValueError(f"sokoban: dim_room={dim_room!r} is too small for num_boxes={num_boxes}")
-        if int(num_boxes) < 1 or int(max_steps) < 1 or int(search_depth) < 1:
-            raise ValueError("sokoban: num_boxes, max_steps and search_depth must be positive")
         self.dim_room = (rows, cols)
-        self.num_boxes = int(num_boxes)
-        self.max_steps = int(max_steps)
-        self.search_depth = int(search_depth)
+        self.num_boxes, self.max_steps, self.search_depth = num_boxes, max_steps, search_depth
         # Fixed levels stay text until drawn: a Boxoban file holds a thousand of them.
         self._fixed: list[str] | None = None
         if level is not None:

@@ -11,15 +11,15 @@ Rules
 - Actions (case and surrounding whitespace are ignored): `Left` / `Right`
   move the piece one column if the cells are free (else nothing moves: valid,
   not effective); `Down` drops it straight to the lowest free position, where
-  it locks (a hard drop: one `Down` places one piece). Any other string is
-  invalid and changes nothing.
+  it locks (a hard drop: one `Down` places one piece, so every action has a
+  visible effect and episodes stay short). Any other string is invalid and
+  changes nothing.
 - Rewards: -0.1 for every action (invalid ones included), +10 per row cleared.
 - The episode ends with success when a drop completes a row (full rows are
   cleared and the rows above fall), and without success when the next piece
   fits in no column of the top rows (the board is full) or after `max_steps`
-  actions.
-  A locked piece stays on the board, also at game over. Steps after the end
-  change nothing and earn 0.
+  actions. A locked piece stays on the board, also at game over. Steps after
+  the end change nothing and earn 0.
 - Observation: `dim_y` rows of `dim_x` symbols joined by newlines: `_` empty,
   `#` filled, `X` the falling piece.
 """
@@ -29,7 +29,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from grl.envs.base import Env, step_info
+from grl.envs.base import Env, step_info, positive_int
 
 # Cells of each piece as (row, col) offsets from its top-left corner.
 PIECES = {
@@ -57,17 +57,16 @@ def parse_action(action: Any) -> str | None:
     return key if key in ACTIONS else None
 
 
+
 class TetrisEnv(Env):
     def __init__(self, dim_x: int = 4, dim_y: int = 4, box_type: int = 1, max_steps: int = 100):
-        if int(box_type) not in BOX_TYPES:
+        if not isinstance(box_type, int) or box_type not in BOX_TYPES:
             raise ValueError(f"tetris: box_type must be 1, 2 or 3, got {box_type!r}")
-        if int(dim_x) < 2 or int(dim_y) < 2:
+        self.dim_x, self.dim_y = positive_int("tetris", "dim_x", dim_x), positive_int("tetris", "dim_y", dim_y)
+        if min(self.dim_x, self.dim_y) < 2:
             raise ValueError(f"tetris: dim_x and dim_y must be at least 2, got {dim_x!r} x {dim_y!r}")
-        if int(max_steps) < 1:
-            raise ValueError(f"tetris: max_steps must be positive, got {max_steps!r}")
-        self.dim_x, self.dim_y = int(dim_x), int(dim_y)
         self.box_type = int(box_type)
-        self.max_steps = int(max_steps)
+        self.max_steps = positive_int("tetris", "max_steps", max_steps)
 
     # ---------------------------------------------------------- board logic
 
@@ -91,7 +90,7 @@ class TetrisEnv(Env):
 
     def _drop(self) -> int:
         """Drop and lock the piece; return the number of rows cleared."""
-        while self.row + 1 < self.dim_y - 1 and self._fits(self.row + 1, self.col):
+        while self._fits(self.row + 1, self.col):
             self.row += 1
         for r, c in self._cells(self.row, self.col):
             self.board[r][c] = True

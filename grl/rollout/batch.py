@@ -196,15 +196,13 @@ def packed_attention_mask(segment_ids):
     return (same & real & causal).unsqueeze(1)
 
 
-def unpack(values, seq_ids):
+def unpack(values, seq_ids, pad=0):
     """A `[rows, T]` tensor of a packed batch back to `[episodes, T_max]`
-    right-padded with zeros, one row per episode in packed order (`seq_ids`)."""
-    import torch
-
+    right-padded with `pad`, one row per episode in packed order (`seq_ids`)."""
     n = int(seq_ids.max().item()) + 1 if seq_ids.numel() else 0
     pieces = [values[seq_ids == k] for k in range(n)]
     width = max((p.numel() for p in pieces), default=0)
-    out = values.new_zeros((n, width))
+    out = values.new_full((n, width), pad)
     for k, p in enumerate(pieces):
         out[k, :p.numel()] = p
     return out

@@ -341,12 +341,10 @@ class ActorRolloutRefGroup(_WorkerGroup):
     then runs in a process of its own that the engines package starts)."""
 
     def __init__(self, cfg, world_size: int, use_ref: bool):
-        from grl.engines import pick_engine_name
-
         self.use_ref = use_ref
         init_ray(cfg.trainer.get("ray_address"))
         device = resolve_device(cfg.trainer.device)
-        self.engine_name = pick_engine_name(cfg.actor_rollout_ref.rollout.name, device=device)
+        self.engine_name = cfg.actor_rollout_ref.rollout.name  # `auto` is resolved inside the rank
         engine_ranks = tuple(range(world_size)) if device == "cuda" else (0,)
         super().__init__("actor", cfg, world_size, use_ref=use_ref, engine_name=self.engine_name,
                          engine_ranks=engine_ranks)

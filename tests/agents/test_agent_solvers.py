@@ -5,6 +5,7 @@ message) and answer only as the model would (a reply string).
 """
 
 import ast
+import copy
 import json
 import re
 
@@ -14,7 +15,7 @@ import grl.envs
 from grl.agents import make_agent
 from grl.envs.gsm8k import extract_answer
 
-from conftest import GSM8K_TEST, state_of
+from conftest import GSM8K_TEST, SHARED_DATA, state_of
 
 
 def think_answer(actions):
@@ -142,7 +143,8 @@ def test_gsm8k_five_turns_sum_the_rewards(task):
     # turn 1: no number (invalid, penalised); turn 2: wrong; turn 3: untagged, judged by its last number
     assert [r.reward for r in results] == pytest.approx([-0.1 - 0.1, -0.1, 10.0 - 0.1])
     assert [r.done for r in results] == [False, False, True]
-    assert "is not the right answer" in agent.messages[5]["content"] and "Attempts left: 3." in agent.messages[5]["content"]
+    feedback = agent.messages[5]["content"]
+    assert "is not the right answer" in feedback and "Attempts left: 3." in feedback
     metrics = agent.episode_metrics()
     assert metrics["success"] == 1.0 and metrics["num_actions"] == 3 and metrics["format_ok"] == pytest.approx(1 / 3)
     assert metrics["action_is_valid"] == pytest.approx(2 / 3)
@@ -171,7 +173,7 @@ def blocks_from_drawing(lines: list[str]) -> tuple[int, ...]:
     """Stacks drawn as `[n]` cells, one column every 4 characters, the table line last."""
     below: dict[int, int] = {}
     rows = [line for line in lines if "[" in line]
-    for upper, lower in zip(rows, rows[1:] + [""]):
+    for upper, lower in zip(rows, rows[1:] + [""], strict=True):
         for match in re.finditer(r"\[(\d+)\]", upper):
             under = re.match(r"\[(\d+)\]", lower[match.start():match.end()])
             below[int(match.group(1))] = int(under.group(1)) if under else 0
@@ -205,3 +207,25 @@ def test_blocksworld_bfs_solves_through_the_agent(task, name):
         total, metrics = play(agent, seed, policy)
         assert metrics["success"] == 1.0 and metrics["action_is_valid"] == 1.0 and metrics["format_ok"] == 1.0
         assert metrics["num_actions"] == optimal and total == pytest.approx(10 - (optimal - 1))
+
+
+# ---------------------------------------------------------------- WebShop (env by another engineer)
+
+WEBSHOP = SHARED_DATA / "webshop"
+
+
+@pytest.mark.skipif(not (WEBSHOP / "products_1k.jsonl").is_file(), reason="../shared/data/webshop is not here")
+def test_webshop_shopper_buys_and_the_purchase_rate_counts_it(agents_yaml):
+    """A scripted shopper: search the instruction, open the first result, buy it."""
+    block = copy.deepcopy(agents_yaml["webshopAgent"])
+    block["env_config"].update(products_path=str(WEBSHOP / "products_1k.jsonl"),
+                               goals_path=str(WEBSHOP / "items_ins_v2_1000.json"))
+    agent = make_agent("webshopAgent", block)
+    instruction = state_of(agent.reset(0)[-1]["content"]).split("\n")[0].removeprefix("Instruction:").strip()
+    result = agent.step(think_answer([f"search[{instruction}]"]))
+    assert agent.episode_metrics()["purchased"] == 0.0 and not result.done
+    first_item = re.search(r"click\[(b0\w+)\]", agent.messages[-1]["content"]).group(1)
+    result = agent.step(think_answer([f"click[{first_item}]", "click[buy now]"]))
+    metrics = agent.episode_metrics()
+    assert result.done and result.info["env_done"] and metrics["purchased"] == 1.0
+    assert metrics["num_actions"] == 3 and metrics["action_is_valid"] == 1.0

@@ -51,4 +51,13 @@ def test_play_stops_cleanly_at_end_of_input():
 def test_play_unknown_task_is_one_clear_line():
     out = grl_cli("play", "simpleSokobanAgnet")
     assert out.returncode == 2 and out.stdout == ""
-    assert out.stderr.strip().count("\n") == 0 and "simpleSokobanAgnet" in out.stderr and "simpleSokobanAgent" in out.stderr
+    assert out.stderr.strip().count("\n") == 0
+    assert "simpleSokobanAgnet" in out.stderr and "simpleSokobanAgent" in out.stderr
+
+
+def test_dispatcher(capsys):
+    from grl.cli import main
+
+    assert main(["--help"]) == 0 and "grl play" in capsys.readouterr().out
+    assert main([]) == 2
+    assert main(["tarin"]) == 2 and "unknown command 'tarin'" in capsys.readouterr().err

@@ -17,6 +17,7 @@ from grl.algo import (
     compute_weighted_gae,
     turn_ids_from_mask,
 )
+from grl.algo.advantages import _discounted_reverse_sum
 from tests.algo.batches import random_episode_batch
 
 SEEDS = range(6)
@@ -142,6 +143,33 @@ def test_gae_matches_reference(seed):
     gamma, lam = [(1.0, 1.0), (0.99, 0.95), (0.9, 0.0), (0.7, 0.5)][seed % 4]
     adv, ret = compute_gae(batch["token_rewards"], batch["values"], batch["loss_mask"], gamma, lam)
     ref_adv, ref_ret = ref_gae(batch, gamma, lam)
+    close(adv, ref_adv)
+    close(ret, ref_ret)
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 7, 64])
+def test_blocked_scan_matches_loop(chunk):
+    x = torch.randn(5, 50, dtype=torch.float64, generator=torch.Generator().manual_seed(chunk))
+    for decay in (0.0, 0.5, 0.97, 1.0):
+        expected = torch.zeros_like(x)
+        for s in range(5):
+            carry = 0.0
+            for j in reversed(range(50)):
+                carry = x[s, j].item() + decay * carry
+                expected[s, j] = carry
+        close(_discounted_reverse_sum(x, decay, chunk), expected)
+
+
+def test_long_episodes_span_many_scan_chunks():
+    batch = random_episode_batch(6, 42, max_turns=12, max_env=20, max_reply=60)
+    assert int(batch["loss_mask"].sum(-1).max()) > 3 * 64
+    for gamma, lam in [(0.99, 0.95), (1.0, 1.0)]:
+        adv, ret = compute_gae(batch["token_rewards"], batch["values"], batch["loss_mask"], gamma, lam)
+        ref_adv, ref_ret = ref_gae(batch, gamma, lam)
+        close(adv, ref_adv)
+        close(ret, ref_ret)
+    adv, ret = compute_bi_level_gae(batch["token_rewards"], batch["values"], batch["loss_mask"], batch["turn_ids"], 0.99, 0.95, 0.9, 0.8)
+    ref_adv, ref_ret = ref_bi_level(batch, 0.99, 0.95, 0.9, 0.8)
     close(adv, ref_adv)
     close(ret, ref_ret)
 
@@ -306,18 +334,19 @@ def test_dispatcher_episode_scores_default_to_summed_rewards():
 
 
 def test_dispatcher_errors_name_the_problem():
-    batch = random_episode_batch(4, 900)
+    batch = random_episode_batch(8, 900)
+    assert (batch["loss_mask"].sum(-1) > 1).any()
     with pytest.raises(ValueError, match="gae, bi_level_gae, weighted_gae, grpo, rloo, reinforce_plus_plus"):
         compute_advantage("ppo_magic", **batch)
     with pytest.raises(ValueError, match="'values'"):
         compute_advantage("gae", token_rewards=batch["token_rewards"], loss_mask=batch["loss_mask"])
     with pytest.raises(ValueError, match="'group_ids'"):
         compute_advantage("grpo", **batch)
-    bad_turns = batch["turn_ids"].clone()
-    bad_turns[batch["loss_mask"] > 0] = -1
-    if (batch["loss_mask"] > 0).any():
-        with pytest.raises(ValueError, match="turn_ids"):
-            compute_advantage("bi_level_gae", **{**batch, "turn_ids": bad_turns})
+    backwards = torch.where(batch["loss_mask"] > 0, 1000 - batch["loss_mask"].cumsum(-1), 0).long()
+    with pytest.raises(ValueError, match="must not decrease"):
+        compute_advantage("bi_level_gae", **{**batch, "turn_ids": backwards})
+    with pytest.raises(ValueError, match="turn_ids must be >= 0"):
+        compute_advantage("bi_level_gae", **{**batch, "turn_ids": torch.full_like(batch["turn_ids"], -1)})
 
 
 def test_turn_ids_from_mask():

@@ -14,7 +14,7 @@ from grl.algo import (
     entropy_from_logits,
     finite_rows,
     kl_loss,
-    kl_penalty,
+    kl_estimate,
     log_probs_from_logits,
     make_kl_controller,
     masked_mean,
@@ -139,6 +139,11 @@ def test_entropy_and_log_probs_from_logits():
     torch.testing.assert_close(entropy_from_logits(logits, chunk_size=3), ent)
     lp = log_probs_from_logits(logits, labels, chunk_size=4)
     torch.testing.assert_close(lp, torch.log_softmax(logits, -1).gather(-1, labels[..., None]).squeeze(-1))
+    half = logits.to(torch.bfloat16)
+    lp_half = log_probs_from_logits(half, labels)
+    assert lp_half.dtype == torch.float32  # computed in fp32 from the exact bf16 values
+    torch.testing.assert_close(lp_half, torch.log_softmax(half.float(), -1).gather(-1, labels[..., None]).squeeze(-1))
+    torch.testing.assert_close(entropy_from_logits(half, chunk_size=4), entropy_from_logits(half.float()))
     mask = t([[1, 1, 1, 0, 0], [1, 0, 0, 0, 0]])
     assert entropy_bonus(ent, mask).item() == pytest.approx(masked_mean(ent, mask).item())
 
@@ -156,18 +161,18 @@ def test_entropy_and_log_probs_from_logits():
 ])
 def test_kl_estimators_match_formulas(kind, formula):
     logp, ref = t([-0.3, -2.0, -1.0, -0.01]), t([-1.3, -0.5, -1.0, -4.0])
-    out = kl_penalty(logp, ref, kind)
+    out = kl_estimate(logp, ref, kind)
     for i in range(4):
         assert out[i].item() == pytest.approx(formula(logp[i].item() - ref[i].item()))
 
 
 def test_low_var_kl_is_clamped_and_unknown_kind_raises():
     logp, ref = t([-60.0, 0.0, -1000.0]), t([0.0, -60.0, 0.0])
-    out = kl_penalty(logp, ref, "low_var_kl")
+    out = kl_estimate(logp, ref, "low_var_kl")
     # k3 would be exp(60) - 61, exp(-60) + 59 and about 1e434: all capped at 10 as verl does, and never inf
     assert out.tolist() == [10.0, 10.0, 10.0]
     with pytest.raises(ValueError, match="kl, abs, mse, low_var_kl"):
-        kl_penalty(logp, ref, "full")
+        kl_estimate(logp, ref, "full")
 
 
 def test_apply_kl_penalty():
@@ -175,7 +180,7 @@ def test_apply_kl_penalty():
     logp = t([[-1.0, -1.0, -3.0, float("nan")], [-2.0, -1.5, -1.0, -1.0], [-1.0, -1.0, -1.0, -1.0]])
     ref = t([[-1.5, -0.5, -3.0, 0.0], [-2.5, -1.5, -1.0, -2.0], [0.0, 0.0, 0.0, 0.0]])
     mask = t([[1, 1, 0, 0], [1, 1, 1, 0], [0, 0, 0, 0]])
-    new, mean_kl = apply_kl_penalty(rewards, logp, ref, mask, kl_coef=0.1, kl_penalty_kind="kl")
+    new, mean_kl = apply_kl_penalty(rewards, logp, ref, mask, kl_coef=0.1, kl_penalty="kl")
     expected = t([[0.0 - 0.1 * 0.5, 1.0 + 0.1 * 0.5, 0.0, 0.0], [-0.1 * 0.5, 0.0, 2.0, 0.0], [5.0, 0.0, 0.0, 0.0]])
     torch.testing.assert_close(new, expected)
     # row means: row 0 (0.5 - 0.5)/2 = 0, row 1 0.5/3; the empty row is left out

@@ -7,7 +7,6 @@ import os
 import random
 import shutil
 import sqlite3
-import time
 from pathlib import Path
 
 import pytest
@@ -161,6 +160,19 @@ HOSTILE = [
 ]
 
 
+def step_or_hang(env, answer, limit_s):
+    """env.step in a daemon thread: a query that ignores the time limit fails the test, not the run.
+    The bound is far above the 1 s limit: it only tells a stop from a hang."""
+    import threading
+
+    out = []
+    worker = threading.Thread(target=lambda: out.append(env.step(answer)), daemon=True)
+    worker.start()
+    worker.join(limit_s)
+    assert out, f"no answer within {limit_s} s: {answer!r}"
+    return out[0]
+
+
 def test_hostile_sql_leaves_the_database_unchanged_and_returns_in_time(tmp_path):
     dataset, db_root = write_bird_layout(tmp_path)
     db_file = db_root / "department_store" / "department_store.sqlite"
@@ -169,10 +181,7 @@ def test_hostile_sql_leaves_the_database_unchanged_and_returns_in_time(tmp_path)
     env = BirdEnv(str(dataset), str(db_root), max_tries=len(HOSTILE) + 1, step_timeout_seconds=1.0, max_rows=50_000)
     env.reset(0)
     for sql in HOSTILE:
-        start = time.monotonic()
-        obs, reward, done, info = env.step(fenced(sql.format(attach=attach)))
-        elapsed = time.monotonic() - start
-        assert elapsed < 8.0, (sql, elapsed)  # a 1 s limit; the bound only catches a hang
+        obs, reward, done, info = step_or_hang(env, fenced(sql.format(attach=attach)), limit_s=8.0)
         assert reward == 0.0 and not done and not info["action_is_effective"], (sql, obs)
         assert "Your query failed" in obs
     assert sha256(db_file) == before and sorted(os.listdir(db_file.parent)) == files_before
@@ -320,7 +329,7 @@ def test_install_script_bird_layout_feeds_the_env(tmp_path):
     env_vars = {**os.environ, "GRL_BIRD_TRAIN_URL": (tmp_path / "train.zip").as_uri(),
                 "GRL_BIRD_DEV_URL": (tmp_path / "dev.zip").as_uri()}
     done = subprocess.run(["bash", str(script), "--bird", "--data-dir", str(data)], capture_output=True, text=True,
-                          timeout=60, env=env_vars)
+                          timeout=60, env=env_vars, check=False)
     assert done.returncode == 0, done.stderr
     assert "BIRD train: 6 questions, 1 databases" in done.stdout
     for split, n in (("train", 6), ("dev", 2)):
@@ -329,6 +338,40 @@ def test_install_script_bird_layout_feeds_the_env(tmp_path):
         env.reset(1)
         assert env.step(fenced(env.question["SQL"]))[1] == 1.0
     failed = subprocess.run(["bash", str(script), "--bird", "--small", "--data-dir", str(tmp_path / "d2")],
-                            capture_output=True, text=True, timeout=60,
+                            capture_output=True, text=True, timeout=60, check=False,
                             env={**os.environ, "GRL_BIRD_MINIDEV_URL": "file:///nonexistent/minidev.zip"})
     assert failed.returncode == 1 and "BIRD minidev from file:///nonexistent/minidev.zip" in failed.stderr
+
+
+# ---------------------------------------------------------------- the task instances of configs/agents.yaml
+
+
+def task_block(name: str, **env_config) -> dict:
+    from omegaconf import OmegaConf
+
+    blocks = OmegaConf.load(Path(__file__).resolve().parents[2] / "configs" / "agents.yaml")
+    block = OmegaConf.to_container(blocks[name], resolve=True)
+    block["env_config"].update(env_config)
+    return block
+
+
+def test_bird_task_instances_pass_sql_with_concatenation_whole(tmp_path):
+    import grl.agents
+
+    records = [{"question": "names", "SQL": "SELECT product_name || ' - ' || product_type_code FROM Products",
+                "db_id": "department_store"}]
+    dataset, db_root = write_bird_layout(tmp_path, records=records)
+    paths = {"dataset_path": str(dataset), "db_root": str(db_root)}
+    reply = "<think>join with ||</think><answer>```sql\nSELECT product_name || ' - ' || product_type_code FROM Products\n```</answer>"
+
+    single = grl.agents.make_agent("birdAgent", task_block("birdAgent", **paths))
+    single.reset(0)
+    step = single.step(reply)
+    assert (step.reward, step.done, step.info["success"]) == (1.0, True, True)
+
+    multi = grl.agents.make_agent("birdAgent_5_turns", task_block("birdAgent_5_turns", **paths))
+    multi.reset(0)
+    first = multi.step("<think>t</think><answer>```sql\nSELECT product_name FROM Products\n```</answer>")
+    assert not first.done and "does not match" in multi.messages[-1]["content"]
+    second = multi.step(reply)
+    assert (second.reward, second.done) == (0.5, True)

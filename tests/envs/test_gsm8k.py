@@ -94,7 +94,8 @@ def test_folder_path_uses_split(tiny):
 
 def test_cache_per_path_and_split(tiny):
     assert load_problems(str(tiny), "test") is load_problems(str(tiny), "test")
-    assert GSM8KEnv(dataset_path=str(tiny), split="test").problems is GSM8KEnv(dataset_path=str(tiny), split="test").problems
+    first, second = (GSM8KEnv(dataset_path=str(tiny), split="test") for _ in range(2))
+    assert first.problems is second.problems
 
 
 def test_missing_file_and_bad_rows(tmp_path):

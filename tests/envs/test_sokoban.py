@@ -1,9 +1,12 @@
 import random
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 import grl.envs
-from grl.envs.sokoban import generate_level, parse_level, reverse_search, scramble
+from grl.envs.sokoban import generate_level, reverse_search, scramble
 from grl.envs.solvers import solve_sokoban
 
 LEVEL = """
@@ -231,3 +234,39 @@ def test_max_steps_ends_without_success_and_later_steps_are_inert():
     assert not results[-1][3]["success"]
     obs, reward, done, info = env.step("Down")
     assert obs == results[-1][0] and reward == 0.0 and done and not info["action_is_effective"]
+
+
+def test_arbitrary_strings_never_crash():
+    rng = random.Random(3)
+    alphabet = "UpDownLeftRightmove to 0123456789()[]\n\t .,;:|/\\\"'<>√é漢\x00\u202e"
+    env = grl.envs.make("sokoban")
+    start = env.reset(0)
+    for _ in range(300):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 40)))
+        obs, reward, done, info = env.step(text)
+        assert isinstance(obs, str) and isinstance(reward, float) and isinstance(done, bool)
+        assert set(info) >= {"success", "action_is_valid", "action_is_effective"}
+        if not info["action_is_valid"]:
+            assert obs == start or done
+        else:
+            start = obs
+        if done:
+            start = env.reset(0)
+
+
+def test_same_seed_same_level_across_processes():
+    # Rollout workers are separate processes: a level must not depend on hash randomisation.
+    code = (
+        "import grl.envs; env = grl.envs.make('sokoban', dim_room=(8, 8), num_boxes=2);"
+        "print('|'.join(env.reset(seed) for seed in range(10)))"
+    )
+    root = str(Path(__file__).resolve().parents[2])
+    outputs = {
+        subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root,
+            env={"PYTHONHASHSEED": hash_seed, "PYTHONPATH": root},
+        ).stdout
+        for hash_seed in ("1", "2")
+    }
+    env = grl.envs.make("sokoban", dim_room=(8, 8), num_boxes=2)
+    assert outputs == {"|".join(env.reset(seed) for seed in range(10)) + "\n"}

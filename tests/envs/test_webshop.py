@@ -6,7 +6,7 @@ import math
 import random
 import re
 from collections import Counter
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -335,7 +335,7 @@ def test_literal_string_fields_are_parsed_safely(tmp_path):
 # ---------------------------------------------------------------- search
 
 
-@lru_cache(maxsize=None)
+@cache
 def _slow_bm25_setup():
     searcher = WebShopEnv(str(PRODUCTS), str(GOALS), title_parser="plain").catalog.searcher
     texts = [json.loads(line)["contents"] for line in PRODUCTS.open()]
@@ -374,7 +374,7 @@ def test_search_matches_a_slow_bm25_reference(query):
 
 
 def _lcs_reference(a, b):
-    @lru_cache(maxsize=None)
+    @cache
     def go(i, j):
         if i == len(a) or j == len(b):
             return 0
@@ -435,7 +435,7 @@ def run_script(*args, env=None):
     import os
     import subprocess
 
-    return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=60,
+    return subprocess.run(["bash", str(SCRIPT), *args], check=False, capture_output=True, text=True, timeout=60,
                           env={**os.environ, **(env or {})})
 
 
@@ -469,3 +469,35 @@ def test_install_script_webshop_layout_feeds_the_env(tmp_path):
     env = WebShopEnv(str(data / "webshop" / "items_shuffle_1000.json"), str(data / "webshop" / "items_ins_v2_1000.json"))
     env.reset(0)
     assert env.goal["asin"] == "B000SHOE01"
+
+
+# ---------------------------------------------------------------- the task instance of configs/agents.yaml
+
+
+@needs_data
+def test_webshop_task_instance_buys_with_several_actions_per_reply():
+    from omegaconf import OmegaConf
+
+    import grl.agents
+
+    blocks = OmegaConf.load(Path(__file__).resolve().parents[2] / "configs" / "agents.yaml")
+    block = OmegaConf.to_container(blocks["webshopAgent"], resolve=True)
+    block["env_config"].update(products_path=str(PRODUCTS), goals_path=str(GOALS), title_parser="plain")
+    agent = grl.agents.make_agent("webshopAgent", block)
+    agent.reset(0)
+    goal = agent.env.goal
+    options = " || ".join(f"click[{v}]" for v in goal["goal_options"].values())
+    first = agent.step(f"<think>t</think><answer>search[{goal['name']}] || click[{goal['asin']}] || {options}</answer>")
+    assert not first.done and "(chosen)" in agent.messages[-1]["content"]
+    last = agent.step("<think>t</think><answer>click[buy now]</answer>")
+    assert (last.reward, last.done) == (1.0, True)
+    assert agent.episode_metrics()["purchased"] == 1.0
+
+
+@needs_data
+def test_a_search_without_hits_offers_the_way_back(make_env):
+    env = make_env()
+    env.reset(0)
+    obs, _, _, info = env.step("search[zzzqqq xxyyzz]")
+    assert info["action_is_valid"] and "No product matches" in obs
+    assert env.available_actions() == ["click[back to search]"]

@@ -31,6 +31,7 @@ DETERMINISTIC = ("reward/mean", "reward/std", "response_length/mean", "actor/pg_
 def config(tmp_path, name, **over):
     overrides = {
         "model_path": "tiny", "n_gpus_per_node": 2, "trainer.device": "cpu", "max_response_length": 12,
+        "actor_rollout_ref.rollout.name": "hf",
         "rollout.agent_group_num": "[2]", "rollout.agent_group_size": "[2]",
         "rollout.validation_agent_group_num": "[2]", "rollout.validation_agent_group_size": "[1]",
         "simpleSokobanAgent.agent_config.max_turns": 2,

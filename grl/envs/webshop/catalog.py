@@ -336,7 +336,7 @@ def build_catalog(products_path: Path, goals_path: Path) -> Catalog:
     with goals_path.open(encoding="utf-8") as f:
         goals = json.load(f)
     if not isinstance(goals, dict):
-        raise ValueError(f"webshop: goals_path {goals_path} must hold a JSON object keyed by ASIN")
+        raise TypeError(f"webshop: goals_path {goals_path} must hold a JSON object keyed by ASIN")
     products, seen = [], set()
     for record, contents in _read_records(products_path):
         entry = goals.get(record.get("asin"))

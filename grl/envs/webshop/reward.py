@@ -20,26 +20,31 @@ from __future__ import annotations
 
 import functools
 import re
-from typing import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 FUZZY_THRESHOLD = 85  # a token-set ratio above this counts as a match, as in WebShop
 
 # WebShop's base colours, in WebShop's order: an option value becomes the first one it contains.
 COLOR_SET = (
-    "alabaster apricot aqua ash asphalt azure banana beige black blue blush bordeaux bronze brown "
-    "burgundy camel camo caramel champagne charcoal cheetah chestnut chocolate christmas coffee cognac "
-    "copper coral cranberry cream crystal dark denim eggplant elephant espresso fuchsia gold granite "
-    "grape graphite grass gray green grey heather indigo ivory ivy khaki lavender lemon leopard light "
-    "lilac lime magenta maroon mauve merlot midnight mint mocha multicolor mushroom mustard natural navy "
-    "nude olive orange peach pewter pink plum purple rainbow red rose royal rust sand sapphire seashell "
-    "silver skull slate steel stone stonewash sunflower tan taupe teal tiger turquoise violet walnut "
-    "wheat white wine yellow"
-).split()
+    "alabaster", "apricot", "aqua", "ash", "asphalt", "azure", "banana", "beige", "black", "blue", "blush",
+    "bordeaux", "bronze", "brown", "burgundy", "camel", "camo", "caramel", "champagne", "charcoal", "cheetah",
+    "chestnut", "chocolate", "christmas", "coffee", "cognac", "copper", "coral", "cranberry", "cream", "crystal",
+    "dark", "denim", "eggplant", "elephant", "espresso", "fuchsia", "gold", "granite", "grape", "graphite", "grass",
+    "gray", "green", "grey", "heather", "indigo", "ivory", "ivy", "khaki", "lavender", "lemon", "leopard", "light",
+    "lilac", "lime", "magenta", "maroon", "mauve", "merlot", "midnight", "mint", "mocha", "multicolor", "mushroom",
+    "mustard", "natural", "navy", "nude", "olive", "orange", "peach", "pewter", "pink", "plum", "purple", "rainbow",
+    "red", "rose", "royal", "rust", "sand", "sapphire", "seashell", "silver", "skull", "slate", "steel", "stone",
+    "stonewash", "sunflower", "tan", "taupe", "teal", "tiger", "turquoise", "violet", "walnut", "wheat", "white",
+    "wine", "yellow",
+)
 
 # Words the plain title parser drops: they are never the product type.
 _STOPWORDS = frozenset(
-    "a an and are as at be but by for from if in into is it its of on or over s so such than that the their "
-    "then there these they this to up was were will with without your you".split()
+    {
+        "a", "an", "and", "are", "as", "at", "be", "but", "by", "for", "from", "if", "in", "into", "is", "it",
+        "its", "of", "on", "or", "over", "s", "so", "such", "than", "that", "the", "their", "then", "there",
+        "these", "they", "this", "to", "up", "was", "were", "will", "with", "without", "your", "you",
+    }
 )
 
 
@@ -88,7 +93,7 @@ def token_set_ratio(s1: str, s2: str) -> int:
     with_a = f"{sect} {' '.join(sorted(tokens_a - tokens_b))}".strip()
     with_b = f"{sect} {' '.join(sorted(tokens_b - tokens_a))}".strip()
     best = max(_ratio(sect, with_a), _ratio(sect, with_b), _ratio(with_a, with_b))
-    return int(round(best))
+    return round(best)
 
 
 def fuzzy_match(a: str, b: str) -> bool:

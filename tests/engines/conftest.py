@@ -1,0 +1,110 @@
+"""Shared models, prompts and engines for the engine tests.
+
+Engines are session-scoped: building one costs seconds (vLLM: tens of
+seconds), and none of the tests leaves its weights changed.
+"""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+# A smaller KV cache allocates faster; a user's own setting wins.
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+VLLM_CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+
+QUESTIONS = [
+    "What is 2 + 3?", "Name a primary colour.", "Say hello in French.", "What is the capital of Italy?",
+    "Give me a word that rhymes with cat.", "How many legs does a spider have?", "What is water made of?",
+    "Write one short sentence about the sea.", "What comes after Monday?", "Is the sun a star?",
+    "What is 10 times 7?", "Name a fruit that is yellow.", "Spell the word dog backwards.",
+    "What do bees make?", "Which is bigger, 3 or 8?", "Name an animal that can fly.",
+    "What is the opposite of hot?", "Translate 'thank you' into Spanish.", "How many days are in a week?",
+    "What colour is grass?",
+]
+
+
+def chat_prompts(tokenizer, n=len(QUESTIONS)):
+    return [tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
+                                          tokenize=True, return_dict=False) for q in QUESTIONS[:n]]
+
+
+def save_perturbed(model, out_dir, seed=1, scale=0.5):
+    """Save `model` with every weight moved by seeded noise (tied embeddings
+    move together) and return the new state dict."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        state = {name: (t + scale * t.std() * torch.randn(t.shape, generator=generator)).contiguous()
+                 for name, t in model.state_dict().items() if name != "lm_head.weight"}
+    model.save_pretrained(out_dir, state_dict=state)
+    return state
+
+
+@pytest.fixture(scope="session")
+def tiny_path():
+    from grl.models import resolve_model_path
+
+    return resolve_model_path("tiny")
+
+
+@pytest.fixture(scope="session")
+def embedded_path():
+    from grl.models import resolve_model_path
+
+    return resolve_model_path("embedded")
+
+
+@pytest.fixture(scope="session")
+def tiny_vllm_path(tiny_path, tmp_path_factory):
+    """`tiny` if vLLM's CPU attention supports its head size, else the same
+    model with 2 heads of 32 (vLLM CPU has no kernel for head size 16)."""
+    config = json.loads((Path(tiny_path) / "config.json").read_text())
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    if head_dim in VLLM_CPU_HEAD_SIZES:
+        return tiny_path
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    model_config = AutoConfig.from_pretrained(tiny_path)
+    model_config.num_attention_heads, model_config.num_key_value_heads = 2, 1
+    model_config.head_dim = config["hidden_size"] // 2
+    out = tmp_path_factory.mktemp("tiny-head32")
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(model_config).save_pretrained(out)
+    AutoTokenizer.from_pretrained(tiny_path).save_pretrained(out)
+    return str(out)
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tiny_path):
+    from grl.models import load_tokenizer
+
+    return load_tokenizer(tiny_path)
+
+
+@pytest.fixture(scope="session")
+def prompts(tokenizer):
+    return chat_prompts(tokenizer)
+
+
+@pytest.fixture(scope="session")
+def hf_tiny(tiny_path):
+    from grl.engines import make_engine
+
+    engine = make_engine("hf", tiny_path, seed=0)
+    yield engine
+    engine.shutdown()
+
+
+@pytest.fixture(scope="session")
+def hf_embedded(embedded_path):
+    from grl.engines import make_engine
+
+    engine = make_engine("hf", embedded_path)
+    yield engine
+    engine.shutdown()

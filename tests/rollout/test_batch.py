@@ -1,0 +1,97 @@
+"""Episode -> Batch: token layout, masks, reward placement, drops and packing."""
+
+import pytest
+import torch
+
+from grl.rollout.batch import build_batch, pack_rows, packed_attention_mask, unpack
+from grl.rollout.types import Episode, Turn
+
+
+def two_turn_episode(group_id=0, member=0):
+    turns = [Turn([10, 11, 12], [20, 21], [-0.1, -0.2], 0.5), Turn([13], [22, 23, 24], None, -0.1)]
+    return Episode("taskA", group_id, 7 + group_id, turns, 0.4, member=member)
+
+
+def short_episode():
+    return Episode("taskB", 1, 8, [Turn([1, 2], [3], [-0.3], 1.0)], 1.0)
+
+
+def test_padded_layout_and_episode_reward():
+    batch, metrics = build_batch([two_turn_episode(), short_episode()], pad_token_id=99)
+    assert batch["input_ids"].tolist() == [[10, 11, 12, 20, 21, 13, 22, 23, 24], [1, 2, 3] + [99] * 6]
+    assert batch["attention_mask"].tolist() == [[1] * 9, [1, 1, 1] + [0] * 6]
+    assert batch["position_ids"].tolist() == [list(range(9)), [0, 1, 2] + [0] * 6]
+    assert batch["loss_mask"].tolist() == [[0, 0, 0, 1, 1, 0, 1, 1, 1], [0, 0, 1] + [0] * 6]
+    assert batch["turn_ids"].tolist() == [[0, 0, 0, 0, 0, 1, 1, 1, 1], [0, 0, 0] + [-1] * 6]
+    assert batch["token_rewards"][0].tolist() == pytest.approx([0] * 8 + [0.4])
+    assert batch["token_rewards"][1].tolist() == pytest.approx([0, 0, 1.0] + [0] * 6)
+    assert batch["rollout_log_probs"][0].tolist() == pytest.approx([0, 0, 0, -0.1, -0.2, 0, 0, 0, 0])
+    assert batch["loss_mask"].dtype == torch.float32 and batch["input_ids"].dtype == torch.long
+    assert batch.meta["task"] == ["taskA", "taskB"]
+    assert batch.meta["group_id"] == [0, 1] and batch.meta["seed"] == [7, 8]
+    assert batch.meta["episode_score"] == [0.4, 1.0] and batch.meta["uid"] == ["0-0", "1-0"]
+    assert metrics["rollout/dropped_overlong"] == 0
+
+
+def test_turn_scores_sit_on_each_turns_last_sampled_token():
+    batch, _ = build_batch([two_turn_episode()], use_turn_scores=True)
+    assert batch["token_rewards"][0].tolist() == pytest.approx([0, 0, 0, 0, 0.5, 0, 0, 0, -0.1])
+
+
+def test_normalised_scores_replace_the_episode_score():
+    batch, _ = build_batch([two_turn_episode(), short_episode()], scores=[-1.5, 2.0])
+    assert batch["token_rewards"].sum(-1).tolist() == pytest.approx([-1.5, 2.0])
+    assert batch.meta["episode_score"] == [-1.5, 2.0] and batch.meta["raw_score"] == [0.4, 1.0]
+    with pytest.raises(ValueError, match="use_turn_scores"):
+        build_batch([two_turn_episode()], use_turn_scores=True, scores=[1.0])
+
+
+def test_overlong_and_empty_episodes_are_dropped_and_counted():
+    failed_at_reset = Episode("taskA", 2, 9, [], -0.1, error="boom")
+    batch, metrics = build_batch([two_turn_episode(), short_episode(), failed_at_reset], max_episode_length=8)
+    assert len(batch) == 1 and batch.meta["task"] == ["taskB"]
+    assert metrics["rollout/dropped_overlong"] == 1 and metrics["rollout/dropped_empty"] == 1
+    empty, metrics = build_batch([two_turn_episode()], max_episode_length=3)
+    assert len(empty) == 0 and metrics["rollout/dropped_overlong"] == 1
+
+
+def test_pack_rows_first_fit_decreasing():
+    assert pack_rows([9, 3, 5, 4], 9) == [[0], [2, 3], [1]]
+    rows = pack_rows([3, 7, 2, 2, 6, 1], 8)
+    assert sorted(i for r in rows for i in r) == list(range(6))
+    assert all(sum([3, 7, 2, 2, 6, 1][i] for i in r) <= 8 for r in rows)
+
+
+def test_packed_batch_restarts_positions_and_unpacks():
+    eps = [two_turn_episode(0, 0), short_episode(), two_turn_episode(2, 1)]
+    padded, _ = build_batch(eps)
+    packed, _ = build_batch(eps, packing=True, max_episode_length=12)
+    # lengths 9, 3, 9 into rows of 12: [0, 1], [2]
+    assert packed["input_ids"].shape == (2, 12)
+    assert packed["position_ids"][0].tolist() == list(range(9)) + [0, 1, 2]
+    assert packed["segment_ids"].tolist() == [[1] * 9 + [2] * 3, [1] * 9 + [0] * 3]
+    assert packed["seq_ids"][1].tolist() == [2] * 9 + [-1] * 3
+    assert packed.meta["task"] == [["taskA", "taskB"], ["taskA"]]
+    for key in ("input_ids", "loss_mask", "turn_ids", "token_rewards", "rollout_log_probs"):
+        pad = -1 if key == "turn_ids" else 0
+        assert torch.equal(unpack(packed[key], packed["seq_ids"], pad), padded[key]), key
+
+
+def test_packed_attention_mask_is_block_diagonal_causal():
+    mask = packed_attention_mask(torch.tensor([[1, 1, 2, 2, 0]]))[0, 0].int().tolist()
+    assert mask == [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [0, 0, 1, 0, 0], [0, 0, 1, 1, 0], [0, 0, 0, 0, 0]]
+
+
+def test_packed_forward_matches_separate_forwards(hf_engine):
+    """The documented worker recipe gives each episode the logits it gets alone."""
+    model = hf_engine.model
+    eps = [two_turn_episode(), short_episode()]
+    packed, _ = build_batch(eps, packing=True, max_episode_length=16)
+    with torch.no_grad():
+        mask = packed_attention_mask(packed["segment_ids"])
+        joint = model(input_ids=packed["input_ids"], attention_mask=mask, position_ids=packed["position_ids"]).logits
+        for k, ep in enumerate(eps):
+            where = packed["seq_ids"][0] == k
+            ids = packed["input_ids"][0][where][None]
+            alone = model(input_ids=ids).logits[0]
+            assert torch.allclose(joint[0][where], alone, atol=1e-4), k

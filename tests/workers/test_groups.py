@@ -1,0 +1,276 @@
+"""Worker groups for real: 2 ranks per role as Ray actors, FSDP2 over gloo,
+the tiny model, checked against plain single-process torch."""
+
+import math
+import sys
+
+import pytest
+import torch
+
+ray = pytest.importorskip("ray")
+
+from grl.config import load_config  # noqa: E402
+from grl.engines import make_engine  # noqa: E402
+from grl.engines.base import SamplingParams  # noqa: E402
+from grl.models import load_causal_lm, load_critic  # noqa: E402
+from grl.rollout.types import Batch  # noqa: E402
+from grl.workers import ActorRolloutRefGroup, CriticGroup, WorkerDiedError, init_ray  # noqa: E402
+
+# The helpers below run inside the ranks; ship them by value (the ranks cannot import this file).
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+LR, CLIP_LOW, CLIP_HIGH, CLIP_C, ENT_COEF, KL_COEF, GRAD_CLIP = 1e-3, 0.2, 0.28, 3.0, 0.01, 0.1, 1.0
+OVERRIDES = [
+    "model_path=tiny", "n_gpus_per_node=2", "nnodes=1", "ppo_mini_batch_size=6", "micro_batch_size_per_gpu=1",
+    "trainer.device=cpu", "actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.actor.logits_chunk_size=5",
+    f"actor_rollout_ref.actor.optim.lr={LR}", f"actor_rollout_ref.actor.clip_ratio_low={CLIP_LOW}",
+    f"actor_rollout_ref.actor.clip_ratio_high={CLIP_HIGH}", f"actor_rollout_ref.actor.clip_ratio_c={CLIP_C}",
+    f"actor_rollout_ref.actor.entropy_coeff={ENT_COEF}", "actor_rollout_ref.actor.use_kl_loss=true",
+    f"actor_rollout_ref.actor.kl_loss_coef={KL_COEF}", "actor_rollout_ref.actor.kl_loss_type=low_var_kl",
+    f"actor_rollout_ref.actor.grad_clip={GRAD_CLIP}", "actor_rollout_ref.actor.optim.weight_decay=0.01",
+    "critic.optim.lr=1e-3",
+]
+
+
+# ---------------------------------------------------------------- helpers run in the ranks
+
+def _full_weights(worker):
+    from grl.workers.fsdp import full_state_dict
+    from grl.workers.worker import hf_names
+
+    return hf_names(full_state_dict(worker.module))
+
+
+def _fresh_optimizer(worker):
+    from grl.workers.fsdp import make_optimizer, make_scheduler
+
+    worker.optimizer = make_optimizer(worker.module.parameters(), worker.train_cfg.optim)
+    worker.scheduler = make_scheduler(worker.optimizer, worker.train_cfg.optim.lr_warmup_steps)
+
+
+def _inf_gradient(worker, on):
+    """Make every gradient flowing out of layer 0 infinite (the loss stays finite)."""
+    def poison(module, args, out):
+        (out[0] if isinstance(out, tuple) else out).register_hook(lambda g: g * math.inf)
+
+    if on:
+        worker.fault = worker.module.model.model.layers[0].register_forward_hook(poison)
+    else:
+        worker.fault.remove()
+
+
+def _poison_weights(worker):
+    with torch.no_grad():
+        next(worker.module.parameters()).to_local().fill_(math.nan)
+
+
+# ---------------------------------------------------------------- fixtures
+
+@pytest.fixture(scope="module")
+def cfg():
+    init_ray(None, num_cpus=4, include_dashboard=False)
+    return load_config(OVERRIDES)
+
+
+@pytest.fixture(scope="module")
+def actor(cfg):
+    group = ActorRolloutRefGroup(cfg, world_size=2, use_ref=True)
+    yield group
+    group.shutdown()
+
+
+@pytest.fixture(scope="module")
+def critic(cfg):
+    group = CriticGroup(cfg, world_size=2)
+    yield group
+    group.shutdown()
+
+
+def make_batch(seed=0):
+    """6 right-padded rows; the loss covers tokens 4.. of each row."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = [14, 9, 12, 7, 14, 10]
+    rows, width = len(lengths), max(lengths)
+    ids = torch.randint(0, 2000, (rows, width), generator=g)
+    mask = torch.zeros(rows, width, dtype=torch.long)
+    for i, n in enumerate(lengths):
+        mask[i, :n] = 1
+    loss_mask = mask.float()
+    loss_mask[:, :4] = 0
+    return Batch({"input_ids": ids, "attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1).clamp(min=0),
+                  "loss_mask": loss_mask, "advantages": torch.randn(rows, width, generator=g),
+                  "returns": torch.randn(rows, width, generator=g)})
+
+
+@pytest.fixture(scope="module")
+def batch(actor):
+    b = make_batch()
+    old, _ = actor.compute_log_probs(b)
+    b["old_log_probs"] = old + 0.3 * torch.randn(old.shape, generator=torch.Generator().manual_seed(1)) * b["loss_mask"]
+    b["ref_log_probs"] = actor.compute_ref_log_probs(b)
+    return b
+
+
+def policy_with(weights):
+    model = load_causal_lm("tiny", dtype="float32")
+    model.load_state_dict(weights)
+    return model
+
+
+def reference_scores(model, b):
+    """Plain forward -> (log-probs, entropy), [B, T], t scored from < t."""
+    logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"],
+                   position_ids=b["position_ids"]).logits.float()
+    logp = torch.log_softmax(logits[:, :-1], -1)
+    picked = logp.gather(-1, b["input_ids"][:, 1:, None]).squeeze(-1)
+    entropy = -(logp.exp() * logp).sum(-1)
+    zero = torch.zeros(len(b), 1)
+    valid = torch.cat([zero, (b["attention_mask"][:, 1:] * b["attention_mask"][:, :-1]).float()], 1) > 0
+    return (torch.cat([zero, picked], 1).where(valid, 0.0), torch.cat([zero, entropy], 1).where(valid, 0.0))
+
+
+def reference_ppo_step(weights, b):
+    """One PPO step on the whole mini-batch at once: token-mean clipped loss
+    (clip-higher, dual-clip), entropy bonus, low-var KL, clip, AdamW."""
+    model = policy_with(weights)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.999), weight_decay=0.01)
+    log_probs, entropy = reference_scores(model, b)
+    m = b["loss_mask"]
+    n = m.sum()
+    adv = b["advantages"]
+    ratio = torch.exp(log_probs - b["old_log_probs"])
+    pg = torch.maximum(-adv * ratio, -adv * ratio.clamp(1 - CLIP_LOW, 1 + CLIP_HIGH))
+    pg = torch.where(adv < 0, torch.minimum(pg, -adv * CLIP_C), pg)
+    pg_loss = (pg * m).sum() / n
+    ref_ratio = (b["ref_log_probs"] - log_probs).clamp(-20, 20)
+    kl = (ref_ratio.exp() - ref_ratio - 1).clamp(-10, 10)
+    loss = pg_loss - ENT_COEF * (entropy * m).sum() / n + KL_COEF * (kl * m).sum() / n
+    loss.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
+    optimizer.step()
+    return model.state_dict(), float(pg_loss), float(grad_norm)
+
+
+def max_diff(a, b):
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+# ---------------------------------------------------------------- tests
+
+def test_log_probs_match_single_process(actor, batch):
+    weights = actor.execute(_full_weights)[0]
+    with torch.no_grad():
+        want_lp, want_ent = reference_scores(policy_with(weights), batch)
+        ref_lp, _ = reference_scores(load_causal_lm("tiny", dtype="float32"), batch)
+    log_probs, entropy = actor.compute_log_probs(batch)  # chunk 5 < 14 tokens
+    assert log_probs.shape == batch["input_ids"].shape
+    assert (log_probs - want_lp).abs().max() < 1e-5
+    assert (entropy - want_ent).abs().max() < 1e-4
+    assert (actor.compute_ref_log_probs(batch) - ref_lp).abs().max() < 1e-5
+    odd = batch.select([0, 1, 2])  # 3 rows over 2 ranks: one rank gets a filler row
+    assert torch.equal(actor.compute_log_probs(odd)[0], log_probs[:3])
+
+
+def test_update_matches_single_process_ppo_step(actor, batch):
+    actor.execute(_fresh_optimizer)
+    before = actor.execute(_full_weights)[0]
+    metrics = actor.update(batch)  # 6 rows = 1 mini-batch; 3 micro-batches of 1 row on each rank
+    after = actor.execute(_full_weights)[0]
+    want, pg_loss, grad_norm = reference_ppo_step(before, batch)
+    assert max_diff(before, after) > 1e-4  # it did learn
+    assert max_diff(after, want) < 1e-5
+    assert metrics["actor/pg_loss"] == pytest.approx(pg_loss, abs=1e-5)
+    assert metrics["actor/grad_norm"] == pytest.approx(grad_norm, rel=1e-4)
+    assert metrics["actor/lr"] == LR and metrics["actor/dropped_samples"] == 0
+    for key in ("actor/entropy", "actor/pg_clipfrac", "actor/ppo_kl", "actor/kl_loss", "actor/skipped_steps"):
+        assert math.isfinite(metrics[key]), key
+
+
+def test_values_match_single_process_critic(critic, batch):
+    batch = Batch(dict(batch.tensors), batch.meta)
+    values = critic.compute_values(batch)
+    assert values.abs().max() == 0  # the new value head starts at zero
+    batch["values"] = values
+    metrics = critic.update(batch)
+    assert metrics["critic/vf_loss"] > 0 and math.isfinite(metrics["critic/grad_norm"])
+    model = load_critic("tiny", dtype="float32")
+    model.load_state_dict(critic.execute(_full_weights)[0])
+    with torch.no_grad():
+        hidden = model.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                             position_ids=batch["position_ids"]).last_hidden_state
+        want = torch.cat([torch.zeros(len(batch), 1), model.score(hidden).squeeze(-1)[:, :-1]], 1)
+    valid = (batch["attention_mask"] * batch["attention_mask"].roll(1, 1)).bool()
+    valid[:, 0] = False
+    got = critic.compute_values(batch)
+    assert got.abs().max() > 0
+    assert (got - want.where(valid, 0.0)).abs().max() < 1e-5
+
+
+def test_nan_row_is_dropped_and_inf_gradient_skips_the_step(actor, batch, tmp_path):
+    actor.save_checkpoint(tmp_path / "start")
+    poisoned = Batch(dict(batch.tensors), batch.meta)
+    poisoned["advantages"] = batch["advantages"].clone()
+    poisoned["advantages"][2, 6] = math.nan
+    metrics = actor.update(poisoned)
+    assert metrics["actor/dropped_samples"] == 1 and metrics["actor/skipped_steps"] == 0
+    after_nan = actor.execute(_full_weights)[0]
+    assert all(torch.isfinite(v).all() for v in after_nan.values())
+    # Dropping the row is the same as never having it.
+    actor.load_checkpoint(tmp_path / "start")
+    actor.update(batch.select([0, 1, 3, 4, 5]))
+    assert max_diff(actor.execute(_full_weights)[0], after_nan) < 1e-5
+
+    actor.execute(_inf_gradient, True)
+    try:
+        before = actor.execute(_full_weights)[0]
+        metrics = actor.update(batch)
+    finally:
+        actor.execute(_inf_gradient, False)
+    assert metrics["actor/skipped_steps"] == 1 and not math.isfinite(metrics["actor/grad_norm"])
+    assert max_diff(actor.execute(_full_weights)[0], before) == 0
+
+
+def test_checkpoint_resumes_bit_for_bit_in_a_fresh_group(cfg, actor, batch, tmp_path):
+    actor.save_checkpoint(tmp_path / "ckpt")
+    log_probs, _ = actor.compute_log_probs(batch)
+    metrics = actor.update(batch)
+    after = actor.execute(_full_weights)[0]
+    fresh = ActorRolloutRefGroup(cfg, world_size=2, use_ref=False)
+    try:
+        fresh.load_checkpoint(tmp_path / "ckpt")
+        assert torch.equal(fresh.compute_log_probs(batch)[0], log_probs)
+        assert fresh.update(batch) == metrics
+        assert max_diff(fresh.execute(_full_weights)[0], after) == 0
+        fresh.execute(_poison_weights)
+        with pytest.raises(ValueError, match="refusing to save the actor weights"):
+            fresh.save_checkpoint(tmp_path / "bad")
+    finally:
+        fresh.shutdown()
+
+
+def test_sync_weights_matches_exported_model(actor, batch, tmp_path):
+    prompts = [[1, 42, 7, 99], [5, 6, 7, 8, 9, 10]]
+    greedy = SamplingParams(temperature=0.0, greedy=True, max_new_tokens=6)
+    stale = actor.engine.generate(prompts, greedy)
+    actor.update(batch)
+    actor.sync_weights()
+    synced = actor.engine.generate(prompts, greedy)
+    actor.export_hf(tmp_path / "hf")
+    exported = make_engine("hf", str(tmp_path / "hf"), dtype="float32", device="cpu")
+    try:
+        want = exported.generate(prompts, greedy)
+    finally:
+        exported.shutdown()
+    assert [o.token_ids for o in synced] == [o.token_ids for o in want]
+    for got, ref, old in zip(synced, want, stale):
+        assert max(abs(a - b) for a, b in zip(got.log_probs, ref.log_probs)) < 1e-5
+        assert got.token_ids != old.token_ids or max(abs(a - b) for a, b in zip(got.log_probs, old.log_probs)) > 1e-5
+
+
+def test_killed_rank_raises_worker_died_error(critic, batch):
+    ray.kill(critic.workers[1])
+    with pytest.raises(WorkerDiedError, match="critic rank 1 died") as err:
+        critic.compute_values(batch)
+    assert err.value.worker == "critic rank 1"
+    critic.shutdown()
+    critic.shutdown()

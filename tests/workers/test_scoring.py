@@ -1,0 +1,143 @@
+"""The pure pieces of the workers, in one process: chunked scoring, packed
+attention, mini-batch planning, padding, warmup and the non-finite checks."""
+
+import math
+
+import pytest
+import torch
+
+from grl.models import load_causal_lm, load_critic
+from grl.workers.fsdp import make_scheduler, non_finite_entries
+from grl.workers.group import _equal_shards, _pad_rows, plan_minibatches
+from grl.workers.scoring import TokenScorer, packed_attention_mask, trim_width
+
+
+@pytest.fixture(scope="module")
+def policy():
+    return load_causal_lm("tiny", dtype="float32").eval()
+
+
+def reference_log_probs(model, ids, mask, pos):
+    """Plain forward, log_softmax, gather; shifted so t is scored from < t."""
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=mask, position_ids=pos).logits.double()
+    logp = torch.log_softmax(logits[:, :-1], -1)
+    picked = logp.gather(-1, ids[:, 1:, None]).squeeze(-1)
+    entropy = -(logp.exp() * logp).sum(-1)
+    valid = (mask[:, 1:] * mask[:, :-1]).bool()
+    zero = torch.zeros(ids.shape[0], 1, dtype=torch.float64)
+    return (torch.cat([zero, torch.where(valid, picked, 0.0)], 1),
+            torch.cat([zero, torch.where(valid, entropy, 0.0)], 1))
+
+
+def right_padded(lengths, width, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, 2000, (len(lengths), width), generator=g)
+    mask = torch.zeros(len(lengths), width, dtype=torch.long)
+    for i, n in enumerate(lengths):
+        mask[i, :n] = 1
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    return ids, mask, pos
+
+
+@pytest.mark.parametrize("chunk", [1, 5, 4096])
+def test_chunked_log_probs_and_entropy_match_plain_forward(policy, chunk):
+    ids, mask, pos = right_padded([9, 5, 12], 12)
+    with torch.no_grad():
+        log_probs, entropy = TokenScorer(policy, "policy")(ids, mask, pos, chunk_size=chunk)
+    want_lp, want_ent = reference_log_probs(policy, ids, mask, pos)
+    assert torch.allclose(log_probs.double(), want_lp, atol=1e-5)
+    assert torch.allclose(entropy.double(), want_ent, atol=1e-4)
+    assert log_probs[0, 0] == 0 and log_probs[1, 5:].abs().sum() == 0
+
+
+def test_chunked_gradient_equals_unchunked(policy):
+    ids, mask, pos = right_padded([7, 10], 10, seed=1)
+    grads = []
+    for chunk in (3, 4096):
+        policy.zero_grad()
+        log_probs, entropy = TokenScorer(policy, "policy")(ids, mask, pos, chunk_size=chunk)
+        (log_probs.sum() + 0.1 * entropy.sum()).backward()
+        grads.append(policy.model.layers[0].mlp.up_proj.weight.grad.clone())
+    policy.zero_grad()
+    assert torch.allclose(grads[0], grads[1], atol=1e-5)  # fp32 summation order differs
+
+
+def test_packed_row_scores_each_episode_as_if_alone(policy):
+    a, b = torch.randint(0, 2000, (6,)), torch.randint(0, 2000, (5,))
+    packed = torch.cat([a, b, torch.zeros(2, dtype=torch.long)])[None]
+    mask = torch.tensor([[1] * 11 + [0, 0]])
+    pos = torch.tensor([list(range(6)) + list(range(5)) + [0, 0]])
+    seg = torch.tensor([[0] * 6 + [1] * 5 + [2, 2]])
+    with torch.no_grad():
+        lp, _ = TokenScorer(policy, "policy")(packed, mask, pos, segment_ids=seg, chunk_size=4)
+    alone_a, _ = reference_log_probs(policy, a[None], torch.ones(1, 6, dtype=torch.long), torch.arange(6)[None])
+    alone_b, _ = reference_log_probs(policy, b[None], torch.ones(1, 5, dtype=torch.long), torch.arange(5)[None])
+    assert torch.allclose(lp[0, :6].double(), alone_a[0], atol=1e-5)
+    assert torch.allclose(lp[0, 6:11].double(), alone_b[0], atol=1e-5)
+    assert lp[0, 6] == 0 and lp[0, 11:].abs().sum() == 0  # episode start and padding are not scored
+
+
+def test_packed_mask_is_block_diagonal_causal():
+    seg = torch.tensor([[0, 0, 1, 1, 1, 9]])
+    mask = packed_attention_mask(seg, torch.tensor([[1, 1, 1, 1, 1, 0]]), torch.float32)[0, 0]
+    allowed = mask == 0
+    for q in range(6):
+        for k in range(6):
+            expected = (k <= q and seg[0, q] == seg[0, k] and q < 5) or q == k
+            assert bool(allowed[q, k]) == expected, (q, k)
+
+
+def test_value_scorer_is_backbone_plus_head_shifted():
+    critic = load_critic("tiny", dtype="float32").eval()
+    with torch.no_grad():
+        critic.score.weight.normal_()
+        ids, mask, pos = right_padded([8, 4], 8, seed=2)
+        values = TokenScorer(critic, "value")(ids, mask, pos, chunk_size=3)
+        hidden = critic.model(input_ids=ids, attention_mask=mask, position_ids=pos).last_hidden_state
+        want = critic.score(hidden).squeeze(-1)
+    assert torch.allclose(values[0, 1:], want[0, :-1], atol=1e-5)
+    assert torch.allclose(values[1, 1:4], want[1, :3], atol=1e-5)
+    assert values[:, 0].abs().sum() == 0 and values[1, 4:].abs().sum() == 0
+
+
+def test_trim_width_cuts_only_all_padding_columns():
+    mask = torch.tensor([[1, 1, 0, 0, 0], [1, 1, 1, 0, 0]])
+    trimmed, width = trim_width({"attention_mask": mask, "x": torch.ones(2, 5), "row": torch.ones(2)})
+    assert width == 5 and trimmed["x"].shape == (2, 3) and trimmed["row"].shape == (2,)
+
+
+def test_minibatch_plan_covers_every_row_once_per_epoch():
+    plan = plan_minibatches(10, 4, epochs=2, shuffle=True, seed=3)
+    assert [len(p) for p in plan] == [4, 4, 2, 4, 4, 2]
+    assert sorted(sum(plan[:3], [])) == list(range(10)) and sorted(sum(plan[3:], [])) == list(range(10))
+    assert plan == plan_minibatches(10, 4, epochs=2, shuffle=True, seed=3)
+    assert plan_minibatches(5, 2, 1, shuffle=False, seed=0) == [[0, 1], [2, 3], [4]]
+
+
+def test_padding_rows_never_carry_loss():
+    tensors = {"loss_mask": torch.ones(5, 3), "input_ids": torch.arange(15).reshape(5, 3)}
+    padded, rows = _pad_rows(tensors, 4)
+    assert rows == 5 and padded["loss_mask"].shape[0] == 8
+    assert padded["loss_mask"][5:].sum() == 0 and torch.equal(padded["input_ids"][5:], tensors["input_ids"][[0, 0, 0]])
+    shards = _equal_shards(padded, 4)
+    assert all(s["input_ids"].shape[0] == 2 for s in shards)
+
+
+def test_warmup_is_linear_over_optimizer_steps():
+    opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    sched = make_scheduler(opt, warmup_steps=4)
+    seen = []
+    for _ in range(6):
+        seen.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert seen == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
+    assert make_scheduler(torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=0.5), 0).get_last_lr() == [0.5]
+
+
+def test_non_finite_entries_names_the_bad_tensors():
+    state = {"a": torch.ones(2), "b": {"c": torch.tensor([1.0, math.nan])}, "d": [torch.tensor([math.inf])],
+             "step": torch.tensor(3)}
+    assert non_finite_entries(state) == ["b.c", "d[0]"]
+    assert non_finite_entries({"a": torch.zeros(3)}) == []
