@@ -360,9 +360,10 @@ def _check_tasks(cfg: DictConfig, tasks: dict[str, DictConfig]) -> dict[str, Dic
     typed: dict[str, DictConfig] = {}
     for name, block in tasks.items():
         typed[name] = _typed_merge(TaskInstance, block, f"{name}.")
-        agent_type = typed[name].agent_type
-        if agent_type not in grl.agents.agent_types():
-            raise ConfigError(f"{name}.agent_type: {agent_type!r} is not one of {', '.join(grl.agents.agent_types())}")
+        try:
+            grl.agents.env_name(typed[name].agent_type)
+        except KeyError as err:
+            raise ConfigError(f"{name}.agent_type: {err.args[0]}") from None
     for list_key in ("rollout.training", "rollout.validation"):
         for name in OmegaConf.select(cfg, list_key):
             if name not in typed:

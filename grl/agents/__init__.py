@@ -19,11 +19,21 @@ def agent_types() -> list[str]:
     return sorted(AGENT_TYPES)
 
 
+def _agent_type(agent_type: str) -> AgentType:
+    """A registered agent type, or the generic agent over an env given by its
+    registered name or "package.module:EnvClass" path (so a new env needs no
+    registration: one file plus one YAML block)."""
+    if agent_type in AGENT_TYPES:
+        return AGENT_TYPES[agent_type]
+    if isinstance(agent_type, str) and (agent_type in grl.envs.names() or ":" in agent_type):
+        return AgentType(agent_type, TaskHooks())
+    raise KeyError(f"unknown agent_type {agent_type!r}; registered: {', '.join(agent_types())}, "
+                   f"an env name or a module:EnvClass path")
+
+
 def env_name(agent_type: str) -> str:
-    """The grl.envs name an agent type drives."""
-    if agent_type not in AGENT_TYPES:
-        raise KeyError(f"unknown agent_type {agent_type!r}; registered: {', '.join(agent_types())}")
-    return AGENT_TYPES[agent_type].env
+    """The grl.envs name (or module:Class path) an agent type drives."""
+    return _agent_type(agent_type).env
 
 
 def register(agent_type: str, env: str, hooks: TaskHooks | None = None) -> None:
@@ -49,8 +59,10 @@ def make_agent(task_name: str, task_cfg: Mapping[str, Any]) -> Agent:
         if key not in ("agent_type", "agent_config", "env_config"):
             raise ValueError(f"{task_name}.{key}: unknown key (known: agent_type, agent_config, env_config)")
     agent_type = task_cfg.get("agent_type")
-    if agent_type not in AGENT_TYPES:
-        raise ValueError(f"{task_name}.agent_type: {agent_type!r} is not one of {', '.join(agent_types())}")
+    try:
+        kind = _agent_type(agent_type)
+    except KeyError as err:
+        raise ValueError(f"{task_name}.agent_type: {err.args[0]}") from None
     agent_config = task_cfg.get("agent_config")
     if not isinstance(agent_config, Mapping):
         raise ValueError(f"{task_name}.agent_config: missing or not a mapping")
@@ -58,7 +70,6 @@ def make_agent(task_name: str, task_cfg: Mapping[str, Any]) -> Agent:
     if not isinstance(env_config, Mapping):
         raise ValueError(f"{task_name}.env_config: must be a mapping")
     settings = AgentSettings.from_mapping(agent_config, f"{task_name}.agent_config")
-    kind = AGENT_TYPES[agent_type]
     accepted = grl.envs.config_keys(kind.env)
     for key in env_config:
         if accepted is not None and key not in accepted:

@@ -5,6 +5,7 @@ Importing this package imports torch; only the heavy layers (workers, trainer) i
 
 from grl.algo.advantages import (
     ESTIMATORS,
+    TurnGAE,
     compute_advantage,
     compute_bi_level_gae,
     compute_gae,

@@ -14,6 +14,7 @@ tokens are part of the next state, not actions, so they are skipped rather than 
 """
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 
@@ -42,12 +43,14 @@ class _Packing:
             seq, in_seq, S = torch.arange(B, device=gen.device)[:, None].expand(B, T), rank, 1
         else:
             seg = torch.where(gen, segments.long(), 0)
-            S = int(seg.max()) + 1 if gen.any() else 1
+            S = int(seg.max()) + 1 if gen.numel() else 1
             seq = torch.arange(B, device=gen.device)[:, None] * S + seg
-            start = rank.new_full((B * S,), T).scatter_reduce(0, seq[gen], rank[gen], "amin")
+            # each segment's first rank; non-generated tokens report to a dump slot
+            start = rank.new_full((B * S + 1,), T).scatter_reduce(0, torch.where(gen, seq, B * S).flatten(), rank.flatten(), "amin")
             in_seq = rank - start[seq]
-        self.gen, self.shape = gen, (B * S, int(in_seq[gen].max()) + 1 if gen.any() else 0)
-        self.dest = torch.where(gen, seq * self.shape[1] + in_seq, B * S * self.shape[1])  # the last slot is a dump
+        n = int(torch.where(gen, in_seq, -1).max()) + 1 if gen.numel() else 0
+        self.gen, self.shape = gen, (B * S, n)
+        self.dest = torch.where(gen, seq * n + in_seq, B * S * n)  # the last slot is a dump
 
     def pack(self, x: torch.Tensor) -> torch.Tensor:
         """`[B, T] -> [num_sequences, n]`: generated entries in order, 0 after each sequence's last."""
@@ -130,7 +133,7 @@ def _turn_layout(turn_ids: torch.Tensor, gen: torch.Tensor):
     if bool((gen & (turn_ids < torch.where(gen, turn_ids, -1).cummax(1).values)).any()):
         raise ValueError("turn_ids must not decrease along a row's generated tokens")
     B, T = gen.shape
-    K = int(turn_ids[gen].max()) + 1 if bool(gen.any()) else 0
+    K = int(torch.where(gen, turn_ids, -1).max()) + 1 if gen.numel() else 0
     tid = torch.where(gen, turn_ids.long(), K)
     pos = torch.arange(T, device=gen.device).expand(B, T)
     first = pos.new_full((B, K + 1), T).scatter_reduce(1, tid, pos, "amin")[:, :K]
@@ -144,9 +147,18 @@ def _to_tokens(per_turn: torch.Tensor, tid: torch.Tensor, gen: torch.Tensor) -> 
     return torch.where(gen, padded.gather(1, tid), _zero(per_turn))
 
 
+class TurnGAE(NamedTuple):
+    """Per-turn results, `[batch, K]` with K = 1 + the largest turn id on a generated token."""
+    advantages: torch.Tensor
+    returns: torch.Tensor
+    turn_mask: torch.Tensor  # True where the row has a turn k with at least one generated token
+    last: torch.Tensor  # position of each turn's last generated token (-1 where there is none)
+    token_turn: torch.Tensor  # `[batch, tokens]`: turn id on generated tokens, K elsewhere
+
+
 def compute_turn_gae(token_rewards: torch.Tensor, values: torch.Tensor, loss_mask: torch.Tensor, turn_ids: torch.Tensor,
-                     high_level_gamma: float, high_level_lam: float):
-    """High-level (turn) GAE -> (turn_advantages, turn_returns, tid, last, has_turn), per turn `[batch, K]`.
+                     high_level_gamma: float, high_level_lam: float) -> TurnGAE:
+    """High-level (turn) GAE.
 
     Turn k of a row is the set of its generated tokens with turn_ids == k; turns without a
     generated token are skipped. Turn reward R_k = sum of the turn's token rewards; turn value
@@ -160,7 +172,7 @@ def compute_turn_gae(token_rewards: torch.Tensor, values: torch.Tensor, loss_mas
     turn_rewards = token_rewards.new_zeros(B, K + 1).scatter_add(1, tid, torch.where(gen, token_rewards, _zero(token_rewards)))[:, :K]
     turn_values = torch.where(has_turn, values.gather(1, first.clamp(max=T - 1)), _zero(values))
     turn_adv, turn_ret = compute_gae(turn_rewards, turn_values, has_turn.to(values.dtype), high_level_gamma, high_level_lam)
-    return turn_adv, turn_ret, tid, last, has_turn
+    return TurnGAE(turn_adv, turn_ret, has_turn, last, tid)
 
 
 def compute_bi_level_gae(token_rewards: torch.Tensor, values: torch.Tensor, loss_mask: torch.Tensor, turn_ids: torch.Tensor,
@@ -176,10 +188,10 @@ def compute_bi_level_gae(token_rewards: torch.Tensor, values: torch.Tensor, loss
     """
     high_level_lam = lam if high_level_lam is None else high_level_lam
     gen = loss_mask > 0
-    _, turn_ret, tid, last, has_turn = compute_turn_gae(token_rewards, values, loss_mask, turn_ids, high_level_gamma, high_level_lam)
+    turns = compute_turn_gae(token_rewards, values, loss_mask, turn_ids, high_level_gamma, high_level_lam)
     B, T = gen.shape
-    is_last = gen.new_zeros(B, T + 1).scatter(1, torch.where(has_turn, last, T), True)[:, :T]
-    low_rewards = torch.where(is_last, _to_tokens(turn_ret, tid, gen), _zero(values))
+    is_last = gen.new_zeros(B, T + 1).scatter(1, torch.where(turns.turn_mask, turns.last, T), True)[:, :T]
+    low_rewards = torch.where(is_last, _to_tokens(turns.returns, turns.token_turn, gen), _zero(values))
     return _packed_gae(low_rewards, values, gen, gamma, lam, segments=turn_ids)
 
 
@@ -194,8 +206,8 @@ def compute_weighted_gae(token_rewards: torch.Tensor, values: torch.Tensor, loss
     high_level_lam = lam if high_level_lam is None else high_level_lam
     gen = loss_mask > 0
     token_adv, returns = compute_gae(token_rewards, values, loss_mask, gamma, lam)
-    turn_adv, _, tid, _, _ = compute_turn_gae(token_rewards, values, loss_mask, turn_ids, high_level_gamma, high_level_lam)
-    return token_adv + turn_weight * _to_tokens(turn_adv, tid, gen), returns
+    turns = compute_turn_gae(token_rewards, values, loss_mask, turn_ids, high_level_gamma, high_level_lam)
+    return token_adv + turn_weight * _to_tokens(turns.advantages, turns.token_turn, gen), returns
 
 
 def group_index(group_ids: torch.Tensor | Sequence, device: torch.device | None = None) -> torch.Tensor:

@@ -20,6 +20,7 @@ _REGISTRY: dict[str, str] = {
     "gsm8k": "grl.envs.gsm8k:GSM8KEnv",
     "webshop": "grl.envs.webshop:WebShopEnv",
     "bird": "grl.envs.bird:BirdEnv",
+    "guess_number": "grl.envs.guess_number:GuessNumberEnv",  # the example of docs/TUTORIAL.md
 }
 
 
@@ -39,14 +40,17 @@ def names() -> list[str]:
 
 
 def env_class(name: str) -> type[Env]:
-    if name not in _REGISTRY:
-        raise KeyError(f"unknown env {name!r}; registered: {', '.join(names())}")
-    module_name, class_name = _REGISTRY[name].split(":")
+    """The class of a registered env, or of a "package.module:Class" path."""
+    if name not in _REGISTRY and ":" not in name:
+        raise KeyError(f"unknown env {name!r}; registered: {', '.join(names())} (or give a module:Class path)")
+    module_name, class_name = _REGISTRY.get(name, name).split(":", 1)
     try:
         module = importlib.import_module(module_name)
     except ImportError as err:
         raise EnvUnavailable(f"env {name!r} is unavailable: {err}") from err
-    cls = getattr(module, class_name)
+    cls = getattr(module, class_name, None)
+    if not (isinstance(cls, type) and issubclass(cls, Env)):
+        raise KeyError(f"env {name!r}: {module_name} has no Env subclass named {class_name}")
     cls.name = name
     return cls
 

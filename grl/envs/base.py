@@ -7,7 +7,10 @@ prompt or a token.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
+
+_REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 class Env:
@@ -61,3 +64,13 @@ def positive_int(env: str, key: str, value: Any) -> int:
     if number < 1 or number != value or isinstance(value, bool):
         raise ValueError(f"{env}: {key} must be a positive integer, got {value!r}")
     return number
+
+
+def resolve_data_path(path: str) -> Path:
+    """A relative data path is taken from the working directory, else from the repository root
+    (where scripts/install_dataset.sh puts data/), so runs work from any directory."""
+    candidate = Path(path).expanduser()
+    if candidate.is_absolute() or candidate.exists():
+        return candidate
+    from_root = _REPO_ROOT / candidate
+    return from_root if from_root.exists() else candidate

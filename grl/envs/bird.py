@@ -55,10 +55,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from grl.envs.base import Env, step_info
+from grl.envs.base import Env, resolve_data_path, step_info
 
 _FENCE = re.compile(r"```sql\b(.*?)```", re.IGNORECASE | re.DOTALL)
-_REPO_ROOT = Path(__file__).resolve().parents[2]
 _PROGRESS_OPCODES = 1000  # the deadline is checked every this many SQLite VM instructions
 _MAX_VALUE_BYTES = 10_000_000
 
@@ -166,14 +165,6 @@ _SCHEMAS: dict[str, str] = {}
 _CACHE_LOCK = threading.Lock()
 
 
-def _resolve(path: str) -> Path:
-    """A relative data path is taken from the working directory, else from the repository root."""
-    candidate = Path(path).expanduser()
-    if candidate.is_absolute() or candidate.exists():
-        return candidate
-    from_root = _REPO_ROOT / candidate
-    return from_root if from_root.exists() else candidate
-
 
 def _read_file(path: Path) -> list[Any]:
     with path.open(encoding="utf-8") as f:
@@ -203,7 +194,7 @@ def _read_hub(name: str, split: str) -> list[Any]:
 
 def load_questions(dataset_path: str, split: str) -> tuple[list[dict], list[int]]:
     """The dataset's records and the fixed question order seeds walk through (cached per process)."""
-    path = _resolve(dataset_path)
+    path = resolve_data_path(dataset_path)
     is_file_path = path.suffix in (".json", ".jsonl") or path.is_file()
     key = (str(path.resolve()), path.stat().st_mtime_ns if path.is_file() else None, split)
     with _CACHE_LOCK:
@@ -246,7 +237,7 @@ class BirdEnv(Env):
             raise ValueError("bird: max_tries, max_rows and step_timeout_seconds must be positive")
         self.split = split
         self.records, self._order = load_questions(dataset_path.replace("{split}", split), split)
-        self.db_root = _resolve(db_root.replace("{split}", split))
+        self.db_root = resolve_data_path(db_root.replace("{split}", split))
         if not self.db_root.is_dir():
             raise FileNotFoundError(f"bird: db_root {str(self.db_root)!r} is not a directory (run scripts/install_dataset.sh --bird)")
         self.max_tries = max_tries

@@ -23,6 +23,7 @@ away (a hung one is never touched again). If more than
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 from dataclasses import dataclass, field, replace
@@ -61,7 +62,7 @@ class _Slot:
     """One agent's state during a rollout."""
 
     task: TaskSpec
-    index: int  # position among this task's agents; the agent cache key
+    key: tuple  # the agent cache key: task, its config, position among the task's agents
     group_id: int
     seed: int
     member: int
@@ -96,8 +97,8 @@ def training_base_seed(seed: int, step: int) -> int:
 class MultiTurnRollout:
     """Runs agents of several tasks through their episodes against one engine.
 
-    Agents are built once per (task, position) and reused across calls (an
-    env may load a dataset); a failed agent is replaced by a fresh one.
+    Agents are built once per (task block, position) and reused across calls
+    (an env may load a dataset); a failed agent is replaced by a fresh one.
     """
 
     def __init__(self, engine: Engine, tokenizer, *, max_prompt_length: int, max_response_length: int,
@@ -119,7 +120,7 @@ class MultiTurnRollout:
         if agent_factory is None:
             from grl.agents import make_agent as agent_factory
         self.make_agent = agent_factory
-        self._agents: dict[tuple[str, int], Any] = {}
+        self._agents: dict[tuple, Any] = {}
 
     @classmethod
     def from_config(cls, cfg, engine: Engine, tokenizer) -> "MultiTurnRollout":
@@ -154,17 +155,17 @@ class MultiTurnRollout:
     def _slots(self, tasks: list[TaskSpec], base_seed: int) -> list[_Slot]:
         slots, group_id = [], 0
         for task in tasks:
+            block = json.dumps(task.config, sort_keys=True, default=str)
             index = 0
             for _ in range(task.num_groups):
                 for member in range(task.group_size):
-                    slots.append(_Slot(task, index, group_id, base_seed + group_id, member))
+                    slots.append(_Slot(task, (task.name, block, index), group_id, base_seed + group_id, member))
                     index += 1
                 group_id += 1
         for s in slots:
-            key = (s.task.name, s.index)
-            if key not in self._agents:
-                self._agents[key] = self.make_agent(s.task.name, s.task.config)
-            s.agent = self._agents[key]
+            if s.key not in self._agents:
+                self._agents[s.key] = self.make_agent(s.task.name, s.task.config)
+            s.agent = self._agents[s.key]
         return slots
 
     def _reset(self, slots: list[_Slot]) -> None:
@@ -254,11 +255,13 @@ class MultiTurnRollout:
                                f"{last_line}")
 
     def _episode(self, s: _Slot) -> Episode:
-        metrics = {}
-        if s.error is None:
+        metrics, messages = {}, []
+        if s.error is None:  # a failed agent is not asked anything more
             metrics = {k: float(v) for k, v in s.agent.episode_metrics().items()}
+            messages = [dict(m) for m in s.agent.messages]
         return Episode(task=s.task.name, group_id=s.group_id, seed=s.seed, turns=s.turns,
-                       score=sum(t.reward for t in s.turns), metrics=metrics, error=s.error, member=s.member)
+                       score=sum(t.reward for t in s.turns), metrics=metrics, error=s.error, member=s.member,
+                       messages=messages)
 
     def _retire_failed(self, slots: list[_Slot]) -> None:
         """Drop failed agents from the cache; close the ones that did not hang."""
@@ -266,7 +269,7 @@ class MultiTurnRollout:
         for s in slots:
             if s.error is None:
                 continue
-            self._agents.pop((s.task.name, s.index), None)
+            self._agents.pop(s.key, None)
             if not s.hung:
                 closable.append(s.agent.close)
         run_calls(closable, self.env_workers, self.env_step_timeout)

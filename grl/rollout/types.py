@@ -31,6 +31,7 @@ class Episode:
     metrics: dict[str, float] = field(default_factory=dict)
     error: str | None = None  # env failure that ended the episode, if any
     member: int = 0  # position of the agent within its group
+    messages: list[dict[str, str]] = field(default_factory=list)  # the chat as the agent saw it, for logging
 
     @property
     def uid(self) -> str:

@@ -14,6 +14,7 @@ from grl.algo import (
     compute_grpo,
     compute_reinforce_plus_plus,
     compute_rloo,
+    compute_turn_gae,
     compute_weighted_gae,
     turn_ids_from_mask,
 )
@@ -198,6 +199,18 @@ def test_bi_level_gae_matches_reference(seed):
     ref_adv, ref_ret = ref_bi_level(batch, gamma, lam, hgamma, hlam)
     close(adv, ref_adv)
     close(ret, ref_ret)
+
+
+def test_turn_gae_matches_reference():
+    batch = random_episode_batch(16, 150)
+    turns = compute_turn_gae(batch["token_rewards"], batch["values"], batch["loss_mask"], batch["turn_ids"], 0.9, 0.8)
+    for b in range(16):
+        ref_turns_b, A, G = ref_turn_gae_row(batch, b, 0.9, 0.8)
+        ids = [k for k, _ in ref_turns_b]
+        assert turns.turn_mask[b].nonzero().flatten().tolist() == ids
+        assert turns.last[b, ids].tolist() == [toks[-1] for _, toks in ref_turns_b]
+        close(turns.advantages[b, ids], torch.tensor(A, dtype=torch.float64))
+        close(turns.returns[b, ids], torch.tensor(G, dtype=torch.float64))
 
 
 @pytest.mark.parametrize("seed", SEEDS)

@@ -115,12 +115,16 @@ def test_policy_loss_aggregates_like_agg_loss(mode):
 # ---- value loss, entropy, log-probs ---------------------------------------------------------------------
 
 def test_value_loss_clipping_by_hand():
-    pred, old, ret = t([[1.0, 2.0, 0.0, float("nan")]]), t([[0.0, 2.5, 0.0, 0.0]]), t([[2.0, 0.0, 1.0, 0.0]])
+    pred = t([[1.0, 2.0, 0.0, float("nan")]]).requires_grad_()
+    old, ret = t([[0.0, 2.5, 0.0, float("inf")]]), t([[2.0, 0.0, 1.0, float("nan")]])
     mask = t([[1, 1, 1, 0]])
     loss, m = value_loss(pred, old, ret, mask, cliprange_value=0.5)
     # token 0: clipped to 0.5 -> (0.5-2)^2 = 2.25 beats (1-2)^2 = 1; token 1: 4 vs 4; token 2: 1 vs 1
     assert loss.item() == pytest.approx(0.5 * (2.25 + 4.0 + 1.0) / 3)
     assert m["vf_clipfrac"].item() == pytest.approx(1 / 3)
+    loss.backward()
+    # token 0's clipped branch is flat in pred; tokens 1, 2: d/dv 0.5 * (v - R)^2 / 3; pad: 0
+    torch.testing.assert_close(pred.grad, t([[0.0, 2.0 / 3, -1.0 / 3, 0.0]]), atol=1e-12, rtol=0)
     plain, m = value_loss(pred, old, ret, mask, cliprange_value=None)
     assert plain.item() == pytest.approx(0.5 * (1.0 + 4.0 + 1.0) / 3)
 

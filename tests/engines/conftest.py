@@ -46,6 +46,12 @@ def save_perturbed(model, out_dir, seed=1, scale=0.5):
 
 
 @pytest.fixture(scope="session")
+def perturbed_copy():
+    """save_perturbed, for tests (a conftest cannot be imported from)."""
+    return save_perturbed
+
+
+@pytest.fixture(scope="session")
 def tiny_path():
     from grl.models import resolve_model_path
 

@@ -42,8 +42,9 @@ Pages and actions (every observation starts with the instruction and ends with
               `click[back to search]`.
     detail    the description, features or reviews; `click[< prev]`, `click[back to search]`.
     done      after `click[buy now]`; the episode ends.
-    `env.available_actions()` returns the same list. An action that is not available on the page changes nothing (reward 0, `action_is_valid`
-    False) and the observation repeats the page after an "Invalid action" line.
+    `env.available_actions()` returns the same list. An action that is not available on the page
+    changes nothing (reward 0, `action_is_valid` False) and the observation repeats the page after
+    an "Invalid action" line.
 
 Reward
     0 until `click[buy now]`, then WebShop's purchase reward in [0, 1] (`grl.envs.webshop.reward`):

@@ -5,10 +5,9 @@ from __future__ import annotations
 import random
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from grl.envs.base import Env, step_info
+from grl.envs.base import Env, resolve_data_path, step_info
 from grl.envs.webshop import reward as rewards
 from grl.envs.webshop.catalog import Catalog, Product, load_catalog
 
@@ -17,7 +16,6 @@ BACK_TO_SEARCH, PREV, NEXT, BUY = "back to search", "< prev", "next >", "buy now
 DETAIL_PAGES = ("description", "features", "reviews")
 
 _ACTION = re.compile(r"^\s*(search|click)\s*\[(.*)\]\s*$", re.IGNORECASE | re.DOTALL)
-_REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
 def parse_action(text: str) -> tuple[str, str] | None:
@@ -28,14 +26,6 @@ def parse_action(text: str) -> tuple[str, str] | None:
         return None
     return match.group(1).lower(), " ".join(match.group(2).split()).lower()
 
-
-def _resolve(path: str) -> Path:
-    """A relative data path is taken from the working directory, else from the repository root."""
-    candidate = Path(path).expanduser()
-    if candidate.is_absolute() or candidate.exists():
-        return candidate
-    from_root = _REPO_ROOT / candidate
-    return from_root if from_root.exists() else candidate
 
 
 @dataclass
@@ -74,7 +64,7 @@ class WebShopEnv(Env):
         use_spacy = title_parser == "spacy" or (title_parser == "auto" and rewards.spacy_available())
         self.title_parser = "spacy" if use_spacy else "plain"
         self._nouns = rewards.spacy_nouns if use_spacy else rewards.plain_nouns
-        self.catalog: Catalog = load_catalog(_resolve(products_path), _resolve(goals_path))
+        self.catalog: Catalog = load_catalog(resolve_data_path(products_path), resolve_data_path(goals_path))
         self.search_top_k = search_top_k
         self.results_per_page = results_per_page
         self.max_text_chars = max_text_chars

@@ -1,0 +1,255 @@
+"""The multi-turn rollout with the real HF engine (tiny model), real task
+instances from configs/agents.yaml, and scripted envs that fail on purpose."""
+
+import copy
+import logging
+import threading
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+import grl.agents
+import grl.envs
+from grl.agents.tasks import TaskHooks
+from grl.config import CONFIG_DIR
+from grl.engines.base import Engine, SamplingParams
+from grl.envs.base import Env, step_info
+from grl.rollout import MultiTurnRollout, RolloutError, TaskSpec, build_batch
+from grl.rollout.chat import ChatTokens, truncate_prompt
+
+AGENTS = OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / "agents.yaml"), resolve=True)
+GSM8K_TEST = Path(__file__).resolve().parents[3] / "shared" / "data" / "gsm8k" / "test.jsonl"
+REPLY_TOKENS = 6
+
+
+class ScriptedEnv(Env):
+    """An episode of `length` steps (default `seed % 3 + 1`), reward 1 per step.
+    With `fault`, the seeds in `fault_seeds` (all when empty) fail: `reset`
+    raises at reset, `raise` raises and `hang` blocks on step `fault_step`."""
+
+    instances: list["ScriptedEnv"] = []
+    release = threading.Event()
+
+    def __init__(self, fault: str = "none", fault_step: int = 3, fault_seeds: list | None = None, length: int = 0):
+        self.fault, self.fault_step, self.fault_seeds, self.length = fault, fault_step, fault_seeds or [], length
+        self.resets = self.steps = 0
+        ScriptedEnv.instances.append(self)
+
+    def _faulty(self, seed: int) -> bool:
+        return not self.fault_seeds or seed in self.fault_seeds
+
+    def reset(self, seed: int) -> str:
+        if self.fault == "reset" and self._faulty(seed):
+            raise RuntimeError(f"scripted reset failure for seed {seed}")
+        self.seed, self.t, self.end = seed, 0, self.length or seed % 3 + 1
+        self.resets += 1
+        return f"Square 0 of {self.end}."
+
+    def step(self, action: str):
+        self.t += 1
+        self.steps += 1
+        if self.t == self.fault_step and self._faulty(self.seed):
+            if self.fault == "raise":
+                raise RuntimeError("scripted step failure")
+            if self.fault == "hang":
+                ScriptedEnv.release.wait(60)
+        done = self.t >= self.end
+        return f"Square {self.t} of {self.end}.", 1.0, done, step_info(done, True, True)
+
+
+class AlwaysAct(TaskHooks):
+    """Every reply is one action, so the env steps whatever the random model writes."""
+
+    def actions(self, answer, separator):
+        return ["go"]
+
+
+grl.envs.register("scripted_rollout_test", ScriptedEnv)
+grl.agents.register("scriptedRolloutAgent", "scripted_rollout_test", AlwaysAct())
+
+
+def scripted(name="scripted", groups=2, size=2, max_turns=4, **env_config) -> TaskSpec:
+    agent_config = {"system_prompt": "You are a test agent.", "prompt": "Walk.", "enable_think": False,
+                    "max_tokens": REPLY_TOKENS, "max_turns": max_turns, "max_actions_per_turn": 1,
+                    "max_actions_all_turns": 10, "format_penalty": -0.1, "action_separator": None}
+    return TaskSpec(name, {"agent_type": "scriptedRolloutAgent", "agent_config": agent_config,
+                           "env_config": env_config}, groups, size)
+
+
+def real_task(name, groups=1, size=2, max_turns=2, **env_config) -> TaskSpec:
+    block = copy.deepcopy(AGENTS[name])
+    block["agent_config"]["max_turns"] = max_turns
+    block["env_config"].update(env_config)
+    return TaskSpec(name, block, groups, size)
+
+
+class RecordingEngine(Engine):
+    """The real engine, with every prompt it is given and what it returned."""
+
+    def __init__(self, inner: Engine):
+        self.inner = inner
+        self.calls: list[tuple[list[list[int]], list]] = []
+
+    def generate(self, prompt_token_ids, sampling):
+        outputs = self.inner.generate(prompt_token_ids, sampling)
+        self.calls.append(([list(p) for p in prompt_token_ids], outputs))
+        return outputs
+
+
+def rollout(engine, tokenizer, **kw):
+    options = dict(max_prompt_length=4096, max_response_length=REPLY_TOKENS, env_workers=4, env_step_timeout=30)
+    options.update(kw)
+    return MultiTurnRollout(engine, tokenizer, **options)
+
+
+def prompts_before(episode):
+    """The full (untruncated) engine prompt of each turn."""
+    ids, prompts = [], []
+    for turn in episode.turns:
+        ids += turn.prompt_ids
+        prompts.append(list(ids))
+        ids += turn.response_ids
+    return prompts
+
+
+SAMPLED = SamplingParams(temperature=1.0, seed=11)
+GREEDY = SamplingParams(greedy=True)
+
+
+# ---------------------------------------------------------------- token bookkeeping
+
+
+def test_loss_mask_tokens_are_exactly_the_sampled_replies(hf_engine, tokenizer):
+    engine = RecordingEngine(hf_engine)
+    ro = rollout(engine, tokenizer)
+    tasks = [real_task("simpleSokobanAgent"), real_task("gsm8kAgent_5_turn", dataset_path=str(GSM8K_TEST), split="test"),
+             scripted(groups=1)]
+    result = ro.run(tasks, base_seed=5, sampling=SAMPLED)
+    episodes = result.episodes
+    assert [(e.task, e.group_id, e.seed, e.member) for e in episodes] == [
+        ("simpleSokobanAgent", 0, 5, 0), ("simpleSokobanAgent", 0, 5, 1),
+        ("gsm8kAgent_5_turn", 1, 6, 0), ("gsm8kAgent_5_turn", 1, 6, 1),
+        ("scripted", 2, 7, 0), ("scripted", 2, 7, 1)]
+    # Every prompt the engine saw is an episode's ids so far, and each of its
+    # outputs is the reply recorded for that turn: nothing else reached it.
+    seen = sorted((tuple(p), tuple(o.token_ids)) for prompts, outs in engine.calls for p, o in zip(prompts, outs))
+    expected = sorted((tuple(p), tuple(t.response_ids)) for e in episodes for p, t in zip(prompts_before(e), e.turns))
+    assert seen == expected
+
+    batch, _ = build_batch(episodes)
+    for row, episode in enumerate(episodes):
+        ids, mask, turn_ids = batch["input_ids"][row], batch["loss_mask"][row], batch["turn_ids"][row]
+        replies = [m["content"] for m in episode.messages if m["role"] == "assistant"]
+        assert len(replies) == len(episode.turns)
+        for k, turn in enumerate(episode.turns):
+            sampled = ids[(mask == 1) & (turn_ids == k)].tolist()
+            assert sampled == turn.response_ids
+            assert tokenizer.decode(sampled, skip_special_tokens=True) == replies[k]
+        assert mask.sum().item() == sum(len(t.response_ids) for t in episode.turns)
+        assert batch["rollout_log_probs"][row][mask == 1].tolist() == pytest.approx(
+            [x for t in episode.turns for x in t.response_log_probs])
+    assert {"simpleSokobanAgent/success", "gsm8kAgent_5_turn/success", "scripted/num_turns",
+            "scripted/response_length", "scripted/env_errors"} <= set(result.metrics)
+
+
+def test_greedy_rollout_is_deterministic(hf_engine, tokenizer):
+    tasks = [scripted(groups=2, size=2), real_task("simpleSokobanAgent", groups=1, size=1, max_turns=1)]
+
+    def signature():
+        episodes = rollout(hf_engine, tokenizer).run(tasks, base_seed=40, sampling=GREEDY).episodes
+        return [(e.group_id, e.seed, e.score, [(t.prompt_ids, t.response_ids) for t in e.turns]) for e in episodes]
+
+    first, second = signature(), signature()
+    assert first == second
+    assert [(g, s) for g, s, _, _ in first] == [(0, 40), (0, 40), (1, 41), (1, 41), (2, 42)]
+
+
+def test_finished_agents_leave_the_batch_and_prompts_keep_the_system(hf_engine, tokenizer):
+    engine = RecordingEngine(hf_engine)
+    limit = 90
+    ro = rollout(engine, tokenizer, max_prompt_length=limit)
+    result = ro.run([scripted(groups=3, size=2)], base_seed=0, sampling=GREEDY)  # seeds 0, 1, 2: 1, 2, 3 turns
+    episodes = result.episodes
+    assert [len(e.turns) for e in episodes] == [1, 1, 2, 2, 3, 3]
+    assert [len(prompts) for prompts, _ in engine.calls] == [6, 4, 2]
+
+    chat = ChatTokens(tokenizer)
+    messages = [{"role": "system", "content": "You are a test agent."}, {"role": "user", "content": "x"}]
+    system_ids = chat.encode(chat.render(messages[:1], generation_prompt=False))
+    sent = [p for prompts, _ in engine.calls for p in prompts]
+    full = [p for e in episodes for p in prompts_before(e)]
+    assert sorted(map(tuple, sent)) == sorted(tuple(truncate_prompt(p, limit, len(system_ids))) for p in full)
+    assert any(len(p) > limit for p in full)  # truncation happened ...
+    assert all(len(p) <= limit and p[:len(system_ids)] == system_ids for p in sent)  # ... and kept the system prompt
+    assert result.metrics["rollout/truncated_prompts"] == sum(len(p) > limit for p in full)
+
+    lengths = sorted(e.num_tokens for e in episodes)
+    batch, metrics = build_batch(episodes, max_episode_length=lengths[3])
+    assert metrics["rollout/dropped_overlong"] == sum(n > lengths[3] for n in lengths) > 0
+    assert len(batch) == 6 - metrics["rollout/dropped_overlong"]
+
+
+# ---------------------------------------------------------------- env faults
+
+
+def test_env_raising_on_third_step_ends_only_that_episode(hf_engine, tokenizer, caplog):
+    ro = rollout(hf_engine, tokenizer, env_error_penalty=-5.0)
+    task = scripted(groups=2, size=2, fault="raise", fault_step=3, fault_seeds=[101], length=4)
+    with caplog.at_level(logging.ERROR, logger="grl.rollout"):
+        result = ro.run([task], base_seed=100, sampling=GREEDY)
+    healthy, failed = result.episodes[:2], result.episodes[2:]
+    # The random model never writes <answer>, so each turn is 1 plus the format penalty -0.1.
+    assert [len(e.turns) for e in healthy] == [4, 4] and [e.score for e in healthy] == pytest.approx([3.6, 3.6])
+    assert all(e.error is None for e in healthy)
+    assert [len(e.turns) for e in failed] == [3, 3]
+    assert [[t.reward for t in e.turns] for e in failed] == [pytest.approx([0.9, 0.9, -5.0])] * 2
+    assert all("scripted step failure" in e.error for e in failed)
+    assert result.metrics["scripted/env_errors"] == 2
+    records = [r.getMessage() for r in caplog.records if r.name == "grl.rollout"]
+    assert len(records) == 2 and all("scripted" in r and "seed 101" in r for r in records)
+
+
+def test_env_failing_at_reset_is_logged_with_traceback_and_default_penalty(hf_engine, tokenizer, caplog):
+    ro = rollout(hf_engine, tokenizer)
+    task = scripted(groups=2, size=2, fault="reset", fault_seeds=[0])
+    with caplog.at_level(logging.ERROR, logger="grl.rollout"):
+        result = ro.run([task], base_seed=0, sampling=GREEDY)
+    assert [len(e.turns) for e in result.episodes] == [0, 0, 2, 2]
+    assert "Traceback" in caplog.text and "scripted reset failure for seed 0" in caplog.text
+    batch, metrics = build_batch(result.episodes)
+    assert len(batch) == 2 and metrics["rollout/dropped_empty"] == 2
+
+
+def test_hung_env_times_out_is_abandoned_and_never_reused(hf_engine, tokenizer):
+    ScriptedEnv.release.clear()
+    ScriptedEnv.instances.clear()
+    # One env worker: a pool starved by the hung step would never run the other agents' steps.
+    ro = rollout(hf_engine, tokenizer, env_workers=1, env_step_timeout=0.5)
+    task = scripted(groups=2, size=2, fault="hang", fault_step=2, fault_seeds=[201], length=3)
+    try:
+        result = ro.run([task], base_seed=200, sampling=GREEDY)
+        assert [len(e.turns) for e in result.episodes] == [3, 3, 2, 2]
+        assert all("timed out" in e.error for e in result.episodes[2:])
+        assert result.episodes[2].turns[-1].reward == -0.1  # the task's format penalty
+        hung = [env for env in ScriptedEnv.instances if env.seed == 201]
+        assert len(hung) == 2
+        ro.run([task], base_seed=300, sampling=GREEDY)  # seeds 300, 301: no fault
+        assert [(env.resets, env.steps) for env in hung] == [(1, 2), (1, 2)]
+        assert len(ScriptedEnv.instances) == 6  # two fresh envs replaced the hung ones
+    finally:
+        ScriptedEnv.release.set()
+
+
+def test_too_many_failures_stop_the_step(hf_engine, tokenizer):
+    ro = rollout(hf_engine, tokenizer, max_failed_agent_ratio=0.25)
+    with pytest.raises(RolloutError, match="2 of 4 agents failed.*max_failed_agent_ratio"):
+        ro.run([scripted(groups=2, size=2, fault="raise", fault_step=1, fault_seeds=[1], length=3)],
+               base_seed=0, sampling=GREEDY)
+    # At the default 50%, the same half-failed step goes on; all failing stops it at reset.
+    ro = rollout(hf_engine, tokenizer)
+    result = ro.run([scripted(groups=2, size=2, fault="raise", fault_step=1, fault_seeds=[1], length=3)],
+                    base_seed=0, sampling=GREEDY)
+    assert result.metrics["rollout/env_errors"] == 2
+    with pytest.raises(RolloutError, match="4 of 4 agents failed"):
+        ro.run([scripted(groups=2, size=2, fault="reset")], base_seed=0, sampling=GREEDY)
