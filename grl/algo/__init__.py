@@ -22,8 +22,8 @@ from grl.algo.kl import (
     AdaptiveKLController,
     FixedKLController,
     apply_kl_penalty,
-    kl_loss,
     kl_estimate,
+    kl_loss,
     make_kl_controller,
 )
 from grl.algo.losses import (
@@ -35,4 +35,44 @@ from grl.algo.losses import (
     policy_loss,
     value_loss,
 )
-from grl.algo.masked import finite_rows, masked_mean, masked_sum, masked_var, masked_whiten
+from grl.algo.masked import (
+    finite_rows,
+    masked_mean,
+    masked_sum,
+    masked_var,
+    masked_whiten,
+)
+
+__all__ = [
+    "AGG_MODES",
+    "ESTIMATORS",
+    "KL_ESTIMATORS",
+    "AdaptiveKLController",
+    "FixedKLController",
+    "TurnGAE",
+    "agg_loss",
+    "apply_kl_penalty",
+    "compute_advantage",
+    "compute_bi_level_gae",
+    "compute_gae",
+    "compute_grpo",
+    "compute_reinforce_plus_plus",
+    "compute_rloo",
+    "compute_turn_gae",
+    "compute_weighted_gae",
+    "entropy_bonus",
+    "entropy_from_logits",
+    "finite_rows",
+    "group_index",
+    "kl_estimate",
+    "kl_loss",
+    "log_probs_from_logits",
+    "make_kl_controller",
+    "masked_mean",
+    "masked_sum",
+    "masked_var",
+    "masked_whiten",
+    "policy_loss",
+    "turn_ids_from_mask",
+    "value_loss",
+]

@@ -30,7 +30,7 @@ def generated(mask_row):
     return [t for t, m in enumerate(mask_row.tolist()) if m > 0]
 
 
-def ref_gae_row(r, v, pos, gamma, lam, bootstrap_last=True):
+def ref_gae_row(r, v, pos, gamma, lam):
     adv, last = {}, 0.0
     for i in reversed(range(len(pos))):
         next_v = v[pos[i + 1]] if i + 1 < len(pos) else 0.0
@@ -69,7 +69,7 @@ def ref_turn_gae_row(batch, b, hgamma, hlam):
         next_v = V[k + 1] if k + 1 < len(turns) else 0.0
         last = R[k] + hgamma * next_v - V[k] + hgamma * hlam * last
         A[k] = last
-    return turns, A, [a + val for a, val in zip(A, V)]
+    return turns, A, [a + val for a, val in zip(A, V, strict=True)]
 
 
 def ref_bi_level(batch, gamma, lam, hgamma, hlam):
@@ -77,7 +77,7 @@ def ref_bi_level(batch, gamma, lam, hgamma, hlam):
     adv, ret = torch.zeros_like(v), torch.zeros_like(v)
     for b in range(v.shape[0]):
         turns, _, G = ref_turn_gae_row(batch, b, hgamma, hlam)
-        for (_, toks), g in zip(turns, G):
+        for (_, toks), g in zip(turns, G, strict=True):
             low_r = {t: 0.0 for t in toks}
             low_r[toks[-1]] = g
             for t, a in ref_gae_row(low_r, v[b].tolist(), toks, gamma, lam).items():
@@ -89,7 +89,7 @@ def ref_weighted(batch, gamma, lam, hgamma, hlam, w):
     adv, ret = ref_gae(batch, gamma, lam)
     for b in range(adv.shape[0]):
         turns, A, _ = ref_turn_gae_row(batch, b, hgamma, hlam)
-        for (_, toks), a in zip(turns, A):
+        for (_, toks), a in zip(turns, A, strict=True):
             for t in toks:
                 adv[b, t] += w * a
     return adv, ret
@@ -304,12 +304,12 @@ def on_generated(x, mask):
 def test_env_tokens_between_turns_change_nothing(estimator):
     batch = random_episode_batch(12, 500, garbage=0.0)
     wider = insert_env_tokens(batch, 501)
-    kw = dict(gamma=0.97, lam=0.9, high_level_gamma=0.9, turn_weight=0.5, whiten=False)
+    kw = {"gamma": 0.97, "lam": 0.9, "high_level_gamma": 0.9, "turn_weight": 0.5, "whiten": False}
     adv, ret = compute_advantage(estimator, **batch, **kw)
     adv2, ret2 = compute_advantage(estimator, **wider, **kw)
-    for a, a2 in zip(on_generated(adv, batch["loss_mask"]), on_generated(adv2, wider["loss_mask"])):
+    for a, a2 in zip(on_generated(adv, batch["loss_mask"]), on_generated(adv2, wider["loss_mask"]), strict=True):
         close(a, a2)
-    for a, a2 in zip(on_generated(ret, batch["loss_mask"]), on_generated(ret2, wider["loss_mask"])):
+    for a, a2 in zip(on_generated(ret, batch["loss_mask"]), on_generated(ret2, wider["loss_mask"]), strict=True):
         close(a, a2)
 
 
@@ -320,7 +320,7 @@ def test_non_generated_positions_are_ignored(estimator):
     clean = {k: torch.where(nan_batch["loss_mask"] > 0, x, 0) if x.is_floating_point() and k != "loss_mask" else x
              for k, x in nan_batch.items()}
     groups = torch.arange(10) // 3
-    kw = dict(gamma=0.99, lam=0.95, high_level_gamma=0.9, group_ids=groups)
+    kw = {"gamma": 0.99, "lam": 0.95, "high_level_gamma": 0.9, "group_ids": groups}
     adv, ret = compute_advantage(estimator, **nan_batch, **kw)
     adv2, ret2 = compute_advantage(estimator, **clean, **kw)
     assert torch.isfinite(adv).all() and torch.isfinite(ret).all()
@@ -372,7 +372,7 @@ def test_bi_level_without_turn_ids_uses_mask_runs():
     batch = random_episode_batch(8, 1000)
     # the batch generator can put two turns' replies side by side; turn ids from the mask then merge them
     derived = turn_ids_from_mask(batch["loss_mask"])
-    kw = dict(gamma=0.99, lam=0.9, high_level_gamma=0.95, whiten=False)
+    kw = {"gamma": 0.99, "lam": 0.9, "high_level_gamma": 0.95, "whiten": False}
     a, _ = compute_advantage("bi_level_gae", **{**batch, "turn_ids": None}, **kw)
     b, _ = compute_advantage("bi_level_gae", **{**batch, "turn_ids": derived}, **kw)
     close(a, b)
