@@ -17,6 +17,7 @@ the budget, valid or not.
 
 from __future__ import annotations
 
+import traceback
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
@@ -158,7 +159,7 @@ class Agent:
         proposed = self.hooks.actions(answer, s.action_separator)
         room = min(s.max_actions_per_turn, s.max_actions_all_turns - self._actions_used)
 
-        reward, env_done, env_error, observation = 0.0, False, None, None
+        reward, env_done, env_error, env_traceback, observation = 0.0, False, None, None, None
         executed, invalid = [], []
         for action in proposed[:room]:
             try:
@@ -166,6 +167,7 @@ class Agent:
                 action_reward, env_done, env_info = float(action_reward), bool(env_done), dict(env_info)
             except Exception as err:  # a broken env ends this episode, never the rollout
                 env_error = f"{type(err).__name__}: {err}"
+                env_traceback = traceback.format_exc()
                 break
             executed.append(action)
             reward += action_reward
@@ -201,6 +203,7 @@ class Agent:
             "success": self._success,
             "env_done": env_done,
             "env_error": env_error,
+            "env_traceback": env_traceback,
             "think": parsed.think,
             "answer": answer,
         }

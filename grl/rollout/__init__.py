@@ -3,10 +3,27 @@
 Importing this package does not import torch; the batch functions do.
 """
 
-from grl.rollout.batch import build_batch, episode_tokens, pack_rows, packed_attention_mask, unpack
-from grl.rollout.multi_turn import (MultiTurnRollout, RolloutError, RolloutResult, TaskSpec, rollout_metrics,
-                                    task_specs, training_base_seed)
-from grl.rollout.shaping import filter_groups, normalize, normalize_episode_scores
+from grl.rollout.batch import (
+    build_batch,
+    episode_tokens,
+    pack_rows,
+    packed_attention_mask,
+    unpack,
+)
+from grl.rollout.multi_turn import (
+    MultiTurnRollout,
+    RolloutError,
+    RolloutResult,
+    TaskSpec,
+    rollout_metrics,
+    task_specs,
+    training_base_seed,
+)
+from grl.rollout.shaping import (
+    filter_groups,
+    normalize,
+    normalize_episode_scores,
+)
 from grl.rollout.types import Batch, Episode, Turn
 
 __all__ = ["Batch", "Episode", "MultiTurnRollout", "RolloutError", "RolloutResult", "TaskSpec", "Turn", "build_batch",

@@ -40,7 +40,7 @@ class ChatTokens:
             return 0
         try:
             ids = self.encode(self.render(messages[:1], generation_prompt=False))
-        except Exception:  # some templates refuse a conversation without a user turn
+        except Exception:  # noqa: BLE001 - some templates refuse a conversation without a user turn
             return 0
         return len(ids) if prompt_ids[:len(ids)] == ids else 0
 

@@ -13,8 +13,9 @@ import queue
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 
 @dataclass
@@ -54,7 +55,7 @@ def run_calls(calls: list[Callable[[], Any]], workers: int, timeout: float | Non
                 started[i] = time.monotonic()
             try:
                 result = CallResult(value=calls[i]())
-            except BaseException:  # an env may raise anything; the rollout decides what it means
+            except BaseException:  # noqa: BLE001 - an env may raise anything; the rollout decides what it means
                 result = CallResult(error=traceback.format_exc())
             finished.put((i, result))
 

@@ -19,6 +19,15 @@ task's format penalty) on the failed turn; the error is logged once with task,
 seed and traceback, counted in `<task>/env_errors`, and the agent is thrown
 away (a hung one is never touched again). If more than
 `max_failed_agent_ratio` of the step's agents fail, `RolloutError` stops it.
+
+Use (the trainer's side):
+
+    rollout = MultiTurnRollout.from_config(cfg, engine, tokenizer)
+    train = rollout.run(task_specs(cfg), training_base_seed(cfg.rollout.seed, step), sampling)
+    scores = normalize_episode_scores(train.episodes, grouping, method)  # over all episodes, as RAGEN
+    kept, filter_metrics = filter_groups(train.episodes, ratio, kind)
+    batch, batch_metrics = build_batch(kept, ..., scores=<the kept episodes' scores>)
+    val = rollout.run(task_specs(cfg, validation=True), cfg.rollout.validation_seed, greedy)
 """
 
 from __future__ import annotations
@@ -26,8 +35,9 @@ from __future__ import annotations
 import json
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable
+from typing import Any
 
 from grl.engines.base import Engine, SamplingParams
 from grl.rollout.chat import ChatTokens, truncate_prompt
@@ -123,7 +133,7 @@ class MultiTurnRollout:
         self._agents: dict[tuple, Any] = {}
 
     @classmethod
-    def from_config(cls, cfg, engine: Engine, tokenizer) -> "MultiTurnRollout":
+    def from_config(cls, cfg, engine: Engine, tokenizer) -> MultiTurnRollout:
         r = cfg.rollout
         return cls(engine, tokenizer, max_prompt_length=cfg.max_prompt_length,
                    max_response_length=cfg.max_response_length, truncation=r.truncation,

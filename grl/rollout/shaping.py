@@ -24,7 +24,7 @@ ties go to the earlier group. Groups of a single episode have std 0.
 from __future__ import annotations
 
 import math
-from typing import Hashable, Sequence
+from collections.abc import Hashable, Sequence
 
 from grl.rollout.types import Episode
 
@@ -115,3 +115,4 @@ def filter_groups(episodes: Sequence[Episode], ratio: float, kind: str = "std") 
 
 def _group_stats(scores: list[float]) -> tuple[float, float, float]:
     return sample_std(scores), max(scores), sum(scores) / len(scores)
+

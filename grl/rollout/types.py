@@ -67,7 +67,7 @@ class Batch:
     def __contains__(self, name: str) -> bool:
         return name in self.tensors
 
-    def select(self, rows) -> "Batch":
+    def select(self, rows) -> Batch:
         """Rows by index list or boolean tensor."""
         import torch
 
@@ -78,18 +78,18 @@ class Batch:
         return Batch({k: v[index] for k, v in self.tensors.items()},
                      {k: [v[i] for i in positions] for k, v in self.meta.items()})
 
-    def chunk(self, parts: int) -> list["Batch"]:
+    def chunk(self, parts: int) -> list[Batch]:
         """Split into `parts` contiguous shards whose sizes differ by at most one."""
         n = len(self)
         bounds = [round(i * n / parts) for i in range(parts + 1)]
         return [self.select(list(range(bounds[i], bounds[i + 1]))) for i in range(parts)]
 
-    def split(self, size: int) -> list["Batch"]:
+    def split(self, size: int) -> list[Batch]:
         """Consecutive pieces of `size` rows (the last may be smaller)."""
         return [self.select(list(range(i, min(i + size, len(self))))) for i in range(0, len(self), size)]
 
     @staticmethod
-    def concat(batches: list["Batch"]) -> "Batch":
+    def concat(batches: list[Batch]) -> Batch:
         """Stack shards back in order; `[rows, tokens]` tensors are right-padded
         with zeros to the longest shard first."""
         import torch
@@ -107,5 +107,5 @@ class Batch:
         meta = {name: [x for b in batches for x in b.meta[name]] for name in batches[0].meta}
         return Batch(tensors, meta)
 
-    def to(self, device) -> "Batch":
+    def to(self, device) -> Batch:
         return Batch({k: v.to(device) for k, v in self.tensors.items()}, self.meta)

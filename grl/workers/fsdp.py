@@ -84,7 +84,8 @@ def make_scheduler(optimizer: torch.optim.Optimizer, warmup_steps: int) -> torch
 
 def full_state_dict(module: nn.Module, on_all_ranks: bool = False) -> dict[str, torch.Tensor]:
     """Gathered weights on CPU (collective: every rank must call). Only rank 0
-    gets them unless `on_all_ranks`."""
+    gets them unless `on_all_ranks`. The tensors may alias live parameters or
+    FSDP's gather buffers: use (save, copy) them before the next forward or step."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     options = StateDictOptions(full_state_dict=True, cpu_offload=not on_all_ranks)

@@ -115,6 +115,10 @@ class Worker:
     # ------------------------------------------------------------ scoring
 
     def _score(self, scorer: TokenScorer, tensors: dict, grad: bool):
+        """Forward one micro-batch. Without grad, the FSDP2 root keeps its
+        parameters gathered afterwards (no backward reshards them), so callers
+        reshard once they are done; otherwise parameters() would list the
+        gathered copies instead of the shards the optimizer holds."""
         trimmed, width = trim_width(tensors)
         with torch.set_grad_enabled(grad):
             out = scorer(trimmed["input_ids"], trimmed["attention_mask"], trimmed["position_ids"],
@@ -137,12 +141,15 @@ class Worker:
         section = self.cfg.actor_rollout_ref
         size = section.ref.log_prob_micro_batch_size_per_gpu if ref else section.rollout.log_prob_micro_batch_size_per_gpu
         parts = [self._score(scorer, self._to_device(m), grad=False) for m in split_rows(tensors, int(size))]
+        scorer.reshard()
         return torch.cat([p[0] for p in parts]).cpu(), torch.cat([p[1] for p in parts]).cpu()
 
     def compute_values(self, tensors: dict) -> torch.Tensor:
         size = int(self.cfg.critic.ppo_micro_batch_size_per_gpu)
-        return torch.cat([self._score(self.module, self._to_device(m), grad=False)
-                          for m in split_rows(tensors, size)]).cpu()
+        values = torch.cat([self._score(self.module, self._to_device(m), grad=False)
+                            for m in split_rows(tensors, size)]).cpu()
+        self.module.reshard()
+        return values
 
     # ------------------------------------------------------------ update
 

@@ -6,6 +6,7 @@ seconds), and none of the tests leaves its weights changed.
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -32,8 +33,9 @@ def chat_prompts(tokenizer, n=len(QUESTIONS)):
                                           tokenize=True, return_dict=False) for q in QUESTIONS[:n]]
 
 
-def save_perturbed(model, out_dir, seed=1, scale=0.5):
-    """Save `model` with every weight moved by seeded noise (tied embeddings
+def save_perturbed(model, out_dir, seed=1, scale=10.0):
+    """Save `model` with every weight moved by seeded noise, large enough that
+    the random tiny model stops repeating its last prompt token (tied embeddings
     move together) and return the new state dict."""
     import torch
 
@@ -42,7 +44,22 @@ def save_perturbed(model, out_dir, seed=1, scale=0.5):
         state = {name: (t + scale * t.std() * torch.randn(t.shape, generator=generator)).contiguous()
                  for name, t in model.state_dict().items() if name != "lm_head.weight"}
     model.save_pretrained(out_dir, state_dict=state)
+    for source in Path(model.name_or_path).iterdir():  # tokenizer and chat template
+        if not (Path(out_dir) / source.name).exists():
+            shutil.copy(source, out_dir)
     return state
+
+
+@pytest.fixture(scope="package", autouse=True)
+def one_torch_thread():
+    """Two OpenMP threads on two shared, busy cores run 5x slower than one
+    (measured); the engines themselves keep torch's default."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="session")

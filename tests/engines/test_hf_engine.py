@@ -127,13 +127,13 @@ def test_eos_is_kept_and_ignore_eos_runs_on(hf_embedded, prompts):
 def test_update_weights_matches_a_fresh_engine(tiny_path, prompts, tmp_path, perturbed_copy):
     engine = make_engine("hf", tiny_path)
     greedy = SamplingParams(greedy=True, max_new_tokens=10)
-    before = [o.token_ids for o in engine.generate(prompts[:8], greedy)]
+    before = engine.generate(prompts[:8], greedy)
     new_state = perturbed_copy(engine.model, tmp_path)
     engine.update_weights(new_state)
     after = engine.generate(prompts[:8], greedy)
     fresh = make_engine("hf", str(tmp_path)).generate(prompts[:8], greedy)
     assert [o.token_ids for o in after] == [o.token_ids for o in fresh]
-    assert [o.token_ids for o in after] != before
+    assert [o.token_ids for o in after] != [o.token_ids for o in before]
     assert torch.allclose(torch.tensor([o.log_probs for o in after]), torch.tensor([o.log_probs for o in fresh]))
 
 

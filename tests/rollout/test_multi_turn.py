@@ -5,6 +5,7 @@ import copy
 import logging
 import threading
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 from omegaconf import OmegaConf
@@ -28,7 +29,7 @@ class ScriptedEnv(Env):
     With `fault`, the seeds in `fault_seeds` (all when empty) fail: `reset`
     raises at reset, `raise` raises and `hang` blocks on step `fault_step`."""
 
-    instances: list["ScriptedEnv"] = []
+    instances: ClassVar[list["ScriptedEnv"]] = []
     release = threading.Event()
 
     def __init__(self, fault: str = "none", fault_step: int = 3, fault_seeds: list | None = None, length: int = 0):
@@ -98,7 +99,8 @@ class RecordingEngine(Engine):
 
 
 def rollout(engine, tokenizer, **kw):
-    options = dict(max_prompt_length=4096, max_response_length=REPLY_TOKENS, env_workers=4, env_step_timeout=30)
+    options = {"max_prompt_length": 4096, "max_response_length": REPLY_TOKENS, "env_workers": 4,
+               "env_step_timeout": 30}
     options.update(kw)
     return MultiTurnRollout(engine, tokenizer, **options)
 

