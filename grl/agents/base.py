@@ -151,7 +151,8 @@ class Agent:
             return AgentStep(0.0, True, {
                 "turn": self._turn, "actions": [], "actions_dropped": 0, "invalid_actions": [], "format_ok": False,
                 "format_error": "the episode is over; call reset()", "penalised": False, "success": self._success,
-                "env_done": True, "env_error": None, "think": None, "answer": None})
+                "env_done": True, "env_error": None, "env_traceback": None, "think": None,
+                "answer": None})
         reply = reply_text if isinstance(reply_text, str) else ""
         s = self.settings
         parsed = parse_reply(reply, s.enable_think)

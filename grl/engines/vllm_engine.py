@@ -51,6 +51,24 @@ def to_vllm_sampling(sampling: SamplingParams, index: int):
     )
 
 
+def repack_shared_weights(worker) -> int:
+    """Runs in the vLLM worker after `reload_weights`. vLLM CPU packs a copy
+    of each GEMM weight, tied LM head included; reload refreshes the packed
+    copy of the layers it loads, but a tied head gets no tensor of its own
+    (its checkpoint name is skipped), so it would keep the old embedding.
+    Re-run the post-load processing of every layer whose weight is shared.
+    Returns the number of layers repacked (a no-op on GPU)."""
+    modules_of: dict[int, list] = {}
+    for module in worker.get_model().modules():
+        weight = module._parameters.get("weight")
+        if weight is not None and hasattr(module, "quant_method"):
+            modules_of.setdefault(id(weight), []).append(module)
+    shared = [m for group in modules_of.values() if len(group) > 1 for m in group]
+    for module in shared:
+        module.quant_method.process_weights_after_loading(module)
+    return len(shared)
+
+
 class VLLMEngine(Engine):
     """`vllm.LLM` behind the Engine interface."""
 
@@ -117,6 +135,7 @@ class VLLMEngine(Engine):
             self.llm.wake_up(tags=["weights"])
             self.weights_asleep = False
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": checked})
+        self.llm.collective_rpc(repack_shared_weights)
         # Cached prefixes were computed with the old weights.
         self.llm.reset_prefix_cache()
 

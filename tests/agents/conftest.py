@@ -1,14 +1,10 @@
 """Shared helpers of the agent tests: task blocks read from configs/agents.yaml."""
 
 import copy
-from pathlib import Path
 
 import pytest
 import yaml
-
-ROOT = Path(__file__).resolve().parents[2]
-SHARED_DATA = ROOT.parent / "shared" / "data"
-GSM8K_TEST = SHARED_DATA / "gsm8k" / "test.jsonl"
+from agent_text import ROOT
 
 
 @pytest.fixture(scope="session")
@@ -28,8 +24,3 @@ def task(agents_yaml):
 
     return build
 
-
-def state_of(user_message: str) -> str:
-    """The state a user message shows: the lines between `State:` and the budget line."""
-    body = user_message.rsplit("State:\n", 1)[1]
-    return body.rsplit("\n", 1)[0]

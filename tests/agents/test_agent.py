@@ -12,7 +12,7 @@ import grl.envs
 from grl.agents import make_agent
 from grl.envs.base import Env, step_info
 
-from conftest import ROOT, state_of
+from agent_text import ROOT, state_of
 
 METRIC_KEYS = {"success", "num_actions", "action_is_valid", "action_is_effective", "format_ok"}
 

@@ -8,7 +8,7 @@ import grl.envs
 from grl.agents import make_agent
 from grl.config import AgentConfig, ConfigError, load_config, task_instance
 
-from conftest import GSM8K_TEST
+from agent_text import GSM8K_TEST
 
 OURS = ["simpleSokobanAgent", "largeSokobanAgent", "tetrisAgent_type_1_dim_4", "tetrisAgent_type_2_dim_3",
         "tetrisAgent_type_2_dim_4", "blocksworldAgent_text", "blocksworldAgent_1d", "blocksworldAgent_2d_sparse",

@@ -15,7 +15,7 @@ import grl.envs
 from grl.agents import make_agent
 from grl.envs.gsm8k import extract_answer
 
-from conftest import GSM8K_TEST, SHARED_DATA, state_of
+from agent_text import GSM8K_TEST, SHARED_DATA, state_of
 
 
 def think_answer(actions):

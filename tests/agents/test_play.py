@@ -9,7 +9,7 @@ import pytest
 import grl.envs
 from grl.envs.solvers import solve_sokoban
 
-from conftest import GSM8K_TEST, ROOT
+from agent_text import GSM8K_TEST, ROOT
 
 
 def grl_cli(*args, stdin=""):
