@@ -1,13 +1,16 @@
 """PPO must learn: a from-scratch tiny model on a trivial two-turn word game.
 
-The game (a lipogram): every turn the model must reply without the letter
-"e". A random model's token avoids it about half the time, so a clean reply of
-three tokens happens by chance (~12% a turn, ~1.5% an episode), and greedy
-validation starts near zero. PPO with a critic (masked multi-turn GAE) must
-raise the greedy validation success well above its start within a few
-minutes. A wrong sign, a shifted loss mask or broken advantages push the
-policy the wrong way or nowhere, and the test fails.
+The game: every turn the model must reply in lowercase words only (letters and
+single spaces). About two thirds of the vocabulary are lowercase-word tokens,
+so a random model's two-token reply passes now and then (~45% a turn, ~20% an
+episode), while its greedy reply is newlines, so greedy validation starts at
+zero. PPO with a critic (masked multi-turn GAE, rewards on each turn's last
+token) must lift the greedy validation success well above its start within a
+few minutes. With the advantage sign flipped the policy is pushed away from
+the rewarded replies and the test fails (see the trainer report).
 """
+
+import re
 
 import pytest
 from omegaconf import OmegaConf
@@ -22,10 +25,11 @@ from grl.tracking import METRICS_FILE, read_jsonl
 ray = pytest.importorskip("ray")
 
 TOPICS = ("rain", "cats", "bread", "stars", "music", "roads", "trees", "ships")
+LOWERCASE_WORDS = re.compile(r"[a-z]+( [a-z]+)*")
 
 
-class LipogramEnv(Env):
-    """Reward 1 for a turn whose reply has no letter e; success when every turn was clean."""
+class WordsEnv(Env):
+    """Reward 1 for a turn whose reply is lowercase words; success when every turn was."""
 
     def __init__(self, rounds: int = 2):
         self.rounds = rounds
@@ -36,10 +40,10 @@ class LipogramEnv(Env):
         return self._state()
 
     def _state(self) -> str:
-        return f"Round {self.turn + 1} of {self.rounds}. Topic: {self.topic}. Write without the letter e."
+        return f"Round {self.turn + 1} of {self.rounds}. Topic: {self.topic}. Use lowercase words only."
 
     def step(self, action: str):
-        ok = "e" not in action.lower()
+        ok = LOWERCASE_WORDS.fullmatch(action.strip()) is not None
         self.clean = self.clean and ok
         self.turn += 1
         done = self.turn >= self.rounds
@@ -58,26 +62,26 @@ class WholeReplyHooks(TaskHooks):
 
 
 TASK = {
-    "agent_type": "lipogramAgent",
+    "agent_type": "wordsAgent",
     "agent_config": {"system_prompt": "You play a word game.", "prompt": "Reply with a few words.",
-                     "enable_think": False, "max_tokens": 3, "max_turns": 2, "max_actions_per_turn": 1,
+                     "enable_think": False, "max_tokens": 2, "max_turns": 2, "max_actions_per_turn": 1,
                      "max_actions_all_turns": 2, "format_penalty": 0.0, "action_separator": None},
     "env_config": {"rounds": 2},
 }
 
 
 def learning_config(tmp_path):
-    grl.envs.register("lipogram", LipogramEnv)
-    grl.agents.register("lipogramAgent", "lipogram", WholeReplyHooks())
+    grl.envs.register("words", WordsEnv)
+    grl.agents.register("wordsAgent", "words", WholeReplyHooks())
     overrides = {
         "model_path": "tiny", "n_gpus_per_node": 1, "trainer.device": "cpu",
-        "actor_rollout_ref.rollout.name": "hf", "max_response_length": 3,
-        "rollout.training": "[lipogram]", "rollout.agent_group_num": "[8]", "rollout.agent_group_size": "[4]",
-        "rollout.validation": "[lipogram]", "rollout.validation_agent_group_num": "[32]",
+        "actor_rollout_ref.rollout.name": "hf", "max_response_length": 2,
+        "rollout.training": "[words]", "rollout.agent_group_num": "[4]", "rollout.agent_group_size": "[4]",
+        "rollout.validation": "[words]", "rollout.validation_agent_group_num": "[32]",
         "rollout.validation_agent_group_size": "[1]",
         "rollout.use_turn_scores": True,
-        "ppo_mini_batch_size": 16, "micro_batch_size_per_gpu": 16, "total_training_steps": 20,
-        "test_freq": 20, "save_freq": -1, "trainer.val_before_train": True, "trainer.export_hf": False,
+        "ppo_mini_batch_size": 8, "micro_batch_size_per_gpu": 16, "total_training_steps": 6,
+        "test_freq": 3, "save_freq": -1, "trainer.val_before_train": True, "trainer.export_hf": False,
         "trainer.logger": "[jsonl]", "resume_mode": "disable",
         "trainer.run_dir": str(tmp_path / "run"), "trainer.default_local_dir": str(tmp_path / "ckpt"),
         "actor_rollout_ref.model.enable_gradient_checkpointing": False,
@@ -88,7 +92,7 @@ def learning_config(tmp_path):
     }
     cfg = compose([f"{k}={v}" for k, v in overrides.items()])
     OmegaConf.set_struct(cfg, False)
-    cfg.lipogram = TASK
+    cfg.words = TASK
     return validate(cfg)
 
 
@@ -100,8 +104,8 @@ def test_ppo_learns_a_trivial_multi_turn_task(tmp_path):
     cfg = learning_config(tmp_path)
     AgentTrainer.from_config(cfg).fit()
     history = {r["step"]: r for r in read_jsonl(tmp_path / "run" / METRICS_FILE)}
-    before = history[0]["val-env/lipogram/success"]
-    after = history[cfg.trainer.total_training_steps]["val-env/lipogram/success"]
-    train = [history[s]["env/lipogram/success"] for s in sorted(history) if s > 0]
+    before = history[0]["val-env/words/success"]
+    after = history[cfg.trainer.total_training_steps]["val-env/words/success"]
+    train = [history[s]["env/words/success"] for s in sorted(history) if s > 0]
     print(f"greedy validation success {before:.3f} -> {after:.3f}; training success by step {train}")
-    assert after >= before + 0.4, (before, after, train)
+    assert after >= before + 0.5, (before, after, train)

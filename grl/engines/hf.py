@@ -152,7 +152,11 @@ class HFEngine(Engine):
     def _hit_stop_string(self, tokens: list[int], stops: list[str]) -> bool:
         if not stops:
             return False
-        text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+        # A stop string the newest token completed lies in the last few
+        # tokens (each decodes to at least one character), so decode only
+        # those: a full decode every step would be quadratic in the length.
+        window = tokens[-(2 * max(len(s) for s in stops) + 8):]
+        text = self.tokenizer.decode(window, skip_special_tokens=True)
         return any(s in text for s in stops)
 
     # ------------------------------------------------------------------ weights and memory

@@ -33,14 +33,14 @@ def _send(conn, message) -> None:
     conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
 
 
-def _error_message(err: BaseException):
+def _error_reply(seq: int, err: BaseException):
     """The exception itself when it survives pickling, else a stand-in."""
     remote = traceback.format_exc()
     try:
         pickle.loads(pickle.dumps(err))
-        return ("error", err, remote)
     except Exception:
-        return ("error", EngineProcessError(f"{type(err).__name__}: {err}"), remote)
+        err = EngineProcessError(f"{type(err).__name__}: {err}")
+    return (seq, "error", err, remote)
 
 
 def _serve(conn, target: str, kwargs: dict, env: dict) -> None:
@@ -51,39 +51,33 @@ def _serve(conn, target: str, kwargs: dict, env: dict) -> None:
     try:
         engine = getattr(importlib.import_module(module_name), class_name)(**kwargs)
     except BaseException as err:  # noqa: BLE001 - reported to the parent, which raises it
-        _send(conn, _error_message(err))
+        _send(conn, _error_reply(0, err))
         return
-    _send(conn, ("ok", None, None))
-    stop_requested = False
+    _send(conn, (0, "ok", None, None))
     try:
         while True:
             try:
-                method, args = pickle.loads(conn.recv_bytes())
+                seq, method, args = pickle.loads(conn.recv_bytes())
             except (EOFError, OSError):
                 return  # the parent is gone
             if method == "shutdown":
-                stop_requested = True
                 return
             try:
                 result = getattr(engine, method)(*args)
             except BaseException as err:  # noqa: BLE001
-                _send(conn, _error_message(err))
+                _send(conn, _error_reply(seq, err))
                 continue
-            _send(conn, ("ok", result, None))
+            _send(conn, (seq, "ok", result, None))
     finally:
         engine.shutdown()
-        if stop_requested:
-            _send(conn, ("ok", None, None))
 
 
 def _stop_process(process, conn, timeout: float) -> None:
     """Ask the child to stop; terminate, then kill it if it does not."""
     if process.is_alive():
         try:
-            _send(conn, ("shutdown", ()))
-            if conn.poll(timeout):
-                conn.recv_bytes()
-        except (OSError, EOFError, BrokenPipeError):
+            _send(conn, (-1, "shutdown", ()))
+        except OSError:
             pass
         process.join(timeout)
     for stop in (process.terminate, process.kill):
@@ -108,8 +102,9 @@ class SubprocessEngine(Engine):
         child_conn.close()  # the child's copy keeps the pipe open; ours would hide its death
         self._stopper = weakref.finalize(self, _stop_process, self._process, self._conn, shutdown_timeout)
         self.target = target
+        self._seq = 0
         try:
-            self._reply(startup_timeout)
+            self._reply(0, startup_timeout)
         except BaseException:
             self._stopper()
             raise
@@ -118,19 +113,26 @@ class SubprocessEngine(Engine):
     def pid(self) -> int | None:
         return self._process.pid
 
-    def _reply(self, timeout: float | None = None):
+    def _reply(self, seq: int, timeout: float | None = None):
+        """Wait for the answer to request `seq`; answers to earlier requests
+        (a call interrupted in the parent, e.g. by Ctrl-C) are dropped."""
         waited = 0.0
-        while not self._conn.poll(1.0):
-            waited += 1.0
-            if not self._process.is_alive():
-                raise EngineProcessError(
-                    f"engine process for {self.target} exited with code {self._process.exitcode}")
-            if timeout is not None and waited >= timeout:
-                raise EngineProcessError(f"engine process for {self.target} did not answer in {timeout:.0f} s")
-        try:
-            status, value, remote = pickle.loads(self._conn.recv_bytes())
-        except (EOFError, OSError) as err:
-            raise EngineProcessError(f"engine process for {self.target} closed the pipe") from err
+        while True:
+            while not self._conn.poll(1.0):
+                waited += 1.0
+                if not self._process.is_alive():
+                    raise EngineProcessError(
+                        f"engine process for {self.target} exited with code {self._process.exitcode}")
+                if timeout is not None and waited >= timeout:
+                    raise EngineProcessError(f"engine process for {self.target} did not answer in {timeout:.0f} s")
+            try:
+                got, status, value, remote = pickle.loads(self._conn.recv_bytes())
+            except (EOFError, OSError) as err:
+                self._process.join(5)
+                raise EngineProcessError(f"engine process for {self.target} exited with code "
+                                         f"{self._process.exitcode}") from err
+            if got == seq:
+                break
         if status == "error":
             value.add_note(f"in the engine process:\n{remote}")
             raise value
@@ -139,11 +141,12 @@ class SubprocessEngine(Engine):
     def _call(self, method: str, *args):
         if not self._stopper.alive:
             raise EngineProcessError(f"engine {self.target} was shut down")
+        self._seq += 1
         try:
-            _send(self._conn, (method, args))
-        except (OSError, BrokenPipeError) as err:
+            _send(self._conn, (self._seq, method, args))
+        except OSError as err:
             raise EngineProcessError(f"engine process for {self.target} is gone") from err
-        return self._reply()
+        return self._reply(self._seq)
 
     def generate(self, prompt_token_ids: list[list[int]], sampling: SamplingParams) -> list[GenerationOutput]:
         return self._call("generate", [list(p) for p in prompt_token_ids], sampling)

@@ -57,7 +57,11 @@ def repack_shared_weights(worker) -> int:
     copy of the layers it loads, but a tied head gets no tensor of its own
     (its checkpoint name is skipped), so it would keep the old embedding.
     Re-run the post-load processing of every layer whose weight is shared.
-    Returns the number of layers repacked (a no-op on GPU)."""
+    Returns the number of layers repacked (none on GPU, which has no copy)."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return 0
     modules_of: dict[int, list] = {}
     for module in worker.get_model().modules():
         weight = module._parameters.get("weight")

@@ -1,6 +1,31 @@
 """Ray worker groups: FSDP2 actor (+ reference model, + rollout engine) and critic.
 
-The trainer uses only what is exported here; see docs/CONTRACTS.md (Workers).
+The trainer uses only what is exported here (docs/CONTRACTS.md, Workers).
+
+- `init_ray(address)`: `address`, else $RAY_ADDRESS, else a local runtime.
+- A group is `world_size(cfg)` = n_gpus_per_node x nnodes Ray actors placed on
+  one placement group (a bundle per GPU, or per rank on CPU) and joined into a
+  torch.distributed group (nccl on GPU, gloo on CPU); rank 0 gives
+  MASTER_ADDR/MASTER_PORT. Batches are split into equal row shards (filler rows
+  with an empty loss mask even them out) and results come back in row order.
+- `update(batch)`: `ppo_epochs` passes over mini-batches of
+  `ppo_mini_batch_size` rows (global, shuffled per epoch with a seeded
+  permutation), one optimizer step each; every rank splits its share into
+  micro-batches of `ppo_micro_batch_size_per_gpu` rows, and each micro-batch's
+  loss is weighted by its share of the mini-batch's loss tokens (or rows, for
+  the seq-mean modes), counted over all ranks. AdamW, linear warmup over
+  `lr_warmup_steps` optimizer steps, gradient clipping.
+- Non-finite guards: rows whose advantages / old or ref log-probs / returns /
+  values, or whose new log-prob ratio, are non-finite are dropped and counted
+  (`*/dropped_samples`); a non-finite gradient norm skips the step
+  (`*/skipped_steps`, a log line); checkpoints and exports refuse NaN/inf.
+- `save_checkpoint(dir)` writes model.pt and optim.pt (full state dicts),
+  state.pt (scheduler, counters), rng_rank<r>.pt and driver_state.json;
+  `load_checkpoint(dir)` restores all of them, so a resumed CPU run continues
+  bit for bit. The rollout engine's own sampling RNG is not part of it: give
+  `SamplingParams.seed` for reproducible rollouts.
+- A rank that dies raises `WorkerDiedError` ("actor rank 1 died: ...") from
+  the call that noticed; `shutdown()` always works, also twice.
 """
 
 from grl.workers.group import (

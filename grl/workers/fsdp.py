@@ -42,7 +42,11 @@ def shard(module: nn.Module, layers: list[nn.Module], device: str, mixed_precisi
           offload: bool, role: str) -> torch.dtype:
     """FSDP2 in place: every decoder layer, then the root. Returns the dtype
     the forward computes in."""
-    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import (
+        CPUOffloadPolicy,
+        MixedPrecisionPolicy,
+        fully_shard,
+    )
 
     kwargs = {}
     compute_dtype = next(module.parameters()).dtype
@@ -86,14 +90,20 @@ def full_state_dict(module: nn.Module, on_all_ranks: bool = False) -> dict[str, 
     """Gathered weights on CPU (collective: every rank must call). Only rank 0
     gets them unless `on_all_ranks`. The tensors may alias live parameters or
     FSDP's gather buffers: use (save, copy) them before the next forward or step."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+    )
 
     options = StateDictOptions(full_state_dict=True, cpu_offload=not on_all_ranks)
     return get_model_state_dict(module, options=options)
 
 
 def full_optimizer_state(module: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_optimizer_state_dict,
+    )
 
     return get_optimizer_state_dict(module, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
@@ -101,8 +111,11 @@ def full_optimizer_state(module: nn.Module, optimizer: torch.optim.Optimizer) ->
 def load_full_state(module: nn.Module, optimizer: torch.optim.Optimizer | None, model_state: dict,
                     optim_state: dict | None) -> None:
     """Every rank passes the full (unsharded) dicts; each keeps its shard."""
-    from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
-                                                         set_optimizer_state_dict)
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
 
     options = StateDictOptions(full_state_dict=True)
     set_model_state_dict(module, model_state, options=options)

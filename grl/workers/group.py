@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -28,7 +29,7 @@ REPO_ROOT = str(Path(__file__).resolve().parents[2])
 # critic, a second actor while a test compares two) can share one bundle.
 GROUPS_PER_BUNDLE = 4
 PLACEMENT_TIMEOUT_S = 600
-TEARDOWN_TIMEOUT_S = 30
+TEARDOWN_TIMEOUT_S = 10  # a rank stuck in a collective (a peer died) is killed after this
 DRIVER_STATE = "driver_state.json"
 
 ACTOR_KEYS = ("input_ids", "attention_mask", "position_ids", "segment_ids", "loss_mask", "advantages",
@@ -79,14 +80,22 @@ def resolve_device(requested: str) -> str:
 
 # ---------------------------------------------------------------- placement
 
-_pools: dict[tuple[int, str], list] = {}  # (world size, device) -> [placement group, users]
+# (Ray job, world size, device) -> [placement group, users]; the job id keeps
+# a pool from outliving the Ray runtime it was made in.
+_pools: dict[tuple[str, int, str], list] = {}
+
+
+def _pool_key(size: int, device: str) -> tuple[str, int, str]:
+    import ray
+
+    return ray.get_runtime_context().get_job_id(), size, device
 
 
 def _acquire_pool(size: int, device: str):
     import ray
     from ray.util.placement_group import placement_group
 
-    key = (size, device)
+    key = _pool_key(size, device)
     if key in _pools and _pools[key][1] > 0:
         _pools[key][1] += 1
         return _pools[key][0]
@@ -107,15 +116,16 @@ def _acquire_pool(size: int, device: str):
 def _release_pool(size: int, device: str) -> None:
     import ray
 
-    entry = _pools.get((size, device))
+    key = _pool_key(size, device)
+    entry = _pools.get(key)
     if entry is None:
         return
     entry[1] -= 1
     if entry[1] <= 0:
-        del _pools[(size, device)]
+        del _pools[key]
         try:
             ray.util.remove_placement_group(entry[0])
-        except Exception as err:  # Ray already gone (ray.shutdown before our shutdown)
+        except Exception as err:  # noqa: BLE001 - Ray already gone (ray.shutdown came first)
             log.debug("remove_placement_group: %s", err)
 
 
@@ -179,6 +189,7 @@ class _WorkerGroup:
         self.role, self.cfg, self.size = role, cfg, size
         self.device = resolve_device(cfg.trainer.device)
         self.workers: list = []
+        self._abandoned: list = []  # results of peers of a failed rank, collected at shutdown
         self._closed = False
         self._updates = 0  # update() calls so far: seeds the mini-batch shuffle
         pg = _acquire_pool(size, self.device)
@@ -218,8 +229,12 @@ class _WorkerGroup:
             try:
                 results[i] = ray.get(ready[0])
             except RayActorError as err:
+                self._abandoned += pending
                 name = f"{self.role} rank {ranks[i]}"
                 raise WorkerDiedError(f"{name} died: {_first_line(err)}", worker=name) from err
+            except BaseException:
+                self._abandoned += pending
+                raise
         return results
 
     def call(self, method: str, *args) -> list:
@@ -247,6 +262,8 @@ class _WorkerGroup:
             raise RuntimeError(f"the {self.role} group has been shut down")
 
     def _scatter(self, method: str, tensors: dict[str, torch.Tensor], *args) -> tuple[list, int]:
+        if len(tensors["input_ids"]) == 0:
+            raise ValueError(f"{self.role}.{method}: the batch has no rows")
         padded, rows = _pad_rows(tensors, self.size)
         return self.call_sharded(method, _equal_shards(padded, self.size), *args), rows
 
@@ -267,15 +284,17 @@ class _WorkerGroup:
 
     # -- checkpoints
 
+    # Paths go to the ranks absolute: a rank's working directory need not be the driver's.
+
     def save_checkpoint(self, path: str) -> None:
-        self.call("save_checkpoint", str(path))
+        self.call("save_checkpoint", str(Path(path).resolve()))
         (Path(path) / DRIVER_STATE).write_text(json.dumps({"updates": self._updates}))
 
     def load_checkpoint(self, path: str) -> None:
         state_file = Path(path) / DRIVER_STATE
         if not state_file.is_file():
             raise FileNotFoundError(f"{path}: not a {self.role} checkpoint (no {DRIVER_STATE})")
-        self.call("load_checkpoint", str(path))
+        self.call("load_checkpoint", str(Path(path).resolve()))
         self._updates = json.loads(state_file.read_text())["updates"]
 
     # -- lifetime
@@ -301,7 +320,14 @@ class _WorkerGroup:
                     ray.kill(w)
                 except Exception as err:  # noqa: BLE001
                     log.debug("kill: %s", err)
-        self.workers = []
+            # Fetch what the failed call's other ranks left, so Ray does not
+            # report those errors as unhandled when the references go away.
+            for ref in self._abandoned:
+                try:
+                    ray.get(ref, timeout=TEARDOWN_TIMEOUT_S)
+                except Exception as err:  # noqa: BLE001
+                    log.debug("abandoned call: %s", _first_line(err))
+        self.workers, self._abandoned = [], []
         if ray.is_initialized():
             _release_pool(*self._pool)
 
@@ -310,14 +336,19 @@ class EngineProxy(Engine):
     """The rollout engine as the driver sees it. Generation runs inside the
     actor ranks that hold an engine; prompts are split over them in order."""
 
-    def __init__(self, group: "ActorRolloutRefGroup", ranks: list[int]):
+    def __init__(self, group: ActorRolloutRefGroup, ranks: list[int]):
         self._group, self._ranks = group, ranks
 
     def generate(self, prompt_token_ids: list[list[int]], sampling: SamplingParams) -> list:
         n, k = len(prompt_token_ids), len(self._ranks)
         bounds = [round(i * n / k) for i in range(k + 1)]
-        pieces = [(prompt_token_ids[bounds[i]:bounds[i + 1]], sampling) for i in range(k)]
-        results = self._group.call_ranks(self._ranks, "engine_generate", pieces)
+        busy = [i for i in range(k) if bounds[i + 1] > bounds[i]]
+        # Engines seed request j with seed + j; shift each piece so every prompt
+        # keeps the seed it would get from one engine (no two share a stream).
+        pieces = [(prompt_token_ids[bounds[i]:bounds[i + 1]],
+                   sampling if sampling.seed is None else replace(sampling, seed=sampling.seed + bounds[i]))
+                  for i in busy]
+        results = self._group.call_ranks([self._ranks[i] for i in busy], "engine_generate", pieces)
         return [out for part in results for out in part]
 
     def update_weights(self, named_tensors: NamedTensors) -> None:
@@ -376,7 +407,7 @@ class ActorRolloutRefGroup(_WorkerGroup):
         self.call("sync_weights")
 
     def export_hf(self, path: str) -> None:
-        self.call("export_hf", str(path))
+        self.call("export_hf", str(Path(path).resolve()))
 
 
 class CriticGroup(_WorkerGroup):

@@ -18,21 +18,16 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from grl.algo import entropy_from_logits, log_probs_from_logits
+from grl.rollout.batch import packed_attention_mask
 
 
-def packed_attention_mask(segment_ids: torch.Tensor, attention_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Additive `[B, 1, T, T]` mask: causal, and a token sees only tokens of its
-    own episode (same segment id). Padding queries see themselves, so no
-    softmax row is empty (an empty row is NaN in sdpa)."""
-    T = segment_ids.shape[1]
-    valid = attention_mask.bool()
-    causal = torch.ones(T, T, dtype=torch.bool, device=segment_ids.device).tril()
-    same = segment_ids[:, :, None] == segment_ids[:, None, :]
-    allowed = same & causal & valid[:, None, :] & valid[:, :, None]
-    allowed |= torch.eye(T, dtype=torch.bool, device=segment_ids.device)
-    mask = torch.zeros(allowed.shape, dtype=dtype, device=segment_ids.device)
-    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
-    return mask[:, None]
+def additive_packed_mask(segment_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """`grl.rollout.packed_attention_mask` in the additive `[B, 1, T, T]` form the
+    attention kernels take. Padding queries see themselves, so no softmax row is
+    empty (an empty row is NaN in sdpa)."""
+    allowed = packed_attention_mask(segment_ids)
+    allowed |= torch.eye(segment_ids.shape[1], dtype=torch.bool, device=segment_ids.device)
+    return torch.zeros(allowed.shape, dtype=dtype, device=segment_ids.device).masked_fill_(~allowed, torch.finfo(dtype).min)
 
 
 def scored_positions(attention_mask: torch.Tensor, segment_ids: torch.Tensor | None) -> torch.Tensor:
@@ -78,16 +73,18 @@ class TokenScorer(nn.Module):
     def forward(self, input_ids, attention_mask, position_ids, segment_ids=None, chunk_size: int = 1024):
         backbone = self.model.base_model
         if segment_ids is not None:
-            mask = packed_attention_mask(segment_ids, attention_mask, self.compute_dtype)
+            mask = additive_packed_mask(segment_ids, self.compute_dtype)
         else:
             mask = attention_mask
         hidden = backbone(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
                           use_cache=False).last_hidden_state
         B, T, H = hidden.shape
         keep = scored_positions(attention_mask, segment_ids)
-        # Position t is scored from the hidden state at t - 1.
-        flat_hidden = hidden[:, :-1].reshape(-1, H)
-        flat_labels = input_ids[:, 1:].reshape(-1)
+        # Position t is scored from the hidden state at t - 1; only scored
+        # positions go through the head (padding costs no vocab-sized work).
+        picked = keep[:, 1:].reshape(-1)
+        flat_hidden = hidden[:, :-1].reshape(-1, H)[picked]
+        flat_labels = input_ids[:, 1:].reshape(-1)[picked]
         head = self.head()
         step = max(int(chunk_size), 1)
         recompute = torch.is_grad_enabled()
@@ -95,17 +92,15 @@ class TokenScorer(nn.Module):
         for i in range(0, flat_hidden.shape[0], step):
             h = flat_hidden[i:i + step]
             if self.kind == "policy":
-                args = (head, h, flat_labels[i:i + step])
-                fn = _log_prob_and_entropy
+                args, fn = (head, h, flat_labels[i:i + step]), _log_prob_and_entropy
             else:
                 args, fn = (head, h), _value
             outputs.append(checkpoint(fn, *args, use_reentrant=False) if recompute else fn(*args))
-        zeros = hidden.new_zeros((B, 1), dtype=torch.float32)
 
         def assemble(parts):
-            shifted = torch.cat(parts).reshape(B, T - 1) if parts else hidden.new_zeros((B, 0), dtype=torch.float32)
-            full = torch.cat([zeros, shifted], dim=1)
-            return torch.where(keep, full, torch.zeros((), dtype=full.dtype, device=full.device))
+            scores = torch.cat(parts) if parts else hidden.new_zeros(0, dtype=torch.float32)
+            full = torch.zeros(B * (T - 1), dtype=torch.float32, device=hidden.device).masked_scatter(picked, scores)
+            return torch.cat([full.new_zeros(B, 1), full.reshape(B, T - 1)], dim=1)
 
         if self.kind == "policy":
             return assemble([o[0] for o in outputs]), assemble([o[1] for o in outputs])

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 from pathlib import Path
 
 import torch
@@ -39,17 +38,25 @@ def split_rows(tensors: dict, size: int) -> list[dict]:
     return [{k: v[i:i + size] for k, v in tensors.items()} for i in range(0, n, max(size, 1))]
 
 
+def loss_units(loss_mask: torch.Tensor, mode: str) -> float:
+    """What `agg_loss(mode)` divides by: loss tokens (token-mean) or rows that
+    have any (the seq-mean modes). A micro-batch's mean loss times its units
+    over the mini-batch's units is its share of the mini-batch loss."""
+    has = loss_mask > 0
+    return float(has.sum() if mode == "token-mean" else has.any(-1).sum())
+
+
 class Worker:
     def __init__(self, role: str, rank: int, world_size: int, cfg, device: str, use_ref: bool = False,
                  engine_name: str | None = None):
         logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {role}[{rank}] %(message)s")
-        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         self.role, self.rank, self.world_size = role, rank, world_size
         self.cfg, self.device, self.use_ref, self.engine_name = cfg, device, use_ref, engine_name
         self.engine = None
         self.ref = None
         self.updates = 0  # optimizer steps taken (the scheduler's clock)
-        self.skipped_steps = 0
+        self.skipped_steps = 0  # over the whole run
+        self.last_lr = 0.0
 
     # ------------------------------------------------------------ set-up
 
@@ -159,9 +166,14 @@ class Worker:
         totals: dict[str, float] = {}
         steps = 0
         grad_norms, dropped = [], 0.0
+        skipped_before = self.skipped_steps
         for part in parts:
-            stats, n_dropped = self._minibatch(self._to_device(part))
+            stats, n_dropped, trained = self._minibatch(self._to_device(part))
             dropped += n_dropped
+            if not trained:  # no loss token left anywhere: a step would be pure weight decay and momentum
+                log.warning("%s rank %d: mini-batch without loss tokens; no optimizer step", self.role, self.rank)
+                self.optimizer.zero_grad(set_to_none=True)
+                continue
             norm = self._optimizer_step()
             if math.isfinite(norm):
                 grad_norms.append(norm)
@@ -173,8 +185,8 @@ class Worker:
         p = "actor" if self.role == "actor" else "critic"
         metrics = {f"{p}/{k}": v / max(steps, 1) for k, v in zip(keys, summed[:-1])}
         metrics[f"{p}/grad_norm"] = sum(grad_norms) / len(grad_norms) if grad_norms else float("nan")
-        metrics[f"{p}/lr"] = self.optimizer.param_groups[0]["lr"]
-        metrics[f"{p}/skipped_steps"] = float(self.skipped_steps)
+        metrics[f"{p}/lr"] = self.last_lr
+        metrics[f"{p}/skipped_steps"] = float(self.skipped_steps - skipped_before)
         metrics[f"{p}/dropped_samples"] = summed[-1]
         return metrics
 
@@ -192,9 +204,10 @@ class Worker:
     def _uses_kl_loss(self, part: dict) -> bool:
         return self.role == "actor" and bool(self.train_cfg.use_kl_loss) and "ref_log_probs" in part
 
-    def _minibatch(self, part: dict) -> tuple[dict[str, float], float]:
+    def _minibatch(self, part: dict) -> tuple[dict[str, float], float, bool]:
         """Accumulate the gradient of one mini-batch's loss; the optimizer step
-        is the caller's. Rows with non-finite inputs, ratios or losses are dropped."""
+        is the caller's. Rows with non-finite inputs, ratios or losses are
+        dropped. -> (stats, dropped rows, whether any rank had a loss token)."""
         from grl.algo import finite_rows
 
         mode = self._loss_agg_mode()
@@ -202,12 +215,13 @@ class Worker:
         has_tokens = (mask > 0).any(-1)
         ok = finite_rows(*self._guarded_inputs(part), loss_mask=mask)
         dropped = float((~ok & has_tokens).sum())
+        if dropped:
+            log.warning("%s rank %d: dropping %d row(s) with non-finite inputs", self.role, self.rank, int(dropped))
         mask[~ok] = 0.0
         part = dict(part, loss_mask=mask)
         # Normalise by the whole mini-batch (all ranks), so micro-batch
         # gradients add up to the gradient of the mini-batch loss.
-        tokens, rows = fsdp.all_reduce_sum([float((mask > 0).sum()), float((mask > 0).any(-1).sum())])
-        denom = max(tokens if mode == "token-mean" else rows, 1.0)
+        tokens, units = fsdp.all_reduce_sum([loss_units(mask, "token-mean"), loss_units(mask, mode)])
         stats: dict[str, float] = {}
         micro = int(self.train_cfg.ppo_micro_batch_size_per_gpu)
         for chunk in split_rows(part, micro):
@@ -215,15 +229,14 @@ class Worker:
             loss, chunk_stats, n_dropped = self._micro_loss(out, trimmed, mode)
             dropped += n_dropped
             m = trimmed["loss_mask"]
-            count = float((m > 0).sum()) if mode == "token-mean" else float((m > 0).any(-1).sum())
-            weight = count / denom
-            token_weight = float((m > 0).sum()) / max(tokens, 1.0)
+            weight = loss_units(m, mode) / max(units, 1.0)
+            token_weight = loss_units(m, "token-mean") / max(tokens, 1.0)
             # FSDP2 averages gradients over ranks; the loss is a share of a global sum, so undo it.
             (loss * weight * self.world_size).backward()
             for k, v in chunk_stats.items():
                 w = weight if k.endswith("loss") else token_weight
                 stats[k] = stats.get(k, 0.0) + v * w
-        return stats, dropped
+        return stats, dropped, tokens > 0
 
     def _micro_loss(self, out, trimmed: dict, mode: str):
         """Loss of one micro-batch -> (loss, stats, dropped rows). Rows whose
@@ -237,6 +250,9 @@ class Worker:
         ok = finite_rows(scored, loss_mask=mask)
         has_tokens = (mask > 0).any(-1)
         dropped = float((~ok & has_tokens).sum())
+        if dropped:
+            log.warning("%s rank %d: dropping %d row(s) with a non-finite %s", self.role, self.rank, int(dropped),
+                        "log-prob ratio" if self.role == "actor" else "value")
         if not bool(ok.all()):
             mask = mask.masked_fill(~ok[:, None], 0.0)
             trimmed["loss_mask"] = mask
@@ -252,7 +268,13 @@ class Worker:
         return loss, stats, dropped
 
     def _loss_terms(self, out, t: dict, mode: str) -> tuple[torch.Tensor, dict[str, float]]:
-        from grl.algo import entropy_bonus, kl_loss, masked_mean, policy_loss, value_loss
+        from grl.algo import (
+            entropy_bonus,
+            kl_loss,
+            masked_mean,
+            policy_loss,
+            value_loss,
+        )
 
         c = self.train_cfg
         if self.role == "critic":
@@ -284,6 +306,7 @@ class Worker:
         if hasattr(norm, "full_tensor"):
             norm = norm.full_tensor()
         norm = float(norm)
+        self.last_lr = self.optimizer.param_groups[0]["lr"]
         if math.isfinite(norm):
             self.optimizer.step()
             self.scheduler.step()
@@ -297,19 +320,22 @@ class Worker:
 
     # ------------------------------------------------------------ checkpoints
 
-    def _check_finite(self, state: dict, what: str) -> None:
-        bad = fsdp.non_finite_entries(state)
-        if bad:
-            raise ValueError(f"refusing to save the {self.role} {what}: {len(bad)} tensor(s) hold NaN/inf, "
-                             f"first {bad[0]}")
+    def _check_finite(self, states: dict[str, dict]) -> None:
+        """Collective: rank 0 (which holds the gathered `states`) checks them and
+        every rank raises together, so no rank is left waiting in a barrier."""
+        bad = {what: fsdp.non_finite_entries(state) for what, state in states.items()} if self.rank == 0 else {}
+        counts = fsdp.all_reduce_sum([len(names) for names in bad.values()] if self.rank == 0 else [0] * len(states))
+        if any(counts):
+            what = list(states)[next(i for i, c in enumerate(counts) if c)]
+            first = f", first {bad[what][0]}" if self.rank == 0 else ""
+            raise ValueError(f"refusing to save the {self.role} {what}: {int(sum(counts))} tensor(s) hold NaN/inf{first}")
 
     def save_checkpoint(self, path: str) -> None:
         model_state = fsdp.full_state_dict(self.module)
         optim_state = fsdp.full_optimizer_state(self.module, self.optimizer)
         folder = Path(path)
+        self._check_finite({"weights": model_state, "optimizer state": optim_state})
         if self.rank == 0:
-            self._check_finite(model_state, "weights")
-            self._check_finite(optim_state, "optimizer state")
             folder.mkdir(parents=True, exist_ok=True)
             torch.save(model_state, folder / MODEL_FILE)
             torch.save(optim_state, folder / OPTIM_FILE)
@@ -336,8 +362,8 @@ class Worker:
         from grl.models import load_tokenizer, resolve_model_path, torch_dtype
 
         state = fsdp.full_state_dict(self.module)
+        self._check_finite({"weights": state})
         if self.rank == 0:
-            self._check_finite(state, "weights")
             source = resolve_model_path(self.model_cfg.path)
             config = AutoConfig.from_pretrained(source)
             dtype = torch_dtype(self.model_cfg.dtype, self.device)
@@ -376,6 +402,8 @@ class Worker:
     def engine_call(self, method: str) -> None:
         if self.engine is not None:
             getattr(self.engine, method)()
+            if method == "shutdown":
+                self.engine = None
 
     # ------------------------------------------------------------ misc
 

