@@ -15,7 +15,7 @@ import logging
 
 from grl.engines.base import Engine, GenerationOutput, SamplingParams
 
-__all__ = ["Engine", "GenerationOutput", "SamplingParams", "ENGINE_NAMES", "make_engine", "pick_engine_name",
+__all__ = ["ENGINE_NAMES", "Engine", "GenerationOutput", "SamplingParams", "make_engine", "pick_engine_name",
            "sampling_from_config"]
 
 logger = logging.getLogger(__name__)
@@ -52,7 +52,8 @@ def vllm_status() -> tuple[bool, str]:
     on_gpu = _cuda_available()
     if not on_gpu and not _is_cpu_build_of_vllm():
         return False, "vllm is a GPU build and no CUDA device is visible"
-    probe = subprocess.run([sys.executable, "-c", "import vllm"], capture_output=True, text=True, timeout=600)
+    probe = subprocess.run([sys.executable, "-c", "import vllm"], capture_output=True, text=True, timeout=600,
+                           check=False)
     if probe.returncode != 0:
         lines = probe.stderr.strip().splitlines() or [f"exit code {probe.returncode}"]
         return False, f"import vllm failed: {lines[-1]}"
@@ -86,17 +87,17 @@ def make_engine(name: str, model_path: str, *, dtype: str = "auto", device: str 
 
         return HFEngine(path, dtype=dtype, device=device, seed=seed)
     on_gpu = device.startswith("cuda") if device else _cuda_available()
-    kwargs = dict(dtype=dtype, device=device, gpu_memory_utilization=gpu_memory_utilization,
-                  enforce_eager=enforce_eager, max_model_len=max_model_len,
-                  tensor_model_parallel_size=tensor_model_parallel_size, free_cache_engine=free_cache_engine,
-                  seed=seed)
+    kwargs = {"dtype": dtype, "device": device, "gpu_memory_utilization": gpu_memory_utilization,
+              "enforce_eager": enforce_eager, "max_model_len": max_model_len,
+              "tensor_model_parallel_size": tensor_model_parallel_size, "free_cache_engine": free_cache_engine,
+              "seed": seed}
     if on_gpu:
         from grl.engines.vllm_engine import VLLMEngine
 
         return VLLMEngine(path, **kwargs)
     from grl.engines.proxy import SubprocessEngine
 
-    return SubprocessEngine("grl.engines.vllm_engine:VLLMEngine", dict(model_path=path, **kwargs),
+    return SubprocessEngine("grl.engines.vllm_engine:VLLMEngine", {"model_path": path, **kwargs},
                             env={"OMP_NUM_THREADS": _engine_cpu_threads()})
 
 
@@ -115,7 +116,7 @@ def _number(cfg, key: str, default, kind, path: str):
     if value is None:
         value = default
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{path}.{key}: expected a number, got {value!r}")
+        raise TypeError(f"{path}.{key}: expected a number, got {value!r}")
     if kind is int and value != int(value):
         raise ValueError(f"{path}.{key}: expected an integer, got {value!r}")
     return kind(value)

@@ -6,8 +6,8 @@ exactly the tokens the engine sampled.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping
 
 
 @dataclass

@@ -12,12 +12,8 @@ column; the KV cache makes each step one token per row.
 
 from __future__ import annotations
 
-import logging
-
 from grl.engines.base import Engine, GenerationOutput, NamedTensors, SamplingParams
 from grl.engines.weights import check_named_tensors, weight_spec
-
-logger = logging.getLogger(__name__)
 
 
 def filter_logits(logits, temperature: float, top_k: int, top_p: float):

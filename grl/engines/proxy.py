@@ -1,7 +1,8 @@
 """Run an engine in a child process and talk to it over a pipe.
 
-vLLM on CPU pins the threads of the process it runs in, which would starve
-the trainer's torch ops, so on CPU the vLLM engine gets its own process.
+vLLM on CPU takes over the threading of the process it runs in (torch's
+thread count, OpenMP binding), which would starve or slow the trainer's
+torch ops, so on CPU the vLLM engine gets its own process.
 The child is started with the "spawn" method (a fresh interpreter: no
 copied torch thread pools or locks) and serves one call at a time.
 
@@ -13,7 +14,6 @@ move the sender's tensors (the trainer's live parameters) into shared memory.
 from __future__ import annotations
 
 import importlib
-import logging
 import multiprocessing
 import os
 import pickle
@@ -21,8 +21,6 @@ import traceback
 import weakref
 
 from grl.engines.base import Engine, GenerationOutput, NamedTensors, SamplingParams
-
-logger = logging.getLogger(__name__)
 
 
 class EngineProcessError(RuntimeError):
@@ -38,7 +36,7 @@ def _error_reply(seq: int, err: BaseException):
     remote = traceback.format_exc()
     try:
         pickle.loads(pickle.dumps(err))
-    except Exception:
+    except Exception:  # noqa: BLE001 - whatever pickling raises, send a stand-in
         err = EngineProcessError(f"{type(err).__name__}: {err}")
     return (seq, "error", err, remote)
 

@@ -12,8 +12,12 @@ place of its canonical name and dropped when both are given.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 
 class WeightMismatchError(ValueError):
@@ -56,7 +60,7 @@ def _shape_text(shape) -> str:
     return "(" + ", ".join(str(int(d)) for d in shape) + ")"
 
 
-def check_named_tensors(named_tensors, spec: WeightSpec) -> list[tuple[str, "torch.Tensor"]]:  # noqa: F821
+def check_named_tensors(named_tensors, spec: WeightSpec) -> list[tuple[str, torch.Tensor]]:
     """Return [(canonical name, tensor)] covering every tensor of `spec`, or
     raise WeightMismatchError naming the first problem."""
     import torch

@@ -4,7 +4,6 @@ Engines are session-scoped: building one costs seconds (vLLM: tens of
 seconds), and none of the tests leaves its weights changed.
 """
 
-import json
 import os
 import shutil
 from pathlib import Path
@@ -14,8 +13,6 @@ import pytest
 # A smaller KV cache allocates faster; a user's own setting wins.
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-VLLM_CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 
 QUESTIONS = [
     "What is 2 + 3?", "Name a primary colour.", "Say hello in French.", "What is the capital of Italy?",
@@ -28,9 +25,9 @@ QUESTIONS = [
 ]
 
 
-def chat_prompts(tokenizer, n=len(QUESTIONS)):
+def chat_prompts(tokenizer):
     return [tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
-                                          tokenize=True, return_dict=False) for q in QUESTIONS[:n]]
+                                          tokenize=True, return_dict=False) for q in QUESTIONS]
 
 
 def save_perturbed(model, out_dir, seed=1, scale=10.0):
@@ -80,27 +77,6 @@ def embedded_path():
     from grl.models import resolve_model_path
 
     return resolve_model_path("embedded")
-
-
-@pytest.fixture(scope="session")
-def tiny_vllm_path(tiny_path, tmp_path_factory):
-    """`tiny` if vLLM's CPU attention supports its head size, else the same
-    model with 2 heads of 32 (vLLM CPU has no kernel for head size 16)."""
-    config = json.loads((Path(tiny_path) / "config.json").read_text())
-    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
-    if head_dim in VLLM_CPU_HEAD_SIZES:
-        return tiny_path
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
-    model_config = AutoConfig.from_pretrained(tiny_path)
-    model_config.num_attention_heads, model_config.num_key_value_heads = 2, 1
-    model_config.head_dim = config["hidden_size"] // 2
-    out = tmp_path_factory.mktemp("tiny-head32")
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(model_config).save_pretrained(out)
-    AutoTokenizer.from_pretrained(tiny_path).save_pretrained(out)
-    return str(out)
 
 
 @pytest.fixture(scope="session")

@@ -21,15 +21,8 @@ def process_exists(pid):
 
 
 @pytest.fixture(scope="module")
-def vllm_tiny(tiny_vllm_path):
-    engine = make_engine("vllm", tiny_vllm_path)
-    yield engine
-    engine.shutdown()
-
-
-@pytest.fixture(scope="module")
-def hf_tiny_vllm(tiny_vllm_path):
-    engine = make_engine("hf", tiny_vllm_path)
+def vllm_tiny(tiny_path):
+    engine = make_engine("vllm", tiny_path)
     yield engine
     engine.shutdown()
 
@@ -45,13 +38,17 @@ def same_share(a, b):
     return sum(x.token_ids == y.token_ids for x, y in zip(a, b)) / len(a)
 
 
-def test_greedy_parity_tiny(vllm_tiny, hf_tiny_vllm, prompts):
-    assert same_share(vllm_tiny.generate(prompts, GREEDY), hf_tiny_vllm.generate(prompts, GREEDY)) >= 0.95
+def test_greedy_parity_tiny(vllm_tiny, hf_tiny, prompts):
+    share = same_share(vllm_tiny.generate(prompts, GREEDY), hf_tiny.generate(prompts, GREEDY))
+    print(f"\ntiny: vLLM and hf greedy identical on {share:.0%} of {len(prompts)} prompts")
+    assert share >= 0.95
 
 
 def test_greedy_parity_and_log_probs_embedded(vllm_embedded, hf_embedded, prompts):
     ours, theirs = vllm_embedded.generate(prompts, GREEDY), hf_embedded.generate(prompts, GREEDY)
-    assert same_share(ours, theirs) >= 0.95
+    share = same_share(ours, theirs)
+    print(f"\nembedded: vLLM and hf greedy identical on {share:.0%} of {len(prompts)} prompts")
+    assert share >= 0.95
     diffs = [abs(a - b) for x, y in zip(ours, theirs) if x.token_ids == y.token_ids
              for a, b in zip(x.log_probs, y.log_probs)]
     print(f"\nvLLM vs hf log-prob max abs diff over {len(diffs)} tokens: {max(diffs):.2e}")
@@ -73,7 +70,7 @@ def test_stop_string_and_stop_token(vllm_tiny, tokenizer, prompts):
     assert (cut.token_ids, cut.finish_reason) == (full[:full.index(full[5]) + 1], "stop")
 
 
-def test_seeds_and_log_probs_when_sampling(vllm_tiny, hf_tiny_vllm, prompts):
+def test_seeds_and_log_probs_when_sampling(vllm_tiny, hf_tiny, prompts):
     sampling = SamplingParams(temperature=0.8, top_k=100, max_new_tokens=8, seed=21)
     pair = vllm_tiny.generate([prompts[3], prompts[3]], sampling)
     again = vllm_tiny.generate([prompts[3], prompts[3]], sampling)
@@ -84,15 +81,15 @@ def test_seeds_and_log_probs_when_sampling(vllm_tiny, hf_tiny_vllm, prompts):
     # Raw log-probs: the model's, not the temperature/top-k distribution's.
     ids = torch.tensor([prompts[3] + pair[0].token_ids])
     with torch.no_grad():
-        log_probs = hf_tiny_vllm.model(ids).logits[0].float().log_softmax(-1)
+        log_probs = hf_tiny.model(ids).logits[0].float().log_softmax(-1)
     want = log_probs[len(prompts[3]) - 1:-1].gather(-1, torch.tensor(pair[0].token_ids)[:, None])[:, 0]
     assert torch.allclose(torch.tensor(pair[0].log_probs), want, atol=1e-3)
 
 
-def test_update_weights_matches_a_fresh_engine(vllm_tiny, hf_tiny_vllm, prompts, tmp_path, perturbed_copy):
-    original = {name: t.clone() for name, t in hf_tiny_vllm.model.state_dict().items()}
+def test_update_weights_matches_a_fresh_engine(vllm_tiny, hf_tiny, prompts, tmp_path, perturbed_copy):
+    original = {name: t.clone() for name, t in hf_tiny.model.state_dict().items()}
     before = vllm_tiny.generate(prompts, GREEDY)
-    new_state = perturbed_copy(hf_tiny_vllm.model, tmp_path)
+    new_state = perturbed_copy(hf_tiny.model, tmp_path)
     vllm_tiny.update_weights(new_state)
     after = vllm_tiny.generate(prompts, GREEDY)
     fresh = make_engine("vllm", str(tmp_path))
@@ -109,9 +106,9 @@ def test_update_weights_matches_a_fresh_engine(vllm_tiny, hf_tiny_vllm, prompts,
     assert [o.token_ids for o in vllm_tiny.generate(prompts, GREEDY)] == [o.token_ids for o in before]
 
 
-def test_failed_update_keeps_the_old_weights(vllm_tiny, hf_tiny_vllm, prompts):
+def test_failed_update_keeps_the_old_weights(vllm_tiny, hf_tiny, prompts):
     before = vllm_tiny.generate(prompts[:4], GREEDY)
-    state = {name: torch.zeros_like(t) for name, t in hf_tiny_vllm.model.state_dict().items()}
+    state = {name: torch.zeros_like(t) for name, t in hf_tiny.model.state_dict().items()}
     state["model.norm.weight"] = torch.ones(3)
     with pytest.raises(WeightMismatchError, match=r"'model.norm.weight' has shape \(3\), expected \(64\)"):
         vllm_tiny.update_weights(state)

@@ -3,7 +3,12 @@
 import pytest
 import torch
 
-from grl.engines.weights import WeightMismatchError, check_named_tensors, meta_weight_spec, weight_spec
+from grl.engines.weights import (
+    WeightMismatchError,
+    check_named_tensors,
+    meta_weight_spec,
+    weight_spec,
+)
 
 
 @pytest.fixture(scope="module")
