@@ -60,3 +60,36 @@ def test_same_seed_same_secret():
     first, second = tutorial_agent(), tutorial_agent()
     assert first.reset(11) == second.reset(11)
     assert first.step("<answer>50</answer>").reward == second.step("<answer>50</answer>").reward
+
+
+def test_the_tutorial_env_trains_for_a_step(tmp_path):
+    pytest.importorskip("ray")
+    from grl.tracking import METRICS_FILE, read_jsonl
+    from grl.trainer.agent_trainer import AgentTrainer
+    from grl.workers import init_ray
+
+    overrides = {
+        "model_path": "tiny", "n_gpus_per_node": 1, "trainer.device": "cpu", "actor_rollout_ref.rollout.name": "hf",
+        "rollout.training": f"[{TASK}]", "rollout.validation": f"[{TASK}]",
+        "rollout.agent_group_num": "[2]", "rollout.agent_group_size": "[2]",
+        "rollout.validation_agent_group_num": "[2]", "rollout.validation_agent_group_size": "[1]",
+        f"{TASK}.agent_config.max_turns": 2, "max_response_length": 8,
+        "ppo_mini_batch_size": 4, "micro_batch_size_per_gpu": 4, "total_training_steps": 1,
+        "test_freq": 1, "save_freq": -1, "trainer.val_before_train": False, "trainer.export_hf": False,
+        "trainer.logger": "[jsonl]", "resume_mode": "disable",
+        "trainer.run_dir": str(tmp_path / "run"), "trainer.default_local_dir": str(tmp_path / "ckpt"),
+        "actor_rollout_ref.model.enable_gradient_checkpointing": False,
+        "critic.model.enable_gradient_checkpointing": False,
+    }
+    cfg = load_config([f"{k}={v}" for k, v in overrides.items()])
+    init_ray(None, num_cpus=2)
+    try:
+        AgentTrainer.from_config(cfg).fit()
+    finally:
+        import ray
+
+        ray.shutdown()
+    (step,) = [r for r in read_jsonl(tmp_path / "run" / METRICS_FILE) if r["step"] == 1]
+    assert step[f"env/{TASK}/num_actions"] >= 0 and f"val-env/{TASK}/success" in step
+    for name in ("actor/pg_loss", "critic/vf_loss", "actor/grad_norm"):
+        assert step[name] is not None, name  # the update ran and gave finite numbers

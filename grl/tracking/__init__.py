@@ -13,8 +13,9 @@ import os
 import socket
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from grl.tracking.loggers import (
     ConsoleLogger,

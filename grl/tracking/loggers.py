@@ -12,8 +12,9 @@ import json
 import math
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 # Console columns: (label, metric name, format); a column is shown when its metric was logged.
 CONSOLE_COLUMNS = (
@@ -86,7 +87,7 @@ class JsonlLogger:
             os.replace(tmp, self.path)
         elif resume_step is None and self.path.exists():
             self.path.unlink()  # a fresh run starts a fresh history
-        self.file = open(self.path, "a")
+        self.file = open(self.path, "a")  # noqa: SIM115 - held open for the whole run
 
     def log(self, metrics: Mapping[str, float | None], step: int) -> None:
         self.file.write(json.dumps({"step": step, **metrics}, allow_nan=False) + "\n")

@@ -16,7 +16,7 @@ class RunAborted(RuntimeError):
     """The run stopped early (a worker died); the message says where to resume from."""
 
 
-def run(cfg: "DictConfig") -> None:
+def run(cfg: DictConfig) -> None:
     """Train with a config from `grl.config.load_config`."""
     from grl.trainer.agent_trainer import AgentTrainer
 

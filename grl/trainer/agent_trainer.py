@@ -1,6 +1,6 @@
 """AgentTrainer: the one place that knows the whole training step.
 
-`fit()` reads as the step of docs/DESIGN.md: rollout -> batch -> shape ->
+`fit()` reads as the step of the design brief: rollout -> batch -> shape ->
 score -> advantage -> update -> sync -> report. Every phase is one call into
 a lower layer (grl.rollout, grl.algo, grl.workers); this module only wires
 them, times them, validates, checkpoints and reports.
@@ -11,22 +11,42 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from grl.algo import apply_kl_penalty, compute_advantage, finite_rows, make_kl_controller
+from grl.algo import (
+    apply_kl_penalty,
+    compute_advantage,
+    finite_rows,
+    make_kl_controller,
+)
 from grl.engines import sampling_from_config
-from grl.rollout import (Batch, Episode, MultiTurnRollout, build_batch, filter_groups, normalize_episode_scores,
-                         task_specs, training_base_seed, unpack)
+from grl.rollout import (
+    Batch,
+    Episode,
+    MultiTurnRollout,
+    build_batch,
+    filter_groups,
+    normalize_episode_scores,
+    task_specs,
+    training_base_seed,
+    unpack,
+)
 from grl.tracking import Tracker, save_run_info
 from grl.trainer import RunAborted
 from grl.trainer import checkpoint as ckpt
-from grl.trainer.metrics import Timer, batch_metrics, reward_metrics, task_metrics, throughput_metrics
+from grl.trainer.metrics import (
+    Timer,
+    batch_metrics,
+    reward_metrics,
+    task_metrics,
+    throughput_metrics,
+)
 from grl.workers import WorkerDiedError
 
 log = logging.getLogger("grl.trainer")
@@ -58,7 +78,7 @@ class AgentTrainer:
         self.show_progress = "console" in cfg.trainer.logger
 
     @classmethod
-    def from_config(cls, cfg: DictConfig, hooks: list[StepHook] | None = None) -> "AgentTrainer":
+    def from_config(cls, cfg: DictConfig, hooks: list[StepHook] | None = None) -> AgentTrainer:
         """Start Ray, the actor (+ref, +engine) and critic workers, and the rollout."""
         from grl.models import load_tokenizer
         from grl.workers import ActorRolloutRefGroup, CriticGroup, init_ray, world_size

@@ -18,8 +18,9 @@ import os
 import random
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 LATEST = "latest"
 STATE_FILE = "trainer_state.json"
