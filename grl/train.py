@@ -56,9 +56,13 @@ def main(argv: list[str] | None = None) -> int:
         print(OmegaConf.to_yaml(cfg))
         return 0
 
-    from grl.trainer import run
+    from grl.trainer import RunAborted, run
 
-    run(cfg)
+    try:
+        run(cfg)
+    except RunAborted as err:  # a worker died: the message names it and the checkpoint to resume from
+        print(f"grl-train: {err}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -10,6 +10,7 @@ collective, so the driver calls it on all ranks with equally sized shards.
 from __future__ import annotations
 
 import logging
+import os
 import math
 from pathlib import Path
 
@@ -52,6 +53,10 @@ class Worker:
         logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {role}[{rank}] %(message)s")
         self.role, self.rank, self.world_size = role, rank, world_size
         self.cfg, self.device, self.use_ref, self.engine_name = cfg, device, use_ref, engine_name
+        if device == "cpu":
+            # Ray gives a fractional-CPU actor one thread, but the driver runs the phases of the
+            # roles one after another, so the ranks of the working group may share every core.
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
         self.engine = None
         self.ref = None
         self.updates = 0  # optimizer steps taken (the scheduler's clock)
