@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import logging
 import os
 import socket
 import subprocess
@@ -28,6 +29,7 @@ from grl.tracking.loggers import (
 )
 
 METRICS_FILE = "metrics.jsonl"
+log = logging.getLogger("grl.tracking")
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -53,6 +55,19 @@ class Tracker:
         numbers = clean(metrics)
         for backend in self.backends:
             backend.log(numbers, step)
+        if any(name.startswith("val-env/") for name in numbers):
+            self.plot()
+
+    def plot(self) -> None:
+        """Redraw `curves.png` from the JSONL file; a plotting problem never stops a run."""
+        if not any(isinstance(b, JsonlLogger) for b in self.backends):
+            return
+        from grl.tracking.plot import plot_run
+
+        try:
+            plot_run(self.run_dir)
+        except Exception as err:  # noqa: BLE001 - the curves are a convenience, the run is not
+            log.warning("could not draw %s/curves.png: %s", self.run_dir, err)
 
     def close(self) -> None:
         for backend in self.backends:

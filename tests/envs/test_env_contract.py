@@ -38,3 +38,14 @@ def test_same_seed_same_episode(name):
     for _ in range(20):
         action = rng.choice(["Up", "Down", "Left", "Right", "move 1 to 0", "move 2 to 1", "50", "7"])
         assert first.step(action) == second.step(action)
+
+
+def test_an_env_with_a_missing_dependency_is_reported_unavailable(tmp_path, monkeypatch):
+    (tmp_path / "needs_missing_dep.py").write_text("import not_a_real_package_for_grl\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(grl.envs._REGISTRY, "needs_missing", "needs_missing_dep:SomeEnv")
+    status = grl.envs.available()
+    assert "not_a_real_package_for_grl" in status["needs_missing"]
+    assert status["sokoban"] is None  # the others are unaffected
+    with pytest.raises(grl.envs.EnvUnavailable, match="needs_missing"):
+        grl.envs.make("needs_missing")

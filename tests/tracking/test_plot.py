@@ -49,3 +49,14 @@ def test_cli(tmp_path):
     missing = subprocess.run([sys.executable, "-m", "grl.cli", "plot", str(tmp_path / "nope")],
                              capture_output=True, text=True, timeout=120)
     assert missing.returncode == 2 and "metrics.jsonl" in missing.stdout
+
+
+def test_tracker_redraws_the_curves_at_each_validation(tmp_path):
+    from grl.tracking import Tracker
+
+    tracker = Tracker(["jsonl"], tmp_path, "p", "e")
+    tracker.log({"reward/mean": 0.5, "env/simpleSokobanAgent/success": 0.25}, step=1)
+    assert not (tmp_path / "curves.png").exists()  # no validation yet: nothing redrawn
+    tracker.log({"reward/mean": 0.7, "val-env/simpleSokobanAgent/success": 0.5}, step=2)
+    tracker.close()
+    assert matplotlib.image.imread(tmp_path / "curves.png").shape[1] > 1000
