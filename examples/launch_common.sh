@@ -51,7 +51,9 @@ grl_launch() {
     [ -x "$root/.venv/bin/python" ] && python="$root/.venv/bin/python"
     local cmd=("$python" -m grl.train)
 
+    local mode=cpu
     if _grl_has_cuda || [ "${GRL_FORCE_GPU:-0}" = 1 ]; then
+        mode=gpu
         export CUDA_VISIBLE_DEVICES="${arg[cuda_devices]}"
         cmd+=(
             "model_path=${arg[model_path]}"
@@ -89,7 +91,12 @@ grl_launch() {
     local key
     echo "grl: settings:"
     for key in "${names[@]}"; do
-        printf '  %-15s %s%s\n' "$key" "${arg[$key]}" "$([ -n "${given[$key]:-}" ] && echo "" || echo "  (default)")"
+        local note=""
+        if [ -z "${given[$key]:-}" ]; then
+            note="  (default)"
+            case "$key" in project|experiment) ;; *) [ "$mode" = cpu ] && note="  (default; not used: the CPU preset decides)" ;; esac
+        fi
+        printf '  %-15s %s%s\n' "$key" "${arg[$key]}" "$note"
     done
     [ ${#extra[@]} -gt 0 ] && echo "  overrides       ${extra[*]}"
 
