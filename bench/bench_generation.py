@@ -19,20 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-QUESTIONS = [
-    "What is 2 + 3?", "Name a primary colour.", "Say hello in French.", "What is the capital of Italy?",
-    "Give me a word that rhymes with cat.", "How many legs does a spider have?", "What is water made of?",
-    "Write one short sentence about the sea.", "What comes after Monday?", "Is the sun a star?",
-    "What is 10 times 7?", "Name a fruit that is yellow.", "Spell the word dog backwards.",
-    "What do bees make?", "Which is bigger, 3 or 8?", "Name an animal that can fly.",
-]
-
-
-def chat_prompts(tokenizer, n: int) -> list[list[int]]:
-    return [tokenizer.apply_chat_template([{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}],
-                                          add_generation_prompt=True, tokenize=True, return_dict=False)
-            for i in range(n)]
-
+from tests.engines.prompts import chat_prompts  # noqa: E402 - the prompts the engine tests use
 
 def tokens_per_second(engine, prompts, sampling) -> float:
     start = time.perf_counter()

@@ -9,26 +9,11 @@ import shutil
 from pathlib import Path
 
 import pytest
+from prompts import chat_prompts
 
 # A smaller KV cache allocates faster; a user's own setting wins.
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-QUESTIONS = [
-    "What is 2 + 3?", "Name a primary colour.", "Say hello in French.", "What is the capital of Italy?",
-    "Give me a word that rhymes with cat.", "How many legs does a spider have?", "What is water made of?",
-    "Write one short sentence about the sea.", "What comes after Monday?", "Is the sun a star?",
-    "What is 10 times 7?", "Name a fruit that is yellow.", "Spell the word dog backwards.",
-    "What do bees make?", "Which is bigger, 3 or 8?", "Name an animal that can fly.",
-    "What is the opposite of hot?", "Translate 'thank you' into Spanish.", "How many days are in a week?",
-    "What colour is grass?",
-]
-
-
-def chat_prompts(tokenizer):
-    return [tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
-                                          tokenize=True, return_dict=False) for q in QUESTIONS]
-
 
 def save_perturbed(model, out_dir, seed=1, scale=10.0):
     """Save `model` with every weight moved by seeded noise, large enough that
