@@ -207,8 +207,7 @@ class AgentTrainer:
         tmp = target.with_name(f".tmp_hf_actor_{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
         self.actor.export_hf(str(tmp))
-        shutil.rmtree(target, ignore_errors=True)
-        os.rename(tmp, target)
+        ckpt.replace_dir(tmp, target)
         return target
 
     def resume(self) -> bool:

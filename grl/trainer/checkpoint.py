@@ -45,6 +45,18 @@ def _atomic_write_text(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def replace_dir(tmp: Path, final: Path) -> None:
+    """Put the finished folder `tmp` at `final`. An existing `final` is moved aside
+    first and deleted last, so a crash leaves the old or the new folder there."""
+    if final.exists():
+        old = final.with_name(f".old_{final.name}_{os.getpid()}")
+        os.rename(final, old)
+        os.rename(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.rename(tmp, final)
+
+
 def latest_checkpoint(root: str | os.PathLike) -> Path | None:
     """The folder the `latest` marker names, if it is a complete checkpoint."""
     marker = Path(root) / LATEST
@@ -85,13 +97,7 @@ def write_checkpoint(root: str | os.PathLike, step: int, write_parts: Callable[[
     tmp.mkdir()
     write_parts(tmp)
     _atomic_write_text(tmp / STATE_FILE, json.dumps(state))
-    if final.exists():  # a rerun of the same step: move the old one aside before replacing it
-        old = root / f".old_{final.name}_{os.getpid()}"
-        os.rename(final, old)
-        os.rename(tmp, final)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.rename(tmp, final)
+    replace_dir(tmp, final)
     _atomic_write_text(root / LATEST, final.name + "\n")
     prune(root, max_to_keep)
     return final
