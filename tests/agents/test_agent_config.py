@@ -60,7 +60,7 @@ def test_promised_values(validated):
         assert env["render_mode"] == mode and env["num_blocks"] == 3
         assert (agent["max_turns"], agent["max_actions_per_turn"], agent["max_actions_all_turns"]) == (11, 5, 20)
     assert get("gsm8kAgent_single_turn")[0]["max_turns"] == 1 and get("gsm8kAgent_5_turn")[0]["max_turns"] == 5
-    assert get("gsm8kAgent_single_turn")[1]["dataset_path"] == "openai/gsm8k"
+    assert get("gsm8kAgent_single_turn")[1]["data_path"].endswith("/gsm8k/{split}.jsonl")
 
 
 @pytest.mark.skipif(not GSM8K_TEST.is_file(), reason="../shared/data/gsm8k/test.jsonl is not here")
@@ -69,7 +69,7 @@ def test_our_blocks_build_agents(validated):
     for name in OURS:
         block = task_instance(cfg, name)
         if block["agent_type"] == "gsm8kAgent":
-            block["env_config"]["dataset_path"] = str(GSM8K_TEST)
+            block["env_config"]["data_path"] = str(GSM8K_TEST)
         agent = make_agent(name, block)
         messages = agent.reset(0)
         assert messages[0]["role"] == "system" and "Turn 1. State:" in messages[1]["content"]
