@@ -114,3 +114,12 @@ def test_rows_without_an_answer_are_refused(tmp_path):
     bad.write_text(json.dumps({"problem": "p", "solution": "no box"}) + "\n")
     with pytest.raises(ValueError, match="bad.jsonl:1"):
         MathEnv(data_path=str(bad))
+
+
+def test_grading_from_many_threads_agrees_with_the_table():
+    # Envs step in a thread pool; math-verify's own timeout would refuse to run there.
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(8) as pool:  # a timeout of 9 s is a new cache key: every case is graded again
+        verdicts = list(pool.map(lambda case: grade(case[0], case[1], 9.0).correct, EQUIVALENCE))
+    assert verdicts == [equal for _, _, equal in EQUIVALENCE]
