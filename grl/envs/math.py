@@ -39,7 +39,8 @@ def math_record(row: dict, where: str) -> Problem:
     if answer is None and isinstance(row.get("solution"), str):
         answer = last_boxed(row["solution"])
     problem = question_text(row)
-    if problem is None or isinstance(answer, bool) or not isinstance(answer, (str, int, float)) or not str(answer).strip():
+    usable = isinstance(answer, (str, int, float)) and not isinstance(answer, bool) and str(answer).strip()
+    if problem is None or not usable:
         raise ValueError(f"math: {where}: needs a `problem` (or `question`) and an `answer` "
                          f"(or a `solution` with a \\boxed{{}} answer)")
     return Problem(problem, str(answer).strip())
@@ -95,4 +96,5 @@ class MathEnv(Env):
         return said if done else f"{said} Try again.\n\n{self.problem.problem}"
 
     def action_help(self) -> str:
-        return "Answer with the final result only, in LaTeX where needed (e.g. \\frac{3}{4}, 2\\sqrt{3}, (-\\infty, 2])."
+        return ("Answer with the final result only, in LaTeX where needed "
+                "(e.g. \\frac{3}{4}, 2\\sqrt{3}, (-\\infty, 2]).")

@@ -51,7 +51,8 @@ def test_play_math500_on_a_fixture_file(tmp_path):
                   stdin="<think>add</think><answer>0.75</answer>\n")
     assert out.returncode == 0, out.stderr
     assert rows[0]["problem"] in out.stdout and "=> reward 10  done True" in out.stdout
-    missing = grl_cli("play", "math500Agent_single_turn", f"math500Agent_single_turn.env_config.data_path={tmp_path}/no.jsonl")
+    missing = grl_cli("play", "math500Agent_single_turn",
+                      f"math500Agent_single_turn.env_config.data_path={tmp_path}/no.jsonl")
     assert missing.returncode == 2 and "scripts/install_dataset.sh --math" in missing.stderr
     assert missing.stderr.strip().count("\n") == 0
 
