@@ -147,65 +147,69 @@ install_bird() {
   fi
 }
 
-# hub_to_jsonl KIND HUB_ID CONFIG SPLIT DEST: one split of a hub dataset as GRL's JSONL layout, written
-# to a temporary file and moved into place only when complete; any failure is one line, no traceback
+# hub_to_jsonl KIND CONFIG SPLIT  LABEL HUB_ID DEST  [LABEL HUB_ID DEST ...]: hub datasets as GRL's JSONL
+# layout, in one Python process; each file is written under a temporary name and moved into place only when
+# complete. A set that fails is one line (no traceback) and leaves no file or empty folder behind.
 hub_to_jsonl() {
-  local kind="$1" hub_id="$2" config="$3" split="$4" dest="$5"
-  mkdir -p "$(dirname "$dest")"
-  if PYTHONPATH="$REPO_ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" - "$kind" "$hub_id" "$config" "$split" "$dest" <<'PY'
+  local kind="$1" config="$2" split="$3"; shift 3
+  local label hub_id dest reason got=0
+  while IFS=$'\t' read -r label hub_id dest reason; do
+    got=1
+    fail "$label from the Hugging Face dataset $hub_id ($reason; by hand: save its $split split as JSON lines with \`problem\` and \`answer\` to $dest)"
+  done < <(PYTHONPATH="$REPO_ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" - "$kind" "$config" "$split" "$@" <<'PY' || echo "all	$kind	$DATA_DIR	$PYTHON could not run the converter"
 import json, os, sys
 
-kind, hub_id, config, split, dest = sys.argv[1:]
-try:
-    from datasets import load_dataset
-    if kind == "gsm8k":
-        from grl.envs.gsm8k import gold_answer
+kind, config, split, items = sys.argv[1], sys.argv[2] or None, sys.argv[3], sys.argv[4:]
+for label, hub_id, dest in zip(items[0::3], items[1::3], items[2::3]):
+    try:
+        from datasets import load_dataset
+        if kind == "gsm8k":
+            from grl.envs.gsm8k import gold_answer
 
-        def convert(row, where):  # GRL's layout keeps GSM8K's worked solution beside the final number
-            return {"problem": row["question"], "answer": str(gold_answer(row["answer"])), "solution": row["answer"]}
-    else:
-        from grl.envs.math import math_record
+            def convert(row, where):  # GRL's layout keeps GSM8K's worked solution beside the final number
+                return {"problem": row["question"], "answer": str(gold_answer(row["answer"])), "solution": row["answer"]}
+        else:
+            from grl.envs.math import math_record
 
-        def convert(row, where):  # `problem` and `answer` first, then every field the set has
-            problem = math_record(row, where)
-            return {"problem": problem.problem, "answer": problem.answer,
-                    **{k: v for k, v in row.items() if k not in ("problem", "question", "answer")}}
+            def convert(row, where):  # `problem` and `answer` first, then every field the set has
+                problem = math_record(row, where)
+                return {"problem": problem.problem, "answer": problem.answer,
+                        **{k: v for k, v in row.items() if k not in ("problem", "question", "answer")}}
 
-    rows = load_dataset(hub_id, config or None, split=split)
-    with open(dest + ".part", "w", encoding="utf-8") as f:
-        for i, row in enumerate(rows):
-            f.write(json.dumps(convert(dict(row), f"{hub_id} row {i}"), ensure_ascii=False, default=str) + "\n")
-    os.replace(dest + ".part", dest)
-    print(f"{hub_id} ({split}): {len(rows)} problems -> {dest}")
-except BaseException as err:  # one line for the user; the script's summary says what to do
-    if os.path.exists(dest + ".part"):
-        os.remove(dest + ".part")
-    reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-    sys.exit(f"  {hub_id}: {type(err).__name__}: {reason[:300]}")
+        rows = load_dataset(hub_id, config, split=split)
+        os.makedirs(os.path.dirname(dest), exist_ok=True)
+        with open(dest + ".part", "w", encoding="utf-8") as f:
+            for i, row in enumerate(rows):
+                f.write(json.dumps(convert(dict(row), f"{hub_id} row {i}"), ensure_ascii=False, default=str) + "\n")
+        os.replace(dest + ".part", dest)
+        print(f"{label}: {len(rows)} problems from {hub_id} -> {dest}", file=sys.stderr)
+    except Exception as err:  # one line for the user, in the script's summary
+        if os.path.exists(dest + ".part"):
+            os.remove(dest + ".part")
+        if os.path.isdir(os.path.dirname(dest)) and not os.listdir(os.path.dirname(dest)):
+            os.rmdir(os.path.dirname(dest))
+        reason = (str(err).strip().splitlines() or [""])[0] or type(err).__name__
+        print(f"{label}\t{hub_id}\t{dest}\t{type(err).__name__}: {reason[:300]}", flush=True)
 PY
-  then return 0; fi
-  rmdir "$(dirname "$dest")" 2>/dev/null  # leave no empty folder behind
-  return 1
+  )
+  return $got
 }
 
 install_gsm8k() {
   local dir="$DATA_DIR/gsm8k" split
   for split in train test; do
     if [[ -s "$dir/$split.jsonl" ]]; then echo "have $dir/$split.jsonl"; continue; fi
-    hub_to_jsonl gsm8k "$GSM8K_DATASET" main "$split" "$dir/$split.jsonl" \
-      || fail "GSM8K $split from the Hugging Face dataset $GSM8K_DATASET (needs \`datasets\` and the hub; by hand: save its $split split as JSON lines with \`question\` and \`answer\` to $dir/$split.jsonl)"
+    hub_to_jsonl gsm8k main "$split" "GSM8K $split" "$GSM8K_DATASET" "$dir/$split.jsonl"
   done
 }
 
 install_math() {
-  local name dest
+  local name dest todo=()
   for name in "${MATH_SETS[@]}"; do
     dest="$DATA_DIR/math/$name/test.jsonl"
-    if [[ -s "$dest" ]]; then echo "have $dest"; continue; fi
-    hub_to_jsonl math "${MATH_DATASET[$name]}" "" test "$dest" \
-      || fail "$name from the Hugging Face dataset ${MATH_DATASET[$name]} (needs \`datasets\` and the hub; by hand: save its test split as JSON lines with \`problem\` and \`answer\` to $dest)"
+    if [[ -s "$dest" ]]; then echo "have $dest"; else todo+=("$name" "${MATH_DATASET[$name]}" "$dest"); fi
   done
-  rmdir "$DATA_DIR/math" 2>/dev/null || true
+  [[ ${#todo[@]} -eq 0 ]] || hub_to_jsonl math "" test "${todo[@]}"
 }
 
 WANT=() SMALL=0
