@@ -105,6 +105,8 @@ bird_split() {
 import json, shutil, sys, zipfile
 from pathlib import Path
 
+# a broken archive (a web page saved as .zip, a truncated download) is one line, not a traceback
+sys.excepthook = lambda kind, err, tb: print(f"  BIRD {sys.argv[3]}: {kind.__name__}: {err}", file=sys.stderr)
 work, out, name = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
 zipfile.ZipFile(work / "archive.zip").extractall(work / "x")
 # BIRD nests its databases in a second archive (train_databases.zip, dev_databases.zip)
@@ -133,7 +135,8 @@ if count == 0:
 print(f"BIRD {name}: {len(rows)} questions, {count} databases")
 PY
   then
-    rm -rf "$work"; fail "BIRD $name from $url (archive not in BIRD's layout)"; return 1
+    rm -rf "$work"; rm -f "$dir/$name.jsonl"; rmdir "$dir/${name}_databases" 2>/dev/null
+    fail "BIRD $name from $url (archive not in BIRD's layout; by hand: unpack it into $dir)"; return 1
   fi
   rm -rf "$work"
 }

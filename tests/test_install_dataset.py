@@ -76,3 +76,12 @@ def test_math_install_writes_the_layout_every_math_task_reads(tmp_path, monkeypa
             agent = make_agent(task, task_instance(cfg, task))
             assert SETS[name].get("problem", SETS[name].get("question")) in agent.reset(0)[1]["content"]
             agent.close()
+
+
+def test_a_broken_archive_is_one_line_and_leaves_nothing(tmp_path):
+    page = tmp_path / "minidev.zip"
+    page.write_text("<html>please sign in</html>")  # what a server sends instead of the archive
+    data = tmp_path / "data"
+    out = install("--bird", "--small", "--data-dir", str(data), env={"GRL_BIRD_MINIDEV_URL": page.as_uri()})
+    assert out.returncode == 1 and "Traceback" not in out.stderr and "BadZipFile" in out.stderr
+    assert "by hand: unpack it into" in out.stderr and not data.exists()
