@@ -232,6 +232,7 @@ class AgentConfig:
     max_actions_all_turns: int = MISSING
     format_penalty: float = MISSING
     action_separator: Optional[str] = MISSING
+    action_decoding: str = "free"  # free | constrained (replies drawn from the env's valid_actions())
 
 
 @dataclass

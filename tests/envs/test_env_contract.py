@@ -53,6 +53,29 @@ def test_same_seed_same_episode(name, math_file):
         assert first.step(action) == second.step(action)
 
 
+@pytest.mark.parametrize("name", SELF_CONTAINED)
+def test_valid_actions_are_exactly_the_accepted_ones(name):
+    """Along random play, every listed action is accepted as valid, and every action of a wide
+    candidate set that the env accepts is listed (checked on copies of the env at that state)."""
+    import copy
+
+    rng = random.Random(5)
+    env = grl.envs.make(name)
+    env.reset(11)
+    candidates = ["Up", "Down", "Left", "Right"] + [str(n) for n in range(0, 102)] + \
+        [f"move {b} to {d}" for b in range(0, 6) for d in range(0, 6)]
+    for _ in range(25):
+        listed = env.valid_actions()
+        assert listed, f"{name}: no valid action in a running episode"
+        for action in candidates + listed:
+            probe = copy.deepcopy(env)
+            accepted = probe.step(action)[3]["action_is_valid"]
+            assert accepted == (action in listed), (name, action, listed)
+        _, _, done, _ = env.step(rng.choice(listed))
+        if done:
+            env.reset(rng.randrange(1000))
+
+
 def test_an_env_with_a_missing_dependency_is_reported_unavailable(tmp_path, monkeypatch):
     (tmp_path / "needs_missing_dep.py").write_text("import not_a_real_package_for_grl\n")
     monkeypatch.syspath_prepend(str(tmp_path))
