@@ -20,6 +20,7 @@ _REGISTRY: dict[str, str] = {
     "gsm8k": "grl.envs.gsm8k:GSM8KEnv",
     "webshop": "grl.envs.webshop:WebShopEnv",
     "bird": "grl.envs.bird:BirdEnv",
+    "textworld": "grl.envs.textworld:TextWorldEnv",
     "guess_number": "grl.envs.guess_number:GuessNumberEnv",  # the example of docs/TUTORIAL.md
 }
 
