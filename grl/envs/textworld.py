@@ -129,6 +129,7 @@ class TextWorldEnv(Env):
         self._state = None
         self._observation = ""
         self._walkthrough: list[str] = []
+        self._over = False  # won or lost: the game takes no more commands
 
     def game_file(self, seed: int) -> Path:
         if self.games:
@@ -142,6 +143,7 @@ class TextWorldEnv(Env):
             self._game = textworld.start(str(self.game_file(seed)), request_infos=REQUESTED)
             self._state = self._game.reset()
         self._walkthrough = list(self._state["policy_commands"] or [])
+        self._over = False
         text = game_text(f"{self._state['objective']}\n\n{self._state['description']}")
         self._observation = self._render(text)
         return self._observation
@@ -152,7 +154,7 @@ class TextWorldEnv(Env):
         return f"{text}\n\nValid commands: {', '.join(self.valid_actions())}"
 
     def valid_actions(self) -> list[str]:
-        if self._state is None:
+        if self._state is None or self._over:
             return []
         return list(self._state["admissible_commands"] or [])
 
@@ -167,6 +169,9 @@ class TextWorldEnv(Env):
     def step(self, action: str) -> tuple[str, float, bool, dict[str, Any]]:
         if self._state is None:
             return "No game is running; call reset().", 0.0, True, step_info(False, False, False)
+        if self._over:
+            return f"The game is over.\n\n{self._observation}", 0.0, True, step_info(
+                self._state["won"], False, False, score=float(self._state["score"]))
         command = normalize(action) if isinstance(action, str) else ""
         by_text = {normalize(c): c for c in self.valid_actions()}
         if command not in by_text:
@@ -177,7 +182,7 @@ class TextWorldEnv(Env):
         self._state, _, done = self._game.step(by_text[command])
         reward = float(self._state["score"] - before["score"])
         changed = set(self._state["facts"]) != set(before["facts"])
-        done = bool(done or self._state["won"] or self._state["lost"])
+        done = self._over = bool(done or self._state["won"] or self._state["lost"])
         self._observation = self._render(game_text(self._state.feedback))
         return self._observation, reward, done, step_info(
             self._state["won"], True, changed, score=float(self._state["score"]),

@@ -50,6 +50,9 @@ def test_walkthrough_wins_with_full_score(envs, level):
         total, (_, _, done, info) = play(env, env.walkthrough())
         assert done and info["success"], (level, seed)
         assert total == info["score"] == info["max_score"] > 0, (level, seed)
+        assert env.valid_actions() == []
+        _, reward, done, info = env.step("look")  # a finished game stays finished and won
+        assert (reward, done, info["success"], info["action_is_valid"]) == (0.0, True, True, False)
 
 
 FRESH_PROCESS = """
@@ -150,3 +153,13 @@ def test_bad_config_is_one_clear_line(config, message):
 def test_an_empty_games_folder_is_refused(tmp_path):
     with pytest.raises(ValueError, match="holds no .z8 or .ulx game"):
         TextWorldEnv(games_dir=str(tmp_path))
+
+
+def test_eating_an_ingredient_of_the_recipe_loses(envs):
+    env = envs["easy"]
+    env.reset(0)
+    take = next(c for c in env.walkthrough() if c.startswith("take "))
+    env.step(take)
+    food = take[len("take "):].rsplit(" from ", 1)[0]
+    _, reward, done, info = env.step(f"eat {food}")
+    assert done and info["action_is_valid"] and not info["success"] and env.valid_actions() == []
