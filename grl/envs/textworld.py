@@ -24,8 +24,8 @@ import textworld.challenges
 import textworld.generator
 from textworld import EnvInfos
 
-from grl.envs.base import Env, step_info
 from grl import models
+from grl.envs.base import Env, step_info
 
 # What easy / medium / hard mean for each challenge (its own settings; see `tw-make <challenge> --help`).
 LEVELS: dict[str, dict[str, dict[str, Any]]] = {
@@ -125,6 +125,10 @@ class TextWorldEnv(Env):
             self.games = sorted(p for p in folder.iterdir() if p.suffix in GAME_EXTENSIONS)
             if not self.games:
                 raise ValueError(f"textworld: games_dir {games_dir!r} holds no .z8 or .ulx game")
+            bare = [p.name for p in self.games if not p.with_suffix(".json").is_file()]
+            if bare:
+                raise ValueError(f"textworld: games_dir {games_dir!r}: {bare[0]} has no .json beside it (TextWorld "
+                                 "games only: the .json holds the rules that give the valid commands)")
         self._game = None
         self._state = None
         self._observation = ""
@@ -189,8 +193,9 @@ class TextWorldEnv(Env):
             max_score=float(self._state["max_score"]))
 
     def action_help(self) -> str:
+        where = "listed with the state" if self.list_commands else "that the game accepts at this moment"
         return ("Give one game command per answer, in plain words (for example: go north, take key, "
-                "open door); only the valid commands listed with the state work.")
+                f"open door); only the valid commands {where} work.")
 
     def close(self) -> None:
         if self._game is not None:

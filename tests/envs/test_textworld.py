@@ -163,3 +163,9 @@ def test_eating_an_ingredient_of_the_recipe_loses(envs):
     food = take[len("take "):].rsplit(" from ", 1)[0]
     _, reward, done, info = env.step(f"eat {food}")
     assert done and info["action_is_valid"] and not info["success"] and env.valid_actions() == []
+
+
+def test_a_game_without_its_json_is_refused(tmp_path):
+    shutil.copy(generate_game("tw-cooking", "easy", 0), tmp_path / "bare.z8")
+    with pytest.raises(ValueError, match="bare.z8 has no .json beside it"):
+        TextWorldEnv(games_dir=str(tmp_path))
