@@ -48,6 +48,9 @@ FIXED_SETTINGS: dict[str, dict[str, Any]] = {
     "tw-simple": {"test": False},
 }
 GAME_EXTENSIONS = (".z8", ".ulx")
+# jericho warns on every load that it cannot track a TextWorld game's score; TextWorld tracks it. A filter
+# set once, not `catch_warnings` per reset: that is not thread-safe and rollouts reset envs on threads.
+warnings.filterwarnings("ignore", message=r"Game .* is not fully supported")
 REQUESTED = EnvInfos(description=True, objective=True, admissible_commands=True, score=True, max_score=True,
                      won=True, lost=True, facts=True, policy_commands=True)
 
@@ -142,10 +145,8 @@ class TextWorldEnv(Env):
 
     def reset(self, seed: int) -> str:
         self.close()
-        with warnings.catch_warnings():  # jericho warns that it cannot track score; TextWorld tracks it
-            warnings.simplefilter("ignore")
-            self._game = textworld.start(str(self.game_file(seed)), request_infos=REQUESTED)
-            self._state = self._game.reset()
+        self._game = textworld.start(str(self.game_file(seed)), request_infos=REQUESTED)
+        self._state = self._game.reset()
         self._walkthrough = list(self._state["policy_commands"] or [])
         self._over = False
         text = game_text(f"{self._state['objective']}\n\n{self._state['description']}")
