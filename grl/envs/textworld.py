@@ -15,6 +15,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import warnings
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,8 @@ GAME_EXTENSIONS = (".z8", ".ulx")
 # jericho warns on every load that it cannot track a TextWorld game's score; TextWorld tracks it. A filter
 # set once, not `catch_warnings` per reset: that is not thread-safe and rollouts reset envs on threads.
 warnings.filterwarnings("ignore", message=r"Game .* is not fully supported")
+# Loading a game parses its rules with TextWorld's shared TatSu parser, which breaks when two threads use it.
+_LOAD_LOCK = threading.Lock()
 REQUESTED = EnvInfos(description=True, objective=True, admissible_commands=True, score=True, max_score=True,
                      won=True, lost=True, facts=True, policy_commands=True)
 
@@ -145,8 +148,10 @@ class TextWorldEnv(Env):
 
     def reset(self, seed: int) -> str:
         self.close()
-        self._game = textworld.start(str(self.game_file(seed)), request_infos=REQUESTED)
-        self._state = self._game.reset()
+        game_file = self.game_file(seed)
+        with _LOAD_LOCK:
+            self._game = textworld.start(str(game_file), request_infos=REQUESTED)
+            self._state = self._game.reset()
         self._walkthrough = list(self._state["policy_commands"] or [])
         self._over = False
         text = game_text(f"{self._state['objective']}\n\n{self._state['description']}")

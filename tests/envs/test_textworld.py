@@ -183,12 +183,14 @@ def test_envs_on_threads_play_as_they_do_alone(envs):
             lines.append((obs, reward, done, info["success"]))
         return lines
 
-    seeds = [0, 1, 2, 3]
+    seeds = [0, 1, 2, 3, 4, 5, 6, 7]
     alone = [transcript(envs["medium"], seed) for seed in seeds]
     together, threads = [None] * len(seeds), []
+    start = threading.Barrier(len(seeds))  # every thread loads its game at the same moment
     for i, seed in enumerate(seeds):
         def run(i=i, seed=seed):
             env = TextWorldEnv(level="medium")
+            start.wait()
             together[i] = transcript(env, seed)
             env.close()
         threads.append(threading.Thread(target=run))
@@ -197,3 +199,30 @@ def test_envs_on_threads_play_as_they_do_alone(envs):
     for thread in threads:
         thread.join()
     assert together == alone
+
+
+COLD_THREADS = """
+import threading
+from grl.envs.textworld import TextWorldEnv
+envs = [TextWorldEnv(level="easy") for _ in range(8)]
+start, errors = threading.Barrier(8), []
+def run(i):
+    start.wait()
+    try:
+        envs[i].reset(i)
+    except Exception as err:
+        errors.append(repr(err))
+threads = [threading.Thread(target=run, args=(i,)) for i in range(8)]
+for t in threads: t.start()
+for t in threads: t.join()
+print(errors)
+"""
+
+
+def test_first_resets_of_a_process_on_threads_at_once(envs):
+    """A rollout's first resets load TextWorld's rules on several threads at once (its parser is shared)."""
+    for seed in range(8):
+        envs["easy"].reset(seed)  # the games are built, so the child only loads them
+    out = subprocess.run([sys.executable, "-c", COLD_THREADS], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout + out.stderr
