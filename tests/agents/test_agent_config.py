@@ -100,3 +100,16 @@ def test_our_blocks_build_agents(validated):
 def test_a_misspelt_env_key_is_caught_by_the_validator():
     with pytest.raises(ConfigError, match=r"simpleSokobanAgent.env_config.dim_rom: unknown key for env sokoban"):
         load_config(["+simpleSokobanAgent.env_config.dim_rom=[5,5]"])
+
+
+def test_textworld_blocks_take_one_command_per_turn(validated):
+    cfg, usable = validated
+    if "textworldAgent_easy" not in usable:
+        pytest.skip("textworld is not installed")
+    budgets = []
+    for level in ("easy", "medium", "hard"):
+        block = task_instance(cfg, f"textworldAgent_{level}")
+        agent, env = block["agent_config"], block["env_config"]
+        assert env["level"] == level and agent["max_actions_per_turn"] == 1 and agent["action_separator"] is None
+        budgets.append(agent["max_turns"])
+    assert budgets == sorted(budgets)

@@ -75,3 +75,18 @@ def test_dispatcher(capsys):
     assert main(["--help"]) == 0 and "grl play" in capsys.readouterr().out
     assert main([]) == 2
     assert main(["tarin"]) == 2 and "unknown command 'tarin'" in capsys.readouterr().err
+
+
+def test_play_textworld_lists_valid_commands_on_help_and_wins_by_the_walkthrough():
+    pytest.importorskip("textworld")
+    env = grl.envs.make("textworld", level="easy")
+    env.reset(4)
+    valid, plan = env.valid_actions(), env.walkthrough()
+    env.close()
+    replies = "help\n" + "".join(f"<answer>{command}</answer>\n" for command in plan)
+    out = grl_cli("play", "textworldAgent_easy", "--seed", "4", stdin=replies)
+    assert out.returncode == 0, out.stderr
+    listing = out.stdout.split("valid actions", 1)[1].split("[assistant]", 1)[0]
+    assert all(f"\n  {command}\n" in listing for command in valid)
+    assert out.stdout.count("=> reward") == len(plan)
+    assert "done True" in out.stdout and "success True" in out.stdout and "success 1" in out.stdout
