@@ -53,7 +53,7 @@ def _read_reply(inp: TextIO, out: TextIO) -> str | None:
 
 
 def _show_valid_actions(env, out: TextIO) -> None:
-    valid = getattr(env, "valid_actions", lambda: None)()
+    valid = env.valid_actions()
     if valid is None:
         out.write("(this task has no list of valid actions; any answer is accepted)\n")
     else:
