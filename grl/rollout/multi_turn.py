@@ -208,7 +208,7 @@ class MultiTurnRollout:
             ids = list(out.token_ids)
             log_probs = list(out.log_probs) if out.log_probs is not None else None
             s.turns.append(Turn(prompt_ids=s.pending, response_ids=ids, response_log_probs=log_probs,
-                                reward=0.0, finish_reason=out.finish_reason))
+                                reward=0.0, finish_reason=out.finish_reason, state_key=s.agent.state_key()))
             s.ids.extend(ids)
             s.pending = []
             replies.append(self.tokenizer.decode(ids, skip_special_tokens=True))
