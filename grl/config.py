@@ -61,6 +61,9 @@ class Model:
     dtype: str = MISSING
     enable_gradient_checkpointing: bool = MISSING
     trust_remote_code: bool = False
+    lora_rank: int = 0  # the policy's; 0 = full fine-tuning
+    lora_alpha: float = 16.0
+    target_modules: Any = "all-linear"  # peft's: "all-linear" or a list of module names
 
 
 @dataclass
