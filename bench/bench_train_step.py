@@ -101,11 +101,9 @@ def bare_update(model_path: str, batch, cfg, threads: int) -> float:
     return time.perf_counter() - start
 
 
-def main(argv: list[str]) -> None:
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+def one_step_trainer(argv: list[str]):
+    """-> (config, trainer, worker start-up seconds) for one step of the cpu preset, nothing saved."""
     from grl.config import load_config
-    from grl.models import resolve_model_path
     from grl.trainer.agent_trainer import AgentTrainer
 
     out = tempfile.mkdtemp(prefix="grl-bench-")
@@ -114,7 +112,15 @@ def main(argv: list[str]) -> None:
                        f"trainer.run_dir={out}/run", f"trainer.default_local_dir={out}/ckpt", *argv])
     started = time.perf_counter()
     trainer = AgentTrainer.from_config(cfg)
-    startup = time.perf_counter() - started
+    return cfg, trainer, time.perf_counter() - started
+
+
+def main(argv: list[str]) -> None:
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from grl.models import resolve_model_path
+
+    cfg, trainer, startup = one_step_trainer(argv)
     try:
         with PeakRSS() as memory:
             metrics = trainer.train_step(1)

@@ -61,6 +61,9 @@ class Model:
     dtype: str = MISSING
     enable_gradient_checkpointing: bool = MISSING
     trust_remote_code: bool = False
+    lora_rank: int = 0  # the policy's; 0 = full fine-tuning
+    lora_alpha: float = 16.0
+    target_modules: Any = "all-linear"  # peft's: "all-linear" or a list of module names
 
 
 @dataclass
@@ -167,6 +170,7 @@ class Algorithm:
     lam: float = MISSING
     high_level_gamma: float = MISSING
     turn_advantage_weight: float = MISSING
+    gigpo_step_weight: float = MISSING
     norm_adv_by_std_in_grpo: bool = MISSING
     kl_penalty: str = MISSING
     use_kl_in_reward: bool = MISSING
@@ -254,13 +258,13 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "actor_rollout_ref.rollout.name": ("auto", "hf", "vllm"),
     "actor_rollout_ref.model.dtype": ("auto", "float32", "bfloat16", "float16", "fp32", "bf16", "fp16"),
     "critic.model.dtype": ("auto", "float32", "bfloat16", "float16", "fp32", "bf16", "fp16"),
-    "algorithm.adv_estimator": ("gae", "bi_level_gae", "weighted_gae", "grpo", "rloo", "reinforce_plus_plus"),
+    "algorithm.adv_estimator": ("gae", "bi_level_gae", "weighted_gae", "grpo", "rloo", "reinforce_plus_plus", "gigpo"),
     "algorithm.kl_penalty": ("kl", "abs", "mse", "low_var_kl"),
     "algorithm.kl_ctrl.type": ("fixed", "adaptive"),
     "trainer.device": ("auto", "cuda", "cpu"),
 }
 LOGGERS = ("console", "jsonl", "wandb", "tensorboard")
-CRITIC_FREE_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus")
+CRITIC_FREE_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus", "gigpo")
 
 
 # ---------------------------------------------------------------- checks

@@ -22,6 +22,7 @@ the budget, valid or not.
 
 from __future__ import annotations
 
+import hashlib
 import traceback
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Mapping
@@ -160,6 +161,11 @@ class Agent:
         self.messages = [{"role": "system", "content": self.settings.system_prompt},
                          {"role": "user", "content": self._first_user_message(observation)}]
         return list(self.messages)
+
+    def state_key(self) -> str:
+        """A key of the env state the next reply acts on: the rendered observation's hash, so
+        that agents of a group that reach the same state share it (GiGPO's anchor states)."""
+        return hashlib.sha1(self._observation.encode()).hexdigest()
 
     def _start_episode(self, observation: str) -> None:
         self._observation = observation

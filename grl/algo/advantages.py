@@ -20,7 +20,7 @@ import torch
 
 from grl.algo.masked import masked_whiten
 
-ESTIMATORS = ("gae", "bi_level_gae", "weighted_gae", "grpo", "rloo", "reinforce_plus_plus")
+ESTIMATORS = ("gae", "bi_level_gae", "weighted_gae", "grpo", "rloo", "reinforce_plus_plus", "gigpo")
 
 
 def _zero(x: torch.Tensor) -> torch.Tensor:
@@ -255,6 +255,47 @@ def compute_rloo(episode_scores: torch.Tensor, loss_mask: torch.Tensor, group_id
     return advantages, advantages
 
 
+def compute_gigpo(token_rewards: torch.Tensor, loss_mask: torch.Tensor, turn_ids: torch.Tensor, turn_states: torch.Tensor,
+                  group_ids, gamma: float, step_weight: float, episode_scores: torch.Tensor | None = None,
+                  norm_by_std: bool = True, eps: float = 1e-6):
+    """GiGPO (group-in-group policy optimisation) -> (advantages, returns).
+
+    A = A_episode + step_weight * A_step on every generated token of a turn.
+    A_episode is `compute_grpo` over the episodes of a group. A_step groups the turns of one
+    episode group whose state is identical (`turn_states[b, k]`, an integer id of the state turn k
+    of row b acted on; an "anchor state"): each turn's discounted return G_k = R_k + gamma * G_{k+1}
+    over the row's turns (R_k the turn's summed token rewards) is normalised within its anchor
+    group like GRPO, and a turn whose state no other turn of its group visited gets A_step = 0
+    (a group of one says nothing about the action). Turns without generated tokens are skipped.
+    returns holds the step returns G_k on the turn's tokens.
+    """
+    gen = loss_mask > 0
+    tid, _, _, has_turn, K = _turn_layout(turn_ids, gen)
+    B = gen.shape[0]
+    if episode_scores is None:
+        episode_scores = torch.where(gen, token_rewards, _zero(token_rewards)).sum(-1)
+    episode_adv, _ = compute_grpo(episode_scores, loss_mask, group_ids, norm_by_std, eps)
+    turn_rewards = token_rewards.new_zeros(B, K + 1).scatter_add(1, tid, torch.where(gen, token_rewards, _zero(token_rewards)))[:, :K]
+    packing = _Packing(has_turn)  # turns of a row packed left, so the discount skips empty turns
+    step_returns = packing.unpack(_discounted_reverse_sum(packing.pack(turn_rewards), gamma))
+    if turn_states.shape[1] < K:
+        raise ValueError(f"turn_states has {turn_states.shape[1]} turns per row, turn_ids need {K}")
+    states = turn_states[:, :K].long()
+    if bool((has_turn & (states < 0)).any()):
+        raise ValueError("turn_states must be >= 0 on every turn with a generated token")
+    group = group_index(group_ids, gen.device)[:, None].expand(B, K)
+    # an anchor group: one (episode group, state) pair, over the turns that have tokens
+    anchor = torch.unique(torch.stack([group[has_turn], states[has_turn]]), dim=1, return_inverse=True)[1]
+    n, total, std = _group_stats(step_returns[has_turn], anchor)
+    step_adv = step_returns[has_turn] - total / n
+    if norm_by_std:
+        step_adv = step_adv / (std + eps)
+    step_adv = torch.where(n > 1, step_adv, _zero(step_adv))
+    per_turn = step_returns.new_zeros(B, K).masked_scatter(has_turn, step_adv)
+    advantages = episode_adv + step_weight * _to_tokens(per_turn, tid, gen)
+    return advantages, _to_tokens(step_returns, tid, gen)
+
+
 def compute_reinforce_plus_plus(token_rewards: torch.Tensor, loss_mask: torch.Tensor, gamma: float):
     """REINFORCE++ -> (advantages, returns).
 
@@ -276,14 +317,16 @@ def _need(name: str, value, estimator: str):
 def compute_advantage(estimator: str, *, token_rewards: torch.Tensor, loss_mask: torch.Tensor, values: torch.Tensor | None = None,
                       turn_ids: torch.Tensor | None = None, group_ids=None, episode_scores: torch.Tensor | None = None,
                       gamma: float = 1.0, lam: float = 1.0, high_level_gamma: float = 1.0, high_level_lam: float | None = None,
-                      turn_weight: float = 1.0, norm_adv_by_std: bool = True, whiten: bool = True, eps: float = 1e-6):
+                      turn_weight: float = 1.0, norm_adv_by_std: bool = True, whiten: bool = True, eps: float = 1e-6,
+                      turn_states: torch.Tensor | None = None, gigpo_step_weight: float = 1.0):
     """Dispatch to one estimator by name -> (advantages, returns), both `[batch, tokens]`.
 
     `whiten` whitens the advantages of the critic-based estimators (gae, bi_level_gae,
     weighted_gae) over the mask, as verl and RAGEN do; returns stay raw. REINFORCE++ always
     whitens (it is part of the method); GRPO and RLOO are already group-normalised.
     `episode_scores` default to each row's summed rewards on generated tokens; `turn_ids`
-    default to one turn per run of generated tokens.
+    default to one turn per run of generated tokens. GiGPO needs `turn_states` (`[batch, turns]`
+    state ids) and is group-normalised too.
     """
     if estimator not in ESTIMATORS:
         raise ValueError(f"unknown advantage estimator '{estimator}'; choose one of: {', '.join(ESTIMATORS)}")
@@ -294,6 +337,11 @@ def compute_advantage(estimator: str, *, token_rewards: torch.Tensor, loss_mask:
         if estimator == "grpo":
             return compute_grpo(episode_scores, loss_mask, group_ids, norm_adv_by_std, eps)
         return compute_rloo(episode_scores, loss_mask, group_ids)
+    if estimator == "gigpo":
+        turn_ids = turn_ids_from_mask(loss_mask) if turn_ids is None else turn_ids
+        return compute_gigpo(token_rewards, loss_mask, turn_ids, _need("turn_states", turn_states, estimator),
+                             _need("group_ids", group_ids, estimator), gamma, gigpo_step_weight, episode_scores,
+                             norm_adv_by_std, eps)
     if estimator == "reinforce_plus_plus":
         return compute_reinforce_plus_plus(token_rewards, loss_mask, gamma)
     values = _need("values", values, estimator)

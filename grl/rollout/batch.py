@@ -46,6 +46,8 @@ from grl.rollout.types import Batch, Episode
 TENSOR_KEYS = ("input_ids", "attention_mask", "position_ids", "loss_mask", "turn_ids", "token_rewards",
                "rollout_log_probs")
 
+META_KEYS = ("task", "group_id", "seed", "episode_score", "raw_score", "uid", "state_keys")  # state_keys: one per turn
+
 
 @dataclass
 class EpisodeTokens:
@@ -126,7 +128,7 @@ def build_batch(episodes: list[Episode], *, use_turn_scores: bool = False, max_e
 
 def _meta(ep: Episode, score: float) -> dict:
     return {"task": ep.task, "group_id": ep.group_id, "seed": ep.seed, "episode_score": score,
-            "raw_score": ep.score, "uid": ep.uid}
+            "raw_score": ep.score, "uid": ep.uid, "state_keys": [t.state_key for t in ep.turns]}
 
 
 def _tensors(rows: list[dict[str, list]], width: int, pad_token_id: int) -> dict:
@@ -167,7 +169,7 @@ def _padded(kept, pad_token_id: int) -> Batch:
     rows = [_row(tokens) for _, _, tokens in kept]
     width = max((len(r["input_ids"]) for r in rows), default=0)
     metas = [_meta(ep, score) for ep, score, _ in kept]
-    meta = {k: [m[k] for m in metas] for k in ("task", "group_id", "seed", "episode_score", "raw_score", "uid")}
+    meta = {k: [m[k] for m in metas] for k in META_KEYS}
     return Batch(_tensors(rows, width, pad_token_id), meta)
 
 
@@ -205,7 +207,7 @@ def _packed(kept, capacity: int, pad_token_id: int) -> Batch:
         rows.append(row)
     width = max((len(r["input_ids"]) for r in rows), default=0)
     meta = {k: [[_meta(kept[i][0], kept[i][1])[k] for i in members] for members in layout]
-            for k in ("task", "group_id", "seed", "episode_score", "raw_score", "uid")}
+            for k in META_KEYS}
     return Batch(_tensors(rows, width, pad_token_id), meta)
 
 

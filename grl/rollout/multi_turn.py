@@ -225,7 +225,7 @@ class MultiTurnRollout:
             log_probs = list(out.log_probs) if out.log_probs is not None else None
             grammar = grammars[id(s)]
             s.turns.append(Turn(prompt_ids=s.pending, response_ids=ids, response_log_probs=log_probs,
-                                reward=0.0, finish_reason=out.finish_reason,
+                                reward=0.0, finish_reason=out.finish_reason, state_key=s.agent.state_key(),
                                 response_allowed=None if grammar is None else grammar.trace(ids)))
             s.ids.extend(ids)
             s.pending = []

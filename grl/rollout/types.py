@@ -19,6 +19,7 @@ class Turn:
     reward: float  # env reward of the turn, format penalty included
     info: dict[str, Any] = field(default_factory=dict)
     finish_reason: str = ""  # the engine's: "stop" or "length"
+    state_key: str = ""  # the agent's key of the env state the reply acted on (GiGPO's anchor states)
     # Constrained decoding: each response token's allowed set, (signed size, ids) as in
     # grl/engines/constraint.py; None when the reply was decoded freely.
     response_allowed: list[tuple[int, tuple[int, ...]]] | None = None

@@ -301,7 +301,9 @@ def add_advantages(batch: Batch, algo: DictConfig, kl_ctrl) -> dict[str, float]:
         algo.adv_estimator, token_rewards=view.rows(batch["token_rewards"]), loss_mask=view.rows(batch["loss_mask"]),
         values=view.rows(batch["values"]) if "values" in batch else None, turn_ids=view.rows(batch["turn_ids"]),
         group_ids=view.group_ids, gamma=algo.gamma, lam=algo.lam, high_level_gamma=algo.high_level_gamma,
-        turn_weight=algo.turn_advantage_weight, norm_adv_by_std=algo.norm_adv_by_std_in_grpo)
+        turn_weight=algo.turn_advantage_weight, norm_adv_by_std=algo.norm_adv_by_std_in_grpo,
+        turn_states=view.turn_states() if algo.adv_estimator == "gigpo" else None,
+        gigpo_step_weight=algo.gigpo_step_weight)
     batch["advantages"], batch["returns"] = view.back(advantages), view.back(returns)
     return metrics
 
@@ -318,8 +320,19 @@ class EpisodeView:
 
     def __init__(self, batch: Batch):
         self.seq_ids = batch.tensors.get("seq_ids")
-        groups = batch.meta["group_id"]
-        self.group_ids = groups if self.seq_ids is None else [g for row in groups for g in row]
+        self.group_ids = self._episodes(batch.meta["group_id"])
+        self.state_keys = self._episodes(batch.meta["state_keys"])
+
+    def _episodes(self, meta: list) -> list:
+        """A meta list with one entry per episode (a packed row lists its episodes)."""
+        return meta if self.seq_ids is None else [x for row in meta for x in row]
+
+    def turn_states(self) -> torch.Tensor:
+        """`[episodes, turns]` dense ids of the state keys (-1 past an episode's last turn)."""
+        ids: dict = {}
+        width = max((len(keys) for keys in self.state_keys), default=0)
+        return torch.tensor([[ids.setdefault(k, len(ids)) for k in keys] + [-1] * (width - len(keys)) for keys in self.state_keys],
+                            dtype=torch.long).view(len(self.state_keys), width)
 
     def rows(self, x: torch.Tensor) -> torch.Tensor:
         return x if self.seq_ids is None else unpack(x, self.seq_ids)

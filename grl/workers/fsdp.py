@@ -109,15 +109,16 @@ def full_optimizer_state(module: nn.Module, optimizer: torch.optim.Optimizer) ->
 
 
 def load_full_state(module: nn.Module, optimizer: torch.optim.Optimizer | None, model_state: dict,
-                    optim_state: dict | None) -> None:
-    """Every rank passes the full (unsharded) dicts; each keeps its shard."""
+                    optim_state: dict | None, strict: bool = True) -> None:
+    """Every rank passes the full (unsharded) dicts; each keeps its shard. Not
+    `strict`: `model_state` may hold a subset (a LoRA checkpoint's adapter)."""
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
         set_model_state_dict,
         set_optimizer_state_dict,
     )
 
-    options = StateDictOptions(full_state_dict=True)
+    options = StateDictOptions(full_state_dict=True, strict=strict)
     set_model_state_dict(module, model_state, options=options)
     if optimizer is not None and optim_state is not None:
         set_optimizer_state_dict(module, optimizer, optim_state, options=options)

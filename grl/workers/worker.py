@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from grl.workers import fsdp
+from grl.workers import fsdp, lora
 from grl.workers.scoring import TokenScorer, pad_width, trim_width
 
 log = logging.getLogger("grl.workers")
@@ -59,6 +59,7 @@ class Worker:
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
         self.engine = None
         self.ref = None
+        self.peft_model = None  # set on a LoRA policy: the adapter's config and on/off switch
         self.updates = 0  # optimizer steps taken (the scheduler's clock)
         self.skipped_steps = 0  # over the whole run
         self.last_lr = 0.0
@@ -75,14 +76,16 @@ class Worker:
             section = self.cfg.actor_rollout_ref
             self.model_cfg, self.train_cfg = section.model, section.actor
             self.module = self._build(section.model, section.actor.fsdp_config, "policy", trainable=True)
-            if self.use_ref:
+            if self.use_ref and self.peft_model is not None:
+                self.ref = lora.AdapterOff(self.module, self.peft_model)
+            elif self.use_ref:
                 self.ref = self._build(section.model, section.ref.fsdp_config, "policy", trainable=False)
             if self.engine_name is not None:
                 self.engine = self._make_engine()
         else:
             self.model_cfg, self.train_cfg = self.cfg.critic.model, self.cfg.critic
             self.module = self._build(self.cfg.critic.model, self.cfg.critic.fsdp_config, "value", trainable=True)
-        self.optimizer = fsdp.make_optimizer(self.module.parameters(), self.train_cfg.optim)
+        self.optimizer = fsdp.make_optimizer([p for p in self.module.parameters() if p.requires_grad], self.train_cfg.optim)
         self.scheduler = fsdp.make_scheduler(self.optimizer, self.train_cfg.optim.lr_warmup_steps)
 
     def _build(self, model_cfg, fsdp_cfg, kind: str, trainable: bool) -> TokenScorer:
@@ -95,6 +98,9 @@ class Worker:
         dtype = "float32" if (trainable and mixed) else model_cfg.dtype
         load = load_causal_lm if kind == "policy" else load_critic
         model = load(model_cfg.path, dtype=dtype, device=self.device).to(self.device)
+        if trainable and kind == "policy" and int(model_cfg.get("lora_rank", 0)) > 0:
+            self.peft_model = lora.add_adapter(model, model_cfg)
+            model = self.peft_model.base_model.model  # the same modules, LoRA layers in place
         if trainable:
             if model_cfg.enable_gradient_checkpointing:
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -345,8 +351,14 @@ class Worker:
             first = f", first {bad[what][0]}" if self.rank == 0 else ""
             raise ValueError(f"refusing to save the {self.role} {what}: {int(sum(counts))} tensor(s) hold NaN/inf{first}")
 
+    def _lora_scaling(self) -> float:
+        return float(self.model_cfg.lora_alpha) / int(self.model_cfg.lora_rank)
+
     def save_checkpoint(self, path: str) -> None:
+        """Weights (only the adapter's in a LoRA run), optimizer, scheduler, RNG."""
         model_state = fsdp.full_state_dict(self.module)
+        if self.peft_model is not None:
+            model_state = lora.adapter_state(model_state)
         optim_state = fsdp.full_optimizer_state(self.module, self.optimizer)
         folder = Path(path)
         self._check_finite({"weights": model_state, "optimizer state": optim_state})
@@ -365,13 +377,14 @@ class Worker:
         if state["world_size"] != self.world_size:
             raise ValueError(f"{path}: saved by {state['world_size']} ranks, loading into {self.world_size}")
         fsdp.load_full_state(self.module, self.optimizer, torch.load(folder / MODEL_FILE, weights_only=False),
-                             torch.load(folder / OPTIM_FILE, weights_only=False))
+                             torch.load(folder / OPTIM_FILE, weights_only=False), strict=self.peft_model is None)
         self.scheduler.load_state_dict(state["scheduler"])
         self.updates, self.skipped_steps = state["updates"], state["skipped_steps"]
         fsdp.set_rng_state(torch.load(folder / rng_file(self.rank), weights_only=False))
 
     def export_hf(self, path: str) -> None:
-        """The policy as a Hugging Face folder (config, safetensors, tokenizer)."""
+        """The policy as a Hugging Face folder (config, safetensors, tokenizer); in a
+        LoRA run the merged model, and the adapter alone in `adapter/` beside it."""
         from transformers import AutoConfig, AutoModelForCausalLM
 
         from grl.models import load_tokenizer, resolve_model_path, torch_dtype
@@ -384,7 +397,7 @@ class Worker:
             dtype = torch_dtype(self.model_cfg.dtype, self.device)
             with torch.device("meta"):
                 model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-            weights = {k: v.to(dtype) for k, v in hf_names(state).items()}
+            weights = {k: v.to(dtype) for k, v in self._hf_weights(state).items()}
             model.load_state_dict(weights, strict=False, assign=True)
             model.tie_weights()
             missing = [n for n, p in model.named_parameters() if p.is_meta]
@@ -393,7 +406,14 @@ class Worker:
             Path(path).mkdir(parents=True, exist_ok=True)
             model.save_pretrained(path)
             load_tokenizer(self.model_cfg.path).save_pretrained(path)
+            if self.peft_model is not None:
+                lora.save_adapter(hf_names(state), self.peft_model.peft_config[lora.ADAPTER], Path(path) / "adapter")
         dist.barrier()
+
+    def _hf_weights(self, state: dict) -> dict:
+        """Plain Hugging Face names and tensors of the policy (LoRA merged in)."""
+        weights = hf_names(state)
+        return weights if self.peft_model is None else lora.merged_weights(weights, self._lora_scaling())
 
     # ------------------------------------------------------------ engine
 
@@ -403,7 +423,7 @@ class Worker:
         state = fsdp.full_state_dict(self.module, on_all_ranks=self.device == "cuda")
         if self.engine is None:
             return
-        weights = hf_names(state)
+        weights = self._hf_weights(state)
         if getattr(self.module.model.config, "tie_word_embeddings", False):
             weights.pop("lm_head.weight", None)  # the engine ties it to the input embedding itself
         self.engine.update_weights(list(weights.items()))

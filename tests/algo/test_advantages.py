@@ -11,6 +11,7 @@ from grl.algo import (
     compute_advantage,
     compute_bi_level_gae,
     compute_gae,
+    compute_gigpo,
     compute_grpo,
     compute_reinforce_plus_plus,
     compute_rloo,
@@ -268,6 +269,80 @@ def test_reinforce_plus_plus_discount_crosses_env_tokens():
     close(ret, torch.tensor([[0.25, 0.5, 0.0, 0.0, 1.0]], dtype=torch.float64))
 
 
+def random_turn_states(batch, seed, num_states):
+    """`[B, turns]` state ids drawn from `num_states` values, so that turns of a group repeat states."""
+    K = int(batch["turn_ids"].max()) + 1
+    return torch.randint(0, num_states, (batch["turn_ids"].shape[0], max(K, 1)), generator=torch.Generator().manual_seed(seed))
+
+
+def ref_gigpo(batch, states, groups, gamma, w, norm_by_std=True, eps=1e-6):
+    r = batch["token_rewards"]
+    scores = [sum(r[b, t].item() for t in generated(batch["loss_mask"][b])) for b in range(r.shape[0])]
+    episode = ref_group_scores(scores, groups, "grpo", norm_by_std, eps)
+    steps = {}  # (row, turn id) -> (discounted return, tokens)
+    for b in range(r.shape[0]):
+        turns, g = ref_turns(batch, b), 0.0
+        for k, toks in reversed(turns):
+            g = sum(r[b, t].item() for t in toks) + gamma * g
+            steps[b, k] = (g, toks)
+    adv, ret = torch.zeros_like(r), torch.zeros_like(r)
+    for (b, k), (g, toks) in steps.items():
+        anchor = [steps[c, j][0] for (c, j) in steps if groups[c] == groups[b] and states[c, j] == states[b, k]]
+        step_adv = 0.0
+        if len(anchor) > 1:
+            step_adv = g - statistics.mean(anchor)
+            if norm_by_std:
+                step_adv /= statistics.stdev(anchor) + eps
+        for t in toks:
+            adv[b, t], ret[b, t] = episode[b] + w * step_adv, g
+    return adv, ret
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_gigpo_matches_reference(seed):
+    batch = random_episode_batch(24, 1100 + seed, max_turns=5)
+    groups = (torch.arange(24) // 6).tolist()
+    states = random_turn_states(batch, seed, num_states=3)
+    gamma, w, norm = [(1.0, 1.0, True), (0.95, 0.5, True), (0.9, 2.0, False)][seed % 3]
+    adv, ret = compute_advantage("gigpo", **batch, turn_states=states, group_ids=groups, gamma=gamma,
+                                 gigpo_step_weight=w, norm_adv_by_std=norm)
+    ref_adv, ref_ret = ref_gigpo(batch, states, groups, gamma, w, norm)
+    close(adv, ref_adv)
+    close(ret, ref_ret)
+    assert (ref_adv != ref_group_like(batch, groups, norm)).any()  # repeated states did move some turns
+
+
+def ref_group_like(batch, groups, norm):
+    scores = torch.where(batch["loss_mask"] > 0, batch["token_rewards"], 0).sum(-1)
+    ref = torch.tensor(ref_group_scores(scores.tolist(), groups, "grpo", norm), dtype=torch.float64)
+    return torch.where(batch["loss_mask"] > 0, ref[:, None], 0.0)
+
+
+def test_gigpo_with_distinct_states_is_grpo():
+    batch = random_episode_batch(24, 1200, max_turns=5)
+    groups = (torch.arange(24) // 4).tolist()
+    K = int(batch["turn_ids"].max()) + 1
+    states = torch.arange(24 * K).view(24, K)  # every turn its own state
+    for norm in (True, False):
+        adv, _ = compute_gigpo(batch["token_rewards"], batch["loss_mask"], batch["turn_ids"], states, groups, 0.9, 3.0,
+                               norm_by_std=norm)
+        grpo, _ = compute_grpo(torch.where(batch["loss_mask"] > 0, batch["token_rewards"], 0).sum(-1), batch["loss_mask"], groups, norm)
+        close(adv, grpo)
+
+
+def test_gigpo_same_state_in_another_group_is_not_an_anchor():
+    # rows 0, 1 in group 0 and rows 2, 3 in group 1; all turns share state 7
+    m = torch.tensor([[1.0, 0.0, 1.0]] * 4, dtype=torch.float64)
+    tids = torch.tensor([[0, 1, 1]] * 4)
+    r = torch.tensor([[0.0, 0.0, 1.0], [0.0, 0.0, 0.0], [0.0, 0.0, 5.0], [0.0, 0.0, 5.0]], dtype=torch.float64)
+    states = torch.full((4, 2), 7)
+    adv, ret = compute_gigpo(r, m, tids, states, [0, 0, 1, 1], 0.5, 1.0, norm_by_std=False)
+    # group 0: episode adv +-0.5; anchor over 4 turns with returns [0.5, 1, 0, 0], mean 0.375
+    close(ret, torch.tensor([[0.5, 0.0, 1.0], [0.0, 0.0, 0.0], [2.5, 0.0, 5.0], [2.5, 0.0, 5.0]], dtype=torch.float64))
+    close(adv[:2], torch.tensor([[0.5 + 0.125, 0.0, 0.5 + 0.625], [-0.5 - 0.375, 0.0, -0.5 - 0.375]], dtype=torch.float64))
+    close(adv[2:], torch.tensor([[-1.25, 0.0, 1.25]] * 2, dtype=torch.float64))
+
+
 # ---- invariances and robustness --------------------------------------------------------------------
 
 def insert_env_tokens(batch, seed):
@@ -320,7 +395,8 @@ def test_non_generated_positions_are_ignored(estimator):
     clean = {k: torch.where(nan_batch["loss_mask"] > 0, x, 0) if x.is_floating_point() and k != "loss_mask" else x
              for k, x in nan_batch.items()}
     groups = torch.arange(10) // 3
-    kw = {"gamma": 0.99, "lam": 0.95, "high_level_gamma": 0.9, "group_ids": groups}
+    kw = {"gamma": 0.99, "lam": 0.95, "high_level_gamma": 0.9, "group_ids": groups,
+          "turn_states": random_turn_states(nan_batch, 601, num_states=2)}
     adv, ret = compute_advantage(estimator, **nan_batch, **kw)
     adv2, ret2 = compute_advantage(estimator, **clean, **kw)
     assert torch.isfinite(adv).all() and torch.isfinite(ret).all()
@@ -349,12 +425,14 @@ def test_dispatcher_episode_scores_default_to_summed_rewards():
 def test_dispatcher_errors_name_the_problem():
     batch = random_episode_batch(8, 900)
     assert (batch["loss_mask"].sum(-1) > 1).any()
-    with pytest.raises(ValueError, match="gae, bi_level_gae, weighted_gae, grpo, rloo, reinforce_plus_plus"):
+    with pytest.raises(ValueError, match="gae, bi_level_gae, weighted_gae, grpo, rloo, reinforce_plus_plus, gigpo"):
         compute_advantage("ppo_magic", **batch)
     with pytest.raises(ValueError, match="'values'"):
         compute_advantage("gae", token_rewards=batch["token_rewards"], loss_mask=batch["loss_mask"])
     with pytest.raises(ValueError, match="'group_ids'"):
         compute_advantage("grpo", **batch)
+    with pytest.raises(ValueError, match="'turn_states'"):
+        compute_advantage("gigpo", **batch, group_ids=[0] * 8)
     backwards = torch.where(batch["loss_mask"] > 0, 1000 - batch["loss_mask"].cumsum(-1), 0).long()
     with pytest.raises(ValueError, match="must not decrease"):
         compute_advantage("bi_level_gae", **{**batch, "turn_ids": backwards})
@@ -382,5 +460,6 @@ def test_empty_batch_rows():
     m = torch.zeros(3, 5, dtype=torch.float64)
     x = torch.randn(3, 5, dtype=torch.float64)
     for est in ESTIMATORS:
-        adv, ret = compute_advantage(est, token_rewards=x, values=x, loss_mask=m, turn_ids=torch.full((3, 5), -1), group_ids=[0, 0, 1])
+        adv, ret = compute_advantage(est, token_rewards=x, values=x, loss_mask=m, turn_ids=torch.full((3, 5), -1), group_ids=[0, 0, 1],
+                                     turn_states=torch.zeros(3, 1, dtype=torch.long))
         assert (adv == 0).all() and (ret == 0).all(), est

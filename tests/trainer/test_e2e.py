@@ -99,3 +99,37 @@ def test_train_checkpoint_kill_and_resume(tmp_path, ray_runtime):
     assert len(compared) >= 10, compared
     for key in compared:
         assert resumed[2][key] == pytest.approx(history[2][key], rel=1e-6, abs=1e-9), key
+
+
+def test_lora_gigpo_run_resumes_to_equal_metrics(tmp_path, ray_runtime):
+    """A LoRA policy trained with GiGPO and a KL loss (the reference is the base model with
+    the adapter off): stopped after step 1 and resumed from the adapter-only checkpoint, its
+    step 2 is the uninterrupted run's; the export is a merged model plus the adapter."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    lora = {"actor_rollout_ref.model.lora_rank": 4, "actor_rollout_ref.model.lora_alpha": 8,
+            "actor_rollout_ref.actor.optim.lr": 0.02, "actor_rollout_ref.actor.use_kl_loss": True,
+            "algorithm.adv_estimator": "gigpo", "algorithm.gamma": 0.9, "critic.enable": False}
+
+    def kill_after_step_1(trainer, step, metrics):
+        if step == 1:
+            ray.kill(trainer.actor.workers[1], no_restart=True)
+
+    AgentTrainer.from_config(config(tmp_path, "a", resume_mode="disable", **lora)).fit()
+    history = by_step(tmp_path / "a" / "run")
+    cfg_b = config(tmp_path, "b", resume_mode="auto", **lora)
+    with pytest.raises(RunAborted):
+        AgentTrainer.from_config(cfg_b, hooks=[kill_after_step_1]).fit()
+    saved = torch.load(tmp_path / "b" / "ckpt" / "global_step_1" / "actor" / "model.pt", weights_only=False)
+    assert saved and all(".lora_" in k for k in saved)
+    AgentTrainer.from_config(cfg_b).fit()
+    resumed = by_step(tmp_path / "b" / "run")
+    assert history[1]["actor/grad_norm"] > 0 and "actor/kl_loss" in history[1]
+    compared = [k for k in DETERMINISTIC + ("actor/kl_loss",) if k in history[2]]
+    assert len(compared) >= 8, compared
+    for key in compared:
+        assert resumed[2][key] == pytest.approx(history[2][key], rel=1e-6, abs=1e-9), key
+    hf = tmp_path / "a" / "ckpt" / "hf_actor"
+    assert AutoModelForCausalLM.from_pretrained(hf).config.num_hidden_layers == 2
+    assert (hf / "adapter" / "adapter_config.json").exists()

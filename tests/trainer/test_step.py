@@ -19,8 +19,8 @@ def episodes(num_groups=3, group_size=4, seed=0):
         for m in range(group_size):
             turns = [Turn(prompt_ids=[rng.randrange(1, 50) for _ in range(rng.randint(2, 6))],
                           response_ids=[rng.randrange(1, 50) for _ in range(rng.randint(1, 5))],
-                          response_log_probs=None, reward=rng.choice([0.0, 1.0, -0.1]))
-                     for _ in range(rng.randint(1, 3))]
+                          response_log_probs=None, reward=rng.choice([0.0, 1.0, -0.1]), state_key=f"s{(k + m) % 2}")
+                     for k in range(rng.randint(1, 3))]
             out.append(Episode(task="t", group_id=g, seed=100 + g, turns=turns, score=sum(t.reward for t in turns),
                                metrics={"success": float(rng.random() < 0.5)}, member=m))
     return out
@@ -35,7 +35,7 @@ def rollout_cfg(**over):
 
 def algo_cfg(estimator, **over):
     cfg = {"adv_estimator": estimator, "gamma": 1.0, "lam": 0.95, "high_level_gamma": 0.95,
-           "turn_advantage_weight": 1.0, "norm_adv_by_std_in_grpo": True, "kl_penalty": "kl",
+           "turn_advantage_weight": 1.0, "gigpo_step_weight": 1.0, "norm_adv_by_std_in_grpo": True, "kl_penalty": "kl",
            "use_kl_in_reward": False}
     cfg.update(over)
     return OmegaConf.create(cfg)
@@ -63,7 +63,7 @@ def per_episode(batch, key):
     return out
 
 
-@pytest.mark.parametrize("estimator", ["gae", "bi_level_gae", "grpo", "rloo", "reinforce_plus_plus"])
+@pytest.mark.parametrize("estimator", ["gae", "bi_level_gae", "grpo", "rloo", "reinforce_plus_plus", "gigpo"])
 def test_packed_batch_gets_the_same_advantages_as_padded(estimator):
     eps = episodes()
     results = []

@@ -1,0 +1,110 @@
+"""LoRA on the policy: 2 FSDP2 ranks over the adapted tiny model, checked against
+peft's own merge, the base model (the reference), the exported folders and a
+fresh group resumed from the adapter-only checkpoint."""
+
+import pytest
+import torch
+
+ray = pytest.importorskip("ray")
+peft = pytest.importorskip("peft")
+pytestmark = pytest.mark.slow
+
+from grl.config import compose
+from grl.engines import make_engine
+from grl.engines.base import SamplingParams
+from grl.models import load_causal_lm
+from grl.workers import ActorRolloutRefGroup
+from grl.workers.lora import add_adapter, merged_weights
+from tests.workers.test_worker_groups import OVERRIDES, _full_weights, cfg, make_batch, reference_scores  # noqa: F401 (cfg: Ray)
+
+RANK, ALPHA = 4, 8
+LORA = [f"actor_rollout_ref.model.lora_rank={RANK}", f"actor_rollout_ref.model.lora_alpha={ALPHA}",
+        "actor_rollout_ref.actor.optim.lr=0.05"]
+
+
+@pytest.fixture(scope="module")
+def lora_cfg(cfg):
+    return compose(OVERRIDES + LORA)
+
+
+@pytest.fixture(scope="module")
+def actor(lora_cfg):
+    group = ActorRolloutRefGroup(lora_cfg, world_size=2, use_ref=True)
+    yield group
+    group.shutdown()
+
+
+@pytest.fixture(scope="module")
+def batch(actor):
+    b = make_batch()
+    b["old_log_probs"], _ = actor.compute_log_probs(b)
+    b["ref_log_probs"] = actor.compute_ref_log_probs(b)
+    return b
+
+
+def test_merge_equals_peft_merge_and_unload(lora_cfg):
+    model = load_causal_lm("tiny", dtype="float32")
+    adapted = add_adapter(model, lora_cfg.actor_rollout_ref.model)
+    with torch.no_grad():
+        for name, p in adapted.named_parameters():
+            if "lora_B" in name:
+                p.normal_(generator=torch.Generator().manual_seed(len(name)))
+    ours = merged_weights(adapted.base_model.model.state_dict(), ALPHA / RANK)
+    theirs = adapted.merge_and_unload().state_dict()
+    assert ours.keys() == theirs.keys()
+    assert max(float((ours[k] - theirs[k]).abs().max()) for k in ours) < 1e-6
+
+
+def test_only_the_adapter_trains_and_the_reference_is_the_base(actor, batch):
+    before = actor.execute(_full_weights)[0]
+    assert any(".lora_A." in k for k in before) and any(".base_layer." in k for k in before)
+    with torch.no_grad():
+        base_lp, _ = reference_scores(load_causal_lm("tiny", dtype="float32"), batch)
+    actor.update(batch)
+    after = actor.execute(_full_weights)[0]
+    changed = {k for k in before if not torch.equal(before[k], after[k])}
+    assert changed and all(".lora_" in k for k in changed)
+    assert (actor.compute_ref_log_probs(batch) - base_lp).abs().max() < 1e-5  # adapter off = base model
+    assert (actor.compute_log_probs(batch)[0] - base_lp).abs().max() > 1e-3
+
+
+def test_sync_gives_the_engine_the_merged_model(actor, batch, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    prompts = [[1, 42, 7, 99], [5, 6, 7, 8, 9, 10]]
+    greedy = SamplingParams(temperature=0.0, greedy=True, max_new_tokens=6)
+    actor.update(batch)
+    actor.sync_weights()
+    synced = actor.engine.generate(prompts, greedy)
+    actor.export_hf(tmp_path / "hf")
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32)
+    with_adapter = peft.PeftModel.from_pretrained(load_causal_lm("tiny", dtype="float32"), tmp_path / "hf" / "adapter")
+    ids = torch.tensor([prompts[1]])
+    with torch.no_grad():
+        assert (merged(ids).logits - with_adapter(ids).logits).abs().max() < 1e-4
+    exported = make_engine("hf", str(tmp_path / "hf"), dtype="float32", device="cpu")
+    try:
+        want = exported.generate(prompts, greedy)
+    finally:
+        exported.shutdown()
+    assert [o.token_ids for o in synced] == [o.token_ids for o in want]
+    for got, ref in zip(synced, want):
+        assert max(abs(a - b) for a, b in zip(got.log_probs, ref.log_probs)) < 1e-5
+
+
+def test_checkpoint_holds_the_adapter_and_resumes_exactly(lora_cfg, actor, batch, tmp_path):
+    actor.save_checkpoint(tmp_path / "ckpt")
+    saved = torch.load(tmp_path / "ckpt" / "model.pt", weights_only=False)
+    assert saved and all(".lora_" in k for k in saved)
+    log_probs, _ = actor.compute_log_probs(batch)
+    metrics = actor.update(batch)
+    after = actor.execute(_full_weights)[0]
+    fresh = ActorRolloutRefGroup(lora_cfg, world_size=2, use_ref=False)
+    try:
+        fresh.load_checkpoint(tmp_path / "ckpt")
+        assert torch.equal(fresh.compute_log_probs(batch)[0], log_probs)
+        assert fresh.update(batch) == metrics
+        got = fresh.execute(_full_weights)[0]
+        assert all(torch.equal(got[k], after[k]) for k in after)
+    finally:
+        fresh.shutdown()
