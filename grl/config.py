@@ -10,6 +10,7 @@ typo costs seconds, not a Ray start-up.
 from __future__ import annotations
 
 import difflib
+import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Optional
@@ -53,6 +54,10 @@ class Rollout:
     env_step_timeout: float = MISSING
     env_error_penalty: Optional[float] = MISSING
     max_failed_agent_ratio: float = MISSING
+    num_env_threads: Optional[int] = None
+    num_init_threads: Optional[int] = None
+    num_prompt_threads: int = 0
+    show_tqdm: bool = False
 
 
 @dataclass
@@ -61,6 +66,9 @@ class Model:
     dtype: str = MISSING
     enable_gradient_checkpointing: bool = MISSING
     trust_remote_code: bool = False
+    lora_rank: int = 0
+    lora_alpha: int = 16
+    target_modules: Any = "all-linear"
 
 
 @dataclass
@@ -127,6 +135,8 @@ class RolloutEngine:
     tensor_model_parallel_size: int = MISSING
     max_model_len: Optional[int] = MISSING
     log_prob_micro_batch_size_per_gpu: int = MISSING
+    rollout_filter_ratio: float = MISSING
+    rollout_filter_type: str = MISSING
     val_kwargs: SamplingOverrides = MISSING
 
 
@@ -186,13 +196,28 @@ class Trainer:
     test_freq: int = MISSING
     save_freq: int = MISSING
     val_before_train: bool = MISSING
+    val_only: bool = False
+    validation_steps: int = 1
     resume_mode: str = MISSING
+    resume_from_path: Optional[str] = None
     default_local_dir: str = MISSING
     run_dir: str = MISSING
     max_ckpt_to_keep: Optional[int] = MISSING
     export_hf: bool = MISSING
     critic_warmup: int = MISSING
     seed: int = MISSING
+
+
+@dataclass
+class Data:
+    max_prompt_length: int = MISSING
+    max_response_length: int = MISSING
+    train_batch_size: Optional[int] = MISSING
+
+
+@dataclass
+class System:
+    CUDA_VISIBLE_DEVICES: Optional[str] = None
 
 
 @dataclass
@@ -212,6 +237,8 @@ class GRLConfig:
     project_name: str = MISSING
     experiment_name: str = MISSING
     resume_mode: str = MISSING
+    data: Data = MISSING
+    system: System = field(default_factory=System)
     rollout: Rollout = MISSING
     actor_rollout_ref: ActorRolloutRef = MISSING
     critic: Critic = MISSING
@@ -262,6 +289,17 @@ LOGGERS = ("console", "jsonl", "wandb", "tensorboard")
 CRITIC_FREE_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus")
 
 
+# Second spellings that GRL's and verl's configs use: alias -> the key that is read. The alias
+# defaults to an interpolation of its key; a value set on the alias replaces the key's.
+ALIASES = {
+    "data.max_prompt_length": "max_prompt_length",
+    "data.max_response_length": "max_response_length",
+    "data.train_batch_size": "train_batch_size",
+    "actor_rollout_ref.rollout.rollout_filter_ratio": "rollout.rollout_filter_ratio",
+    "actor_rollout_ref.rollout.rollout_filter_type": "rollout.rollout_filter_type",
+}
+
+
 # ---------------------------------------------------------------- checks
 
 def _did_you_mean(key: str, known: list[str]) -> str:
@@ -302,6 +340,22 @@ def _all_keys(cfg: DictConfig, prefix: str = "") -> list[str]:
     return keys
 
 
+def _apply_aliases(cfg: DictConfig) -> None:
+    """Copy GRL's and verl's spellings onto the keys that are read (before resolving)."""
+    for alias, key in ALIASES.items():
+        parent, _, leaf = alias.rpartition(".")
+        node = OmegaConf.select(cfg, parent)._get_node(leaf)
+        if not node._is_interpolation():
+            OmegaConf.update(cfg, key, node._value())
+            OmegaConf.update(cfg, alias, "${" + key + "}")
+    r = cfg.rollout
+    for alias in ("num_env_threads", "num_init_threads"):
+        if r[alias] is not None:
+            r.env_workers = r[alias] or min(32, os.cpu_count() or 1)
+    if cfg.trainer.resume_from_path is not None:
+        cfg.trainer.resume_mode = cfg.trainer.resume_from_path
+
+
 def _check_choices(cfg: DictConfig) -> None:
     for key, allowed in CHOICES.items():
         value = OmegaConf.select(cfg, key)
@@ -337,6 +391,17 @@ def _check_lists(cfg: DictConfig) -> None:
                 "actor_rollout_ref.actor.ppo_epochs", "actor_rollout_ref.actor.logits_chunk_size"):
         if OmegaConf.select(cfg, key) < 1:
             raise ConfigError(f"{key}: must be at least 1, got {OmegaConf.select(cfg, key)}")
+    for list_key in ("rollout.training", "rollout.validation"):
+        names = list(OmegaConf.select(cfg, list_key))
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ConfigError(f"{list_key}: {', '.join(twice)} named twice; raise its agent_group_num instead")
+    episodes = sum(n * s for n, s in zip(cfg.rollout.agent_group_num, cfg.rollout.agent_group_size))
+    if cfg.train_batch_size is not None and cfg.train_batch_size != episodes:
+        raise ConfigError(f"train_batch_size: {cfg.train_batch_size} episodes per step, but rollout.agent_group_num x "
+                          f"agent_group_size gives {episodes}; set it to {episodes} or null")
+    if cfg.trainer.validation_steps < 1:
+        raise ConfigError(f"trainer.validation_steps: must be at least 1, got {cfg.trainer.validation_steps}")
     if cfg.algorithm.adv_estimator not in CRITIC_FREE_ESTIMATORS and not cfg.critic.enable:
         raise ConfigError(f"critic.enable: estimator {cfg.algorithm.adv_estimator} needs the critic")
 
@@ -412,6 +477,7 @@ def validate(cfg: DictConfig) -> DictConfig:
             raise ConfigError(f"{key}: unknown key{_did_you_mean(str(key), sorted(known))}")
         tasks[str(key)] = block
     typed = _typed_merge(GRLConfig, core, "")
+    _apply_aliases(typed)
     try:
         OmegaConf.resolve(typed)
     except OmegaConfBaseException as err:

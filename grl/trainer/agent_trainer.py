@@ -108,6 +108,9 @@ class AgentTrainer:
                                    total_steps=cfg.total_training_steps,
                                    resume_step=self.global_step if resumed else None)
             save_run_info(cfg.run_dir, OmegaConf.to_yaml(self.cfg, resolve=True))
+            if cfg.val_only:
+                self.tracker.log(self.validate(), self.global_step)
+                return
             if cfg.val_before_train and self.global_step == 0:
                 self.tracker.log(self.validate(), self.global_step)
             while self.global_step < cfg.total_training_steps:
@@ -177,11 +180,15 @@ class AgentTrainer:
         return metrics
 
     def validate(self) -> dict[str, float]:
-        """Every validation task in one batched greedy rollout -> `val-env/<task>/<metric>`."""
+        """Every validation task in one batched greedy rollout, `trainer.validation_steps`
+        times with consecutive seeds -> `val-env/<task>/<metric>`, the mean over the rollouts."""
         timer = Timer()
-        with timer("validation"):
-            result = self.rollout.run(self.val_tasks, self.cfg.rollout.validation_seed, self.val_sampling)
-        return {**task_metrics(result.metrics, "val-env"), **timer.metrics()}
+        runs = self.cfg.trainer.validation_steps
+        with timer("testing"):
+            results = [self.rollout.run(self.val_tasks, self.cfg.rollout.validation_seed + i, self.val_sampling).metrics
+                       for i in range(runs)]
+        mean = {name: sum(r[name] for r in results) / runs for name in results[0]}
+        return {**task_metrics(mean, "val-env"), **timer.metrics()}
 
     # ------------------------------------------------------------ checkpoints
 
