@@ -102,6 +102,7 @@ class Actor:
     use_kl_loss: bool = MISSING
     kl_loss_coef: float = MISSING
     kl_loss_type: str = MISSING
+    tis_imp_ratio_cap: float = -1.0
     logits_chunk_size: int = MISSING
     optim: Optim = MISSING
     fsdp_config: FSDPConfig = MISSING

@@ -31,11 +31,14 @@ from grl.algo.losses import (
     agg_loss,
     entropy_bonus,
     entropy_from_logits,
+    episode_masks,
     log_probs_from_logits,
     policy_loss,
+    truncated_is_weights,
     value_loss,
 )
 from grl.algo.masked import (
+    finite_episodes,
     finite_rows,
     masked_mean,
     masked_sum,
@@ -62,6 +65,8 @@ __all__ = [
     "compute_weighted_gae",
     "entropy_bonus",
     "entropy_from_logits",
+    "episode_masks",
+    "finite_episodes",
     "finite_rows",
     "group_index",
     "kl_estimate",
@@ -73,6 +78,7 @@ __all__ = [
     "masked_var",
     "masked_whiten",
     "policy_loss",
+    "truncated_is_weights",
     "turn_ids_from_mask",
     "value_loss",
 ]
