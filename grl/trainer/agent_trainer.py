@@ -144,6 +144,10 @@ class AgentTrainer:
             with phase("rollout"), timer("gen"):
                 sampling = replace(self.sampling, seed=training_base_seed(self.cfg.trainer.seed, step))
                 result = self.rollout.run(self.train_tasks, training_base_seed(self.cfg.rollout.seed, step), sampling)
+                if self.cfg.actor_rollout_ref.rollout.free_cache_engine:
+                    # The engine's weights and KV cache leave the GPU for the update; the weight
+                    # sync and the next generate take them back.
+                    self.rollout.engine.sleep()
             metrics = {**task_metrics(result.metrics, "train"), **reward_metrics(result.episodes),
                        **turn_length_metrics(result.episodes, self.cfg.max_response_length, validation=False)}
             if self.cfg.actor_rollout_ref.actor.use_kl_loss:

@@ -136,5 +136,5 @@ def test_metrics_of_a_step():
     assert 0 <= m["perf/padding_ratio"] < 1
     assert task_metrics({"t/success": 0.5, "rollout/env_errors": 1.0}, "val-env") == {
         "val-env/t/success": 0.5, "val-rollout/env_errors": 1.0}
-    assert task_metrics({"t/success": 0.5, "rollout/env_errors": 1.0}, "env") == {
+    assert task_metrics({"t/success": 0.5, "rollout/env_errors": 1.0}, "train") == {
         "train/t/success": 0.5, "rollout/env_errors": 1.0}
