@@ -247,19 +247,26 @@ class GRLConfig:
     trainer: Trainer = MISSING
 
 
+def _agent_default(name: str) -> Any:
+    from grl.agents.base import AgentSettings
+
+    return AgentSettings.__dataclass_fields__[name].default
+
+
 @dataclass
 class AgentConfig:
     """`agent_config` of a task instance in configs/agents.yaml."""
 
-    system_prompt: str = MISSING
-    prompt: str = MISSING
-    enable_think: bool = MISSING
-    max_tokens: int = MISSING
-    max_turns: int = MISSING
-    max_actions_per_turn: int = MISSING
-    max_actions_all_turns: int = MISSING
-    format_penalty: float = MISSING
-    action_separator: Optional[str] = MISSING
+    # A key left out takes GRL's default (grl.agents.base.AgentSettings holds the values).
+    system_prompt: str = _agent_default("system_prompt")
+    prompt: str = _agent_default("prompt")
+    enable_think: bool = _agent_default("enable_think")
+    max_tokens: int = _agent_default("max_tokens")
+    max_turns: int = _agent_default("max_turns")
+    max_actions_per_turn: int = _agent_default("max_actions_per_turn")
+    max_actions_all_turns: int = _agent_default("max_actions_all_turns")
+    format_penalty: float = _agent_default("format_penalty")
+    action_separator: Optional[str] = _agent_default("action_separator")
 
 
 @dataclass

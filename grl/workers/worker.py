@@ -53,6 +53,12 @@ def split_rows(tensors: dict, size: int) -> list[dict]:
     return [{k: v[a:b] for k, v in tensors.items()} for a, b in zip(bounds, bounds[1:]) if b > a]
 
 
+def aggregated_like_loss(stat: str) -> bool:
+    """Stats reduced with `loss_agg_mode` (the losses and the entropy bonus) add up over
+    micro-batches by loss units; the rest (clip fractions, ppo_kl) are token means."""
+    return stat.endswith("loss") or stat == "entropy"
+
+
 def seg_of(tensors: dict) -> torch.Tensor | None:
     """The episode numbering of a packed part (None for a padded one)."""
     return tensors.get("segment_ids")
@@ -279,7 +285,7 @@ class Worker:
             # FSDP2 averages gradients over ranks; the loss is a share of a global sum, so undo it.
             (loss * weight * self.world_size).backward()
             for k, v in chunk_stats.items():
-                w = weight if k.endswith("loss") else token_weight
+                w = weight if aggregated_like_loss(k) else token_weight
                 stats[k] = stats.get(k, 0.0) + v * w
         # Episodes a micro-batch dropped after its forward pass (non-finite ratio or loss) were
         # counted in `units`: rescale so the rest weigh as in the mini-batch without them.
@@ -289,7 +295,7 @@ class Worker:
             for p in self.module.parameters():
                 if p.grad is not None:
                     p.grad.mul_(scale)
-            stats = {k: v * (scale if k.endswith("loss") else tokens / max(tokens - lost_tokens, 1.0))
+            stats = {k: v * (scale if aggregated_like_loss(k) else tokens / max(tokens - lost_tokens, 1.0))
                      for k, v in stats.items()}
         return stats, dropped, tokens - lost_tokens > 0
 

@@ -79,3 +79,13 @@ def test_our_blocks_build_agents(validated):
 def test_a_misspelt_env_key_is_caught_by_the_validator():
     with pytest.raises(ConfigError, match=r"simpleSokobanAgent.env_config.dim_rom: unknown key for env sokoban"):
         load_config(["+simpleSokobanAgent.env_config.dim_rom=[5,5]"])
+
+
+def test_left_out_agent_config_keys_take_grls_defaults():
+    cfg = load_config(["+bareSokoban.agent_type=sokobanAgent", "+bareSokoban.agent_config.max_turns=3",
+                       "rollout.training=[bareSokoban]", "rollout.validation=[bareSokoban]"])
+    block = task_instance(cfg, "bareSokoban")
+    assert block["agent_config"]["max_turns"] == 3
+    assert block["agent_config"]["max_tokens"] == 100 and block["agent_config"]["action_separator"] == "||"
+    agent = make_agent("bareSokoban", block)
+    assert agent.settings.format_penalty == -0.1 and agent.settings.enable_think is True

@@ -83,6 +83,15 @@ def test_train_checkpoint_kill_and_resume(tmp_path, ray_runtime):
     exported = AutoModelForCausalLM.from_pretrained(a_dir / "ckpt" / "hf_actor")
     assert exported.config.num_hidden_layers == 2
 
+    # val_only: resume A's last checkpoint, validate once, exit without training
+    cfg_val = config(tmp_path, "a", resume_mode="auto", **{"trainer.val_only": True,
+                                                            "trainer.run_dir": str(a_dir / "val_only")})
+    AgentTrainer.from_config(cfg_val).fit()
+    only = by_step(a_dir / "val_only")
+    assert sorted(only) == [2] and "val-env/simpleSokobanAgent/success" in only[2]
+    assert not any(k.startswith("actor/") for k in only[2])
+    assert (a_dir / "ckpt" / "latest").read_text().strip() == "global_step_2"
+
     # B: a worker dies after step 1 has been checkpointed
     def kill_after_step_1(trainer, step, metrics):
         if step == 1:
