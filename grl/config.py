@@ -267,6 +267,7 @@ class AgentConfig:
     max_actions_all_turns: int = _agent_default("max_actions_all_turns")
     format_penalty: float = _agent_default("format_penalty")
     action_separator: Optional[str] = _agent_default("action_separator")
+    action_decoding: str = _agent_default("action_decoding")  # free | constrained (env's valid_actions())
 
 
 @dataclass

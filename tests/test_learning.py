@@ -109,3 +109,106 @@ def test_ppo_learns_a_trivial_multi_turn_task(tmp_path):
     train = [history[s]["train/words/success"] for s in sorted(history) if s > 0]
     print(f"greedy validation success {before:.3f} -> {after:.3f}; training success by step {train}")
     assert after >= before + 0.5, (before, after, train)
+
+
+# ---------------------------------------------------------------- valid-action decoding
+
+FRUITS = ("apple", "pear", "plum", "fig")
+
+
+class FruitEnv(Env):
+    """Three rounds; `wanted` is the right fruit in each; success when every round was right. Its
+    valid actions are the four fruits, so under constrained decoding every reply is one of them:
+    the model can fail only on the choice, never on the format."""
+
+    wanted = "plum"
+
+    def reset(self, seed: int) -> str:
+        self.topic, self.round, self.right = TOPICS[seed % len(TOPICS)], 0, 0
+        return self._state()
+
+    def _state(self) -> str:
+        return f"Round {self.round + 1} of 3 ({self.topic}). Pick a fruit."
+
+    def valid_actions(self):
+        return list(FRUITS)
+
+    def step(self, action: str):
+        ok = action.strip() == self.wanted
+        self.right += ok
+        self.round += 1
+        done = self.round == 3
+        return self._state(), float(ok), done, step_info(success=done and self.right == 3,
+                                                         action_is_valid=action.strip() in FRUITS,
+                                                         action_is_effective=True)
+
+
+def first_greedy_choice(cfg) -> str:
+    """The fruit the untrained tiny model picks greedily in round 1."""
+    from grl.engines import SamplingParams, make_engine
+    from grl.rollout import MultiTurnRollout, TaskSpec
+
+    engine = make_engine("hf", "tiny", device="cpu")
+    rollout = MultiTurnRollout(engine, engine.tokenizer, max_prompt_length=512, max_response_length=12)
+    episode = rollout.run([TaskSpec("fruit", FRUIT_TASK, 1, 1)], 0, SamplingParams(greedy=True)).episodes[0]
+    engine.shutdown()
+    return episode.turns[0].info["actions"][0]
+
+
+FRUIT_TASK = {
+    "agent_type": "fruitAgent",
+    "agent_config": {"system_prompt": "You pick fruit.", "prompt": "Pick the right fruit each round.",
+                     "enable_think": False, "max_tokens": 12, "max_turns": 3, "max_actions_per_turn": 1,
+                     "max_actions_all_turns": 3, "format_penalty": 0.0, "action_separator": None,
+                     "action_decoding": "constrained"},
+    "env_config": {},
+}
+
+
+def constrained_config(tmp_path):
+    grl.envs.register("fruit", FruitEnv)
+    grl.agents.register("fruitAgent", "fruit")
+    overrides = {
+        "model_path": "tiny", "n_gpus_per_node": 1, "trainer.device": "cpu",
+        "actor_rollout_ref.rollout.name": "hf", "max_response_length": 12,
+        "rollout.training": "[fruit]", "rollout.agent_group_num": "[4]", "rollout.agent_group_size": "[4]",
+        "rollout.validation": "[fruit]", "rollout.validation_agent_group_num": "[8]",
+        "rollout.validation_agent_group_size": "[1]",
+        "algorithm.adv_estimator": "grpo", "critic.enable": False,
+        "ppo_mini_batch_size": 16, "micro_batch_size_per_gpu": 16, "total_training_steps": 8,
+        "test_freq": 8, "save_freq": -1, "trainer.val_before_train": True, "trainer.export_hf": False,
+        "trainer.logger": "[jsonl]", "resume_mode": "disable",
+        "trainer.run_dir": str(tmp_path / "run"), "trainer.default_local_dir": str(tmp_path / "ckpt"),
+        "actor_rollout_ref.model.enable_gradient_checkpointing": False,
+        "actor_rollout_ref.actor.optim.lr": 3e-3, "actor_rollout_ref.actor.entropy_coeff": 0.0,
+    }
+    cfg = compose([f"{k}={v}" for k, v in overrides.items()])
+    OmegaConf.set_struct(cfg, False)
+    cfg.fruit = FRUIT_TASK
+    return validate(cfg)
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0], ids=["as_is", "advantage_sign_flipped"])
+def test_ppo_learns_under_valid_action_decoding(tmp_path, monkeypatch, sign):
+    """Greedy validation success rises from 0 to at least 0.5, every reply is a valid action;
+    with the advantages negated the same run must not learn (the test can fail)."""
+    import grl.trainer.agent_trainer as trainer_module
+    from grl.trainer.agent_trainer import AgentTrainer
+    from grl.workers import init_ray
+
+    estimate = trainer_module.compute_advantage
+    monkeypatch.setattr(trainer_module, "compute_advantage",
+                        lambda *a, **k: tuple(sign * x if i == 0 else x for i, x in enumerate(estimate(*a, **k))))
+    cfg = constrained_config(tmp_path)
+    # The right fruit is one the untrained model does not pick, so greedy success starts at 0.
+    monkeypatch.setattr(FruitEnv, "wanted", next(f for f in FRUITS if f != first_greedy_choice(cfg)))
+    init_ray(None, num_cpus=2)
+    AgentTrainer.from_config(cfg).fit()
+    history = {r["step"]: r for r in read_jsonl(tmp_path / "run" / METRICS_FILE)}
+    before, after = history[0]["val-env/fruit/success"], history[8]["val-env/fruit/success"]
+    train = [round(history[s]["env/fruit/success"], 2) for s in sorted(history) if s > 0]
+    print(f"sign {sign:+.0f}: greedy validation success {before:.3f} -> {after:.3f}; training success {train}")
+    assert all(history[s]["env/fruit/action_is_valid"] == 1.0 and history[s]["env/fruit/format_ok"] == 1.0
+               for s in history if s > 0)
+    assert before == 0.0
+    assert (after >= 0.5) == (sign > 0), (before, after, train)

@@ -6,6 +6,11 @@ actions in the env within the budgets, and appends the reply and the next
 user message. The rollout layer renders `messages` with the tokenizer's chat
 template; the agent never sees a token.
 
+With `action_decoding: constrained` the engine may only write one of the
+env's `valid_actions()` per reply (grl/engines/constraint.py; free decoding
+where the env has none), so every answer parses and every action is valid;
+`answer_choices()` gives the rollout those actions.
+
 An episode ends when the env is done, after `max_turns` replies, when
 `max_actions_all_turns` actions are spent, or when the env raises (reported
 in `info["env_error"]`, never raised). Actions beyond `max_actions_per_turn`
@@ -26,6 +31,9 @@ from grl.agents.tasks import TaskHooks
 from grl.envs.base import Env
 
 
+DECODING_MODES = ("free", "constrained")
+
+
 @dataclass(frozen=True)
 class AgentSettings:
     """`agent_config` of a task instance (configs/agents.yaml). A key left out takes
@@ -40,6 +48,7 @@ class AgentSettings:
     max_actions_all_turns: int = 1
     format_penalty: float = -0.1
     action_separator: str | None = "||"
+    action_decoding: str = "free"  # free | constrained: replies drawn from the env's valid actions
 
     @classmethod
     def from_mapping(cls, cfg: Mapping[str, Any], where: str) -> "AgentSettings":
@@ -61,6 +70,9 @@ class AgentSettings:
             raise ValueError(f"{where}.format_penalty: must be a number, got {values['format_penalty']!r}")
         if values["action_separator"] is not None and not isinstance(values["action_separator"], str):
             raise ValueError(f"{where}.action_separator: must be a string or null")
+        if values.get("action_decoding", "free") not in DECODING_MODES:
+            raise ValueError(f"{where}.action_decoding: must be one of {', '.join(DECODING_MODES)}, "
+                             f"got {values['action_decoding']!r}")
         values["format_penalty"] = float(values["format_penalty"])
         return cls(**values)
 
@@ -97,9 +109,21 @@ class Agent:
 
     # ------------------------------------------------------------ prompts
 
+    @property
+    def constrained(self) -> bool:
+        return self.settings.action_decoding == "constrained"
+
+    def answer_choices(self) -> list[str] | None:
+        """The answers a constrained reply may hold now (the env's valid actions), or None for
+        free decoding."""
+        return self.env.valid_actions() if self.constrained else None
+
     def format_text(self) -> str:
         """The reply format, stated from the settings so that it always matches the parser."""
         s = self.settings
+        if self.constrained:
+            think = "<think>your reasoning</think>" if s.enable_think else ""
+            return f"Reply in the form {think}<answer>one action</answer>."
         if s.enable_think:
             text = "Reply in the form <think>your reasoning</think><answer>your answer</answer>."
         else:
@@ -111,8 +135,9 @@ class Agent:
 
     def _state_text(self, observation: str) -> str:
         actions_left = self.settings.max_actions_all_turns - self._actions_used
+        per_turn = 1 if self.constrained else self.settings.max_actions_per_turn
         return (f"Turn {self._turn + 1}. State:\n{observation}\n"
-                f"{self.hooks.budget_text(actions_left, self.settings.max_actions_per_turn)}")
+                f"{self.hooks.budget_text(actions_left, per_turn)}")
 
     def _first_user_message(self, observation: str) -> str:
         parts = [self.settings.prompt.strip(), self.env.legend().strip(), self.env.action_help().strip(),

@@ -31,8 +31,9 @@ class TaskHooks:
         return {}
 
 
-class GSM8KHooks(TaskHooks):
-    """The whole answer is one number; a reply without tags is judged by its last number."""
+class AnswerHooks(TaskHooks):
+    """The whole answer is one attempt (GSM8K, competition math); a reply without tags is judged as a
+    whole (its last number, its last \\boxed{}), and still penalised for the format."""
 
     def actions(self, answer: str | None, separator: str | None) -> list[str]:
         return split_actions(answer, None)
@@ -71,7 +72,13 @@ AGENT_TYPES: dict[str, AgentType] = {
     "sokobanAgent": AgentType("sokoban", TaskHooks()),
     "tetrisAgent": AgentType("tetris", TaskHooks()),
     "blocksworldAgent": AgentType("blocksworld", TaskHooks()),
-    "gsm8kAgent": AgentType("gsm8k", GSM8KHooks()),
+    "gsm8kAgent": AgentType("gsm8k", AnswerHooks()),
+    # GRL's math agent types: one env, one dataset each (configs/agents.yaml)
+    "math500Agent": AgentType("math", AnswerHooks()),
+    "aime24Agent": AgentType("math", AnswerHooks()),
+    "aime25Agent": AgentType("math", AnswerHooks()),
+    "amc23Agent": AgentType("math", AnswerHooks()),
+    "minervamathAgent": AgentType("math", AnswerHooks()),
     "webshopAgent": AgentType("webshop", WebShopHooks()),
     "birdAgent": AgentType("bird", SQLHooks()),
 }

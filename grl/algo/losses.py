@@ -128,9 +128,11 @@ def _upcast(logits: torch.Tensor) -> torch.Tensor:
 
 
 def _entropy(logits: torch.Tensor) -> torch.Tensor:
-    # H = logsumexp(z) - sum softmax(z) * z: no log(0) for tokens with zero probability
+    # H = logsumexp(z) - sum softmax(z) * z: no log(0) for tokens with zero probability. Tokens
+    # masked out (z = -inf, probability 0) add nothing; a finite stand-in keeps 0 * inf out.
     logits = _upcast(logits)
-    return torch.logsumexp(logits, -1) - (torch.softmax(logits, -1) * logits).sum(-1)
+    finite = torch.where(torch.isfinite(logits), logits, torch.zeros((), dtype=logits.dtype, device=logits.device))
+    return torch.logsumexp(logits, -1) - (torch.softmax(logits, -1) * finite).sum(-1)
 
 
 def entropy_from_logits(logits: torch.Tensor, chunk_size: int | None = None) -> torch.Tensor:

@@ -1,18 +1,28 @@
 """Hugging Face engine: a batched decoding loop over a transformers model.
 
 The loop is written out instead of calling `model.generate` because the
-trainer needs three things `generate` does not give together: one random
-generator per request (reproducible groups), the raw model log-prob of each
-sampled token (temperature 1, no top-k/top-p), and stop strings that cut the
-response right after the token that completes them.
+trainer needs four things `generate` does not give together: one random
+generator per request (reproducible groups), the log-prob of each sampled
+token under the distribution it was drawn from (temperature, top-k/top-p and
+the valid-action grammar applied), stop strings that cut the response right
+after the token that completes them, and a per-request grammar
+(grl/engines/constraint.py).
 
 Prompts are left-padded so that every row's next token sits in the last
 column; the KV cache makes each step one token per row.
+
+Prefix reuse: a multi-turn episode's prompt at turn k+1 starts with its prompt
+and reply of turn k, so the engine keeps the KV cache of every sequence of the
+last call and, for a prompt that extends one of them, computes only the new
+tokens (the template and environment tokens of the turn). A row is laid out as
+[padding | cached prefix | padding | new tokens]; the attention mask and the
+position ids make the holes invisible. New weights drop the cache.
 """
 
 from __future__ import annotations
 
 from grl.engines.base import Engine, GenerationOutput, NamedTensors, SamplingParams
+from grl.engines.constraint import ReplyGrammar, allowed_sets_tensors, constrain_logits
 from grl.engines.weights import check_named_tensors, weight_spec
 
 
@@ -42,11 +52,20 @@ def _check_prompts(prompt_token_ids) -> None:
             raise ValueError(f"generate: prompt {i} is empty")
 
 
+def _check_constraints(constraints, count: int) -> list:
+    """One grammar (or None: free decoding) per prompt."""
+    if constraints is None:
+        return [None] * count
+    if len(constraints) != count:
+        raise ValueError(f"generate: {len(constraints)} constraints for {count} prompts")
+    return list(constraints)
+
+
 class HFEngine(Engine):
     """Batched generation with a transformers causal LM on CPU or GPU."""
 
     def __init__(self, model_path: str, *, dtype: str = "auto", device: str | None = None, seed: int = 0,
-                 max_batch_size: int = 64):
+                 max_batch_size: int = 64, reuse_prefixes: bool = True):
         import torch
 
         from grl.models import load_causal_lm, load_tokenizer
@@ -60,6 +79,10 @@ class HFEngine(Engine):
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self.spec = weight_spec(self.model)
         self.asleep = False
+        # token ids -> per-layer (keys, values) `[heads, len(ids), dim]` of the last call's sequences
+        self._prefixes: dict[tuple[int, ...], list[tuple]] = {}
+        self._reusable = self._prefixes
+        self.reuse_prefixes = reuse_prefixes  # off: every prompt is prefilled whole (the benchmark's baseline)
 
     def _eos_ids(self) -> set[int]:
         configured = self.model.generation_config.eos_token_id
@@ -69,10 +92,12 @@ class HFEngine(Engine):
 
     # ------------------------------------------------------------------ generate
 
-    def generate(self, prompt_token_ids: list[list[int]], sampling: SamplingParams) -> list[GenerationOutput]:
+    def generate(self, prompt_token_ids: list[list[int]], sampling: SamplingParams,
+                 constraints: list[ReplyGrammar | None] | None = None) -> list[GenerationOutput]:
         import torch
 
         _check_prompts(prompt_token_ids)
+        constraints = _check_constraints(constraints, len(prompt_token_ids))
         if self.asleep:
             self.wake()
         if sampling.max_new_tokens <= 0:
@@ -84,66 +109,171 @@ class HFEngine(Engine):
         # Similar lengths share a chunk so that little compute goes to padding.
         order = sorted(range(len(prompt_token_ids)), key=lambda i: len(prompt_token_ids[i]))
         outputs: list[GenerationOutput | None] = [None] * len(prompt_token_ids)
+        self._reusable, self._prefixes = self._prefixes, {}
         for start in range(0, len(order), self.max_batch_size):
             chunk = order[start:start + self.max_batch_size]
             chunk_generators = [generators[i] for i in chunk] if generators else None
-            results = self._generate_chunk([prompt_token_ids[i] for i in chunk], sampling, chunk_generators)
+            results = self._generate_chunk([prompt_token_ids[i] for i in chunk], sampling, chunk_generators,
+                                           [constraints[i] for i in chunk])
             for i, result in zip(chunk, results):
                 outputs[i] = result
         return outputs
 
-    def _generate_chunk(self, prompts, sampling: SamplingParams, generators) -> list[GenerationOutput]:
+    def _generate_chunk(self, prompts, sampling: SamplingParams, generators, constraints) -> list[GenerationOutput]:
         import torch
         from transformers import DynamicCache
 
-        batch, width = len(prompts), max(len(p) for p in prompts)
-        input_ids = torch.full((batch, width), self.pad_token_id, dtype=torch.long)
-        attention_mask = torch.zeros((batch, width), dtype=torch.long)
-        for row, prompt in enumerate(prompts):
-            input_ids[row, width - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
-            attention_mask[row, width - len(prompt):] = 1
-        input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
-        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-
-        stop_ids = set(sampling.stop_token_ids) | (set() if sampling.ignore_eos else self.eos_token_ids)
+        batch = len(prompts)
         tokens: list[list[int]] = [[] for _ in range(batch)]
         log_probs: list[list[float]] = [[] for _ in range(batch)]
         finish: list[str | None] = [None] * batch
-        cache = DynamicCache(config=self.model.config)
+        walkers = [c.walker() if c is not None else None for c in constraints]
+        # Jump-forward: tokens a grammar forces (probability 1) need no sampling step. Those before the
+        # first choice go into the prefill; a forced run that ends the reply ends it at once.
+        for row, walker in enumerate(walkers):
+            if walker is not None:
+                self._take_forced(walker, tokens[row], log_probs[row], finish, row, sampling.max_new_tokens)
+        prompts = [list(p) + t for p, t in zip(prompts, tokens)]
+        cached = [self._cached_prefix(p) for p in prompts]
+        past = max(len(c) for c in cached)  # width of the cached-prefix area
+        width = max(len(p) - len(c) for p, c in zip(prompts, cached))  # width of the new-token area
+        input_ids = torch.full((batch, width), self.pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros((batch, past + width), dtype=torch.long)
+        position_ids = torch.zeros((batch, width), dtype=torch.long)
+        for row, (prompt, prefix) in enumerate(zip(prompts, cached)):
+            new = prompt[len(prefix):]
+            input_ids[row, width - len(new):] = torch.tensor(new, dtype=torch.long)
+            attention_mask[row, past - len(prefix):past] = 1
+            attention_mask[row, past + width - len(new):] = 1
+            position_ids[row, width - len(new):] = torch.arange(len(prefix), len(prompt))
+        input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
+        position_ids = position_ids.to(self.device)
+
+        stop_ids = set(sampling.stop_token_ids) | (set() if sampling.ignore_eos else self.eos_token_ids)
+        cache = self._prefill_cache(cached, past)
+        fed: list[list[int]] = [[] for _ in range(batch)]  # reply tokens run through the model, per row
         step_ids = input_ids
         with torch.inference_mode():
             for step in range(sampling.max_new_tokens):
+                if all(f is not None for f in finish):
+                    break
                 out = self.model(input_ids=step_ids, attention_mask=attention_mask, position_ids=position_ids,
                                  past_key_values=cache, use_cache=True, logits_to_keep=1)
-                logits = out.logits[:, -1, :].float()
-                chosen = self._choose(logits, sampling, generators)
-                chosen_log_probs = logits.log_softmax(-1).gather(-1, chosen[:, None])[:, 0]
+                logits = self._constrain(out.logits[:, -1, :].float(), walkers, finish)
+                chosen, chosen_log_probs = self._choose(logits, sampling, generators)
                 for row, (token, log_prob) in enumerate(zip(chosen.tolist(), chosen_log_probs.tolist())):
                     if finish[row] is not None:
                         continue
                     tokens[row].append(token)
                     log_probs[row].append(log_prob)
+                    if walkers[row] is not None:
+                        walkers[row].advance(token)
                     if token in stop_ids or self._hit_stop_string(tokens[row], sampling.stop):
                         finish[row] = "stop"
-                if all(f is not None for f in finish):
-                    break
+                    elif walkers[row] is not None:
+                        self._take_forced(walkers[row], tokens[row], log_probs[row], finish, row,
+                                          sampling.max_new_tokens, only_to_the_end=True)
+                    if finish[row] is None and len(tokens[row]) >= sampling.max_new_tokens:
+                        finish[row] = "length"
+                    if finish[row] is None:
+                        fed[row].append(token)
                 # Finished rows keep decoding padding; their extra tokens are never read.
                 step_ids = torch.where(torch.tensor([f is None for f in finish], device=self.device),
                                        chosen, self.pad_token_id)[:, None]
                 attention_mask = torch.cat([attention_mask, attention_mask.new_ones((batch, 1))], dim=-1)
                 position_ids = position_ids[:, -1:] + 1
+        if self.reuse_prefixes:
+            self._keep_prefixes(cache, prompts, cached, fed, past, width)
         return [GenerationOutput(tokens[row], log_probs[row] if sampling.logprobs else None,
                                  finish[row] or "length") for row in range(batch)]
 
+    def _cached_prefix(self, prompt: list[int]) -> tuple[int, ...]:
+        """The longest sequence of the last call that `prompt` extends (at least one prompt token
+        is left to run, for the next-token logits); () when there is none."""
+        best: tuple[int, ...] = ()
+        for ids in self._reusable:
+            if len(best) < len(ids) < len(prompt) and tuple(prompt[:len(ids)]) == ids:
+                best = ids
+        return best
+
+    def _prefill_cache(self, cached: list[tuple[int, ...]], past: int):
+        """A DynamicCache holding each row's cached prefix, right-aligned in `past` columns."""
+        import torch
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=self.model.config)
+        if past == 0:
+            return cache
+        template = next(self._reusable[ids] for ids in cached if ids)
+        for layer, (keys, values) in enumerate(template):
+            heads, dim = keys.shape[0], keys.shape[-1]
+            k = keys.new_zeros((len(cached), heads, past, dim))
+            v = values.new_zeros((len(cached), heads, past, dim))
+            for row, ids in enumerate(cached):
+                if ids:
+                    k[row, :, past - len(ids):] = self._reusable[ids][layer][0]
+                    v[row, :, past - len(ids):] = self._reusable[ids][layer][1]
+            cache.update(k, v, layer)
+        return cache
+
+    def _keep_prefixes(self, cache, prompts, cached, fed, past: int, width: int) -> None:
+        """Store every row's KV (its prompt and the reply tokens the model ran) for the next call."""
+        import torch
+
+        for row, (prompt, prefix) in enumerate(zip(prompts, cached)):
+            new = len(prompt) - len(prefix)
+            columns = torch.cat([torch.arange(past - len(prefix), past),
+                                 torch.arange(past + width - new, past + width + len(fed[row]))]).to(self.device)
+            self._prefixes[tuple(prompt + fed[row])] = [
+                (layer.keys[row].index_select(1, columns), layer.values[row].index_select(1, columns))
+                for layer in cache.layers]
+
+    @staticmethod
+    def _take_forced(walker, tokens: list[int], log_probs: list[float], finish: list, row: int, limit: int,
+                     only_to_the_end: bool = False) -> None:
+        """Append the tokens `walker` forces from here (log-prob 0), within `limit` reply tokens;
+        with `only_to_the_end`, only a run that finishes the reply."""
+        run, ends = walker.forced()
+        if only_to_the_end and not ends:
+            return
+        room = limit - len(tokens)
+        for token in run[:room]:
+            tokens.append(token)
+            log_probs.append(0.0)
+            walker.advance(token)
+        if ends and len(run) <= room:
+            finish[row] = "stop"
+        elif len(tokens) >= limit:
+            finish[row] = "length"
+
+    @staticmethod
+    def _constrain(logits, walkers, finish):
+        """Mask the rows that decode under a grammar to their allowed tokens."""
+        import torch
+
+        rows = [row for row, w in enumerate(walkers) if w is not None and finish[row] is None]
+        if not rows:
+            return logits
+        sizes, ids = allowed_sets_tensors([walkers[row].allowed() for row in rows])
+        index = torch.tensor(rows, dtype=torch.long, device=logits.device)
+        logits[index] = constrain_logits(logits[index], sizes.to(logits.device), ids.to(logits.device))
+        return logits
+
     def _choose(self, logits, sampling: SamplingParams, generators):
+        """-> (tokens, their log-probs under the distribution they were drawn from: greedy rows
+        report the log-softmax of the (masked) logits, as vLLM's processed log-probs do)."""
         import torch
 
         if sampling.is_greedy:
-            return logits.argmax(-1)
-        probs = filter_logits(logits, sampling.temperature, sampling.top_k, sampling.top_p).softmax(-1)
+            chosen = logits.argmax(-1)
+            return chosen, logits.log_softmax(-1).gather(-1, chosen[:, None])[:, 0]
+        filtered = filter_logits(logits, sampling.temperature, sampling.top_k, sampling.top_p)
+        probs = filtered.softmax(-1)
         if generators is None:
-            return torch.multinomial(probs, 1, generator=self.generator)[:, 0]
-        return torch.cat([torch.multinomial(p, 1, generator=g) for p, g in zip(probs, generators)])
+            chosen = torch.multinomial(probs, 1, generator=self.generator)[:, 0]
+        else:
+            chosen = torch.cat([torch.multinomial(p, 1, generator=g) for p, g in zip(probs, generators)])
+        return chosen, filtered.log_softmax(-1).gather(-1, chosen[:, None])[:, 0]
 
     def _hit_stop_string(self, tokens: list[int], stops: list[str]) -> bool:
         if not stops:
@@ -161,6 +291,7 @@ class HFEngine(Engine):
         import torch
 
         checked = check_named_tensors(named_tensors, self.spec)
+        self._prefixes = {}  # computed with the old weights
         if self.asleep:
             self.wake()
         params = self.model.state_dict(keep_vars=True)
@@ -175,6 +306,7 @@ class HFEngine(Engine):
 
         if self.asleep or not self.device.startswith("cuda"):
             return
+        self._prefixes = self._reusable = {}
         self.model.to("cpu")
         torch.cuda.empty_cache()
         self.asleep = True

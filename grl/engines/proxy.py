@@ -146,8 +146,9 @@ class SubprocessEngine(Engine):
             raise EngineProcessError(f"engine process for {self.target} is gone") from err
         return self._reply(self._seq)
 
-    def generate(self, prompt_token_ids: list[list[int]], sampling: SamplingParams) -> list[GenerationOutput]:
-        return self._call("generate", [list(p) for p in prompt_token_ids], sampling)
+    def generate(self, prompt_token_ids: list[list[int]], sampling: SamplingParams,
+                 constraints: list | None = None) -> list[GenerationOutput]:
+        return self._call("generate", [list(p) for p in prompt_token_ids], sampling, constraints)
 
     def update_weights(self, named_tensors: NamedTensors) -> None:
         items = named_tensors.items() if hasattr(named_tensors, "items") else named_tensors

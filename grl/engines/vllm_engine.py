@@ -6,9 +6,10 @@ trainer's tensors in with `reload_weights`, no disk. On CPU, vLLM pins the
 process's threads, so `make_engine` runs this class inside a spawned child
 (grl/engines/proxy.py) instead.
 
-Log-probs are vLLM's `raw_logprobs` of the sampled token: log-softmax of the
-model's logits before temperature, penalties, top-k or top-p, which is what
-the trainer computes for the same tokens.
+Log-probs are vLLM's `processed_logprobs` of the sampled token: log-softmax
+of the logits after the valid-action grammar (a logits processor, below) and
+temperature (and top-k/top-p), i.e. of the distribution the token was drawn
+from, which is what the trainer scores.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import logging
 import os
 
 from grl.engines.base import Engine, GenerationOutput, NamedTensors, SamplingParams
-from grl.engines.hf import _check_prompts
+from grl.engines.constraint import GrammarWalker
+from grl.engines.hf import _check_constraints, _check_prompts
 from grl.engines.weights import check_named_tensors, meta_weight_spec
 
 logger = logging.getLogger(__name__)
@@ -31,7 +33,46 @@ def _vllm_dtype(dtype: str, on_gpu: bool) -> str:
     return str(torch_dtype(dtype, "cuda" if on_gpu else "cpu")).removeprefix("torch.")
 
 
-def to_vllm_sampling(sampling: SamplingParams, index: int):
+GRAMMAR_ARG = "grl_grammar"
+
+
+def grammar_logits_processor():
+    """vLLM's logits-processor class that masks each request to its grammar
+    (`SamplingParams.extra_args[GRAMMAR_ARG]`); built here so vllm is imported lazily."""
+    from vllm.v1.sample.logits_processor import AdapterLogitsProcessor
+
+    class GrammarLogitsProcessor(AdapterLogitsProcessor):
+        def is_argmax_invariant(self) -> bool:
+            return False
+
+        def new_req_logits_processor(self, params):
+            grammar = (params.extra_args or {}).get(GRAMMAR_ARG)
+            return None if grammar is None else _RequestMask(grammar.walker())
+
+    return GrammarLogitsProcessor
+
+
+class _RequestMask:
+    """One request's mask: walks the grammar over the tokens vLLM has sampled so far."""
+
+    def __init__(self, walker: GrammarWalker):
+        self.walker = walker
+        self.seen = 0
+
+    def __call__(self, output_ids: list[int], logits):
+        from grl.engines.constraint import allowed_sets_tensors, constrain_logits
+
+        for token in output_ids[self.seen:]:
+            self.walker.advance(token)
+        self.seen = len(output_ids)
+        allowed = self.walker.allowed()
+        if allowed[0] == 0:
+            return logits
+        sizes, ids = allowed_sets_tensors([allowed])
+        return constrain_logits(logits[None], sizes.to(logits.device), ids.to(logits.device))[0]
+
+
+def to_vllm_sampling(sampling: SamplingParams, index: int, grammar=None):
     """Our SamplingParams for request `index` of a batch, as vLLM's."""
     from vllm import SamplingParams as VllmSamplingParams
 
@@ -48,6 +89,7 @@ def to_vllm_sampling(sampling: SamplingParams, index: int):
         seed=None if greedy or sampling.seed is None else sampling.seed + index,
         logprobs=0 if sampling.logprobs else None,  # 0: the sampled token only
         include_stop_str_in_output=True,  # the text keeps what the token ids hold
+        extra_args=None if grammar is None else {GRAMMAR_ARG: grammar},
     )
 
 
@@ -104,22 +146,25 @@ class VLLMEngine(Engine):
             max_model_len=max_model_len,
             tensor_parallel_size=tensor_model_parallel_size,
             enable_sleep_mode=self.sleep_mode,
-            logprobs_mode="raw_logprobs",
+            logprobs_mode="processed_logprobs",
+            logits_processors=[grammar_logits_processor()],
         )
         self.spec = meta_weight_spec(path)
         self.weights_asleep = self.cache_asleep = False
         if free_cache_engine and not on_gpu:
             logger.info("vLLM on CPU has no sleep mode: sleep() and wake() keep the memory")
 
-    def generate(self, prompt_token_ids: list[list[int]], sampling: SamplingParams) -> list[GenerationOutput]:
+    def generate(self, prompt_token_ids: list[list[int]], sampling: SamplingParams,
+                 constraints: list | None = None) -> list[GenerationOutput]:
         from vllm.inputs import TokensPrompt
 
         _check_prompts(prompt_token_ids)
+        constraints = _check_constraints(constraints, len(prompt_token_ids))
         if sampling.max_new_tokens <= 0:  # vLLM requires max_tokens >= 1
             return [GenerationOutput([], [] if sampling.logprobs else None, "length") for _ in prompt_token_ids]
         self.wake()
         prompts = [TokensPrompt(prompt_token_ids=list(p)) for p in prompt_token_ids]
-        params = [to_vllm_sampling(sampling, i) for i in range(len(prompts))]
+        params = [to_vllm_sampling(sampling, i, grammar) for i, grammar in enumerate(constraints)]
         results = self.llm.generate(prompts, params, use_tqdm=False)
         return [self._output(result.outputs[0], sampling.logprobs) for result in results]
 

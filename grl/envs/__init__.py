@@ -18,6 +18,7 @@ _REGISTRY: dict[str, str] = {
     "tetris": "grl.envs.tetris:TetrisEnv",
     "blocksworld": "grl.envs.blocksworld:BlocksWorldEnv",
     "gsm8k": "grl.envs.gsm8k:GSM8KEnv",
+    "math": "grl.envs.math:MathEnv",
     "webshop": "grl.envs.webshop:WebShopEnv",
     "bird": "grl.envs.bird:BirdEnv",
     "guess_number": "grl.envs.guess_number:GuessNumberEnv",  # the example of docs/TUTORIAL.md

@@ -33,6 +33,13 @@ class Env:
         `action_is_valid` and `action_is_effective`."""
         raise NotImplementedError
 
+    def valid_actions(self) -> list[str] | None:
+        """The action strings `step` accepts as valid in the current state, or None where actions
+        are free text (an answer, a SQL query). An action may hold one free-text slot written
+        `{text}` (WebShop's `search[{text}]`). Constrained decoding (agent_config.action_decoding)
+        lets the model write only these."""
+        return None
+
     def legend(self) -> str:
         """What the symbols of the rendered state mean (may be empty)."""
         return ""

@@ -186,6 +186,11 @@ class BlocksWorldEnv(Env):
         self.done = success or self.steps >= self.max_steps
         return self.render(), reward, self.done, step_info(success, valid, effective)
 
+    def valid_actions(self) -> list[str]:
+        n = self.num_blocks
+        return [f"move {block} to {dest}" for block in range(1, n + 1) for dest in range(n + 1)
+                if self._legal(block, dest)]
+
     def legend(self) -> str:
         if self.render_mode == "1d":
             return "The list gives, for blocks 1, 2, 3, ... in order, the block each one stands on (0 = the table)."

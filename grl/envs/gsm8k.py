@@ -6,23 +6,22 @@ compared with the gold number after `####` exactly, as a decimal, so `1,000`,
 `1000`, `$1000` and `1000.0` are all the same answer. A wrong answer gets
 feedback and, while attempts remain, another try.
 
-`dataset_path` is a Hugging Face hub id (loaded with `datasets`, with
-`dataset_config`), a local JSONL file with `question` and `answer` fields, or
-a folder holding `<split>.jsonl`. Loaded problems are cached per source and
-split for the life of the process, so a thousand agents share one copy.
+`data_path` is a local JSONL file (`{split}` replaced by `split`; default
+`data/gsm8k/{split}.jsonl`, written by `scripts/install_dataset.sh --gsm8k`)
+with `problem` and `answer` (the final number) per line, or GSM8K's own
+`question` and `answer` (the solution ending in `#### N`); or a folder holding
+`<split>.jsonl`; or `hf:openai/gsm8k` to read the hub (config `hub_config`).
+See grl/envs/data.py for the lookup, the cache and the errors.
 """
 
 from __future__ import annotations
 
-import json
 import re
-import threading
 from decimal import Decimal, InvalidOperation
-from pathlib import Path
 from typing import NamedTuple
 
-from grl.envs import EnvUnavailable
 from grl.envs.base import Env, step_info
+from grl.envs.data import load_records, question_text
 
 # A number as people write it: optional minus (not one joining two numbers,
 # as in `3-5`), digits with or without thousands commas, optional decimals.
@@ -67,73 +66,23 @@ def gold_answer(solution: str) -> Decimal | None:
 
 # ---------------------------------------------------------------- loading
 
-_CACHE: dict[tuple[str, str, str], list[Problem]] = {}
-_LOCK = threading.Lock()
+INSTALL = "scripts/install_dataset.sh --gsm8k"
 
 
 def _problem(row: dict, where: str) -> Problem:
-    question, solution = row.get("question"), row.get("answer")
-    if not isinstance(question, str) or not isinstance(solution, str):
-        raise ValueError(f"gsm8k: {where}: needs string fields `question` and `answer`")
-    gold = gold_answer(solution)
+    question, answer = question_text(row), row.get("answer")
+    if question is None or not isinstance(answer, (str, int, float)) or isinstance(answer, bool):
+        raise ValueError(f"gsm8k: {where}: needs a `problem` (or `question`) and an `answer`")
+    # GRL's layout holds the final number; GSM8K's own holds the worked solution ending in `#### N`.
+    gold = gold_answer(answer) if isinstance(answer, str) and "####" in answer else to_number(str(answer))
     if gold is None:
-        raise ValueError(f"gsm8k: {where}: the answer has no number after `####`")
-    return Problem(question.strip(), gold)
+        raise ValueError(f"gsm8k: {where}: the answer {str(answer)[-40:]!r} is not a number")
+    return Problem(question, gold)
 
 
-def _read_jsonl(path: Path) -> list[Problem]:
-    problems = []
-    with path.open(encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"gsm8k: {path}:{number}: not JSON ({err.msg})") from None
-            if not isinstance(row, dict):
-                raise ValueError(f"gsm8k: {path}:{number}: not a JSON object")
-            problems.append(_problem(row, f"{path}:{number}"))
-    return problems
-
-
-def _read_hub(hub_id: str, config: str, split: str) -> list[Problem]:
-    where = f"dataset {hub_id!r} (config {config!r}, split {split!r})"
-    hint = "set env_config.dataset_path to a local GSM8K JSONL file"
-    try:
-        import datasets
-    except ImportError:
-        raise EnvUnavailable(f"gsm8k: loading {where} from the hub needs the `datasets` package; {hint}") from None
-    try:
-        rows = datasets.load_dataset(hub_id, config, split=split)
-    except Exception as err:  # the hub, the network and the cache fail in many ways
-        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise EnvUnavailable(f"gsm8k: cannot load {where} from the Hugging Face hub ({reason}); {hint}") from None
-    return [_problem(row, f"{hub_id} row {i}") for i, row in enumerate(rows)]
-
-
-def _looks_local(path: str) -> bool:
-    return path.startswith(("/", ".", "~")) or path.endswith((".jsonl", ".json"))
-
-
-def load_problems(dataset_path: str, split: str, dataset_config: str = "main") -> list[Problem]:
-    """The problems of a hub id, JSONL file or folder; cached per (path, split, config)."""
-    key = (str(dataset_path), str(split), str(dataset_config))
-    with _LOCK:
-        if key not in _CACHE:
-            path = Path(dataset_path).expanduser()
-            if path.is_dir():
-                path = path / f"{split}.jsonl"
-            if path.is_file():
-                problems = _read_jsonl(path)
-            elif _looks_local(str(dataset_path)) or Path(dataset_path).expanduser().is_dir():
-                raise FileNotFoundError(f"gsm8k: dataset_path {str(path)!r} does not exist")
-            else:
-                problems = _read_hub(str(dataset_path), str(dataset_config), str(split))
-            if not problems:
-                raise ValueError(f"gsm8k: dataset_path {str(dataset_path)!r} (split {split!r}) holds no problems")
-            _CACHE[key] = problems
-        return _CACHE[key]
+def load_problems(data_path: str, split: str, hub_config: str | None = "main") -> list[Problem]:
+    """The problems of a local JSONL file or folder, or of a hub dataset named `hf:<id>` (grl/envs/data.py)."""
+    return load_records("gsm8k", data_path, split, hub_config, INSTALL, _problem)
 
 
 # ---------------------------------------------------------------- env
@@ -143,16 +92,16 @@ class GSM8KEnv(Env):
 
     def __init__(
         self,
-        dataset_path: str = "openai/gsm8k",
+        data_path: str = "data/gsm8k/{split}.jsonl",
         split: str = "train",
-        dataset_config: str = "main",
+        hub_config: str | None = "main",
         max_attempts: int = 1,
         correct_reward: float = 10.0,
         wrong_reward: float = -0.1,
     ):
         if int(max_attempts) < 1:
             raise ValueError(f"gsm8k: max_attempts must be at least 1, got {max_attempts}")
-        self.problems = load_problems(dataset_path, split, dataset_config)
+        self.problems = load_problems(data_path, split, hub_config)
         self.max_attempts = int(max_attempts)
         self.correct_reward = float(correct_reward)
         self.wrong_reward = float(wrong_reward)

@@ -36,6 +36,9 @@ class GuessNumberEnv(Env):
     def legend(self) -> str:
         return f"I am thinking of a whole number from 1 to {self.max_number}."
 
+    def valid_actions(self) -> list[str]:
+        return [str(n) for n in range(1, self.max_number + 1)]
+
     def action_help(self) -> str:
         return "Answer with one whole number, your guess."
 

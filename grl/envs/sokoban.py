@@ -371,6 +371,10 @@ class SokobanEnv(Env):
     def solved(self) -> bool:
         return self.boxes == self.level.targets
 
+    def valid_actions(self) -> list[str]:
+        # A move into a wall is valid (it only has no effect), as in gym-sokoban.
+        return ["Up", "Down", "Left", "Right"]
+
     def legend(self) -> str:
         return (
             "Symbols: # wall, _ floor, O target, X box, √ box on target, P player, S player on target."

@@ -143,6 +143,9 @@ class TetrisEnv(Env):
     def legend(self) -> str:
         return "Symbols: _ empty cell, # filled cell, X the falling piece."
 
+    def valid_actions(self) -> list[str]:
+        return [action.capitalize() for action in ACTIONS]
+
     def action_help(self) -> str:
         return (
             "Actions: Left, Right (move the falling piece one column), Down (drop it to the bottom, "

@@ -26,6 +26,13 @@ Layouts:
     * per-episode quantities (GRPO scores, group ids) come from the meta lists,
       and `unpack` maps any `[rows, T]` tensor back to one row per episode.
 
+Constrained decoding: when any reply of the batch was decoded under a
+grammar, the batch also holds each token's allowed set, sparse:
+`constraint_size` `[rows, T]` (+n: n ids allowed, -n: n ids denied, 0: any
+token) and `constraint_ids` `[rows, T, K]` (the ids, zero-padded; K is the
+largest set of the batch), so the trainer scores every sampled token with the
+masked softmax it was drawn from.
+
 An episode longer than `max_episode_length` tokens, or one with no sampled
 token (its env failed at reset), is dropped and counted, never an error.
 """
@@ -49,6 +56,7 @@ class EpisodeTokens:
     turn_ids: list[int]
     token_rewards: list[float]
     rollout_log_probs: list[float]
+    allowed: list[tuple[int, tuple[int, ...]]]  # per token; (0, ()) where the token was not constrained
 
 
 def episode_tokens(ep: Episode, use_turn_scores: bool, score: float | None = None) -> EpisodeTokens:
@@ -59,6 +67,7 @@ def episode_tokens(ep: Episode, use_turn_scores: bool, score: float | None = Non
     turn_ids: list[int] = []
     log_probs: list[float] = []
     turn_ends: list[int] = []
+    allowed: list[tuple[int, tuple[int, ...]]] = []
     for k, turn in enumerate(ep.turns):
         n_prompt, n_reply = len(turn.prompt_ids), len(turn.response_ids)
         ids += turn.prompt_ids + turn.response_ids
@@ -66,6 +75,8 @@ def episode_tokens(ep: Episode, use_turn_scores: bool, score: float | None = Non
         turn_ids += [k] * (n_prompt + n_reply)
         reply_lp = turn.response_log_probs if turn.response_log_probs is not None else [0.0] * n_reply
         log_probs += [0.0] * n_prompt + [float(x) for x in reply_lp]
+        allowed += [(0, ())] * n_prompt + (list(turn.response_allowed) if turn.response_allowed is not None
+                                           else [(0, ())] * n_reply)
         turn_ends.append(len(ids))
     rewards = [0.0] * len(ids)
     sampled = [i for i, m in enumerate(mask) if m]
@@ -77,7 +88,7 @@ def episode_tokens(ep: Episode, use_turn_scores: bool, score: float | None = Non
                 rewards[before[-1] if before else sampled[0]] += float(turn.reward)
         else:
             rewards[sampled[-1]] += float(ep.score if score is None else score)
-    return EpisodeTokens(ids, mask, turn_ids, rewards, log_probs)
+    return EpisodeTokens(ids, mask, turn_ids, rewards, log_probs, allowed)
 
 
 def build_batch(episodes: list[Episode], *, use_turn_scores: bool = False, max_episode_length: int | None = None,
@@ -126,16 +137,30 @@ def _tensors(rows: list[dict[str, list]], width: int, pad_token_id: int) -> dict
     floats = ("loss_mask", "token_rewards", "rollout_log_probs")
     out = {}
     for key in rows[0] if rows else TENSOR_KEYS:
+        if key == "allowed":
+            continue
         data = [row[key] + [pads[key]] * (width - len(row[key])) for row in rows]
         out[key] = torch.tensor(data, dtype=torch.float32 if key in floats else torch.long).reshape(len(rows), width)
+    allowed = [row["allowed"] for row in rows if "allowed" in row]
+    if any(size for row in allowed for size, _ in row):
+        out["constraint_size"], out["constraint_ids"] = _constraint_tensors(allowed, width)
     return out
+
+
+def _constraint_tensors(rows: list[list[tuple[int, tuple[int, ...]]]], width: int):
+    """Per-token allowed sets -> `constraint_size` `[rows, width]`, `constraint_ids` `[rows, width, K]`."""
+    from grl.engines.constraint import UNCONSTRAINED, allowed_sets_tensors
+
+    flat = [allowed for row in rows for allowed in row + [UNCONSTRAINED] * (width - len(row))]
+    sizes, ids = allowed_sets_tensors(flat)
+    return sizes.reshape(len(rows), width), ids.reshape(len(rows), width, -1)
 
 
 def _row(tokens: EpisodeTokens) -> dict[str, list]:
     n = len(tokens.input_ids)
     return {"input_ids": tokens.input_ids, "attention_mask": [1] * n, "position_ids": list(range(n)),
             "loss_mask": tokens.loss_mask, "turn_ids": tokens.turn_ids, "token_rewards": tokens.token_rewards,
-            "rollout_log_probs": tokens.rollout_log_probs}
+            "rollout_log_probs": tokens.rollout_log_probs, "allowed": tokens.allowed}
 
 
 def _padded(kept, pad_token_id: int) -> Batch:
@@ -170,10 +195,10 @@ def _packed(kept, capacity: int, pad_token_id: int) -> Batch:
     seq_of = {i: n for n, i in enumerate(order)}
     rows = []
     for members in layout:
-        row: dict[str, list] = {key: [] for key in TENSOR_KEYS + ("segment_ids", "seq_ids")}
+        row: dict[str, list] = {key: [] for key in TENSOR_KEYS + ("allowed", "segment_ids", "seq_ids")}
         for segment, i in enumerate(members, start=1):
             part = _row(kept[i][2])
-            for key in TENSOR_KEYS:
+            for key in TENSOR_KEYS + ("allowed",):
                 row[key] += part[key]
             row["segment_ids"] += [segment] * len(part["input_ids"])
             row["seq_ids"] += [seq_of[i]] * len(part["input_ids"])
@@ -206,7 +231,7 @@ def repack(tensors: dict, episodes: list[int]) -> dict:
     pieces = [{k: v[seq_ids == e] for k, v in tensors.items()} for e in episodes]
     layout = pack_rows([len(p["seq_ids"]) for p in pieces], seq_ids.shape[1])
     width = max((sum(len(pieces[i]["seq_ids"]) for i in members) for members in layout), default=0)
-    out = {k: v.new_full((len(layout), width), -1 if k == "seq_ids" else 0) for k, v in tensors.items()}
+    out = {k: v.new_full((len(layout), width, *v.shape[2:]), -1 if k == "seq_ids" else 0) for k, v in tensors.items()}
     for r, members in enumerate(layout):
         start = 0
         for segment, i in enumerate(members, start=1):

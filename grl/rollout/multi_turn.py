@@ -35,11 +35,13 @@ from __future__ import annotations
 import json
 import logging
 import math
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from grl.engines.base import Engine, SamplingParams
+from grl.engines.constraint import GrammarError, ReplyGrammar, compile_reply_grammar
 from grl.rollout.chat import ChatTokens, truncate_prompt
 from grl.rollout.env_pool import CallResult, run_calls
 from grl.rollout.types import Episode, Turn
@@ -131,6 +133,11 @@ class MultiTurnRollout:
             from grl.agents import make_agent as agent_factory
         self.make_agent = agent_factory
         self._agents: dict[tuple, Any] = {}
+        self._grammars: dict[tuple, ReplyGrammar] = {}
+        self._warned_left_out: set[str] = set()
+        # The end-of-turn token closes a constrained reply; no special token may appear in its free text.
+        eos = tokenizer.eos_token_id
+        self._end_ids = [eos] + sorted(set(getattr(tokenizer, "all_special_ids", [])) - {eos})
 
     @classmethod
     def from_config(cls, cfg, engine: Engine, tokenizer) -> MultiTurnRollout:
@@ -191,24 +198,35 @@ class MultiTurnRollout:
         self._check_failures(slots)
 
     def _turn(self, slots: list[_Slot], turn: int, sampling: SamplingParams) -> None:
-        active = [s for s in slots if not s.done]
         by_limit: dict[int, list[_Slot]] = {}
-        for s in active:
-            by_limit.setdefault(min(self.max_response_length, s.agent.max_tokens), []).append(s)
+        grammars: dict[int, ReplyGrammar | None] = {}
+        for s in slots:
+            if s.done:
+                continue
+            limit = min(self.max_response_length, s.agent.max_tokens)
+            grammars[id(s)] = self._grammar(s, limit)
+            if not s.done:  # the env may have failed to list its actions
+                by_limit.setdefault(limit, []).append(s)
+        self._check_failures(slots)
+        active = [s for s in slots if not s.done]
         outputs = {}
         for call, (limit, group) in enumerate(sorted(by_limit.items())):
             prompts = [self._prompt(s) for s in group]
             params = replace(sampling, max_new_tokens=limit,
                              seed=None if sampling.seed is None else sampling.seed + 1009 * turn + call)
-            for s, out in zip(group, self.engine.generate(prompts, params), strict=True):
+            constraints = [grammars[id(s)] for s in group]
+            extra = {"constraints": constraints} if any(c is not None for c in constraints) else {}
+            for s, out in zip(group, self.engine.generate(prompts, params, **extra), strict=True):
                 outputs[id(s)] = out
         replies = []
         for s in active:
             out = outputs[id(s)]
             ids = list(out.token_ids)
             log_probs = list(out.log_probs) if out.log_probs is not None else None
+            grammar = grammars[id(s)]
             s.turns.append(Turn(prompt_ids=s.pending, response_ids=ids, response_log_probs=log_probs,
-                                reward=0.0, finish_reason=out.finish_reason))
+                                reward=0.0, finish_reason=out.finish_reason,
+                                response_allowed=None if grammar is None else grammar.trace(ids)))
             s.ids.extend(ids)
             s.pending = []
             replies.append(self.tokenizer.decode(ids, skip_special_tokens=True))
@@ -217,6 +235,32 @@ class MultiTurnRollout:
         for s, result in zip(active, results):
             self._after_step(s, result)
         self._check_failures(slots)
+
+    def _grammar(self, s: _Slot, limit: int) -> ReplyGrammar | None:
+        """The grammar of the slot's next reply (None: free decoding); an env that cannot list its
+        actions, or whose actions do not fit in `limit` tokens, ends the episode as a failure."""
+        try:
+            choices = s.agent.answer_choices()
+            if choices is None:
+                return None
+            key = (tuple(choices), s.agent.settings.enable_think, limit)
+            if key not in self._grammars:
+                if len(self._grammars) >= 4096:  # action lists that change every turn (TextWorld) stay bounded
+                    self._grammars.clear()
+                grammar = compile_reply_grammar(self.chat.encode, self._end_ids, choices,
+                                                s.agent.settings.enable_think, limit)
+                if grammar.left_out and s.task.name not in self._warned_left_out:
+                    self._warned_left_out.add(s.task.name)
+                    log.warning("%s: valid actions that do not fit in %d reply tokens cannot be chosen, e.g. %r; "
+                                "raise agent_config.max_tokens (and max_response_length)", s.task.name, limit,
+                                grammar.left_out[0])
+                self._grammars[key] = grammar
+            return self._grammars[key]
+        except GrammarError as err:
+            self._fail(s, f"{s.task.name}: constrained decoding: {err}", False, "valid_actions")
+        except Exception:  # noqa: BLE001 - a broken env ends this episode, never the rollout
+            self._fail(s, traceback.format_exc(), False, "valid_actions")
+        return None
 
     def _prompt(self, s: _Slot) -> list[int]:
         if len(s.ids) > self.max_prompt_length:

@@ -19,6 +19,9 @@ class Turn:
     reward: float  # env reward of the turn, format penalty included
     info: dict[str, Any] = field(default_factory=dict)
     finish_reason: str = ""  # the engine's: "stop" or "length"
+    # Constrained decoding: each response token's allowed set, (signed size, ids) as in
+    # grl/engines/constraint.py; None when the reply was decoded freely.
+    response_allowed: list[tuple[int, tuple[int, ...]]] | None = None
 
 
 @dataclass
@@ -90,8 +93,8 @@ class Batch:
 
     @staticmethod
     def concat(batches: list[Batch]) -> Batch:
-        """Stack shards back in order; `[rows, tokens]` tensors are right-padded
-        with zeros to the longest shard first."""
+        """Stack shards back in order; `[rows, tokens, ...]` tensors are
+        right-padded with zeros to the largest shard first."""
         import torch
 
         batches = [b for b in batches if len(b)]
@@ -101,8 +104,10 @@ class Batch:
         for name in batches[0].tensors:
             parts = [b.tensors[name] for b in batches]
             if parts[0].dim() >= 2:
-                width = max(p.shape[1] for p in parts)
-                parts = [torch.nn.functional.pad(p, (0, width - p.shape[1])) for p in parts]
+                sizes = [max(p.shape[d] for p in parts) for d in range(1, parts[0].dim())]
+                # F.pad takes (left, right) pairs starting from the last dimension.
+                parts = [torch.nn.functional.pad(p, [x for d in reversed(range(1, p.dim()))
+                                                     for x in (0, sizes[d - 1] - p.shape[d])]) for p in parts]
             tensors[name] = torch.cat(parts)
         meta = {name: [x for b in batches for x in b.meta[name]] for name in batches[0].meta}
         return Batch(tensors, meta)

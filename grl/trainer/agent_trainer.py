@@ -47,6 +47,7 @@ from grl.trainer.metrics import (
     batch_metrics,
     episode_token_counts,
     reward_metrics,
+    rollout_mismatch_metrics,
     task_metrics,
     throughput_metrics,
     turn_length_metrics,
@@ -162,6 +163,7 @@ class AgentTrainer:
 
             with phase("old_log_prob"), timer("old_log_prob"):
                 batch["old_log_probs"], batch["entropy"] = self.actor.compute_log_probs(batch)
+            metrics.update(rollout_mismatch_metrics(batch))
             if self.use_ref:
                 with phase("ref"), timer("ref"):
                     batch["ref_log_probs"] = self.actor.compute_ref_log_probs(batch)

@@ -142,3 +142,14 @@ class Timer:
 
     def metrics(self) -> dict[str, float]:
         return {f"timing_s/{phase}": seconds for phase, seconds in self.times.items()}
+
+
+def rollout_mismatch_metrics(batch) -> dict[str, float]:
+    """verl's `training/rollout_probs_diff_*`: how far the engine's log-probs of the sampled tokens
+    are from the trainer's (old) log-probs of the same tokens; near 0 when the trained policy is the
+    one that sampled."""
+    sampled = batch["loss_mask"] > 0
+    if not bool(sampled.any()):
+        return {}
+    diff = (batch["rollout_log_probs"] - batch["old_log_probs"]).abs()[sampled]
+    return {"training/rollout_probs_diff_mean": diff.mean().item(), "training/rollout_probs_diff_max": diff.max().item()}

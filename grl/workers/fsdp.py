@@ -41,7 +41,9 @@ def init_process_group(rank: int, world_size: int, master_addr: str, master_port
 def shard(module: nn.Module, layers: list[nn.Module], device: str, mixed_precision: bool,
           offload: bool, role: str) -> torch.dtype:
     """FSDP2 in place: every decoder layer, then the root. Returns the dtype
-    the forward computes in."""
+    the forward computes in. `mixed_precision` (bf16 compute, fp32 master
+    weights and gradient reduction) is the GPU default; the caller asks for it
+    on CPU only when the model dtype is bf16 (CPUs with AMX run it 2-5x faster)."""
     from torch.distributed.fsdp import (
         CPUOffloadPolicy,
         MixedPrecisionPolicy,
@@ -50,15 +52,13 @@ def shard(module: nn.Module, layers: list[nn.Module], device: str, mixed_precisi
 
     kwargs = {}
     compute_dtype = next(module.parameters()).dtype
+    if mixed_precision:
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        compute_dtype = torch.bfloat16
     if device == "cuda":
-        if mixed_precision:
-            kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-            compute_dtype = torch.bfloat16
         if offload:
             kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=True)
     else:
-        if mixed_precision:
-            log.info("%s: mixed precision is off on CPU (fp32 compute)", role)
         if offload:
             log.info("%s: parameter/optimizer offload is a no-op on CPU (everything is already in host memory)", role)
     for layer in layers:

@@ -33,11 +33,13 @@ PLACEMENT_TIMEOUT_S = 600
 TEARDOWN_TIMEOUT_S = 10  # a rank stuck in a collective (a peer died) is killed after this
 DRIVER_STATE = "driver_state.json"
 
+CONSTRAINT_KEYS = ("constraint_size", "constraint_ids")  # present when replies were decoded under a grammar
 ACTOR_KEYS = ("input_ids", "attention_mask", "position_ids", "segment_ids", "loss_mask", "advantages",
-              "old_log_probs", "ref_log_probs", "rollout_log_probs", "seq_ids")
+              "old_log_probs", "ref_log_probs", "rollout_log_probs", "seq_ids", *CONSTRAINT_KEYS)
 CRITIC_KEYS = ("input_ids", "attention_mask", "position_ids", "segment_ids", "seq_ids", "loss_mask", "values",
                "returns")
 SCORE_KEYS = ("input_ids", "attention_mask", "position_ids", "segment_ids")
+POLICY_SCORE_KEYS = SCORE_KEYS + ("loss_mask",) + CONSTRAINT_KEYS  # log-probs are needed where loss_mask is
 
 
 class WorkerDiedError(RuntimeError):
@@ -344,14 +346,16 @@ class EngineProxy(Engine):
     def __init__(self, group: ActorRolloutRefGroup, ranks: list[int]):
         self._group, self._ranks = group, ranks
 
-    def generate(self, prompt_token_ids: list[list[int]], sampling: SamplingParams) -> list:
+    def generate(self, prompt_token_ids: list[list[int]], sampling: SamplingParams,
+                 constraints: list | None = None) -> list:
         n, k = len(prompt_token_ids), len(self._ranks)
         bounds = [round(i * n / k) for i in range(k + 1)]
         busy = [i for i in range(k) if bounds[i + 1] > bounds[i]]
         # Engines seed request j with seed + j; shift each piece so every prompt
         # keeps the seed it would get from one engine (no two share a stream).
         pieces = [(prompt_token_ids[bounds[i]:bounds[i + 1]],
-                   sampling if sampling.seed is None else replace(sampling, seed=sampling.seed + bounds[i]))
+                   sampling if sampling.seed is None else replace(sampling, seed=sampling.seed + bounds[i]),
+                   None if constraints is None else constraints[bounds[i]:bounds[i + 1]])
                   for i in busy]
         results = self._group.call_ranks([self._ranks[i] for i in busy], "engine_generate", pieces)
         return [out for part in results for out in part]
@@ -390,13 +394,13 @@ class ActorRolloutRefGroup(_WorkerGroup):
 
     def compute_log_probs(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """(old_log_probs, entropy), `[B, T]`, aligned with `loss_mask`."""
-        results, rows = self._scatter("compute_log_probs", _pick(batch, SCORE_KEYS), False)
+        results, rows = self._scatter("compute_log_probs", _pick(batch, POLICY_SCORE_KEYS), False)
         return torch.cat([r[0] for r in results])[:rows], torch.cat([r[1] for r in results])[:rows]
 
     def compute_ref_log_probs(self, batch: Batch) -> torch.Tensor:
         if not self.use_ref:
             raise RuntimeError("compute_ref_log_probs: the actor group was built with use_ref=False")
-        results, rows = self._scatter("compute_log_probs", _pick(batch, SCORE_KEYS), True)
+        results, rows = self._scatter("compute_log_probs", _pick(batch, POLICY_SCORE_KEYS), True)
         return torch.cat([r[0] for r in results])[:rows]
 
     def update(self, batch: Batch) -> dict[str, float]:

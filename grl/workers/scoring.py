@@ -9,6 +9,11 @@ The backbone runs once; the head (`lm_head`, or the tied input embedding) is
 then applied to `chunk_size` hidden states at a time, and in training each
 chunk is recomputed in backward, so at most one chunk of `[tokens, vocab]`
 logits is alive at once.
+
+The policy's log-probs are those of the distribution the engine sampled from:
+logits divided by the rollout temperature and, for tokens decoded under a
+valid-action grammar, masked to their allowed set (grl/engines/constraint.py)
+before the softmax; the entropy is that distribution's.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from grl.algo import entropy_from_logits, log_probs_from_logits
+from grl.engines.constraint import constrain_logits
 from grl.rollout.batch import packed_attention_mask
 
 
@@ -41,8 +47,11 @@ def scored_positions(attention_mask: torch.Tensor, segment_ids: torch.Tensor | N
     return keep
 
 
-def _log_prob_and_entropy(head: nn.Module, hidden: torch.Tensor, labels: torch.Tensor):
-    logits = head(hidden).float()
+def _log_prob_and_entropy(head: nn.Module, hidden: torch.Tensor, labels: torch.Tensor, temperature: float,
+                          sizes: torch.Tensor | None = None, ids: torch.Tensor | None = None):
+    logits = head(hidden).float() / temperature
+    if sizes is not None:
+        logits = constrain_logits(logits, sizes, ids)
     return log_probs_from_logits(logits, labels), entropy_from_logits(logits)
 
 
@@ -70,7 +79,10 @@ class TokenScorer(nn.Module):
         # the output embedding is the right head either way.
         return self.model.get_output_embeddings() if self.kind == "policy" else self.model.score
 
-    def forward(self, input_ids, attention_mask, position_ids, segment_ids=None, chunk_size: int = 1024):
+    def forward(self, input_ids, attention_mask, position_ids, segment_ids=None, chunk_size: int = 1024,
+                temperature: float = 1.0, constraint_size=None, constraint_ids=None, loss_mask=None):
+        """`loss_mask` (policy only): score just those positions; the vocabulary head is the
+        costliest part of a small model and a multi-turn episode samples few of its tokens."""
         backbone = self.model.base_model
         if segment_ids is not None:
             mask = additive_packed_mask(segment_ids, self.compute_dtype)
@@ -80,11 +92,19 @@ class TokenScorer(nn.Module):
                           use_cache=False).last_hidden_state
         B, T, H = hidden.shape
         keep = scored_positions(attention_mask, segment_ids)
+        if loss_mask is not None and self.kind == "policy" and bool((keep & (loss_mask > 0)).any()):
+            # (With no loss token at all everything is scored, so the head still takes part in
+            # backward, as FSDP2 ranks reducing gradients together need.)
+            keep &= loss_mask > 0
         # Position t is scored from the hidden state at t - 1; only scored
         # positions go through the head (padding costs no vocab-sized work).
         picked = keep[:, 1:].reshape(-1)
         flat_hidden = hidden[:, :-1].reshape(-1, H)[picked]
         flat_labels = input_ids[:, 1:].reshape(-1)[picked]
+        sizes = ids = None
+        if constraint_size is not None and self.kind == "policy":
+            sizes = constraint_size[:, 1:].reshape(-1)[picked]
+            ids = constraint_ids[:, 1:].reshape(-1, constraint_ids.shape[-1])[picked]
         head = self.head()
         step = max(int(chunk_size), 1)
         recompute = torch.is_grad_enabled()
@@ -92,7 +112,10 @@ class TokenScorer(nn.Module):
         for i in range(0, flat_hidden.shape[0], step):
             h = flat_hidden[i:i + step]
             if self.kind == "policy":
-                args, fn = (head, h, flat_labels[i:i + step]), _log_prob_and_entropy
+                args = (head, h, flat_labels[i:i + step], float(temperature))
+                if sizes is not None:
+                    args += (sizes[i:i + step], ids[i:i + step])
+                fn = _log_prob_and_entropy
             else:
                 args, fn = (head, h), _value
             outputs.append(checkpoint(fn, *args, use_reentrant=False) if recompute else fn(*args))
@@ -108,13 +131,13 @@ class TokenScorer(nn.Module):
 
 
 def trim_width(tensors: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], int]:
-    """Cut the all-padding columns at the right end of `[B, T]` tensors
+    """Cut the all-padding columns at the right end of `[B, T, ...]` tensors
     (attention is causal, so they change nothing) -> (trimmed, original T)."""
     mask = tensors["attention_mask"]
     width = mask.shape[1]
     used = mask.bool().any(0).nonzero()
     keep = int(used.max()) + 1 if used.numel() else 1
-    return {k: (v[:, :keep] if v.dim() == 2 and v.shape[1] == width else v) for k, v in tensors.items()}, width
+    return {k: (v[:, :keep] if v.dim() >= 2 and v.shape[1] == width else v) for k, v in tensors.items()}, width
 
 
 def pad_width(x: torch.Tensor, width: int) -> torch.Tensor:

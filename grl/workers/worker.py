@@ -126,11 +126,13 @@ class Worker:
         self.scheduler = fsdp.make_scheduler(self.optimizer, self.train_cfg.optim.lr_warmup_steps)
 
     def _build(self, model_cfg, fsdp_cfg, kind: str, trainable: bool) -> TokenScorer:
-        from grl.models import load_causal_lm, load_critic
+        from grl.models import load_causal_lm, load_critic, torch_dtype
 
-        mixed = bool(fsdp_cfg.get("mixed_precision", True))
-        # Mixed precision keeps fp32 master weights and computes in bf16.
-        dtype = "float32" if (trainable and mixed and self.device == "cuda") else model_cfg.dtype
+        # Mixed precision keeps fp32 master weights and computes in bf16: always on GPU, and on CPU
+        # when the model dtype asks for bf16 (fp32 CPU runs, the tests' among them, stay exact).
+        mixed = bool(fsdp_cfg.get("mixed_precision", True)) and (
+            self.device == "cuda" or torch_dtype(model_cfg.dtype, self.device) == torch.bfloat16)
+        dtype = "float32" if (trainable and mixed) else model_cfg.dtype
         load = load_causal_lm if kind == "policy" else load_critic
         model = load(model_cfg.path, dtype=dtype, device=self.device).to(self.device)
         if trainable:
@@ -174,10 +176,18 @@ class Worker:
         trimmed, width = trim_width(tensors)
         with torch.set_grad_enabled(grad):
             out = scorer(trimmed["input_ids"], trimmed["attention_mask"], trimmed["position_ids"],
-                         trimmed.get("segment_ids"), chunk_size=self._chunk_size())
+                         trimmed.get("segment_ids"), chunk_size=self._chunk_size(),
+                         temperature=self._sampling_temperature(), constraint_size=trimmed.get("constraint_size"),
+                         constraint_ids=trimmed.get("constraint_ids"), loss_mask=trimmed.get("loss_mask"))
         if grad:
             return out, trimmed
         return tuple(pad_width(o, width) for o in out) if isinstance(out, tuple) else pad_width(out, width)
+
+    def _sampling_temperature(self) -> float:
+        """The temperature the rollout samples with: the policy that is trained is the one that
+        sampled (0, greedy, has no distribution to match; it is scored at 1)."""
+        temperature = float(self.cfg.actor_rollout_ref.rollout.temperature)
+        return temperature if temperature > 0 else 1.0
 
     def _chunk_size(self) -> int:
         return int(self.cfg.actor_rollout_ref.actor.logits_chunk_size)
@@ -458,8 +468,8 @@ class Worker:
             weights.pop("lm_head.weight", None)  # the engine ties it to the input embedding itself
         self.engine.update_weights(list(weights.items()))
 
-    def engine_generate(self, prompts: list[list[int]], sampling) -> list:
-        return self.engine.generate(prompts, sampling)
+    def engine_generate(self, prompts: list[list[int]], sampling, constraints=None) -> list:
+        return self.engine.generate(prompts, sampling, constraints)
 
     def engine_update_weights(self, named_tensors) -> None:
         self.engine.update_weights(named_tensors)

@@ -13,6 +13,8 @@ from agent_text import GSM8K_TEST
 OURS = ["simpleSokobanAgent", "largeSokobanAgent", "tetrisAgent_type_1_dim_4", "tetrisAgent_type_2_dim_3",
         "tetrisAgent_type_2_dim_4", "blocksworldAgent_text", "blocksworldAgent_1d", "blocksworldAgent_2d_sparse",
         "gsm8kAgent_single_turn", "gsm8kAgent_5_turn"]
+MATH = [f"{name}Agent_{turns}" for name in ("aime24", "aime25", "amc23", "math500", "minervamath")
+        for turns in ("single_turn", "5_turn")]
 
 
 def every_task_overrides(names):
@@ -33,7 +35,7 @@ def validated(agents_yaml):
 
 def test_every_block_validates(validated, agents_yaml):
     cfg, usable = validated
-    assert set(OURS) <= set(usable)
+    assert set(OURS + MATH) <= set(usable)
     for name in usable:
         block = task_instance(cfg, name)
         assert set(block["agent_config"]) == {f.name for f in AgentConfig.__dataclass_fields__.values()}
@@ -60,7 +62,26 @@ def test_promised_values(validated):
         assert env["render_mode"] == mode and env["num_blocks"] == 3
         assert (agent["max_turns"], agent["max_actions_per_turn"], agent["max_actions_all_turns"]) == (11, 5, 20)
     assert get("gsm8kAgent_single_turn")[0]["max_turns"] == 1 and get("gsm8kAgent_5_turn")[0]["max_turns"] == 5
-    assert get("gsm8kAgent_single_turn")[1]["dataset_path"] == "openai/gsm8k"
+    assert get("gsm8kAgent_single_turn")[1]["data_path"].endswith("/gsm8k/{split}.jsonl")
+    for name in MATH:
+        agent, env = get(name)
+        turns = 1 if name.endswith("single_turn") else 5
+        assert (agent["max_turns"], agent["max_actions_all_turns"], env["max_attempts"]) == (turns, turns, turns)
+        assert env["data_path"].endswith(f"/math/{name.split('Agent')[0]}/{{split}}.jsonl") and env["split"] == "test"
+
+
+def test_math_blocks_build_agents_on_a_fixture_file(validated, tmp_path):
+    cfg, _ = validated
+    path = tmp_path / "test.jsonl"
+    path.write_text('{"problem": "Compute $2+2$.", "answer": "4"}\n', encoding="utf-8")
+    for name in MATH:
+        block = task_instance(cfg, name)
+        block["env_config"]["data_path"] = str(path)
+        agent = make_agent(name, block)
+        assert "Compute $2+2$." in agent.reset(0)[1]["content"]
+        result = agent.step("<think>2+2</think><answer>4</answer>")
+        assert (result.reward, result.done, result.info["success"]) == (10.0, True, True)
+        agent.close()
 
 
 @pytest.mark.skipif(not GSM8K_TEST.is_file(), reason="../shared/data/gsm8k/test.jsonl is not here")
@@ -69,7 +90,7 @@ def test_our_blocks_build_agents(validated):
     for name in OURS:
         block = task_instance(cfg, name)
         if block["agent_type"] == "gsm8kAgent":
-            block["env_config"]["dataset_path"] = str(GSM8K_TEST)
+            block["env_config"]["data_path"] = str(GSM8K_TEST)
         agent = make_agent(name, block)
         messages = agent.reset(0)
         assert messages[0]["role"] == "system" and "Turn 1. State:" in messages[1]["content"]

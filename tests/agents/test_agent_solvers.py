@@ -118,7 +118,7 @@ needs_gsm8k = pytest.mark.skipif(not GSM8K_TEST.is_file(), reason="../shared/dat
 @needs_gsm8k
 def test_gsm8k_all_gold_answers_succeed_and_wrong_ones_never(task):
     rows = [json.loads(line) for line in GSM8K_TEST.read_text(encoding="utf-8").splitlines() if line.strip()]
-    block = task("gsm8kAgent_single_turn", env={"dataset_path": str(GSM8K_TEST), "split": "test"})
+    block = task("gsm8kAgent_single_turn", env={"data_path": str(GSM8K_TEST), "split": "test"})
     agent = make_agent("gsm8kAgent_single_turn", block)
     assert len(rows) == 1319
     for seed, row in enumerate(rows):
@@ -134,7 +134,7 @@ def test_gsm8k_all_gold_answers_succeed_and_wrong_ones_never(task):
 
 @needs_gsm8k
 def test_gsm8k_five_turns_sum_the_rewards(task):
-    block = task("gsm8kAgent_5_turn", env={"dataset_path": str(GSM8K_TEST), "split": "test"})
+    block = task("gsm8kAgent_5_turn", env={"data_path": str(GSM8K_TEST), "split": "test"})
     agent = make_agent("gsm8kAgent_5_turn", block)
     messages = agent.reset(0)  # Janet's ducks: 18
     assert "Attempts left: 5." in messages[-1]["content"]
@@ -153,7 +153,7 @@ def test_gsm8k_five_turns_sum_the_rewards(task):
 @needs_gsm8k
 def test_gsm8k_answer_is_one_action_whatever_the_separator(task):
     block = task("gsm8kAgent_5_turn", agent={"action_separator": ","},
-                 env={"dataset_path": str(GSM8K_TEST), "split": "test"})
+                 env={"data_path": str(GSM8K_TEST), "split": "test"})
     agent = make_agent("gsm8kAgent_5_turn", block)
     agent.reset(7)
     gold = json.loads(GSM8K_TEST.read_text(encoding="utf-8").splitlines()[7])["answer"].rsplit("####", 1)[1].strip()

@@ -34,13 +34,27 @@ def test_play_sokoban_with_bfs_replies():
 def test_play_gsm8k_from_a_local_jsonl_with_a_multiline_reply():
     row = json.loads(GSM8K_TEST.read_text(encoding="utf-8").splitlines()[3])
     gold = row["answer"].rsplit("####", 1)[1].strip()
-    out = grl_cli("play", "gsm8kAgent_5_turn", f"gsm8kAgent_5_turn.env_config.dataset_path={GSM8K_TEST}",
+    out = grl_cli("play", "gsm8kAgent_5_turn", f"gsm8kAgent_5_turn.env_config.data_path={GSM8K_TEST}",
                   "gsm8kAgent_5_turn.env_config.split=test", "--seed", "3",
                   stdin=f"I think it is 0.5\n<answer>\\\n{gold}</answer>\n")
     assert out.returncode == 0, out.stderr
     assert row["question"].strip() in out.stdout
     assert "0.5 is not the right answer" in out.stdout and "Attempts left: 4." in out.stdout
     assert out.stdout.count("=> reward") == 2 and "=> reward 10  done True" in out.stdout
+
+
+def test_play_math500_on_a_fixture_file(tmp_path):
+    rows = [{"problem": "What is $\\frac{1}{2}+\\frac{1}{4}$?", "answer": "\\frac{3}{4}", "level": 1}]
+    path = tmp_path / "test.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    out = grl_cli("play", "math500Agent_single_turn", f"math500Agent_single_turn.env_config.data_path={path}",
+                  stdin="<think>add</think><answer>0.75</answer>\n")
+    assert out.returncode == 0, out.stderr
+    assert rows[0]["problem"] in out.stdout and "=> reward 10  done True" in out.stdout
+    missing = grl_cli("play", "math500Agent_single_turn",
+                      f"math500Agent_single_turn.env_config.data_path={tmp_path}/no.jsonl")
+    assert missing.returncode == 2 and "scripts/install_dataset.sh --math" in missing.stderr
+    assert missing.stderr.strip().count("\n") == 0
 
 
 def test_play_stops_cleanly_at_end_of_input():

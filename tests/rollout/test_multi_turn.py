@@ -125,7 +125,7 @@ GREEDY = SamplingParams(greedy=True)
 def test_loss_mask_tokens_are_exactly_the_sampled_replies(hf_engine, tokenizer):
     engine = RecordingEngine(hf_engine)
     ro = rollout(engine, tokenizer)
-    tasks = [real_task("simpleSokobanAgent"), real_task("gsm8kAgent_5_turn", dataset_path=str(GSM8K_TEST), split="test"),
+    tasks = [real_task("simpleSokobanAgent"), real_task("gsm8kAgent_5_turn", data_path=str(GSM8K_TEST), split="test"),
              scripted(groups=1)]
     result = ro.run(tasks, base_seed=5, sampling=SAMPLED)
     episodes = result.episodes

@@ -23,7 +23,7 @@ def test_config_rollout_to_shaped_batch(hf_engine, tokenizer):
         "rollout.training=[simpleSokobanAgent,gsm8kAgent_5_turn]", "rollout.agent_group_num=[2,2]",
         "rollout.agent_group_size=[2,3]", "max_response_length=4", "rollout.seed=7",
         "simpleSokobanAgent.agent_config.max_turns=2", "gsm8kAgent_5_turn.agent_config.max_turns=2",
-        f"gsm8kAgent_5_turn.env_config.dataset_path={GSM8K_TEST}", "gsm8kAgent_5_turn.env_config.split=test",
+        f"gsm8kAgent_5_turn.env_config.data_path={GSM8K_TEST}", "gsm8kAgent_5_turn.env_config.split=test",
         "rollout.reward_normalization.grouping=batch", "rollout.reward_normalization.method=mean_std",
         "rollout.rollout_filter_ratio=0.5"])
     ro = MultiTurnRollout.from_config(cfg, hf_engine, tokenizer)

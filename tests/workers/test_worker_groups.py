@@ -197,6 +197,9 @@ def test_log_probs_match_single_process(actor, batch):
         ref_lp, _ = reference_scores(load_causal_lm("tiny", dtype="float32"), batch)
     log_probs, entropy = actor.compute_log_probs(batch)  # chunk 5 < 14 tokens
     assert log_probs.shape == batch["input_ids"].shape
+    # Policy scores exist where the loss needs them (loss_mask) and are 0 elsewhere.
+    sampled = batch["loss_mask"] > 0
+    want_lp, want_ent, ref_lp = (x.where(sampled, 0.0) for x in (want_lp, want_ent, ref_lp))
     assert (log_probs - want_lp).abs().max() < 1e-5
     assert (entropy - want_ent).abs().max() < 1e-4
     assert (actor.compute_ref_log_probs(batch) - ref_lp).abs().max() < 1e-5
@@ -208,7 +211,8 @@ def test_log_probs_match_single_process(actor, batch):
         start = 0
         for i in members:
             n = int(batch["attention_mask"][i].sum())
-            assert (packed_lp[row, start:start + n] - log_probs[i, :n]).abs().max() < 1e-5
+            sampled_i = batch["loss_mask"][i, :n] > 0  # the packed batch has no loss_mask: scored everywhere
+            assert (packed_lp[row, start:start + n] - log_probs[i, :n])[sampled_i].abs().max() < 1e-5
             start += n
 
 

@@ -119,6 +119,12 @@ class WebShopEnv(Env):
 
     # ------------------------------------------------------------------ pages and actions
 
+    def valid_actions(self) -> list[str]:
+        """The clickables of the page, or a search with free-text keywords on the search page."""
+        if self._session.page == SEARCH:
+            return ["search[{text}]"]
+        return self.available_actions()
+
     def available_actions(self) -> list[str]:
         """Every action accepted on the current page, as the model should write it."""
         if self._session.page == SEARCH:

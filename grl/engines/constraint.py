@@ -1,0 +1,256 @@
+"""Valid-action decoding: a token-level grammar for one reply, shared by every engine and the trainer.
+
+A reply under constraint is
+
+    [<think> free text </think>] <answer> one of the valid actions </answer> <end of turn>
+
+The think part exists when the task enables it. Each valid action is spelled by its *canonical* tokens:
+`"<answer>" + action + "</answer>"` encoded on its own, then the tokenizer's end-of-turn token. The
+answers form a trie, so at every position the allowed next tokens are the children of the trie node
+reached so far; a position with one child is forced. Other tokenizations of the same text are not
+allowed: one spelling per answer keeps the grammar a small trie and makes it the same in every engine.
+
+Free text (the think part, or a `{text}` slot inside an action such as WebShop's `search[{text}]`) may
+use any token but the special ones; it ends when its closing tokens (the canonical tokens of
+`</think>`, or of the text after the slot) have just been sampled. When only enough tokens are left
+to close it and finish the longest answer, the closing tokens are forced, so a reply always parses
+within its token limit, whichever answer the model then picks.
+
+One action per answer: the later actions of a multi-action answer would act on states the env has
+not reached yet, so no grammar built from `valid_actions()` could promise they are valid.
+
+The walk through a grammar is a pure function of the tokens sampled so far, so the allowed set of
+every sampled token can be rebuilt after the fact (`ReplyGrammar.trace`): the trainer scores each
+token with the same masked softmax that sampled it (`constrain_logits`). An allowed set is stored as
+a signed size and a short id list: `+n` ids allowed, `-n` ids denied (free text), 0 unconstrained.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+SLOT = "{text}"  # a free-text slot inside a valid action, e.g. WebShop's "search[{text}]"
+SLOT_ROOM = 8  # tokens a slot keeps for its text, however long the think part ran
+ANSWER_OPEN, ANSWER_CLOSE = "<answer>", "</answer>"
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+
+AllowedSet = tuple[int, tuple[int, ...]]  # (signed size, ids): +n allowed, -n denied, 0 anything
+UNCONSTRAINED: AllowedSet = (0, ())
+
+
+class GrammarError(ValueError):
+    """A grammar cannot be built from these answers (e.g. none fits the token budget)."""
+
+
+@dataclass(frozen=True)
+class _Free:
+    """Free text up to `close`; then the walk goes on at node `next`. `room`: tokens of text kept
+    for it when an earlier free part is closed for lack of budget."""
+
+    close: tuple[int, ...]
+    next: int
+    deny: tuple[int, ...]
+    room: int = 0
+
+
+class ReplyGrammar:
+    """An automaton over token ids. Nodes are either trie nodes (`dict token -> node`; an empty
+    dict is the end) or free-text nodes (`_Free`). Plain data: it pickles to an engine process."""
+
+    def __init__(self, nodes: list[dict[int, int] | _Free], max_tokens: int, left_out: tuple[str, ...] = ()):
+        self.nodes = nodes
+        self.max_tokens = max_tokens
+        self.left_out = left_out  # valid actions too long for max_tokens
+        self.reserve = self._reserves()
+
+    def _reserves(self) -> list[int]:
+        """Tokens that finishing the reply from each node may take, whichever answer is chosen
+        (free text counted empty): a free part is closed while that many are left. Every node
+        points to nodes built after it, so a reverse sweep settles them."""
+        reserve = [0] * len(self.nodes)
+        for index in range(len(self.nodes) - 1, -1, -1):
+            node = self.nodes[index]
+            if isinstance(node, _Free):
+                reserve[index] = node.room + len(node.close) + reserve[node.next]
+            elif node:
+                reserve[index] = 1 + max(reserve[child] for child in node.values())
+        return reserve
+
+    def walker(self) -> GrammarWalker:
+        return GrammarWalker(self)
+
+    def trace(self, token_ids: Sequence[int]) -> list[AllowedSet]:
+        """The allowed set at each position of a reply sampled under this grammar. Raises
+        ValueError if a token was not allowed (the engine did not honour the grammar)."""
+        walker, sets = self.walker(), []
+        for position, token in enumerate(token_ids):
+            allowed = walker.allowed()
+            size, ids = allowed
+            if (size > 0 and token not in ids) or (size < 0 and token in ids):
+                raise ValueError(f"token {token} at position {position} is outside the grammar's allowed set {ids}")
+            sets.append(allowed)
+            walker.advance(token)
+        return sets
+
+
+class GrammarWalker:
+    """Where one reply stands in its grammar."""
+
+    def __init__(self, grammar: ReplyGrammar):
+        self.grammar = grammar
+        self.node = 0
+        self.used = 0  # tokens sampled so far
+        self.free_tokens: list[int] = []  # tokens of the current free-text part
+        self.forcing: list[int] = []  # closing tokens still to force
+
+    @property
+    def done(self) -> bool:
+        node = self.grammar.nodes[self.node]
+        return not self.forcing and isinstance(node, dict) and not node
+
+    def allowed(self) -> AllowedSet:
+        if self.forcing:
+            return (1, (self.forcing[0],))
+        node = self.grammar.nodes[self.node]
+        if isinstance(node, _Free):
+            left = self.grammar.max_tokens - self.used
+            if left <= self.grammar.reserve[self.node] - node.room:
+                self.forcing = list(node.close)
+                return (1, (self.forcing[0],))
+            return (-len(node.deny), node.deny)
+        if not node:  # the end: the engine stops on the end-of-turn token, so this is never sampled
+            return UNCONSTRAINED
+        ids = tuple(sorted(node))
+        return (len(ids), ids)
+
+    def advance(self, token: int) -> None:
+        self.used += 1
+        node = self.grammar.nodes[self.node]
+        if self.forcing:
+            self.forcing.pop(0)
+            if not self.forcing:
+                self._leave_free(node)
+            return
+        if isinstance(node, _Free):
+            self.free_tokens.append(token)
+            if tuple(self.free_tokens[-len(node.close):]) == node.close:
+                self._leave_free(node)
+        elif node:
+            self.node = node[token]
+
+    def _leave_free(self, node: _Free) -> None:
+        self.node = node.next
+        self.free_tokens = []
+
+    def forced(self) -> tuple[list[int], bool]:
+        """The tokens forced from here on (each the only one allowed) and whether they finish the
+        reply; the walk itself does not move. Engines skip the model for them: under the grammar
+        their probability is 1."""
+        probe = GrammarWalker(self.grammar)
+        probe.node, probe.used = self.node, self.used
+        probe.free_tokens, probe.forcing = list(self.free_tokens), list(self.forcing)
+        run = []
+        while not probe.done:
+            size, ids = probe.allowed()
+            if size != 1:
+                break
+            run.append(ids[0])
+            probe.advance(ids[0])
+        return run, probe.done
+
+
+def compile_reply_grammar(encode: Callable[[str], list[int]], end_ids: Sequence[int], actions: Sequence[str],
+                          think: bool, max_tokens: int) -> ReplyGrammar:
+    """The grammar of a reply that holds one of `actions` (see the module doc).
+
+    `encode` turns text into token ids without special tokens; `end_ids[0]` ends the turn (the chat
+    template's end-of-turn token) and every id of `end_ids` is denied inside free text. Actions whose
+    tokens do not fit in `max_tokens` are left out; if none fits, GrammarError.
+    """
+    end, deny = int(end_ids[0]), tuple(sorted({int(i) for i in end_ids}))
+    nodes: list = [{}]
+
+    def new(node) -> int:
+        nodes.append(node)
+        return len(nodes) - 1
+
+    def chain(start: int, ids: Sequence[int]) -> int:
+        """Insert `ids` below trie node `start`; -> the node reached."""
+        at = start
+        for token in ids:
+            node = nodes[at]
+            if isinstance(node, _Free):
+                raise GrammarError("an answer continues where another answer has a free-text slot")
+            if token not in node:
+                node[token] = new({})
+            at = node[token]
+        return at
+
+    answer_root = 0
+    overhead = 0
+    if think:
+        think_close = tuple(encode(THINK_CLOSE))
+        opened = chain(0, encode(THINK_OPEN))
+        answer_root = new({})
+        nodes[opened] = _Free(think_close, answer_root, deny)
+        overhead = len(encode(THINK_OPEN)) + len(think_close)
+
+    fitted, left_out = 0, []
+    for action in dict.fromkeys(a for a in actions if isinstance(a, str) and a.strip()):
+        if SLOT in action:
+            before, after = action.split(SLOT, 1)
+            head = encode(ANSWER_OPEN + before)
+            close = tuple(encode(after)) if after else tuple(encode(ANSWER_CLOSE))
+            tail = (encode(ANSWER_CLOSE) if after else []) + [end]
+            if overhead + len(head) + SLOT_ROOM + len(close) + len(tail) > max_tokens:
+                left_out.append(action)
+                continue
+            slot_at = chain(answer_root, head)
+            if nodes[slot_at]:
+                raise GrammarError(f"the free-text slot of {action!r} starts where another answer goes on")
+            rest = new({})
+            chain(rest, tail)
+            nodes[slot_at] = _Free(close, rest, deny, SLOT_ROOM)
+        else:
+            ids = encode(ANSWER_OPEN + action + ANSWER_CLOSE) + [end]
+            if overhead + len(ids) > max_tokens:
+                left_out.append(action)
+                continue
+            chain(answer_root, ids)
+        fitted += 1
+    if fitted == 0:
+        raise GrammarError(f"none of the {len(actions)} valid actions fits in {max_tokens} reply tokens")
+    return ReplyGrammar(nodes, max_tokens, tuple(left_out))
+
+
+# ---------------------------------------------------------------------------- tensors
+
+
+def allowed_sets_tensors(sets: Sequence[AllowedSet]):
+    """Per-position allowed sets -> (sizes `[N]` long, ids `[N, K]` long, zero-padded)."""
+    import torch
+
+    width = max((len(ids) for _, ids in sets), default=0)
+    sizes = torch.tensor([size for size, _ in sets], dtype=torch.long)
+    ids = torch.zeros((len(sets), max(width, 1)), dtype=torch.long)
+    for row, (_, members) in enumerate(sets):
+        if members:
+            ids[row, :len(members)] = torch.tensor(members, dtype=torch.long)
+    return sizes, ids
+
+
+def constrain_logits(logits, sizes, ids):
+    """Logits `[N, V]` with every token outside its row's allowed set at -inf (see the module doc
+    for `sizes` `[N]` and `ids` `[N, K]`). A softmax of the result is the masked distribution."""
+    import torch
+
+    vocab = logits.shape[-1]
+    count = sizes.abs()
+    listed = torch.arange(ids.shape[-1], device=ids.device)[None, :] < count[:, None]
+    spare = torch.full_like(ids, vocab)  # listed entries go to their column, padding to a spare one
+    marked = torch.zeros((logits.shape[0], vocab + 1), dtype=torch.bool, device=logits.device)
+    marked.scatter_(1, torch.where(listed, ids, spare), True)
+    marked = marked[:, :vocab]
+    allowed = torch.where((sizes > 0)[:, None], marked, ~marked)
+    return logits.masked_fill(~allowed, float("-inf"))

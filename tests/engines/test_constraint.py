@@ -1,0 +1,154 @@
+"""Valid-action decoding: the grammar, the masked softmax, and the hf engine under a grammar,
+checked against enumeration, Python loops and teacher forcing."""
+
+import random
+
+import pytest
+import torch
+
+from grl.agents.parse import parse_reply
+from grl.engines import SamplingParams
+from grl.engines.constraint import (
+    GrammarError,
+    allowed_sets_tensors,
+    compile_reply_grammar,
+    constrain_logits,
+)
+from prompts import teacher_forced_log_probs
+
+SOKOBAN = ["Up", "Down", "Left", "Right"]
+BLOCKS = ["move 1 to 0", "move 1 to 3", "move 2 to 0", "move 2 to 1", "move 12 to 0"]
+
+
+def make_grammar(tokenizer, actions, think=False, max_tokens=24):
+    encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    end = [tokenizer.eos_token_id] + sorted(set(tokenizer.all_special_ids) - {tokenizer.eos_token_id})
+    return compile_reply_grammar(encode, end, actions, think, max_tokens)
+
+
+def trie_paths(grammar, node=0, prefix=()):
+    """Every token path from `node` to the end (trie nodes only)."""
+    children = grammar.nodes[node]
+    if not children:
+        yield prefix
+    for token, child in children.items():
+        yield from trie_paths(grammar, child, prefix + (token,))
+
+
+def random_walk(grammar, vocab, rng):
+    """Tokens drawn uniformly from each allowed set (free text: any token not denied)."""
+    walker, ids = grammar.walker(), []
+    while not walker.done:
+        size, members = walker.allowed()
+        if size > 0:
+            token = rng.choice(members)
+        else:
+            token = rng.randrange(vocab)
+            while token in members:
+                token = rng.randrange(vocab)
+        ids.append(token)
+        walker.advance(token)
+        assert len(ids) <= grammar.max_tokens
+    return ids
+
+
+@pytest.mark.parametrize("actions", [SOKOBAN, BLOCKS, ["click[buy now]", "click[< prev]", "click[b07x]"]])
+def test_every_path_spells_exactly_the_valid_answers(tokenizer, actions):
+    grammar = make_grammar(tokenizer, actions)
+    spelled = [tokenizer.decode(path) for path in trie_paths(grammar)]
+    assert sorted(spelled) == sorted(f"<answer>{a}</answer>{tokenizer.eos_token}" for a in actions)
+    for path in trie_paths(grammar):
+        assert [size for size, _ in grammar.trace(list(path))][-1] >= 1  # every token was allowed
+
+
+@pytest.mark.parametrize("actions", [SOKOBAN, ["search[{text}]", "click[back to search]"]])
+def test_free_text_always_closes_within_the_budget(tokenizer, actions):
+    rng = random.Random(0)
+    grammar = make_grammar(tokenizer, actions, think=True, max_tokens=40)
+    for _ in range(30):
+        ids = random_walk(grammar, len(tokenizer), rng)
+        assert ids[-1] == tokenizer.eos_token_id and len(ids) <= 40
+        parsed = parse_reply(tokenizer.decode(ids, skip_special_tokens=True), enable_think=True)
+        assert parsed.format_ok, tokenizer.decode(ids)
+        if actions is SOKOBAN:
+            assert parsed.answer in SOKOBAN
+        else:
+            assert parsed.answer == "click[back to search]" or parsed.answer.startswith("search[")
+        assert len(grammar.trace(ids)) == len(ids)
+    with pytest.raises(ValueError, match="outside the grammar"):
+        grammar.trace([tokenizer.eos_token_id])
+
+
+def test_actions_that_do_not_fit_are_left_out(tokenizer):
+    grammar = make_grammar(tokenizer, ["Up", "a very long action " * 8], max_tokens=10)
+    assert [tokenizer.decode(p) for p in trie_paths(grammar)] == [f"<answer>Up</answer>{tokenizer.eos_token}"]
+    assert grammar.left_out == ("a very long action " * 8,)
+    with pytest.raises(GrammarError, match="fits"):
+        make_grammar(tokenizer, ["a very long action " * 8], max_tokens=10)
+
+
+def test_constrain_logits_matches_a_python_loop():
+    rng = torch.Generator().manual_seed(0)
+    vocab = 50
+    logits = torch.randn(6, vocab, generator=rng)
+    sets = [(3, (4, 9, 17)), (-2, (0, 49)), (0, ()), (1, (7,)), (-1, (3,)), (2, (48, 1))]
+    sizes, ids = allowed_sets_tensors(sets)
+    got = constrain_logits(logits.clone(), sizes, ids).softmax(-1)
+    for row, (size, members) in enumerate(sets):
+        keep = [t for t in range(vocab) if (size > 0 and t in members) or (size <= 0 and t not in members)]
+        want = torch.zeros(vocab)
+        want[keep] = logits[row, keep].softmax(-1)
+        assert torch.allclose(got[row], want, atol=1e-6)
+        assert abs(float(got[row].sum()) - 1.0) < 1e-6
+
+
+def grammars_for(tokenizer, n):
+    """A mix of grammars: Sokoban moves, BlocksWorld moves, and moves after free think text."""
+    kinds = [make_grammar(tokenizer, SOKOBAN), make_grammar(tokenizer, BLOCKS),
+             make_grammar(tokenizer, SOKOBAN, think=True, max_tokens=20)]
+    return [kinds[i % len(kinds)] for i in range(n)]
+
+
+@pytest.mark.parametrize("sampling", [
+    SamplingParams(temperature=0.7, max_new_tokens=24, seed=5),
+    SamplingParams(temperature=1.0, max_new_tokens=24, seed=6),
+    SamplingParams(greedy=True, max_new_tokens=24),
+])
+def test_hf_samples_inside_the_grammar_with_the_masked_log_probs(hf_tiny, tokenizer, prompts, sampling):
+    batch = prompts[:6]
+    grammars = grammars_for(tokenizer, len(batch))
+    outputs = hf_tiny.generate(batch, sampling, grammars)
+    for prompt, out, grammar in zip(batch, outputs, grammars):
+        allowed = grammar.trace(out.token_ids)  # raises if a token was outside its allowed set
+        assert out.token_ids[-1] == tokenizer.eos_token_id and out.finish_reason == "stop"
+        want = teacher_forced_log_probs(hf_tiny.model, prompt, out.token_ids, sampling, allowed)
+        assert torch.allclose(torch.tensor(out.log_probs), want, atol=1e-4)
+        forced = [i for i, (size, _) in enumerate(allowed) if size == 1]
+        assert all(out.log_probs[i] == 0.0 for i in forced)
+
+
+def test_hf_greedy_under_a_grammar_is_the_argmax_over_the_allowed_moves(hf_tiny, tokenizer, prompts):
+    grammar = make_grammar(tokenizer, SOKOBAN)
+    out = hf_tiny.generate(prompts[:4], SamplingParams(greedy=True, max_new_tokens=24), [grammar] * 4)
+    choice = [ids for ids in grammar.nodes if len(ids) > 1][0]  # the trie node where the moves branch
+    for prompt, o in zip(prompts[:4], out):
+        at = next(i for i, (size, _) in enumerate(grammar.trace(o.token_ids)) if size > 1)
+        with torch.no_grad():
+            logits = hf_tiny.model(torch.tensor([prompt + o.token_ids[:at]])).logits[0, -1]
+        assert o.token_ids[at] == max(choice, key=lambda t: float(logits[t]))
+
+
+def test_prefix_reuse_gives_what_a_fresh_prefill_gives(hf_tiny, tokenizer, prompts):
+    """Turn 2 prompts extend turn 1's prompt and reply; reusing turn 1's KV cache must not change
+    the greedy reply or its log-probs."""
+    sampling = SamplingParams(greedy=True, max_new_tokens=10)
+    first = hf_tiny.generate(prompts[:5], sampling)
+    delta = tokenizer("\nNext turn, please.", add_special_tokens=False)["input_ids"]
+    second_prompts = [p + o.token_ids + delta for p, o in zip(prompts[:5], first)]
+    assert hf_tiny._prefixes  # the first call kept its sequences
+    reused = hf_tiny.generate(second_prompts, sampling)
+    hf_tiny._prefixes = {}
+    fresh = hf_tiny.generate(second_prompts, sampling)
+    assert [o.token_ids for o in reused] == [o.token_ids for o in fresh]
+    for a, b in zip(reused, fresh):
+        assert max(abs(x - y) for x, y in zip(a.log_probs, b.log_probs)) < 1e-5
