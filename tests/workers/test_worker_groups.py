@@ -290,7 +290,8 @@ def test_checkpoint_resumes_bit_for_bit_in_a_fresh_group(cfg, actor, batch, tmp_
     try:
         fresh.load_checkpoint(tmp_path / "ckpt")
         assert torch.equal(fresh.compute_log_probs(batch)[0], log_probs)
-        assert fresh.update(batch) == metrics
+        learned = {k: v for k, v in metrics.items() if not k.startswith("perf/")}  # memory readings vary
+        assert {k: v for k, v in fresh.update(batch).items() if not k.startswith("perf/")} == learned
         assert max_diff(fresh.execute(_full_weights)[0], after) == 0
         fresh.execute(_poison_weights)
         with pytest.raises(ValueError, match="refusing to save the actor weights"):
