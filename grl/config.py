@@ -10,6 +10,7 @@ typo costs seconds, not a Ray start-up.
 from __future__ import annotations
 
 import difflib
+import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Optional
@@ -53,6 +54,10 @@ class Rollout:
     env_step_timeout: float = MISSING
     env_error_penalty: Optional[float] = MISSING
     max_failed_agent_ratio: float = MISSING
+    num_env_threads: Optional[int] = None
+    num_init_threads: Optional[int] = None
+    num_prompt_threads: int = 0
+    show_tqdm: bool = False
 
 
 @dataclass
@@ -97,6 +102,7 @@ class Actor:
     use_kl_loss: bool = MISSING
     kl_loss_coef: float = MISSING
     kl_loss_type: str = MISSING
+    tis_imp_ratio_cap: float = -1.0
     logits_chunk_size: int = MISSING
     optim: Optim = MISSING
     fsdp_config: FSDPConfig = MISSING
@@ -130,6 +136,8 @@ class RolloutEngine:
     tensor_model_parallel_size: int = MISSING
     max_model_len: Optional[int] = MISSING
     log_prob_micro_batch_size_per_gpu: int = MISSING
+    rollout_filter_ratio: float = MISSING
+    rollout_filter_type: str = MISSING
     val_kwargs: SamplingOverrides = MISSING
 
 
@@ -190,13 +198,28 @@ class Trainer:
     test_freq: int = MISSING
     save_freq: int = MISSING
     val_before_train: bool = MISSING
+    val_only: bool = False
+    validation_steps: int = 1
     resume_mode: str = MISSING
+    resume_from_path: Optional[str] = None
     default_local_dir: str = MISSING
     run_dir: str = MISSING
     max_ckpt_to_keep: Optional[int] = MISSING
     export_hf: bool = MISSING
     critic_warmup: int = MISSING
     seed: int = MISSING
+
+
+@dataclass
+class Data:
+    max_prompt_length: int = MISSING
+    max_response_length: int = MISSING
+    train_batch_size: Optional[int] = MISSING
+
+
+@dataclass
+class System:
+    CUDA_VISIBLE_DEVICES: Optional[str] = None
 
 
 @dataclass
@@ -216,6 +239,8 @@ class GRLConfig:
     project_name: str = MISSING
     experiment_name: str = MISSING
     resume_mode: str = MISSING
+    data: Data = MISSING
+    system: System = field(default_factory=System)
     rollout: Rollout = MISSING
     actor_rollout_ref: ActorRolloutRef = MISSING
     critic: Critic = MISSING
@@ -223,20 +248,27 @@ class GRLConfig:
     trainer: Trainer = MISSING
 
 
+def _agent_default(name: str) -> Any:
+    from grl.agents.base import AgentSettings
+
+    return AgentSettings.__dataclass_fields__[name].default
+
+
 @dataclass
 class AgentConfig:
     """`agent_config` of a task instance in configs/agents.yaml."""
 
-    system_prompt: str = MISSING
-    prompt: str = MISSING
-    enable_think: bool = MISSING
-    max_tokens: int = MISSING
-    max_turns: int = MISSING
-    max_actions_per_turn: int = MISSING
-    max_actions_all_turns: int = MISSING
-    format_penalty: float = MISSING
-    action_separator: Optional[str] = MISSING
-    action_decoding: str = "free"  # free | constrained (replies drawn from the env's valid_actions())
+    # A key left out takes GRL's default (grl.agents.base.AgentSettings holds the values).
+    system_prompt: str = _agent_default("system_prompt")
+    prompt: str = _agent_default("prompt")
+    enable_think: bool = _agent_default("enable_think")
+    max_tokens: int = _agent_default("max_tokens")
+    max_turns: int = _agent_default("max_turns")
+    max_actions_per_turn: int = _agent_default("max_actions_per_turn")
+    max_actions_all_turns: int = _agent_default("max_actions_all_turns")
+    format_penalty: float = _agent_default("format_penalty")
+    action_separator: Optional[str] = _agent_default("action_separator")
+    action_decoding: str = _agent_default("action_decoding")  # free | constrained (env's valid_actions())
 
 
 @dataclass
@@ -265,6 +297,17 @@ CHOICES: dict[str, tuple[str, ...]] = {
 }
 LOGGERS = ("console", "jsonl", "wandb", "tensorboard")
 CRITIC_FREE_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus", "gigpo")
+
+
+# Second spellings that GRL's and verl's configs use: alias -> the key that is read. The alias
+# defaults to an interpolation of its key; a value set on the alias replaces the key's.
+ALIASES = {
+    "data.max_prompt_length": "max_prompt_length",
+    "data.max_response_length": "max_response_length",
+    "data.train_batch_size": "train_batch_size",
+    "actor_rollout_ref.rollout.rollout_filter_ratio": "rollout.rollout_filter_ratio",
+    "actor_rollout_ref.rollout.rollout_filter_type": "rollout.rollout_filter_type",
+}
 
 
 # ---------------------------------------------------------------- checks
@@ -307,6 +350,22 @@ def _all_keys(cfg: DictConfig, prefix: str = "") -> list[str]:
     return keys
 
 
+def _apply_aliases(cfg: DictConfig) -> None:
+    """Copy GRL's and verl's spellings onto the keys that are read (before resolving)."""
+    for alias, key in ALIASES.items():
+        parent, _, leaf = alias.rpartition(".")
+        node = OmegaConf.select(cfg, parent)._get_node(leaf)
+        if not node._is_interpolation():
+            OmegaConf.update(cfg, key, node._value())
+            OmegaConf.update(cfg, alias, "${" + key + "}")
+    r = cfg.rollout
+    for alias in ("num_env_threads", "num_init_threads"):
+        if r[alias] is not None:
+            r.env_workers = r[alias] or min(32, os.cpu_count() or 1)
+    if cfg.trainer.resume_from_path is not None:
+        cfg.trainer.resume_mode = cfg.trainer.resume_from_path
+
+
 def _check_choices(cfg: DictConfig) -> None:
     for key, allowed in CHOICES.items():
         value = OmegaConf.select(cfg, key)
@@ -342,6 +401,17 @@ def _check_lists(cfg: DictConfig) -> None:
                 "actor_rollout_ref.actor.ppo_epochs", "actor_rollout_ref.actor.logits_chunk_size"):
         if OmegaConf.select(cfg, key) < 1:
             raise ConfigError(f"{key}: must be at least 1, got {OmegaConf.select(cfg, key)}")
+    for list_key in ("rollout.training", "rollout.validation"):
+        names = list(OmegaConf.select(cfg, list_key))
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ConfigError(f"{list_key}: {', '.join(twice)} named twice; raise its agent_group_num instead")
+    episodes = sum(n * s for n, s in zip(cfg.rollout.agent_group_num, cfg.rollout.agent_group_size))
+    if cfg.train_batch_size is not None and cfg.train_batch_size != episodes:
+        raise ConfigError(f"train_batch_size: {cfg.train_batch_size} episodes per step, but rollout.agent_group_num x "
+                          f"agent_group_size gives {episodes}; set it to {episodes} or null")
+    if cfg.trainer.validation_steps < 1:
+        raise ConfigError(f"trainer.validation_steps: must be at least 1, got {cfg.trainer.validation_steps}")
     if cfg.algorithm.adv_estimator not in CRITIC_FREE_ESTIMATORS and not cfg.critic.enable:
         raise ConfigError(f"critic.enable: estimator {cfg.algorithm.adv_estimator} needs the critic")
 
@@ -417,6 +487,7 @@ def validate(cfg: DictConfig) -> DictConfig:
             raise ConfigError(f"{key}: unknown key{_did_you_mean(str(key), sorted(known))}")
         tasks[str(key)] = block
     typed = _typed_merge(GRLConfig, core, "")
+    _apply_aliases(typed)
     try:
         OmegaConf.resolve(typed)
     except OmegaConfBaseException as err:

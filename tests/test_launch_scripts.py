@@ -10,7 +10,7 @@ import pytest
 from grl.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPTS = ["quick_train_qwen_halfb.sh"] + [f"examples/{task}_ppo/qwen_{size}.sh"
+SCRIPTS = ["quick_train_qwen_halfb.sh", "verl_quick_training_example.sh"] + [f"examples/{task}_ppo/qwen_{size}.sh"
                                            for task in ("sokoban", "tetris") for size in ("halfb", "3b", "7b")]
 
 
@@ -78,3 +78,7 @@ def test_source_leaves_the_callers_shell_unchanged(tmp_path):
     """
     out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "ok 0", out.stdout + out.stderr
+
+
+def test_grl_script_name_runs_the_quick_start():
+    assert dry_run("verl_quick_training_example.sh", "0", "3") == dry_run("quick_train_qwen_halfb.sh", "0", "3")

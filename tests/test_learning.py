@@ -106,7 +106,7 @@ def test_ppo_learns_a_trivial_multi_turn_task(tmp_path):
     history = {r["step"]: r for r in read_jsonl(tmp_path / "run" / METRICS_FILE)}
     before = history[0]["val-env/words/success"]
     after = history[cfg.trainer.total_training_steps]["val-env/words/success"]
-    train = [history[s]["env/words/success"] for s in sorted(history) if s > 0]
+    train = [history[s]["train/words/success"] for s in sorted(history) if s > 0]
     print(f"greedy validation success {before:.3f} -> {after:.3f}; training success by step {train}")
     assert after >= before + 0.5, (before, after, train)
 

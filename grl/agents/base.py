@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import traceback
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
 from grl.agents.parse import parse_reply
@@ -37,17 +37,18 @@ DECODING_MODES = ("free", "constrained")
 
 @dataclass(frozen=True)
 class AgentSettings:
-    """`agent_config` of a task instance (configs/agents.yaml)."""
+    """`agent_config` of a task instance (configs/agents.yaml). A key left out takes
+    GRL's default (grl/agents/base_agent.py there), so GRL's task blocks load unchanged."""
 
-    system_prompt: str
-    prompt: str
-    enable_think: bool
-    max_tokens: int
-    max_turns: int
-    max_actions_per_turn: int
-    max_actions_all_turns: int
-    format_penalty: float
-    action_separator: str | None
+    system_prompt: str = "You are a helpful AI assistant."
+    prompt: str = "Please respond appropriately."
+    enable_think: bool = True
+    max_tokens: int = 100
+    max_turns: int = 1
+    max_actions_per_turn: int = 1
+    max_actions_all_turns: int = 1
+    format_penalty: float = -0.1
+    action_separator: str | None = "||"
     action_decoding: str = "free"  # free | constrained: replies drawn from the env's valid actions
 
     @classmethod
@@ -57,12 +58,7 @@ class AgentSettings:
         for key in cfg:
             if key not in known:
                 raise ValueError(f"{where}.{key}: unknown agent_config key (known: {', '.join(known)})")
-        values = {}
-        for f in fields(cls):
-            if f.name in cfg:
-                values[f.name] = cfg[f.name]
-            elif f.default is MISSING:
-                raise ValueError(f"{where}.{f.name}: missing")
+        values = {f.name: cfg.get(f.name, f.default) for f in fields(cls)}
         for key in ("max_tokens", "max_turns", "max_actions_per_turn", "max_actions_all_turns"):
             if not isinstance(values[key], int) or isinstance(values[key], bool) or values[key] < 1:
                 raise ValueError(f"{where}.{key}: must be an integer >= 1, got {values[key]!r}")

@@ -32,11 +32,14 @@ from grl.algo.losses import (
     agg_loss,
     entropy_bonus,
     entropy_from_logits,
+    episode_masks,
     log_probs_from_logits,
     policy_loss,
+    truncated_is_weights,
     value_loss,
 )
 from grl.algo.masked import (
+    finite_episodes,
     finite_rows,
     masked_mean,
     masked_sum,
@@ -64,6 +67,8 @@ __all__ = [
     "compute_weighted_gae",
     "entropy_bonus",
     "entropy_from_logits",
+    "episode_masks",
+    "finite_episodes",
     "finite_rows",
     "group_index",
     "kl_estimate",
@@ -75,6 +80,7 @@ __all__ = [
     "masked_var",
     "masked_whiten",
     "policy_loss",
+    "truncated_is_weights",
     "turn_ids_from_mask",
     "value_loss",
 ]

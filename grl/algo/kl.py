@@ -51,9 +51,9 @@ def apply_kl_penalty(token_rewards: torch.Tensor, log_probs: torch.Tensor, ref_l
 
 
 def kl_loss(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, loss_mask: torch.Tensor, kind: str = "low_var_kl",
-            loss_agg_mode: str = "token-mean") -> torch.Tensor:
+            loss_agg_mode: str = "token-mean", segment_ids: torch.Tensor | None = None) -> torch.Tensor:
     """KL term added to the actor loss (GRPO-style) aggregated over the mask."""
-    return agg_loss(kl_estimate(log_probs, ref_log_probs, kind), loss_mask, loss_agg_mode)
+    return agg_loss(kl_estimate(log_probs, ref_log_probs, kind), loss_mask, loss_agg_mode, segment_ids)
 
 
 class FixedKLController:

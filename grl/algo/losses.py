@@ -16,29 +16,46 @@ def _clean(x: torch.Tensor, gen: torch.Tensor) -> torch.Tensor:
     return torch.where(gen, x, torch.zeros((), dtype=x.dtype, device=x.device))
 
 
-def agg_loss(loss_mat: torch.Tensor, loss_mask: torch.Tensor, mode: str = "token-mean") -> torch.Tensor:
+def episode_masks(loss_mask: torch.Tensor, segment_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """`[batch, tokens, episodes]` selector of each episode's loss tokens: a padded batch has one
+    episode per row; a packed row has one per `segment_ids` value (1, 2, ...; 0 is padding)."""
+    gen = loss_mask > 0
+    if segment_ids is None:
+        return gen.unsqueeze(-1)
+    n = int(segment_ids.max().item()) if segment_ids.numel() else 0
+    return gen.unsqueeze(-1) & (segment_ids.unsqueeze(-1) == torch.arange(1, n + 1, device=segment_ids.device))
+
+
+def agg_loss(loss_mat: torch.Tensor, loss_mask: torch.Tensor, mode: str = "token-mean",
+             segment_ids: torch.Tensor | None = None) -> torch.Tensor:
     """Reduce a per-token loss to a scalar.
 
     token-mean            sum over all masked tokens / number of masked tokens
-    seq-mean-token-sum    mean over rows of each row's masked sum
-    seq-mean-token-mean   mean over rows of each row's masked mean
-    Rows without masked tokens are left out of the seq-mean modes; an empty mask gives 0.
+    seq-mean-token-sum    mean over episodes of each episode's masked sum
+    seq-mean-token-mean   mean over episodes of each episode's masked mean
+    An episode is a row, or a `segment_ids` span of a packed row, so both layouts give one loss.
+    Episodes without masked tokens are left out of the seq-mean modes; an empty mask gives 0.
     """
     gen = loss_mask > 0
     if mode == "token-mean":
         return masked_mean(loss_mat, loss_mask)
-    has_tokens = gen.any(-1)
-    if mode == "seq-mean-token-sum":
-        return masked_mean(_clean(loss_mat, gen).sum(-1), has_tokens)
-    if mode == "seq-mean-token-mean":
-        return masked_mean(masked_mean(loss_mat, loss_mask, dim=-1), has_tokens)
-    raise ValueError(f"unknown loss_agg_mode '{mode}'; choose one of: {', '.join(AGG_MODES)}")
+    if mode not in AGG_MODES:
+        raise ValueError(f"unknown loss_agg_mode '{mode}'; choose one of: {', '.join(AGG_MODES)}")
+    episodes = episode_masks(loss_mask, segment_ids).to(loss_mat.dtype)
+    sums = torch.einsum("bt,bte->be", _clean(loss_mat, gen), episodes)
+    counts = episodes.sum(1)
+    per_episode = sums if mode == "seq-mean-token-sum" else sums / counts.clamp(min=1)
+    return masked_mean(per_episode, counts)
 
 
 def policy_loss(log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantages: torch.Tensor, loss_mask: torch.Tensor,
                 clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2, clip_ratio_c: float | None = 3.0,
-                loss_agg_mode: str = "token-mean") -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                loss_agg_mode: str = "token-mean", segment_ids: torch.Tensor | None = None,
+                is_weights: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Clipped PPO surrogate -> (loss, metrics).
+
+    is_weights (optional, per token): truncated importance-sampling weights for the gap between
+    the engine that sampled and the trainer's old policy; each token's loss is multiplied by them.
 
     ratio = exp(log_probs - old_log_probs) (log-ratio clamped to +-20);
     loss_t = max(-A * ratio, -A * clip(ratio, 1 - clip_ratio_low, 1 + clip_ratio_high));
@@ -65,12 +82,15 @@ def policy_loss(log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantages
         loss_ppo = torch.where(capped, loss_cap, loss_ppo)
     metrics["pg_clipfrac_lower"] = masked_mean(capped.to(log_ratio.dtype), loss_mask)
     metrics["ppo_kl"] = masked_mean(-log_ratio, loss_mask)
-    loss = agg_loss(loss_ppo, loss_mask, loss_agg_mode)
+    if is_weights is not None:
+        loss_ppo = loss_ppo * _clean(is_weights, gen)
+    loss = agg_loss(loss_ppo, loss_mask, loss_agg_mode, segment_ids)
     return loss, {k: v.detach() for k, v in metrics.items()}
 
 
 def value_loss(values_pred: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, loss_mask: torch.Tensor,
-               cliprange_value: float | None = 0.5, loss_agg_mode: str = "token-mean") -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+               cliprange_value: float | None = 0.5, loss_agg_mode: str = "token-mean",
+               segment_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Clipped value loss (as verl) -> (loss, metrics).
 
     v_clipped = old_values + clip(values_pred - old_values, -cliprange_value, cliprange_value);
@@ -87,7 +107,7 @@ def value_loss(values_pred: torch.Tensor, old_values: torch.Tensor, returns: tor
         err_clipped = (v_clipped - returns) ** 2
         err = torch.maximum(err_unclipped, err_clipped)
         clipfrac = masked_mean((err_clipped > err_unclipped).to(values_pred.dtype), loss_mask)
-    loss = 0.5 * agg_loss(err, loss_mask, loss_agg_mode)
+    loss = 0.5 * agg_loss(err, loss_mask, loss_agg_mode, segment_ids)
     return loss, {"vf_clipfrac": clipfrac.detach()}
 
 
@@ -131,6 +151,13 @@ def log_probs_from_logits(logits: torch.Tensor, labels: torch.Tensor, chunk_size
     return _chunked_rows(_token_log_prob, logits, labels, chunk_size=chunk_size)
 
 
-def entropy_bonus(entropy: torch.Tensor, loss_mask: torch.Tensor, loss_agg_mode: str = "token-mean") -> torch.Tensor:
+def entropy_bonus(entropy: torch.Tensor, loss_mask: torch.Tensor, loss_agg_mode: str = "token-mean",
+                  segment_ids: torch.Tensor | None = None) -> torch.Tensor:
     """Aggregated entropy; the actor loss subtracts entropy_coeff times this."""
-    return agg_loss(entropy, loss_mask, loss_agg_mode)
+    return agg_loss(entropy, loss_mask, loss_agg_mode, segment_ids)
+
+
+def truncated_is_weights(old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor, cap: float) -> torch.Tensor:
+    """Truncated importance sampling (as verl's and SkyRL's TIS): min(pi_old / pi_rollout, cap) per
+    token, a constant (no gradient) correcting for the engine sampling from a slightly different policy."""
+    return torch.exp((old_log_probs - rollout_log_probs).clamp(max=20.0)).clamp(max=cap).detach()

@@ -223,6 +223,27 @@ def packed_attention_mask(segment_ids):
     return (same & real & causal).unsqueeze(1)
 
 
+def repack(tensors: dict, episodes: list[int]) -> dict:
+    """The `[rows, T]` tensors of a packed batch cut down to `episodes` (their `seq_ids`), packed
+    afresh (first-fit decreasing) into rows of the same width, renumbering `segment_ids`. Padding
+    is 0 (-1 in `seq_ids`): it sits outside every mask."""
+    import torch
+
+    seq_ids = tensors["seq_ids"]
+    pieces = [{k: v[seq_ids == e] for k, v in tensors.items()} for e in episodes]
+    layout = pack_rows([len(p["seq_ids"]) for p in pieces], seq_ids.shape[1])
+    width = max((sum(len(pieces[i]["seq_ids"]) for i in members) for members in layout), default=0)
+    out = {k: v.new_full((len(layout), width, *v.shape[2:]), -1 if k == "seq_ids" else 0) for k, v in tensors.items()}
+    for r, members in enumerate(layout):
+        start = 0
+        for segment, i in enumerate(members, start=1):
+            n = len(pieces[i]["seq_ids"])
+            for k in tensors:
+                out[k][r, start:start + n] = segment if k == "segment_ids" else pieces[i][k]
+            start += n
+    return out
+
+
 def unpack(values, seq_ids, pad=0):
     """A `[rows, T]` tensor of a packed batch back to `[episodes, T_max]`
     right-padded with `pad`, one row per episode in packed order (`seq_ids`)."""

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
+from statistics import fmean
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -22,6 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from grl.algo import (
     apply_kl_penalty,
     compute_advantage,
+    finite_episodes,
     finite_rows,
     make_kl_controller,
 )
@@ -43,10 +45,12 @@ from grl.trainer import checkpoint as ckpt
 from grl.trainer.metrics import (
     Timer,
     batch_metrics,
+    episode_token_counts,
     reward_metrics,
     rollout_mismatch_metrics,
     task_metrics,
     throughput_metrics,
+    turn_length_metrics,
 )
 from grl.workers import WorkerDiedError
 
@@ -109,6 +113,9 @@ class AgentTrainer:
                                    total_steps=cfg.total_training_steps,
                                    resume_step=self.global_step if resumed else None)
             save_run_info(cfg.run_dir, OmegaConf.to_yaml(self.cfg, resolve=True))
+            if cfg.val_only:
+                self.tracker.log(self.validate(), self.global_step)
+                return
             if cfg.val_before_train and self.global_step == 0:
                 self.tracker.log(self.validate(), self.global_step)
             while self.global_step < cfg.total_training_steps:
@@ -135,10 +142,17 @@ class AgentTrainer:
         """One PPO step: rollout -> batch -> shape -> score -> advantage -> update -> sync."""
         timer = Timer()
         with self._progress(step) as phase, timer("step"):
-            with phase("rollout"), timer("rollout"):
+            with phase("rollout"), timer("gen"):
                 sampling = replace(self.sampling, seed=training_base_seed(self.cfg.trainer.seed, step))
                 result = self.rollout.run(self.train_tasks, training_base_seed(self.cfg.rollout.seed, step), sampling)
-            metrics = {**task_metrics(result.metrics, "env"), **reward_metrics(result.episodes)}
+                if self.cfg.actor_rollout_ref.rollout.free_cache_engine:
+                    # The engine's weights and KV cache leave the GPU for the update; the weight
+                    # sync and the next generate take them back.
+                    self.rollout.engine.sleep()
+            metrics = {**task_metrics(result.metrics, "train"), **reward_metrics(result.episodes),
+                       **turn_length_metrics(result.episodes, self.cfg.max_response_length, validation=False)}
+            if self.cfg.actor_rollout_ref.actor.use_kl_loss:
+                metrics["actor/kl_coef"] = float(self.cfg.actor_rollout_ref.actor.kl_loss_coef)
 
             batch, shape_metrics = shape_batch(result.episodes, self.cfg.rollout, self.rollout.tokenizer.pad_token_id)
             metrics.update(shape_metrics)
@@ -157,10 +171,10 @@ class AgentTrainer:
                 with phase("values"), timer("values"):
                     batch["values"] = self.critic.compute_values(batch)
 
-            with phase("advantage"), timer("advantage"):
+            with phase("advantage"), timer("adv"):
                 metrics.update(add_advantages(batch, self.cfg.algorithm, self.kl_ctrl))
                 batch, dropped = drop_nonfinite_rows(batch)
-                metrics["train/dropped_nonfinite_rows"] = float(dropped)
+                metrics["training/dropped_nonfinite_episodes"] = float(dropped)
                 self.batch = batch
 
             if len(batch) > 0:
@@ -174,16 +188,24 @@ class AgentTrainer:
                         self.actor.sync_weights()
         if len(batch) > 0:
             metrics.update(batch_metrics(batch))
-            metrics.update(throughput_metrics(batch, timer.times))
+            metrics.update(throughput_metrics(batch, timer.times,
+                                              self.cfg.trainer.n_gpus_per_node * self.cfg.trainer.nnodes))
         metrics.update(timer.metrics())
         return metrics
 
     def validate(self) -> dict[str, float]:
-        """Every validation task in one batched greedy rollout -> `val-env/<task>/<metric>`."""
+        """Every validation task in one batched greedy rollout, `trainer.validation_steps`
+        times with consecutive seeds -> `val-env/<task>/<metric>`, the mean over the rollouts."""
         timer = Timer()
-        with timer("validation"):
-            result = self.rollout.run(self.val_tasks, self.cfg.rollout.validation_seed, self.val_sampling)
-        return {**task_metrics(result.metrics, "val-env"), **timer.metrics()}
+        runs = self.cfg.trainer.validation_steps
+        with timer("testing"):
+            results = [self.rollout.run(self.val_tasks, self.cfg.rollout.validation_seed + i, self.val_sampling)
+                       for i in range(runs)]
+        names = {name for r in results for name in r.metrics}
+        mean = {name: fmean([r.metrics[name] for r in results if name in r.metrics]) for name in names}
+        episodes = [ep for r in results for ep in r.episodes]
+        return {**task_metrics(mean, "val-env"), **timer.metrics(),
+                **turn_length_metrics(episodes, self.cfg.max_response_length, validation=True)}
 
     # ------------------------------------------------------------ checkpoints
 
@@ -282,7 +304,7 @@ def shape_batch(episodes: list[Episode], r: DictConfig, pad_token_id: int) -> tu
     batch, build_metrics = build_batch(
         kept, use_turn_scores=r.use_turn_scores, max_episode_length=r.max_episode_length, packing=r.packing,
         pad_token_id=pad_token_id, scores=[score_of[id(ep)] for ep in kept] if normalized else None)
-    return batch, {**task_metrics(filter_metrics, "env"), **build_metrics}
+    return batch, {**task_metrics(filter_metrics, "train"), **build_metrics}
 
 
 def add_advantages(batch: Batch, algo: DictConfig, kl_ctrl) -> dict[str, float]:
@@ -295,8 +317,9 @@ def add_advantages(batch: Batch, algo: DictConfig, kl_ctrl) -> dict[str, float]:
             kl_ctrl.value, algo.kl_penalty)
         metrics["actor/reward_kl_penalty"] = mean_kl.item()
         metrics["actor/reward_kl_penalty_coeff"] = kl_ctrl.value
-        kl_ctrl.update(mean_kl.item(), n_steps=len(batch))
     view = EpisodeView(batch)
+    if algo.use_kl_in_reward:
+        kl_ctrl.update(mean_kl.item(), n_steps=len(view.group_ids))  # episodes, not packed rows
     advantages, returns = compute_advantage(
         algo.adv_estimator, token_rewards=view.rows(batch["token_rewards"]), loss_mask=view.rows(batch["loss_mask"]),
         values=view.rows(batch["values"]) if "values" in batch else None, turn_ids=view.rows(batch["turn_ids"]),
@@ -348,9 +371,18 @@ class EpisodeView:
 
 
 def drop_nonfinite_rows(batch: Batch) -> tuple[Batch, int]:
-    """Drop rows whose reward, advantage or return is NaN/inf on a trained token."""
-    keep = finite_rows(batch["token_rewards"], batch["advantages"], batch["returns"], loss_mask=batch["loss_mask"])
-    dropped = int((~keep).sum())
-    return (batch.select(keep) if dropped else batch), dropped
+    """Drop the episodes whose reward, advantage or return is NaN/inf on a trained token: their
+    rows in a padded batch, their loss tokens in a packed one (the episodes sharing the row stay).
+    -> (batch, episodes dropped)."""
+    tensors = (batch["token_rewards"], batch["advantages"], batch["returns"])
+    seg = batch.tensors.get("segment_ids")
+    if seg is None:
+        keep = finite_rows(*tensors, loss_mask=batch["loss_mask"])
+        dropped = int((~keep).sum())
+        return (batch.select(keep) if dropped else batch), dropped
+    ok = finite_episodes(*tensors, loss_mask=batch["loss_mask"], segment_ids=seg)
+    before = len(episode_token_counts(batch, "loss_mask").nonzero())
+    batch["loss_mask"] = torch.where(ok, batch["loss_mask"], torch.zeros_like(batch["loss_mask"]))
+    return batch, before - len(episode_token_counts(batch, "loss_mask").nonzero())
 
 

@@ -1,8 +1,10 @@
 """Metrics of one step, computed from plain records: episodes, the batch, timings.
 
-Names follow verl where verl has one (`critic/advantages/mean`,
-`response_length/mean`, `timing_s/<phase>`); task metrics are
-`env/<task>/<metric>` in training and `val-env/<task>/<metric>` in validation.
+Names follow GRL and verl where they have one (`critic/advantages/mean`,
+`response_length/mean`, `timing_s/gen`, `perf/throughput`), so W&B panels line
+up; task metrics are `train/<task>/<metric>` in training and
+`val-env/<task>/<metric>` in validation. Lengths count episodes, so a packed
+batch reports what the padded one would.
 """
 
 from __future__ import annotations
@@ -18,16 +20,27 @@ from grl.rollout.types import Batch, Episode
 
 def task_metrics(rollout_metrics: dict[str, float], prefix: str) -> dict[str, float]:
     """The rollout's per-task metrics (`<task>/<metric>`) under `prefix/`
-    (`env` in training, `val-env` in validation); its `rollout/...` counters
+    (`train` in training, `val-env` in validation); its `rollout/...` counters
     keep their names in training and go under `val-rollout/` in validation."""
     out = {}
     for name, value in rollout_metrics.items():
         if name.startswith("rollout/"):
-            name = name if prefix == "env" else "val-" + name
+            name = name if prefix == "train" else "val-" + name
         else:
             name = f"{prefix}/{name}"
         out[name] = value
     return out
+
+
+def turn_length_metrics(episodes: list[Episode], max_response_length: int, validation: bool) -> dict[str, float]:
+    """Over the turns of all tasks: in validation the mean sampled tokens (`val-env/response_length`),
+    in training the share cut at `max_response_length` (`response_length/clip_ratio`)."""
+    lengths = [len(t.response_ids) for ep in episodes for t in ep.turns]
+    if not lengths:
+        return {}
+    if validation:
+        return {"val-env/response_length": fmean(lengths)}
+    return {"response_length/clip_ratio": fmean([n >= max_response_length for n in lengths])}
 
 
 def reward_metrics(episodes: list[Episode]) -> dict[str, float]:
@@ -47,37 +60,67 @@ def _masked_stats(name: str, x: torch.Tensor, mask: torch.Tensor) -> dict[str, f
             f"{name}/min": picked.min().item()}
 
 
+def _stats(name: str, x: torch.Tensor) -> dict[str, float]:
+    return {f"{name}/mean": x.mean().item(), f"{name}/max": x.max().item(), f"{name}/min": x.min().item()}
+
+
+def episode_token_counts(batch: Batch, key: str) -> torch.Tensor:
+    """Per episode (not per row: a packed row holds several), the tokens where `batch[key] > 0`."""
+    from grl.algo import episode_masks
+
+    seg = batch.tensors.get("segment_ids")
+    if seg is None:
+        return (batch[key] > 0).sum(-1).float()
+    exists = episode_masks(batch["attention_mask"], seg).any(1)
+    return episode_masks(batch[key], seg).sum(1)[exists].float()
+
+
 def batch_metrics(batch: Batch) -> dict[str, float]:
-    """Lengths, padding, and the advantage/return/value statistics over the loss mask."""
+    """Lengths per episode, padding, episode scores (`critic/score`), and the
+    advantage/return/value statistics over the loss mask."""
     mask = batch["loss_mask"]
-    lengths = batch["attention_mask"].sum(-1).float()
-    responses = mask.sum(-1).float()
+    lengths = episode_token_counts(batch, "attention_mask")
+    responses = episode_token_counts(batch, "loss_mask")
     out = {
         "batch/rows": float(len(batch)),
-        "response_length/mean": responses.mean().item(),
-        "response_length/max": responses.max().item(),
-        "response_length/min": responses.min().item(),
+        "batch/episodes": float(len(lengths)),
+        **_stats("response_length", responses),
+        **_stats("prompt_length", lengths - responses),  # every token the policy did not write
         "seq_length/mean": lengths.mean().item(),
         "seq_length/max": lengths.max().item(),
         "perf/padding_ratio": 1.0 - lengths.sum().item() / max(batch["attention_mask"].numel(), 1),
     }
+    scores = batch.meta.get("raw_score")
+    if scores:
+        flat = [s for row in scores for s in row] if isinstance(scores[0], list) else scores
+        out.update(_stats("critic/score", torch.tensor(flat, dtype=torch.float64)))
     for name, key in (("critic/advantages", "advantages"), ("critic/returns", "returns"),
                       ("critic/values", "values"), ("critic/rewards", "token_rewards")):
         if key in batch:
             out.update(_masked_stats(name, batch[key], mask))
+    if "values" in batch and "returns" in batch:
+        from grl.algo import masked_var
+
+        residual = masked_var(batch["returns"] - batch["values"], mask)
+        out["critic/vf_explained_var"] = (1.0 - residual / (masked_var(batch["returns"], mask) + 1e-5)).item()
     return out
 
 
-def throughput_metrics(batch: Batch, timings: dict[str, float]) -> dict[str, float]:
-    """Tokens per second of the whole step, of the rollout (generated tokens)
-    and of the actor update (every attended token)."""
-    tokens = batch["attention_mask"].sum().item()
-    generated = batch["loss_mask"].sum().item()
-    out = {"perf/total_tokens": float(tokens)}
+def throughput_metrics(batch: Batch, timings: dict[str, float], n_gpus: int) -> dict[str, float]:
+    """As verl: tokens per second per device (`perf/throughput`), step time, and each
+    phase's milliseconds per token (generated tokens for `gen`, every token otherwise);
+    plus ours: tokens per second of the step, the rollout and the actor update."""
+    tokens = (batch["attention_mask"] > 0).sum().item()
+    generated = (batch["loss_mask"] > 0).sum().item()
+    out = {"perf/total_tokens": float(tokens), "perf/total_num_tokens": float(tokens)}
+    for phase, seconds in timings.items():
+        out[f"timing_per_token_ms/{phase}"] = 1000 * seconds / max(generated if phase == "gen" else tokens, 1)
     if timings.get("step"):
+        out["perf/time_per_step"] = timings["step"]
+        out["perf/throughput"] = tokens / (timings["step"] * max(n_gpus, 1))
         out["perf/tokens_per_s"] = tokens / timings["step"]
-    if timings.get("rollout"):
-        out["perf/rollout_tokens_per_s"] = generated / timings["rollout"]
+    if timings.get("gen"):
+        out["perf/rollout_tokens_per_s"] = generated / timings["gen"]
     if timings.get("update_actor"):
         out["perf/update_actor_tokens_per_s"] = tokens / timings["update_actor"]
     return out

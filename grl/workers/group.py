@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from grl.engines.base import Engine, NamedTensors, SamplingParams
+from grl.rollout.batch import repack
 from grl.rollout.types import Batch
 
 log = logging.getLogger("grl.workers")
@@ -34,8 +35,9 @@ DRIVER_STATE = "driver_state.json"
 
 CONSTRAINT_KEYS = ("constraint_size", "constraint_ids")  # present when replies were decoded under a grammar
 ACTOR_KEYS = ("input_ids", "attention_mask", "position_ids", "segment_ids", "loss_mask", "advantages",
-              "old_log_probs", "ref_log_probs", *CONSTRAINT_KEYS)
-CRITIC_KEYS = ("input_ids", "attention_mask", "position_ids", "segment_ids", "loss_mask", "values", "returns")
+              "old_log_probs", "ref_log_probs", "rollout_log_probs", "seq_ids", *CONSTRAINT_KEYS)
+CRITIC_KEYS = ("input_ids", "attention_mask", "position_ids", "segment_ids", "seq_ids", "loss_mask", "values",
+               "returns")
 SCORE_KEYS = ("input_ids", "attention_mask", "position_ids", "segment_ids")
 POLICY_SCORE_KEYS = SCORE_KEYS + ("loss_mask",) + CONSTRAINT_KEYS  # log-probs are needed where loss_mask is
 
@@ -272,12 +274,15 @@ class _WorkerGroup:
     def _update(self, batch: Batch, keys: tuple[str, ...], train_cfg) -> dict[str, float]:
         tensors = _pick(batch, keys)
         seed = int(self.cfg.trainer.seed) * 1_000_003 + self._updates
-        plan = plan_minibatches(len(batch), int(train_cfg.ppo_mini_batch_size), int(train_cfg.ppo_epochs),
+        # Mini-batches count episodes: a packed batch is repacked per mini-batch from the episodes drawn.
+        packed = "seq_ids" in tensors
+        episodes = int(tensors["seq_ids"].max()) + 1 if packed else len(batch)
+        plan = plan_minibatches(episodes, int(train_cfg.ppo_mini_batch_size), int(train_cfg.ppo_epochs),
                                 bool(train_cfg.get("shuffle", True)), seed)
         per_rank: list[list[dict]] = [[] for _ in range(self.size)]
-        for rows in plan:
-            index = torch.tensor(rows)
-            mini, _ = _pad_rows({k: v[index] for k, v in tensors.items()}, self.size)
+        for picked in plan:
+            chosen = repack(tensors, picked) if packed else {k: v[torch.tensor(picked)] for k, v in tensors.items()}
+            mini, _ = _pad_rows(chosen, self.size)
             for rank, shard in enumerate(_equal_shards(mini, self.size)):
                 per_rank[rank].append(shard)
         metrics = self.call_sharded("update", per_rank)[0]

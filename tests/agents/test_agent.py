@@ -195,11 +195,10 @@ def test_bad_task_blocks_name_the_key(task, change, message):
         make_agent("simpleSokobanAgent", block)
 
 
-def test_missing_agent_key(task):
+def test_missing_agent_key_takes_grls_default(task):
     block = task("simpleSokobanAgent")
     del block["agent_config"]["format_penalty"]
-    with pytest.raises(ValueError, match="agent_config.format_penalty: missing"):
-        make_agent("simpleSokobanAgent", block)
+    assert make_agent("simpleSokobanAgent", block).settings.format_penalty == -0.1
 
 
 def test_accepts_omegaconf_blocks(task):

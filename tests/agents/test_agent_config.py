@@ -113,3 +113,13 @@ def test_textworld_blocks_take_one_command_per_turn(validated):
         assert env["level"] == level and agent["max_actions_per_turn"] == 1 and agent["action_separator"] is None
         budgets.append(agent["max_turns"])
     assert budgets == sorted(budgets)
+
+
+def test_left_out_agent_config_keys_take_grls_defaults():
+    cfg = load_config(["+bareSokoban.agent_type=sokobanAgent", "+bareSokoban.agent_config.max_turns=3",
+                       "rollout.training=[bareSokoban]", "rollout.validation=[bareSokoban]"])
+    block = task_instance(cfg, "bareSokoban")
+    assert block["agent_config"]["max_turns"] == 3
+    assert block["agent_config"]["max_tokens"] == 100 and block["agent_config"]["action_separator"] == "||"
+    agent = make_agent("bareSokoban", block)
+    assert agent.settings.format_penalty == -0.1 and agent.settings.enable_think is True

@@ -24,7 +24,7 @@ ray = pytest.importorskip("ray")
 DETERMINISTIC = ("reward/mean", "reward/std", "response_length/mean", "actor/pg_loss", "actor/entropy",
                  "actor/pg_clipfrac", "actor/ppo_kl", "actor/grad_norm", "critic/vf_loss", "critic/grad_norm",
                  "critic/advantages/mean", "critic/returns/mean", "critic/values/mean",
-                 "env/simpleSokobanAgent/format_ok", "val-env/simpleSokobanAgent/success",
+                 "train/simpleSokobanAgent/format_ok", "val-env/simpleSokobanAgent/success",
                  "val-env/simpleSokobanAgent/response_length")
 
 
@@ -68,6 +68,12 @@ def test_train_checkpoint_kill_and_resume(tmp_path, ray_runtime):
     assert sorted(history) == [0, 1, 2]
     assert "val-env/simpleSokobanAgent/success" in history[0] and "val-env/simpleSokobanAgent/success" in history[2]
     assert history[1]["actor/grad_norm"] > 0 and history[1]["critic/vf_loss"] >= 0
+    grl_names = ["train/simpleSokobanAgent/success", "timing_s/gen", "timing_s/adv", "timing_s/testing",
+                 "timing_per_token_ms/gen", "timing_per_token_ms/update_actor", "perf/throughput",
+                 "perf/time_per_step", "perf/max_memory_allocated_gb", "perf/cpu_memory_used_gb", "critic/score/mean",
+                 "critic/vf_explained_var", "prompt_length/mean", "response_length/clip_ratio",
+                 "val-env/response_length"]
+    assert [n for n in grl_names if n not in history[2]] == []
     assert {p.name for p in (a_dir / "ckpt").iterdir()} >= {"global_step_1", "global_step_2", "latest", "hf_actor"}
     assert (a_dir / "ckpt" / "latest").read_text().strip() == "global_step_2"
     assert OmegaConf.load(a_dir / "run" / "config.yaml").model_path == "tiny"
@@ -76,6 +82,15 @@ def test_train_checkpoint_kill_and_resume(tmp_path, ray_runtime):
 
     exported = AutoModelForCausalLM.from_pretrained(a_dir / "ckpt" / "hf_actor")
     assert exported.config.num_hidden_layers == 2
+
+    # val_only: resume A's last checkpoint, validate once, exit without training
+    cfg_val = config(tmp_path, "a", resume_mode="auto", **{"trainer.val_only": True,
+                                                            "trainer.run_dir": str(a_dir / "val_only")})
+    AgentTrainer.from_config(cfg_val).fit()
+    only = by_step(a_dir / "val_only")
+    assert sorted(only) == [2] and "val-env/simpleSokobanAgent/success" in only[2]
+    assert not any(k.startswith("actor/") for k in only[2])
+    assert (a_dir / "ckpt" / "latest").read_text().strip() == "global_step_2"
 
     # B: a worker dies after step 1 has been checkpointed
     def kill_after_step_1(trainer, step, metrics):

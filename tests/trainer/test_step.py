@@ -97,7 +97,7 @@ def test_normalisation_and_filtering_shape_the_batch():
     batch, metrics = shape_batch(eps, rollout_cfg(rollout_filter_ratio=0.5,
                                                   reward_normalization={"grouping": "state", "method": "mean_std"}),
                                  pad_token_id=0)
-    assert metrics["env/t/kept_groups"] == 2 and len(batch) == 8
+    assert metrics["train/t/kept_groups"] == 2 and len(batch) == 8
     by_group = {}
     for g, s in zip(batch.meta["group_id"], batch.meta["episode_score"]):
         by_group.setdefault(g, []).append(s)
@@ -136,5 +136,5 @@ def test_metrics_of_a_step():
     assert 0 <= m["perf/padding_ratio"] < 1
     assert task_metrics({"t/success": 0.5, "rollout/env_errors": 1.0}, "val-env") == {
         "val-env/t/success": 0.5, "val-rollout/env_errors": 1.0}
-    assert task_metrics({"t/success": 0.5, "rollout/env_errors": 1.0}, "env") == {
-        "env/t/success": 0.5, "rollout/env_errors": 1.0}
+    assert task_metrics({"t/success": 0.5, "rollout/env_errors": 1.0}, "train") == {
+        "train/t/success": 0.5, "rollout/env_errors": 1.0}
