@@ -64,6 +64,7 @@ def test_only_the_adapter_trains_and_the_reference_is_the_base(actor, batch):
     after = actor.execute(_full_weights)[0]
     changed = {k for k in before if not torch.equal(before[k], after[k])}
     assert changed and all(".lora_" in k for k in changed)
+    base_lp = base_lp.where(batch["loss_mask"] > 0, 0.0)  # policy scores exist where the loss needs them
     assert (actor.compute_ref_log_probs(batch) - base_lp).abs().max() < 1e-5  # adapter off = base model
     assert (actor.compute_log_probs(batch)[0] - base_lp).abs().max() > 1e-3
 
@@ -103,7 +104,8 @@ def test_checkpoint_holds_the_adapter_and_resumes_exactly(lora_cfg, actor, batch
     try:
         fresh.load_checkpoint(tmp_path / "ckpt")
         assert torch.equal(fresh.compute_log_probs(batch)[0], log_probs)
-        assert fresh.update(batch) == metrics
+        learned = {k: v for k, v in metrics.items() if not k.startswith("perf/")}  # memory readings vary
+        assert {k: v for k, v in fresh.update(batch).items() if not k.startswith("perf/")} == learned
         got = fresh.execute(_full_weights)[0]
         assert all(torch.equal(got[k], after[k]) for k in after)
     finally:
