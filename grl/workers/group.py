@@ -58,8 +58,10 @@ def init_ray(address: str | None = None, **ray_kwargs) -> None:
     if address:
         ray.init(address=address, **ray_kwargs)
     else:
+        # "local" starts a fresh runtime; a bare ray.init() would join whatever cluster a leftover
+        # session file in /tmp/ray names, and retry for minutes when that cluster is gone.
         ray_kwargs.setdefault("include_dashboard", False)
-        ray.init(**ray_kwargs)
+        ray.init(address="local", **ray_kwargs)
 
 
 def world_size(cfg) -> int:
