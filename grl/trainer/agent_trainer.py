@@ -76,6 +76,7 @@ class AgentTrainer:
         self.batch: Batch | None = None  # the last step's batch, for benchmarks and debugging
         self.tracker: Tracker | None = None
         self.show_progress = "console" in cfg.trainer.logger
+        self.val_success: dict[str, list[tuple[int, float]]] = {}  # task -> (step, validation success)
 
     @classmethod
     def from_config(cls, cfg: DictConfig, hooks: list[StepHook] | None = None) -> AgentTrainer:
@@ -108,6 +109,7 @@ class AgentTrainer:
                                    total_steps=cfg.total_training_steps,
                                    resume_step=self.global_step if resumed else None)
             save_run_info(cfg.run_dir, OmegaConf.to_yaml(self.cfg, resolve=True))
+            print(self.start_report(), flush=True)
             if cfg.val_before_train and self.global_step == 0:
                 self.tracker.log(self.validate(), self.global_step)
             while self.global_step < cfg.total_training_steps:
@@ -121,8 +123,8 @@ class AgentTrainer:
                 self.tracker.log(metrics, step)
                 for hook in self.hooks:
                     hook(self, step, metrics)
-            if cfg.export_hf:
-                self.export_hf()
+            export = self.export_hf() if cfg.export_hf else None
+            print(finish_report(self.val_success, self.last_checkpoint, export), flush=True)
         except WorkerDiedError as err:
             message = self._death_message(err)
             log.error(message)
@@ -181,7 +183,30 @@ class AgentTrainer:
         timer = Timer()
         with timer("validation"):
             result = self.rollout.run(self.val_tasks, self.cfg.rollout.validation_seed, self.val_sampling)
-        return {**task_metrics(result.metrics, "val-env"), **timer.metrics()}
+        metrics = task_metrics(result.metrics, "val-env")
+        for task in self.cfg.rollout.validation:
+            if f"val-env/{task}/success" in metrics:
+                self.val_success.setdefault(task, []).append((self.global_step, metrics[f"val-env/{task}/success"]))
+        return {**metrics, **timer.metrics()}
+
+    def start_report(self) -> str:
+        """Where this run writes, on what it runs and what it trains on."""
+        from grl.tracking import METRICS_FILE
+
+        cfg, run_dir = self.cfg, Path(self.cfg.trainer.run_dir).absolute()
+        groups = zip(cfg.rollout.training, cfg.rollout.agent_group_num, cfg.rollout.agent_group_size)
+        val_groups = zip(cfg.rollout.validation, cfg.rollout.validation_agent_group_num,
+                         cfg.rollout.validation_agent_group_size)
+        return "\n".join([
+            f"grl-train: {cfg.trainer.project_name}/{cfg.trainer.experiment_name}, "
+            f"{cfg.trainer.total_training_steps} steps, estimator {cfg.algorithm.adv_estimator}",
+            f"  run folder   {run_dir}",
+            f"  metrics      {run_dir / METRICS_FILE}  (grl plot {run_dir})",
+            f"  checkpoints  {Path(cfg.trainer.default_local_dir).absolute()}",
+            f"  device       {self.actor.device} x {len(self.actor.workers)} rank(s), engine {cfg.actor_rollout_ref.rollout.name}, model {cfg.actor_rollout_ref.model.path}",
+            "  training     " + ", ".join(f"{t} ({n}x{k})" for t, n, k in groups),
+            "  validation   " + ", ".join(f"{t} ({n}x{k})" for t, n, k in val_groups),
+        ])
 
     # ------------------------------------------------------------ checkpoints
 
@@ -267,6 +292,22 @@ class AgentTrainer:
         for group in (self.actor, self.critic):
             if group is not None:
                 group.shutdown()
+
+
+def finish_report(val_success: dict[str, list[tuple[int, float]]], checkpoint: Path | None,
+                  export: Path | None) -> str:
+    """One "finished" line per validation task (first, best and last success), then where the model is."""
+    lines = []
+    for task, points in val_success.items():
+        (first_step, first), (last_step, last) = points[0], points[-1]
+        best_step, best = max(points, key=lambda p: (p[1], -p[0]))
+        lines.append(f"finished {task}: validation success {first:.3f} at step {first_step}, "
+                     f"best {best:.3f} at step {best_step}, last {last:.3f} at step {last_step}")
+    if not lines:
+        lines.append("finished: no validation ran (trainer.test_freq=-1 and trainer.val_before_train=false)")
+    lines.append(f"checkpoint   {checkpoint.absolute() if checkpoint else 'none written'}")
+    lines.append(f"HF export    {export.absolute() if export else 'off (trainer.export_hf=false)'}")
+    return "\n".join(lines)
 
 
 def shape_batch(episodes: list[Episode], r: DictConfig, pad_token_id: int) -> tuple[Batch, dict[str, float]]:
