@@ -76,7 +76,9 @@ class AgentTrainer:
         self.batch: Batch | None = None  # the last step's batch, for benchmarks and debugging
         self.tracker: Tracker | None = None
         self.show_progress = "console" in cfg.trainer.logger
-        self.val_success: dict[str, list[tuple[int, float]]] = {}  # task -> (step, validation success)
+        self.val_success: dict[str, list[tuple[int, float]]] = {}
+        self._run_bar = None  # tqdm over the whole run, with its ETA
+        self._step_bar = None  # tqdm over the current step's phases, or over a validation  # task -> (step, validation success)
 
     @classmethod
     def from_config(cls, cfg: DictConfig, hooks: list[StepHook] | None = None) -> AgentTrainer:
@@ -84,7 +86,9 @@ class AgentTrainer:
         from grl.models import load_tokenizer
         from grl.workers import ActorRolloutRefGroup, CriticGroup, init_ray, world_size
 
-        init_ray(cfg.trainer.ray_address)
+        # Worker output (Ray, vLLM, transformers on every rank) stays in Ray's session logs, off the console;
+        # errors still reach the driver as exceptions.
+        init_ray(cfg.trainer.ray_address, log_to_driver=False)
         ranks = world_size(cfg)
         actor = ActorRolloutRefGroup(cfg, ranks, use_ref=use_reference(cfg))
         try:
@@ -110,6 +114,8 @@ class AgentTrainer:
                                    resume_step=self.global_step if resumed else None)
             save_run_info(cfg.run_dir, OmegaConf.to_yaml(self.cfg, resolve=True))
             print(self.start_report(), flush=True)
+            self._run_bar = self._bar(total=cfg.total_training_steps, initial=self.global_step, desc="run",
+                                      unit="step", position=0)
             if cfg.val_before_train and self.global_step == 0:
                 self.tracker.log(self.validate(), self.global_step)
             while self.global_step < cfg.total_training_steps:
@@ -121,6 +127,8 @@ class AgentTrainer:
                 if (cfg.save_freq > 0 and step % cfg.save_freq == 0) or last:
                     metrics.update(self.save_checkpoint())
                 self.tracker.log(metrics, step)
+                self._run_bar.update(1)
+                self._run_bar.set_postfix_str(_run_postfix(metrics), refresh=True)
                 for hook in self.hooks:
                     hook(self, step, metrics)
             export = self.export_hf() if cfg.export_hf else None
@@ -138,7 +146,8 @@ class AgentTrainer:
         with self._progress(step) as phase, timer("step"):
             with phase("rollout"), timer("rollout"):
                 sampling = replace(self.sampling, seed=training_base_seed(self.cfg.trainer.seed, step))
-                result = self.rollout.run(self.train_tasks, training_base_seed(self.cfg.rollout.seed, step), sampling)
+                result = self.rollout.run(self.train_tasks, training_base_seed(self.cfg.rollout.seed, step), sampling,
+                                          on_turn=self._show_turn)
             metrics = {**task_metrics(result.metrics, "env"), **reward_metrics(result.episodes)}
 
             batch, shape_metrics = shape_batch(result.episodes, self.cfg.rollout, self.rollout.tokenizer.pad_token_id)
@@ -181,8 +190,13 @@ class AgentTrainer:
     def validate(self) -> dict[str, float]:
         """Every validation task in one batched greedy rollout -> `val-env/<task>/<metric>`."""
         timer = Timer()
+        self._step_bar = self._bar(total=None, desc=f"validation (step {self.global_step})", position=1, leave=False)
         with timer("validation"):
-            result = self.rollout.run(self.val_tasks, self.cfg.rollout.validation_seed, self.val_sampling)
+            try:
+                result = self.rollout.run(self.val_tasks, self.cfg.rollout.validation_seed, self.val_sampling,
+                                          on_turn=self._show_turn)
+            finally:
+                self._step_bar.close()
         metrics = task_metrics(result.metrics, "val-env")
         for task in self.cfg.rollout.validation:
             if f"val-env/{task}/success" in metrics:
@@ -204,6 +218,7 @@ class AgentTrainer:
             f"  metrics      {run_dir / METRICS_FILE}  (grl plot {run_dir})",
             f"  checkpoints  {Path(cfg.trainer.default_local_dir).absolute()}",
             f"  device       {self.actor.device} x {len(self.actor.workers)} rank(s), engine {cfg.actor_rollout_ref.rollout.name}, model {cfg.actor_rollout_ref.model.path}",
+            f"  worker logs  {os.environ.get('RAY_TMPDIR', '/tmp/ray')}/session_latest/logs",
             "  training     " + ", ".join(f"{t} ({n}x{k})" for t, n, k in groups),
             "  validation   " + ", ".join(f"{t} ({n}x{k})" for t, n, k in val_groups),
         ])
@@ -263,19 +278,26 @@ class AgentTrainer:
 
     # ------------------------------------------------------------ plumbing
 
+    def _show_turn(self, turn: int, playing: int, total: int) -> None:
+        self._step_bar.set_postfix_str(f"rollout turn {turn + 1}: {playing}/{total} agents playing", refresh=True)
+
+    def _bar(self, **kwargs):
+        """A tqdm bar on the console (console logger only); position 0 is the whole run, 1 the current step."""
+        from tqdm import tqdm
+
+        return tqdm(disable=not self.show_progress, dynamic_ncols=True, **kwargs)
+
     @contextmanager
     def _progress(self, step: int):
         """A progress bar over the phases of one step (console logger only)."""
-        from tqdm import tqdm
-
         names = ["rollout", "old_log_prob", *(["ref"] if self.use_ref else []),
                  *(["values", "update_critic"] if self.critic is not None else []), "advantage",
                  "update_actor", "sync_weights"]
-        bar = tqdm(total=len(names), desc=f"step {step}", leave=False, disable=not self.show_progress)
+        bar = self._step_bar = self._bar(total=len(names), desc=f"step {step}", leave=False, position=1)
 
         @contextmanager
         def phase(name: str):
-            bar.set_postfix_str(name)
+            bar.set_postfix_str(name, refresh=True)
             yield
             bar.update(1)
 
@@ -285,6 +307,9 @@ class AgentTrainer:
             bar.close()
 
     def close(self) -> None:
+        if self._run_bar is not None:
+            self._run_bar.close()
+            self._run_bar = None
         self.rollout.close()
         if self.tracker is not None:
             self.tracker.close()
@@ -292,6 +317,14 @@ class AgentTrainer:
         for group in (self.actor, self.critic):
             if group is not None:
                 group.shutdown()
+
+
+def _run_postfix(metrics: dict[str, float]) -> str:
+    """The few numbers worth seeing on the run bar."""
+    parts = [f"reward {metrics['reward/mean']:.3f}"] if "reward/mean" in metrics else []
+    parts += [f"{name.split('/')[1]} val {value:.2f}" for name, value in metrics.items()
+              if name.startswith("val-env/") and name.endswith("/success")]
+    return ", ".join(parts)
 
 
 def finish_report(val_success: dict[str, list[tuple[int, float]]], checkpoint: Path | None,
