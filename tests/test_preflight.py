@@ -139,7 +139,14 @@ def test_sigterm_ends_every_process_of_the_run(tmp_path, wait_for):
         deadline = time.monotonic() + 30
         while _run_processes(marker) and time.monotonic() < deadline:
             time.sleep(0.5)
-        left = _run_processes(marker)
+        left = {pid: _cmdline(pid) for pid in _run_processes(marker)}
         for pid in left:
             os.kill(pid, signal.SIGKILL)
         assert not left, f"still running after 30 s: {left}\n{log.read_text()[-2000:]}"
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:200]
+    except OSError:
+        return "?"

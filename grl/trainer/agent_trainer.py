@@ -48,6 +48,7 @@ from grl.trainer.metrics import (
     throughput_metrics,
 )
 from grl.workers import WorkerDiedError
+from grl.workers.group import TEARDOWN_TIMEOUT_S
 
 log = logging.getLogger("grl.trainer")
 
@@ -137,6 +138,9 @@ class AgentTrainer:
             message = self._death_message(err)
             log.error(message)
             raise RunAborted(message) from err
+        except KeyboardInterrupt:  # Ctrl-C, or SIGTERM turned into one by grl.train: stop the workers now
+            self.close(teardown_timeout=0)
+            raise
         finally:
             self.close()
 
@@ -306,7 +310,7 @@ class AgentTrainer:
         finally:
             bar.close()
 
-    def close(self) -> None:
+    def close(self, teardown_timeout: float = TEARDOWN_TIMEOUT_S) -> None:
         if self._run_bar is not None:
             self._run_bar.close()
             self._run_bar = None
@@ -316,7 +320,7 @@ class AgentTrainer:
             self.tracker = None
         for group in (self.actor, self.critic):
             if group is not None:
-                group.shutdown()
+                group.shutdown(teardown_timeout)
 
 
 def _run_postfix(metrics: dict[str, float]) -> str:

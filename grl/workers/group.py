@@ -301,8 +301,10 @@ class _WorkerGroup:
 
     # -- lifetime
 
-    def shutdown(self) -> None:
-        """Stop every rank (engines first). Works after a rank died and twice."""
+    def shutdown(self, timeout: float = TEARDOWN_TIMEOUT_S) -> None:
+        """Stop every rank (engines first), giving them `timeout` seconds to tear
+        down before they are killed (0 on Ctrl-C/SIGTERM: a rank in the middle of
+        an update would only answer after it). Works after a rank died and twice."""
         import ray
 
         if self._closed:
@@ -315,8 +317,8 @@ class _WorkerGroup:
                     refs.append(w.teardown.remote())
                 except Exception as err:  # noqa: BLE001 - the actor may be gone already
                     log.debug("teardown: %s", err)
-            if refs:
-                ray.wait(refs, num_returns=len(refs), timeout=TEARDOWN_TIMEOUT_S)
+            if refs and timeout > 0:
+                ray.wait(refs, num_returns=len(refs), timeout=timeout)
             for w in self.workers:
                 try:
                     ray.kill(w)
@@ -326,7 +328,7 @@ class _WorkerGroup:
             # report those errors as unhandled when the references go away.
             for ref in self._abandoned:
                 try:
-                    ray.get(ref, timeout=TEARDOWN_TIMEOUT_S)
+                    ray.get(ref, timeout=timeout)
                 except Exception as err:  # noqa: BLE001
                     log.debug("abandoned call: %s", _first_line(err))
         self.workers, self._abandoned = [], []
