@@ -22,12 +22,32 @@ _grl_list() {  # "a,b" -> "[a,b]"
     esac
 }
 
+_grl_first() {  # "a,b" or "[a,b]" -> "a"
+    local value="${1#[}"
+    printf '%s' "${value%%[],]*}"
+}
+
+_grl_repeat() {  # value, "t1,t2,t3" -> "[value,value,value]": one entry per task
+    local value="$1" tasks="${2#[}" out="" task
+    tasks="${tasks%]}"
+    local IFS=,
+    for task in $tasks; do out="${out:+$out,}$value"; done
+    printf '[%s]' "$out"
+}
+
 _grl_has_cuda() {
     command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1
 }
 
 grl_launch() {
     set -u
+    # `source script.sh` with no arguments hands the script the caller's positional parameters. Bash then
+    # records the source call as the innermost argument frame (the script's path alone), which a source
+    # with arguments and a plain `bash script.sh` do not: in that case the caller's parameters are not ours.
+    if [ "${BASH_SOURCE[1]:-}" != "$0" ] && [ "${BASH_ARGC[0]:-0}" = 1 ] \
+        && [ "${BASH_ARGV[0]:-}" = "${BASH_SOURCE[1]:-}" ]; then
+        set --
+    fi
     local root
     root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
     local names=(cuda_devices group_num group_size val_group_num val_group_size train_tasks val_tasks
@@ -46,6 +66,12 @@ grl_launch() {
         arg[${names[$i]}]="$value"
     done
     local extra=("$@")
+    # Only validation tasks given: the default group lists have one entry per default task; repeat their
+    # first entry once per given task so that the lists match.
+    if [ -n "${given[val_tasks]:-}" ]; then
+        [ -z "${given[val_group_num]:-}" ] && arg[val_group_num]="$(_grl_repeat "$(_grl_first "${arg[val_group_num]}")" "${arg[val_tasks]}")"
+        [ -z "${given[val_group_size]:-}" ] && arg[val_group_size]="$(_grl_repeat "$(_grl_first "${arg[val_group_size]}")" "${arg[val_tasks]}")"
+    fi
 
     local python="python"
     [ -x "$root/.venv/bin/python" ] && python="$root/.venv/bin/python"
@@ -85,6 +111,20 @@ grl_launch() {
         [ -n "${given[val_group_num]:-}" ] && cmd+=("rollout.validation_agent_group_num=$(_grl_list "${arg[val_group_num]}")")
         [ -n "${given[val_group_size]:-}" ] && cmd+=("rollout.validation_agent_group_size=$(_grl_list "${arg[val_group_size]}")")
         [ -n "${given[total_steps]:-}" ] && cmd+=("total_training_steps=${arg[total_steps]}")
+        # Only validation tasks given: one validation group entry per task, the size the CPU preset uses.
+        if [ -n "${given[val_tasks]:-}" ] && [ -z "${given[val_group_num]:-}" ]; then
+            local preset_num
+            preset_num="$(sed -n 's/^ *validation_agent_group_num: *\[\([0-9]*\).*/\1/p' "$root/configs/preset/cpu.yaml")"
+            cmd+=("rollout.validation_agent_group_num=$(_grl_repeat "$preset_num" "${arg[val_tasks]}")")
+        fi
+        if [ -n "${given[val_tasks]:-}" ] && [ -z "${given[val_group_size]:-}" ]; then
+            cmd+=("rollout.validation_agent_group_size=$(_grl_repeat 1 "${arg[val_tasks]}")")
+        fi
+        local ignored=() key
+        for key in cuda_devices n_gpus model_path mem_fraction; do
+            [ -n "${given[$key]:-}" ] && ignored+=("$key=${arg[$key]}")
+        done
+        [ ${#ignored[@]} -gt 0 ] && echo "grl: the CPU fallback does not use these arguments you gave: ${ignored[*]}"
     fi
     cmd+=("${extra[@]}")
 
@@ -95,6 +135,8 @@ grl_launch() {
         if [ -z "${given[$key]:-}" ]; then
             note="  (default)"
             case "$key" in project|experiment) ;; *) [ "$mode" = cpu ] && note="  (default; not used: the CPU preset decides)" ;; esac
+        elif [ "$mode" = cpu ]; then
+            case "$key" in cuda_devices|n_gpus|model_path|mem_fraction) note="  (given; NOT used by the CPU fallback)" ;; esac
         fi
         printf '  %-15s %s%s\n' "$key" "${arg[$key]}" "$note"
     done

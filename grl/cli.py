@@ -33,6 +33,20 @@ def _show(message: dict, out: TextIO) -> None:
     out.write(f"{RULE}\n[{message['role']}]\n{message['content']}\n")
 
 
+def _show_end(agent, info: dict, out: TextIO) -> None:
+    """The final state and why the episode ended."""
+    out.write(f"{RULE}\n[final state]\n{agent.observation}\n")
+    if info["success"]:
+        why = "the task is solved"
+    elif info["env_error"]:
+        why = f"the environment failed ({info['env_error']})"
+    elif info["env_done"]:
+        why = "the environment ended the episode"
+    else:
+        why = f"the turn or action budget ({agent.max_turns} turn(s)) is spent"
+    out.write(f"{RULE}\nverdict: {'SUCCESS' if info['success'] else 'FAILED'}: {why}\n")
+
+
 def _read_reply(inp: TextIO, out: TextIO) -> str | None:
     """One reply: a line, or several when each but the last ends with a backslash."""
     out.write(f"{RULE}\n[assistant] (your reply; a line ending in \\ continues; Ctrl-D quits)\n> ")
@@ -90,6 +104,8 @@ def play(task: str, seed: int, overrides: list[str], config_dir: str | None,
                       f"{'  env_error ' + info['env_error'] if info['env_error'] else ''}\n")
             if not done:
                 _show(agent.messages[-1], out)
+            else:
+                _show_end(agent, info, out)
         metrics = agent.episode_metrics()
         out.write(f"{RULE}\nepisode reward {total:g}; " + ", ".join(f"{k} {v:g}" for k, v in metrics.items()) + "\n")
         return metrics

@@ -13,6 +13,7 @@ two processes converting at once never leave a half-written folder behind.
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 import shutil
 import tempfile
@@ -175,8 +176,22 @@ def load_critic(name: str, dtype: str = "auto", device: str = "cpu"):
     import torch
     from transformers import AutoModelForTokenClassification
 
-    model, info = _from_pretrained(AutoModelForTokenClassification, name, num_labels=1,
-                                   dtype=torch_dtype(dtype, device), output_loading_info=True)
+    # transformers reports the new head as missing (a load-report table) and as "not sharded", on every
+    # rank; both are expected, so they are silenced and only keys other than the head's are reported.
+    reports = [logging.getLogger(f"transformers.{name}") for name in ("modeling_utils", "distributed.tensor_parallel")]
+    levels = [report.level for report in reports]
+    for report in reports:
+        report.setLevel(logging.ERROR)
+    try:
+        model, info = _from_pretrained(AutoModelForTokenClassification, name, num_labels=1,
+                                       dtype=torch_dtype(dtype, device), output_loading_info=True)
+    finally:
+        for report, level in zip(reports, levels):
+            report.setLevel(level)
+    unexpected = [key for key in info["missing_keys"] if not key.startswith("score.")]
+    if unexpected:
+        logging.getLogger("grl.models").warning("critic %s: weights missing from the checkpoint: %s", name,
+                                                ", ".join(sorted(unexpected)[:8]))
     if any(key.startswith("score.") for key in info["missing_keys"]):
         with torch.no_grad():
             for param in model.score.parameters():

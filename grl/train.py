@@ -11,6 +11,7 @@ ends the program with one line naming the key and exit status 2.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 
 USAGE_EPILOG = """\
@@ -40,11 +41,36 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def _stop(signum, frame) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the driver at once
+    raise KeyboardInterrupt
+
+
+def check_gpu_sized(cfg, overrides: list[str]) -> None:
+    """Bare `grl-train` is sized for a GPU; without CUDA point at the CPU preset
+    instead of starting a run that would take days."""
+    import os
+
+    from grl.preflight import PreflightError
+
+    chose = any(o.split("=", 1)[0].lstrip("+~") in ("preset", "trainer.device") for o in overrides)
+    remote = cfg.trainer.ray_address or os.environ.get("RAY_ADDRESS")
+    if chose or remote or cfg.trainer.device != "auto":
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        raise PreflightError("trainer.device: auto, but this machine has no CUDA device and the default config "
+                             "is sized for a GPU; run `grl-train preset=cpu` (a small CPU run), or set "
+                             "trainer.device=cpu to run this config anyway")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
 
     from omegaconf import OmegaConf
 
+    from grl import preflight
     from grl.config import ConfigError, load_config
 
     try:
@@ -55,11 +81,23 @@ def main(argv: list[str] | None = None) -> int:
     if args.cfg:
         print(OmegaConf.to_yaml(cfg))
         return 0
+    try:
+        check_gpu_sized(cfg, args.overrides)
+        notes = preflight.check(cfg)
+    except ConfigError as err:
+        print(f"grl-train: {err}", file=sys.stderr)
+        return 2
+    for note in notes:
+        print(f"grl-train: note: {note}", file=sys.stderr)
 
     from grl.trainer import RunAborted, run
 
+    signal.signal(signal.SIGTERM, _stop)  # `timeout`, a scheduler: unwind like Ctrl-C so workers are shut down
     try:
         run(cfg)
+    except KeyboardInterrupt:
+        print("grl-train: stopped; every worker was shut down", file=sys.stderr)
+        return 130
     except RunAborted as err:  # a worker died: the message names it and the checkpoint to resume from
         print(f"grl-train: {err}", file=sys.stderr)
         return 1

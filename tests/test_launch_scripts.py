@@ -82,3 +82,38 @@ def test_source_leaves_the_callers_shell_unchanged(tmp_path):
 
 def test_grl_script_name_runs_the_quick_start():
     assert dry_run("verl_quick_training_example.sh", "0", "3") == dry_run("quick_train_qwen_halfb.sh", "0", "3")
+def dry_run_output(script: str, *args: str) -> str:
+    env = {"PATH": "/usr/bin:/bin", "DRY_RUN": "1", "HOME": str(Path.home())}
+    out = subprocess.run(["bash", script, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def test_cpu_fallback_names_the_arguments_it_does_not_use():
+    out = dry_run_output("examples/sokoban_ppo/qwen_3b.sh", "0", "3", "", "", "", "", "", "2", "", "", "/models/x",
+                         "0.3")
+    assert "does not use these arguments you gave: cuda_devices=0 n_gpus=2 model_path=/models/x mem_fraction=0.3" \
+        in out
+    assert "group_num       3\n" in out  # used: no note
+
+
+@pytest.mark.parametrize("force_gpu, per_task", [(True, "64"), (False, "4")])
+def test_only_validation_tasks_adjusts_the_validation_groups(force_gpu, per_task):
+    overrides = dry_run("examples/sokoban_ppo/qwen_3b.sh", "", "", "", "", "", "",
+                        "simpleSokobanAgent,gsm8kAgent_single_turn", force_gpu=force_gpu)
+    assert f"rollout.validation_agent_group_num=[{per_task},{per_task}]" in overrides
+    assert "rollout.validation_agent_group_size=[1,1]" in overrides
+    load_config([o for o in overrides if not o.startswith("model_path=Qwen")])
+
+
+def test_source_without_arguments_ignores_the_callers_parameters():
+    script = f"""
+        set -- 7 9 9 9 9 nosuchTask
+        DRY_RUN=1 source {ROOT}/examples/sokoban_ppo/qwen_halfb.sh | tail -1
+        DRY_RUN=1 source {ROOT}/examples/sokoban_ppo/qwen_halfb.sh 0 3 | tail -1
+    """
+    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60,
+                         env={"PATH": "/usr/bin:/bin", "HOME": str(Path.home())})
+    plain, with_args = out.stdout.strip().splitlines()
+    assert "nosuchTask" not in plain and "agent_group_num" not in plain
+    assert "rollout.agent_group_num=\\[3\\]" in with_args

@@ -206,9 +206,9 @@ def test_ppo_learns_under_valid_action_decoding(tmp_path, monkeypatch, sign):
     AgentTrainer.from_config(cfg).fit()
     history = {r["step"]: r for r in read_jsonl(tmp_path / "run" / METRICS_FILE)}
     before, after = history[0]["val-env/fruit/success"], history[8]["val-env/fruit/success"]
-    train = [round(history[s]["env/fruit/success"], 2) for s in sorted(history) if s > 0]
+    train = [round(history[s]["train/fruit/success"], 2) for s in sorted(history) if s > 0]
     print(f"sign {sign:+.0f}: greedy validation success {before:.3f} -> {after:.3f}; training success {train}")
-    assert all(history[s]["env/fruit/action_is_valid"] == 1.0 and history[s]["env/fruit/format_ok"] == 1.0
+    assert all(history[s]["train/fruit/action_is_valid"] == 1.0 and history[s]["train/fruit/format_ok"] == 1.0
                for s in history if s > 0)
     assert before == 0.0
     assert (after >= 0.5) == (sign > 0), (before, after, train)

@@ -108,6 +108,11 @@ class Agent:
     def format_penalty(self) -> float:
         return self.settings.format_penalty
 
+    @property
+    def observation(self) -> str | None:
+        """The env's latest state (what the next user message would show)."""
+        return self._observation
+
     # ------------------------------------------------------------ prompts
 
     @property

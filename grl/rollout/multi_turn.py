@@ -149,13 +149,17 @@ class MultiTurnRollout:
 
     # ------------------------------------------------------------ public
 
-    def run(self, tasks: list[TaskSpec], base_seed: int, sampling: SamplingParams) -> RolloutResult:
-        """One rollout: every agent of every task plays one episode."""
+    def run(self, tasks: list[TaskSpec], base_seed: int, sampling: SamplingParams,
+            on_turn: Callable[[int, int, int], None] | None = None) -> RolloutResult:
+        """One rollout: every agent of every task plays one episode. `on_turn(turn,
+        playing, total)` is told before each turn how many agents still play."""
         slots = self._slots(tasks, base_seed)
         try:
             self._reset(slots)
             turn = 0
-            while any(not s.done for s in slots):
+            while playing := sum(not s.done for s in slots):
+                if on_turn is not None:
+                    on_turn(turn, playing, len(slots))
                 self._turn(slots, turn, sampling)
                 turn += 1
             episodes = [self._episode(s) for s in slots]

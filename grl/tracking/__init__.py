@@ -55,8 +55,7 @@ class Tracker:
         numbers = clean(metrics)
         for backend in self.backends:
             backend.log(numbers, step)
-        if any(name.startswith("val-env/") for name in numbers):
-            self.plot()
+        self.plot()
 
     def plot(self) -> None:
         """Redraw `curves.png` from the JSONL file; a plotting problem never stops a run."""

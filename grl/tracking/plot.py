@@ -1,27 +1,40 @@
-"""`grl plot <run dir>`: the curves a researcher reads, as PNG, from the run's metrics.jsonl.
+"""`grl plot <run dir>`: the curves a researcher reads, from the run's metrics.jsonl.
 
-One figure, one panel per quantity: success per task (training solid, validation dashed), reward,
-response length, KL and entropy. The trainer calls `plot_run` after each validation so the picture
-in the run folder is never older than the last validation.
+A grid of panels: success and reward per task (training solid, validation dashed, one colour per
+task in every panel), actor and critic losses, KL, entropy, grad norm, response length and the
+time per phase of a step. Training curves are smoothed (an exponential moving average, the raw
+values drawn faintly behind); validation points are few and drawn as they are. The trainer
+redraws `curves.png` after every logged step.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import sys
 from pathlib import Path
 
 from grl.tracking import METRICS_FILE, read_jsonl
 
 CURVES_FILE = "curves.png"
+COLUMNS = 3
+TRAIN_PREFIXES = ("env/", "train/")  # GRL's name is train/<task>/...; older runs logged env/<task>/...
+VAL_PREFIX = "val-env/"
+TIMING_PREFIXES = ("timing_s/", "timing/")
 
 # Panel title -> metric names drawn in it (those present in the log).
 PANELS: dict[str, tuple[str, ...]] = {
-    "reward": ("reward/mean", "val-env/reward/mean"),
-    "response length (tokens)": ("response_length/mean",),
-    "KL": ("actor/ppo_kl", "actor/kl_loss", "kl/in_reward"),
+    "actor loss": ("actor/pg_loss", "actor/kl_loss"),
+    "critic loss": ("critic/vf_loss",),
+    "KL": ("actor/ppo_kl", "actor/reward_kl_penalty", "kl/in_reward"),
     "entropy": ("actor/entropy",),
+    "grad norm": ("actor/grad_norm", "critic/grad_norm"),
+    "response length (tokens)": ("response_length/mean",),
 }
+
+
+class EmptyMetrics(ValueError):
+    """A metrics file that is missing or holds no step."""
 
 
 def _series(rows: list[dict], name: str) -> tuple[list[int], list[float]]:
@@ -34,36 +47,76 @@ def _series(rows: list[dict], name: str) -> tuple[list[int], list[float]]:
     return steps, values
 
 
+def smooth(values: list[float], weight: float) -> list[float]:
+    """Debiased exponential moving average (TensorBoard's smoothing); weight 0 returns the values."""
+    out, avg = [], 0.0
+    for k, value in enumerate(values, start=1):
+        avg = weight * avg + (1 - weight) * value
+        out.append(avg / (1 - weight ** k) if weight < 1 else value)
+    return out
+
+
+def task_metrics(rows: list[dict], metric: str) -> dict[str, list[str]]:
+    """Task -> its training and validation metric names for `metric` (`success`, `score`)."""
+    tasks: dict[str, list[str]] = {}
+    for name in sorted({n for row in rows for n in row}):
+        for prefix in (*TRAIN_PREFIXES, VAL_PREFIX):
+            if name.startswith(prefix) and name.endswith(f"/{metric}") and name.count("/") == 2:
+                tasks.setdefault(name.split("/")[1], []).append(name)
+    return {task: sorted(names, key=lambda n: n.startswith(VAL_PREFIX)) for task, names in sorted(tasks.items())}
+
+
 def success_metrics(rows: list[dict]) -> list[str]:
-    names = {name for row in rows for name in row
-             if name.startswith(("env/", "val-env/")) and name.endswith("/success")}
-    return sorted(names, key=lambda n: (n.split("/", 1)[1], n.startswith("val-env/")))
+    return [name for names in task_metrics(rows, "success").values() for name in names]
 
 
-def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
-    """Draw the curves of one run into `out` (default: <run dir>/curves.png)."""
+def load_rows(metrics_path: Path) -> list[dict]:
+    if not metrics_path.is_file():
+        raise EmptyMetrics(f"{metrics_path}: no such file (is this a run folder, trainer.run_dir?)")
+    rows = [row for row in read_jsonl(metrics_path) if "step" in row]
+    if not rows:
+        raise EmptyMetrics(f"{metrics_path}: holds no logged step yet")
+    return rows
+
+
+def plot_run(run_dir: str | Path, out: str | Path | None = None, smoothing: float = 0.6) -> Path:
+    """Draw the curves of one run into `out` (default: <run dir>/curves.png);
+    the format follows the suffix of `out` (png, pdf, svg, ...)."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only: works without a display
     import matplotlib.pyplot as plt
 
     run_dir = Path(run_dir)
-    metrics_path = run_dir / METRICS_FILE
-    if not metrics_path.exists():
-        raise FileNotFoundError(f"no {METRICS_FILE} in {run_dir}")
-    rows = [row for row in read_jsonl(metrics_path) if "step" in row]
+    rows = load_rows(run_dir / METRICS_FILE)
     out = Path(out) if out else run_dir / CURVES_FILE
 
-    panels = {"success": success_metrics(rows)}
-    panels.update({title: tuple(n for n in names if any(n in row for row in rows)) for title, names in PANELS.items()})
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4), squeeze=False)
-    for ax, (title, names) in zip(axes[0], panels.items()):
-        for name in names:
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    by_task = {"success": task_metrics(rows, "success"), "reward": task_metrics(rows, "score")}
+    tasks = sorted({t for names in by_task.values() for t in names})
+    colour_of = {task: colours[k % len(colours)] for k, task in enumerate(tasks)}
+    panels: dict[str, list[tuple[str, str, str | None]]] = {}  # title -> (metric, label, colour)
+    for title, names in by_task.items():
+        panels[f"{title} per task"] = [(n, n.rsplit("/", 1)[0], colour_of[n.split("/")[1]])
+                                       for task_names in names.values() for n in task_names]
+    for title, names in PANELS.items():
+        panels[title] = [(n, n, None) for n in names if any(n in row for row in rows)]
+    timing = sorted({n for row in rows for n in row if n.startswith(TIMING_PREFIXES)})
+    panels["time per phase (s)"] = [(n, n.split("/", 1)[1], None) for n in timing]
+
+    n_rows = math.ceil(len(panels) / COLUMNS)
+    fig, axes = plt.subplots(n_rows, COLUMNS, figsize=(5.2 * COLUMNS, 3.4 * n_rows), squeeze=False)
+    for ax, (title, curves) in zip(axes.flat, panels.items()):
+        for name, label, colour in curves:
             steps, values = _series(rows, name)
-            if steps:
-                style = "--" if name.startswith("val-env/") else "-"
-                ax.plot(steps, values, style, marker="o" if len(steps) < 30 else None, markersize=3,
-                        label=name.removesuffix("/success"))
+            if not steps:
+                continue
+            if name.startswith(VAL_PREFIX):
+                ax.plot(steps, values, "--", marker="o", markersize=3, color=colour, label=label)
+                continue
+            line, = ax.plot(steps, smooth(values, smoothing), "-", color=colour, label=label)
+            if smoothing > 0 and len(values) > 1:
+                ax.plot(steps, values, "-", color=line.get_color(), alpha=0.25, linewidth=0.8)
         ax.set_title(title)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
@@ -71,10 +124,12 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
             ax.legend(fontsize=7)
         else:
             ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes, color="gray")
-    fig.suptitle(run_dir.name)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.set_visible(False)
+    fig.suptitle(f"{run_dir.name}  (training smoothed {smoothing:g}, validation dashed)")
     fig.tight_layout()
-    tmp = out.with_suffix(".tmp.png")
-    fig.savefig(tmp, dpi=110)
+    tmp = out.with_name(f".tmp-{out.name}")
+    fig.savefig(tmp, dpi=110, format=out.suffix.lstrip(".") or "png")
     plt.close(fig)
     tmp.replace(out)  # a viewer never sees a half-written picture
     return out
@@ -83,12 +138,16 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="grl plot", description="Plot a run's curves from its metrics.jsonl.")
     parser.add_argument("run_dir", help="the run folder (trainer.run_dir), holding metrics.jsonl")
-    parser.add_argument("--out", default=None, help=f"PNG to write (default: <run_dir>/{CURVES_FILE})")
+    parser.add_argument("--out", default=None,
+                        help=f"file to write; its suffix picks the format: .png, .pdf, .svg (default: <run_dir>/{CURVES_FILE})")
+    parser.add_argument("--smooth", type=float, default=0.6, help="EMA weight of the training curves, 0 (raw) to <1")
     args = parser.parse_args(argv)
+    if not 0 <= args.smooth < 1:
+        parser.error(f"--smooth: {args.smooth} is not in [0, 1)")
     try:
-        path = plot_run(args.run_dir, args.out)
-    except FileNotFoundError as err:
-        print(f"grl plot: {err}")
+        path = plot_run(args.run_dir, args.out, args.smooth)
+    except (EmptyMetrics, ValueError) as err:
+        print(f"grl plot: {err}", file=sys.stderr)
         return 2
     print(path)
     return 0

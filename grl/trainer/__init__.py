@@ -18,10 +18,17 @@ class RunAborted(RuntimeError):
 
 def run(cfg: DictConfig) -> None:
     """Train with a config from `grl.config.load_config`."""
+    import ray
+
     from grl.trainer.agent_trainer import AgentTrainer
 
-    trainer = AgentTrainer.from_config(cfg)
-    trainer.fit()
+    started_ray = not ray.is_initialized()
+    try:
+        trainer = AgentTrainer.from_config(cfg)
+        trainer.fit()
+    finally:
+        if started_ray and ray.is_initialized():
+            ray.shutdown()  # a local runtime's raylet and workers end with the driver, not after it
 
 
 __all__ = ["RunAborted", "run"]

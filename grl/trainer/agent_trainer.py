@@ -53,6 +53,7 @@ from grl.trainer.metrics import (
     turn_length_metrics,
 )
 from grl.workers import WorkerDiedError
+from grl.workers.group import TEARDOWN_TIMEOUT_S
 
 log = logging.getLogger("grl.trainer")
 
@@ -81,6 +82,9 @@ class AgentTrainer:
         self.batch: Batch | None = None  # the last step's batch, for benchmarks and debugging
         self.tracker: Tracker | None = None
         self.show_progress = "console" in cfg.trainer.logger
+        self.val_success: dict[str, list[tuple[int, float]]] = {}
+        self._run_bar = None  # tqdm over the whole run, with its ETA
+        self._step_bar = None  # tqdm over the current step's phases, or over a validation  # task -> (step, validation success)
 
     @classmethod
     def from_config(cls, cfg: DictConfig, hooks: list[StepHook] | None = None) -> AgentTrainer:
@@ -88,7 +92,9 @@ class AgentTrainer:
         from grl.models import load_tokenizer
         from grl.workers import ActorRolloutRefGroup, CriticGroup, init_ray, world_size
 
-        init_ray(cfg.trainer.ray_address)
+        # Worker output (Ray, vLLM, transformers on every rank) stays in Ray's session logs, off the console;
+        # errors still reach the driver as exceptions.
+        init_ray(cfg.trainer.ray_address, log_to_driver=False)
         ranks = world_size(cfg)
         actor = ActorRolloutRefGroup(cfg, ranks, use_ref=use_reference(cfg))
         try:
@@ -113,9 +119,12 @@ class AgentTrainer:
                                    total_steps=cfg.total_training_steps,
                                    resume_step=self.global_step if resumed else None)
             save_run_info(cfg.run_dir, OmegaConf.to_yaml(self.cfg, resolve=True))
+            print(self.start_report(), flush=True)
             if cfg.val_only:
                 self.tracker.log(self.validate(), self.global_step)
                 return
+            self._run_bar = self._bar(total=cfg.total_training_steps, initial=self.global_step, desc="run",
+                                      unit="step", position=0)
             if cfg.val_before_train and self.global_step == 0:
                 self.tracker.log(self.validate(), self.global_step)
             while self.global_step < cfg.total_training_steps:
@@ -127,14 +136,19 @@ class AgentTrainer:
                 if (cfg.save_freq > 0 and step % cfg.save_freq == 0) or last:
                     metrics.update(self.save_checkpoint())
                 self.tracker.log(metrics, step)
+                self._run_bar.update(1)
+                self._run_bar.set_postfix_str(_run_postfix(metrics), refresh=True)
                 for hook in self.hooks:
                     hook(self, step, metrics)
-            if cfg.export_hf:
-                self.export_hf()
+            export = self.export_hf() if cfg.export_hf else None
+            print(finish_report(self.val_success, self.last_checkpoint, export), flush=True)
         except WorkerDiedError as err:
             message = self._death_message(err)
             log.error(message)
             raise RunAborted(message) from err
+        except KeyboardInterrupt:  # Ctrl-C, or SIGTERM turned into one by grl.train: stop the workers now
+            self.close(teardown_timeout=0)
+            raise
         finally:
             self.close()
 
@@ -144,7 +158,8 @@ class AgentTrainer:
         with self._progress(step) as phase, timer("step"):
             with phase("rollout"), timer("gen"):
                 sampling = replace(self.sampling, seed=training_base_seed(self.cfg.trainer.seed, step))
-                result = self.rollout.run(self.train_tasks, training_base_seed(self.cfg.rollout.seed, step), sampling)
+                result = self.rollout.run(self.train_tasks, training_base_seed(self.cfg.rollout.seed, step), sampling,
+                                          on_turn=self._show_turn)
                 if self.cfg.actor_rollout_ref.rollout.free_cache_engine:
                     # The engine's weights and KV cache leave the GPU for the update; the weight
                     # sync and the next generate take them back.
@@ -198,14 +213,42 @@ class AgentTrainer:
         times with consecutive seeds -> `val-env/<task>/<metric>`, the mean over the rollouts."""
         timer = Timer()
         runs = self.cfg.trainer.validation_steps
+        self._step_bar = self._bar(total=None, desc=f"validation (step {self.global_step})", position=1, leave=False)
         with timer("testing"):
-            results = [self.rollout.run(self.val_tasks, self.cfg.rollout.validation_seed + i, self.val_sampling)
-                       for i in range(runs)]
+            try:
+                results = [self.rollout.run(self.val_tasks, self.cfg.rollout.validation_seed + i, self.val_sampling,
+                                            on_turn=self._show_turn) for i in range(runs)]
+            finally:
+                self._step_bar.close()
         names = {name for r in results for name in r.metrics}
         mean = {name: fmean([r.metrics[name] for r in results if name in r.metrics]) for name in names}
         episodes = [ep for r in results for ep in r.episodes]
-        return {**task_metrics(mean, "val-env"), **timer.metrics(),
+        metrics = task_metrics(mean, "val-env")
+        for task in self.cfg.rollout.validation:
+            if f"val-env/{task}/success" in metrics:
+                self.val_success.setdefault(task, []).append((self.global_step, metrics[f"val-env/{task}/success"]))
+        return {**metrics, **timer.metrics(),
                 **turn_length_metrics(episodes, self.cfg.max_response_length, validation=True)}
+
+    def start_report(self) -> str:
+        """Where this run writes, on what it runs and what it trains on."""
+        from grl.tracking import METRICS_FILE
+
+        cfg, run_dir = self.cfg, Path(self.cfg.trainer.run_dir).absolute()
+        groups = zip(cfg.rollout.training, cfg.rollout.agent_group_num, cfg.rollout.agent_group_size)
+        val_groups = zip(cfg.rollout.validation, cfg.rollout.validation_agent_group_num,
+                         cfg.rollout.validation_agent_group_size)
+        return "\n".join([
+            f"grl-train: {cfg.trainer.project_name}/{cfg.trainer.experiment_name}, "
+            f"{cfg.trainer.total_training_steps} steps, estimator {cfg.algorithm.adv_estimator}",
+            f"  run folder   {run_dir}",
+            f"  metrics      {run_dir / METRICS_FILE}  (grl plot {run_dir})",
+            f"  checkpoints  {Path(cfg.trainer.default_local_dir).absolute()}",
+            f"  device       {self.actor.device} x {len(self.actor.workers)} rank(s), engine {cfg.actor_rollout_ref.rollout.name}, model {cfg.actor_rollout_ref.model.path}",
+            f"  worker logs  {os.environ.get('RAY_TMPDIR', '/tmp/ray')}/session_latest/logs",
+            "  training     " + ", ".join(f"{t} ({n}x{k})" for t, n, k in groups),
+            "  validation   " + ", ".join(f"{t} ({n}x{k})" for t, n, k in val_groups),
+        ])
 
     # ------------------------------------------------------------ checkpoints
 
@@ -262,19 +305,26 @@ class AgentTrainer:
 
     # ------------------------------------------------------------ plumbing
 
+    def _show_turn(self, turn: int, playing: int, total: int) -> None:
+        self._step_bar.set_postfix_str(f"rollout turn {turn + 1}: {playing}/{total} agents playing", refresh=True)
+
+    def _bar(self, **kwargs):
+        """A tqdm bar on the console (console logger only); position 0 is the whole run, 1 the current step."""
+        from tqdm import tqdm
+
+        return tqdm(disable=not self.show_progress, dynamic_ncols=True, **kwargs)
+
     @contextmanager
     def _progress(self, step: int):
         """A progress bar over the phases of one step (console logger only)."""
-        from tqdm import tqdm
-
         names = ["rollout", "old_log_prob", *(["ref"] if self.use_ref else []),
                  *(["values", "update_critic"] if self.critic is not None else []), "advantage",
                  "update_actor", "sync_weights"]
-        bar = tqdm(total=len(names), desc=f"step {step}", leave=False, disable=not self.show_progress)
+        bar = self._step_bar = self._bar(total=len(names), desc=f"step {step}", leave=False, position=1)
 
         @contextmanager
         def phase(name: str):
-            bar.set_postfix_str(name)
+            bar.set_postfix_str(name, refresh=True)
             yield
             bar.update(1)
 
@@ -283,14 +333,41 @@ class AgentTrainer:
         finally:
             bar.close()
 
-    def close(self) -> None:
+    def close(self, teardown_timeout: float = TEARDOWN_TIMEOUT_S) -> None:
+        if self._run_bar is not None:
+            self._run_bar.close()
+            self._run_bar = None
         self.rollout.close()
         if self.tracker is not None:
             self.tracker.close()
             self.tracker = None
         for group in (self.actor, self.critic):
             if group is not None:
-                group.shutdown()
+                group.shutdown(teardown_timeout)
+
+
+def _run_postfix(metrics: dict[str, float]) -> str:
+    """The few numbers worth seeing on the run bar."""
+    parts = [f"reward {metrics['reward/mean']:.3f}"] if "reward/mean" in metrics else []
+    parts += [f"{name.split('/')[1]} val {value:.2f}" for name, value in metrics.items()
+              if name.startswith("val-env/") and name.endswith("/success")]
+    return ", ".join(parts)
+
+
+def finish_report(val_success: dict[str, list[tuple[int, float]]], checkpoint: Path | None,
+                  export: Path | None) -> str:
+    """One "finished" line per validation task (first, best and last success), then where the model is."""
+    lines = []
+    for task, points in val_success.items():
+        (first_step, first), (last_step, last) = points[0], points[-1]
+        best_step, best = max(points, key=lambda p: (p[1], -p[0]))
+        lines.append(f"finished {task}: validation success {first:.3f} at step {first_step}, "
+                     f"best {best:.3f} at step {best_step}, last {last:.3f} at step {last_step}")
+    if not lines:
+        lines.append("finished: no validation ran (trainer.test_freq=-1 and trainer.val_before_train=false)")
+    lines.append(f"checkpoint   {checkpoint.absolute() if checkpoint else 'none written'}")
+    lines.append(f"HF export    {export.absolute() if export else 'off (trainer.export_hf=false)'}")
+    return "\n".join(lines)
 
 
 def shape_batch(episodes: list[Episode], r: DictConfig, pad_token_id: int) -> tuple[Batch, dict[str, float]]:

@@ -62,8 +62,10 @@ def init_ray(address: str | None = None, **ray_kwargs) -> None:
     if address:
         ray.init(address=address, **ray_kwargs)
     else:
+        # "local" starts a fresh runtime; a bare ray.init() would join whatever cluster a leftover
+        # session file in /tmp/ray names, and retry for minutes when that cluster is gone.
         ray_kwargs.setdefault("include_dashboard", False)
-        ray.init(**ray_kwargs)
+        ray.init(address="local", **ray_kwargs)
 
 
 def world_size(cfg) -> int:
@@ -306,8 +308,10 @@ class _WorkerGroup:
 
     # -- lifetime
 
-    def shutdown(self) -> None:
-        """Stop every rank (engines first). Works after a rank died and twice."""
+    def shutdown(self, timeout: float = TEARDOWN_TIMEOUT_S) -> None:
+        """Stop every rank (engines first), giving them `timeout` seconds to tear
+        down before they are killed (0 on Ctrl-C/SIGTERM: a rank in the middle of
+        an update would only answer after it). Works after a rank died and twice."""
         import ray
 
         if self._closed:
@@ -320,8 +324,8 @@ class _WorkerGroup:
                     refs.append(w.teardown.remote())
                 except Exception as err:  # noqa: BLE001 - the actor may be gone already
                     log.debug("teardown: %s", err)
-            if refs:
-                ray.wait(refs, num_returns=len(refs), timeout=TEARDOWN_TIMEOUT_S)
+            if refs and timeout > 0:
+                ray.wait(refs, num_returns=len(refs), timeout=timeout)
             for w in self.workers:
                 try:
                     ray.kill(w)
@@ -331,7 +335,7 @@ class _WorkerGroup:
             # report those errors as unhandled when the references go away.
             for ref in self._abandoned:
                 try:
-                    ray.get(ref, timeout=TEARDOWN_TIMEOUT_S)
+                    ray.get(ref, timeout=timeout)
                 except Exception as err:  # noqa: BLE001
                     log.debug("abandoned call: %s", _first_line(err))
         self.workers, self._abandoned = [], []

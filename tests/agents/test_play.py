@@ -28,6 +28,12 @@ def test_play_sokoban_with_bfs_replies():
     assert "[system]" in out.stdout and "[user]" in out.stdout and start in out.stdout
     assert "done True" in out.stdout and "success True" in out.stdout
     assert "episode reward" in out.stdout and "success 1" in out.stdout
+    solved = grl.envs.make("sokoban", dim_room=[6, 6])
+    solved.reset(seed)
+    for action in plan:
+        final = solved.step(action)[0]
+    assert f"[final state]\n{final}\n" in out.stdout
+    assert "verdict: SUCCESS: the task is solved" in out.stdout
 
 
 @pytest.mark.skipif(not GSM8K_TEST.is_file(), reason="../shared/data/gsm8k/test.jsonl is not here")
@@ -41,6 +47,15 @@ def test_play_gsm8k_from_a_local_jsonl_with_a_multiline_reply():
     assert row["question"].strip() in out.stdout
     assert "0.5 is not the right answer" in out.stdout and "Attempts left: 4." in out.stdout
     assert out.stdout.count("=> reward") == 2 and "=> reward 10  done True" in out.stdout
+    assert "verdict: SUCCESS" in out.stdout
+
+
+def test_play_shows_the_verdict_when_the_budget_is_spent():
+    out = grl_cli("play", "tetrisAgent_type_1_dim_4", "tetrisAgent_type_1_dim_4.agent_config.max_turns=1",
+                  stdin="<think>x</think><answer>Left</answer>\n")
+    assert out.returncode == 0, out.stderr
+    assert "[final state]" in out.stdout and "verdict: FAILED: the turn or action budget (1 turn(s)) is spent" \
+        in out.stdout
 
 
 def test_play_math500_on_a_fixture_file(tmp_path):

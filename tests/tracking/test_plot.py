@@ -6,7 +6,7 @@ import sys
 
 import matplotlib.image
 
-from grl.tracking.plot import plot_run, success_metrics
+from grl.tracking.plot import plot_run, smooth, success_metrics
 
 
 def write_run(run_dir, steps=6):
@@ -14,7 +14,9 @@ def write_run(run_dir, steps=6):
     for step in range(1, steps + 1):
         row = {"step": step, "reward/mean": 0.1 * step, "response_length/mean": 40 + step,
                "actor/ppo_kl": 0.001 * step, "actor/entropy": 2.0 - 0.1 * step,
-               "env/simpleSokobanAgent/success": step / steps}
+               "env/simpleSokobanAgent/success": step / steps, "env/simpleSokobanAgent/score": step / steps,
+               "actor/pg_loss": 0.1, "critic/vf_loss": 1.0 / step, "actor/grad_norm": 0.5,
+               "timing_s/rollout": 3.0, "timing_s/update_actor": 2.0}
         if step % 2 == 0:
             row["val-env/simpleSokobanAgent/success"] = step / steps / 2
             row["val-env/tetrisAgent_type_1_dim_4/success"] = None  # non-finite values are logged as null
@@ -27,7 +29,24 @@ def test_plot_writes_a_png_with_every_panel(tmp_path):
     path = plot_run(tmp_path)
     assert path == tmp_path / "curves.png"
     image = matplotlib.image.imread(path)
-    assert image.shape[0] > 200 and image.shape[1] > 1000  # five panels side by side
+    assert image.shape[0] > 800 and image.shape[1] > 1000  # a 3-column grid of nine panels
+
+
+def test_panels_name_every_quantity(tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+
+    write_run(tmp_path)
+    titles = []
+    real_savefig = plt.Figure.savefig
+
+    def keep_titles(fig, *args, **kwargs):
+        titles.extend(ax.get_title() for ax in fig.axes if ax.get_visible())
+        return real_savefig(fig, *args, **kwargs)
+
+    monkeypatch.setattr(plt.Figure, "savefig", keep_titles)
+    plot_run(tmp_path)
+    assert titles == ["success per task", "reward per task", "actor loss", "critic loss", "KL", "entropy",
+                      "grad norm", "response length (tokens)", "time per phase (s)"]
 
 
 def test_success_curves_pair_training_and_validation_per_task(tmp_path):
@@ -39,24 +58,44 @@ def test_success_curves_pair_training_and_validation_per_task(tmp_path):
                      "val-env/tetrisAgent_type_1_dim_4/success"]
 
 
+def test_train_prefix_is_read_too(tmp_path):
+    rows = [{"step": 1, "train/gsm8k/success": 0.5, "val-env/gsm8k/success": 0.25}]
+    assert success_metrics(rows) == ["train/gsm8k/success", "val-env/gsm8k/success"]
+
+
+def test_smoothing_matches_a_plain_ema():
+    values = [1.0, 0.0, 1.0, 1.0]
+    w, avg, expected = 0.5, 0.0, []
+    for k, v in enumerate(values, start=1):
+        avg = w * avg + (1 - w) * v
+        expected.append(avg / (1 - w ** k))
+    assert smooth(values, 0.5) == expected
+    assert smooth(values, 0.0) == values
+
+
 def test_cli(tmp_path):
     write_run(tmp_path)
-    out = tmp_path / "x.png"
+    out = tmp_path / "x.pdf"
     result = subprocess.run([sys.executable, "-m", "grl.cli", "plot", str(tmp_path), "--out", str(out)],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
-    assert out.stat().st_size > 10_000
+    assert out.read_bytes().startswith(b"%PDF")
     missing = subprocess.run([sys.executable, "-m", "grl.cli", "plot", str(tmp_path / "nope")],
                              capture_output=True, text=True, timeout=120)
-    assert missing.returncode == 2 and "metrics.jsonl" in missing.stdout
+    assert missing.returncode == 2 and "metrics.jsonl" in missing.stderr
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "metrics.jsonl").write_text("")
+    empty = subprocess.run([sys.executable, "-m", "grl.cli", "plot", str(tmp_path / "empty")],
+                           capture_output=True, text=True, timeout=120)
+    assert empty.returncode == 2 and "no logged step" in empty.stderr
 
 
-def test_tracker_redraws_the_curves_at_each_validation(tmp_path):
+def test_tracker_redraws_the_curves_at_every_step(tmp_path):
     from grl.tracking import Tracker
 
     tracker = Tracker(["jsonl"], tmp_path, "p", "e")
     tracker.log({"reward/mean": 0.5, "env/simpleSokobanAgent/success": 0.25}, step=1)
-    assert not (tmp_path / "curves.png").exists()  # no validation yet: nothing redrawn
+    assert (tmp_path / "curves.png").exists()
     tracker.log({"reward/mean": 0.7, "val-env/simpleSokobanAgent/success": 0.5}, step=2)
     tracker.close()
     assert matplotlib.image.imread(tmp_path / "curves.png").shape[1] > 1000

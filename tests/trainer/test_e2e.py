@@ -59,11 +59,18 @@ def by_step(run_dir):
     return {r["step"]: r for r in read_jsonl(run_dir / METRICS_FILE)}
 
 
-def test_train_checkpoint_kill_and_resume(tmp_path, ray_runtime):
+def test_train_checkpoint_kill_and_resume(tmp_path, ray_runtime, capsys):
     # A: uninterrupted
     cfg_a = config(tmp_path, "a", resume_mode="disable")
     AgentTrainer.from_config(cfg_a).fit()
     a_dir = tmp_path / "a"
+    report = capsys.readouterr().out
+    assert f"run folder   {a_dir / 'run'}" in report and f"checkpoints  {a_dir / 'ckpt'}" in report
+    assert "device       cpu x 2 rank(s), engine hf" in report and "training     simpleSokobanAgent (2x2)" in report
+    finished = [line for line in report.splitlines() if line.startswith("finished simpleSokobanAgent:")]
+    assert len(finished) == 1 and "at step 0" in finished[0] and "last" in finished[0] and "at step 2" in finished[0]
+    assert f"HF export    {a_dir / 'ckpt' / 'hf_actor'}" in report
+    assert f"checkpoint   {a_dir / 'ckpt' / 'global_step_2'}" in report
     history = by_step(a_dir / "run")
     assert sorted(history) == [0, 1, 2]
     assert "val-env/simpleSokobanAgent/success" in history[0] and "val-env/simpleSokobanAgent/success" in history[2]

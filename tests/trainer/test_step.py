@@ -138,3 +138,14 @@ def test_metrics_of_a_step():
         "val-env/t/success": 0.5, "val-rollout/env_errors": 1.0}
     assert task_metrics({"t/success": 0.5, "rollout/env_errors": 1.0}, "train") == {
         "train/t/success": 0.5, "rollout/env_errors": 1.0}
+
+
+def test_finish_report_names_first_best_and_last_validation(tmp_path):
+    from grl.trainer.agent_trainer import finish_report
+
+    text = finish_report({"gsm8k": [(0, 0.25), (2, 0.5), (4, 0.5), (6, 0.375)]}, tmp_path / "global_step_6",
+                         tmp_path / "hf_actor")
+    assert text.splitlines()[0] == ("finished gsm8k: validation success 0.250 at step 0, best 0.500 at step 2, "
+                                    "last 0.375 at step 6")
+    assert str(tmp_path / "hf_actor") in text and str(tmp_path / "global_step_6") in text
+    assert "no validation ran" in finish_report({}, None, None)

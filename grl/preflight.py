@@ -1,0 +1,248 @@
+"""Preflight: look at the world a validated config points at, before Ray starts.
+
+`grl.config` checks the config against itself (keys, types, choices); this
+module checks it against the machine: the model and its tokenizer, every task
+instance's data, the folders the run will write, the W&B login, and the
+numbers that type-check but make no sense (negative step counts, a learning
+rate of zero, a context longer than the model's). The first failure is one
+`PreflightError` line naming the key, its value and the fix; nothing is
+written (the folder check creates and removes one probe file).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from grl.config import CRITIC_FREE_ESTIMATORS, ConfigError, task_instance
+
+
+class PreflightError(ConfigError):
+    """A config that composes and type-checks but cannot run on this machine."""
+
+
+def check(cfg: DictConfig, environ: os._Environ | dict | None = None) -> list[str]:
+    """Run every check; returns notes (adjustments made to `cfg`) to print."""
+    environ = os.environ if environ is None else environ
+    notes = check_numbers(cfg)
+    check_wandb(cfg, environ)
+    check_ray_address(cfg, environ)
+    check_folders(cfg)
+    check_model(cfg, environ)
+    check_tasks(cfg)
+    return notes
+
+
+# ---------------------------------------------------------------- numbers
+
+def _need(cfg: DictConfig, key: str, ok, expected: str, fix: str = "") -> None:
+    value = OmegaConf.select(cfg, key)
+    if not ok(value):
+        raise PreflightError(f"{key}: {value!r} {expected}{'; ' + fix if fix else ''}")
+
+
+def check_numbers(cfg: DictConfig) -> list[str]:
+    """Counts, frequencies and rates in range; estimator and critic consistent."""
+    def positive(v):
+        return v is not None and v > 0
+
+    def every(v):
+        return v == -1 or v >= 1
+
+    def unit(v):
+        return 0.0 <= v <= 1.0
+
+    _need(cfg, "trainer.total_training_steps", lambda v: v >= 1, "must be at least 1",
+          "a run of no step trains nothing and exports the untrained model")
+    _need(cfg, "trainer.test_freq", every, "must be -1 (never) or at least 1")
+    _need(cfg, "trainer.save_freq", every, "must be -1 (only at the end) or at least 1")
+    _need(cfg, "trainer.max_ckpt_to_keep", lambda v: v is None or v >= 1, "must be null (keep all) or at least 1")
+    _need(cfg, "trainer.critic_warmup", lambda v: v >= 0, "must be 0 or more")
+    _need(cfg, "trainer.critic_warmup", lambda v: v < cfg.trainer.total_training_steps or v == 0,
+          f"leaves no step (of {cfg.trainer.total_training_steps}) that updates the actor")
+    _need(cfg, "rollout.validation_seed", lambda v: v >= 0, "must be 0 or more")
+    _need(cfg, "rollout.env_step_timeout", positive, "must be positive (seconds)")
+    _need(cfg, "actor_rollout_ref.rollout.temperature", lambda v: v >= 0, "must be 0 or more")
+    _need(cfg, "actor_rollout_ref.rollout.top_p", lambda v: 0 < v <= 1, "is not in (0, 1]")
+    _need(cfg, "actor_rollout_ref.rollout.top_k", lambda v: v == -1 or v >= 1, "must be -1 (off) or at least 1")
+    _need(cfg, "actor_rollout_ref.rollout.gpu_memory_utilization", lambda v: 0 < v <= 1, "is not in (0, 1]")
+    _need(cfg, "actor_rollout_ref.rollout.tensor_model_parallel_size", lambda v: v >= 1, "must be at least 1")
+    actor = "actor_rollout_ref.actor"
+    _need(cfg, f"{actor}.optim.lr", positive, "must be positive", "e.g. 1e-6")
+    _need(cfg, f"{actor}.optim.lr_warmup_steps", lambda v: v >= 0, "must be 0 or more")
+    _need(cfg, f"{actor}.optim.weight_decay", lambda v: v >= 0, "must be 0 or more")
+    _need(cfg, f"{actor}.grad_clip", positive, "must be positive")
+    _need(cfg, f"{actor}.clip_ratio_low", lambda v: 0 < v < 1, "is not in (0, 1)", "PPO clips the ratio to 1 - low")
+    _need(cfg, f"{actor}.clip_ratio_high", positive, "must be positive")
+    _need(cfg, f"{actor}.clip_ratio_c", lambda v: v > 1, "must be greater than 1 (dual-clip bound)")
+    _need(cfg, f"{actor}.entropy_coeff", lambda v: v >= 0, "must be 0 or more")
+    _need(cfg, f"{actor}.kl_loss_coef", lambda v: v >= 0, "must be 0 or more")
+    _need(cfg, f"{actor}.ppo_micro_batch_size_per_gpu", lambda v: v <= cfg.ppo_mini_batch_size,
+          f"is larger than ppo_mini_batch_size ({cfg.ppo_mini_batch_size})")
+    for key in ("algorithm.gamma", "algorithm.lam", "algorithm.high_level_gamma"):
+        _need(cfg, key, unit, "is not in [0, 1]")
+    _need(cfg, "algorithm.kl_ctrl.kl_coef", lambda v: v >= 0, "must be 0 or more")
+    _need(cfg, "algorithm.kl_ctrl.horizon", positive, "must be positive")
+    _need(cfg, "algorithm.kl_ctrl.target_kl", positive, "must be positive")
+    for name in cfg.rollout.training:
+        _need(cfg, f"{name}.agent_config.max_turns", lambda v: v is None or v >= 1, "must be at least 1")
+    estimator = cfg.algorithm.adv_estimator
+    if estimator in ("grpo", "rloo"):
+        _need(cfg, "rollout.agent_group_size", lambda v: min(v) >= 2, f"has a group of 1 agent, so {estimator} "
+              "(which compares the agents of a group) gives it zero advantage", "use groups of 2 or more")
+    notes = []
+    if estimator in CRITIC_FREE_ESTIMATORS and cfg.critic.enable:
+        cfg.critic.enable = False
+        notes.append(f"critic.enable: {estimator} uses no critic, so none is built (set critic.enable=false "
+                     "to silence this)")
+    if cfg.critic.enable:
+        _need(cfg, "critic.optim.lr", positive, "must be positive", "e.g. 1e-5")
+        _need(cfg, "critic.cliprange_value", positive, "must be positive")
+        _need(cfg, "critic.grad_clip", positive, "must be positive")
+    return notes
+
+
+# ---------------------------------------------------------------- W&B
+
+def check_wandb(cfg: DictConfig, environ) -> None:
+    if "wandb" not in cfg.trainer.logger or environ.get("WANDB_MODE", "").lower() != "online":
+        return
+    if environ.get("WANDB_API_KEY"):
+        return
+    netrc = Path(environ.get("NETRC") or Path.home() / ".netrc")
+    if netrc.is_file() and "api.wandb.ai" in netrc.read_text(errors="replace"):
+        return
+    raise PreflightError("trainer.logger: wandb with WANDB_MODE=online but no WANDB_API_KEY (nor `wandb login`); "
+                         "set WANDB_API_KEY, or WANDB_MODE=offline to log locally")
+
+
+# ---------------------------------------------------------------- Ray
+
+def check_ray_address(cfg: DictConfig, environ, timeout: float = 5.0) -> None:
+    """A named cluster that does not answer fails in seconds, not after Ray's minutes of retries."""
+    import socket
+
+    key = "trainer.ray_address" if cfg.trainer.ray_address else "RAY_ADDRESS"
+    address = cfg.trainer.ray_address or environ.get("RAY_ADDRESS")
+    if not address or address in ("auto", "local"):
+        return
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout).close()
+    except (OSError, ValueError) as err:
+        raise PreflightError(f"{key}: cannot reach a Ray cluster at {address!r} ({err}); unset it to start a "
+                             "local Ray runtime") from None
+
+
+# ---------------------------------------------------------------- folders
+
+def check_folders(cfg: DictConfig) -> None:
+    """Each output folder is a folder (or can become one) that this user may write."""
+    export = Path(cfg.trainer.default_local_dir) / "hf_actor"
+    for key, path in (("trainer.run_dir", Path(cfg.trainer.run_dir)),
+                      ("trainer.default_local_dir", Path(cfg.trainer.default_local_dir)),
+                      ("trainer.export_hf", export if cfg.trainer.export_hf else None)):
+        if path is not None:
+            problem = _unwritable(path)
+            if problem:
+                raise PreflightError(f"{key}: {str(path)!r} {problem}; choose another folder")
+
+
+def _unwritable(path: Path) -> str | None:
+    path = path.expanduser().absolute()
+    existing = path
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"cannot be created: {str(existing)!r} is a file"
+    try:  # os.access is wrong for root and for some network file systems; a probe file is not
+        with tempfile.NamedTemporaryFile(dir=existing, prefix=".grl-preflight-"):
+            pass
+    except OSError as err:
+        return f"is not writable ({err.strerror} in {str(existing)!r})"
+    return None
+
+
+# ---------------------------------------------------------------- model
+
+def check_model(cfg: DictConfig, environ) -> None:
+    """The model resolves, its tokenizer has a chat template, and prompt +
+    response fit in its context."""
+    from grl.models import ModelLoadError, resolve_model_path
+
+    key = "actor_rollout_ref.model.path"
+    name = str(cfg.actor_rollout_ref.model.path)
+    try:
+        resolved = resolve_model_path(name)
+    except ModelLoadError as err:
+        raise PreflightError(f"{key}: {err}; give a local folder with config.json, a hub id, `embedded` or `tiny`") \
+            from None
+    if not Path(resolved).is_dir():
+        _check_hub_id(key, name, environ)
+    from transformers import AutoConfig, AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(resolved)
+        model_config = AutoConfig.from_pretrained(resolved, trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code)
+    except (OSError, ValueError) as err:
+        raise PreflightError(f"{key}: cannot load {name!r}: {_first_line(err)}") from None
+    if not getattr(tokenizer, "chat_template", None):
+        raise PreflightError(f"{key}: the tokenizer of {name!r} has no chat template; use an instruct/chat model")
+    context = getattr(model_config, "max_position_embeddings", None)
+    wanted = cfg.actor_rollout_ref.rollout.max_model_len or cfg.max_prompt_length + cfg.max_response_length
+    if context and wanted > context:
+        raise PreflightError(f"max_prompt_length + max_response_length: {cfg.max_prompt_length} + "
+                             f"{cfg.max_response_length} = {wanted} tokens exceed the {context}-token context of "
+                             f"{name!r}; lower max_prompt_length")
+    max_model_len = cfg.actor_rollout_ref.rollout.max_model_len
+    if max_model_len and max_model_len < cfg.max_prompt_length + cfg.max_response_length:
+        raise PreflightError(f"actor_rollout_ref.rollout.max_model_len: {max_model_len} is shorter than "
+                             f"max_prompt_length + max_response_length ({cfg.max_prompt_length + cfg.max_response_length})")
+
+
+def _check_hub_id(key: str, name: str, environ) -> None:
+    from huggingface_hub import try_to_load_from_cache
+
+    if isinstance(try_to_load_from_cache(name, "config.json"), str):
+        return
+    if environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes"):
+        raise PreflightError(f"{key}: {name!r} is not in the Hugging Face cache and HF_HUB_OFFLINE is set; "
+                             "download it on a machine with internet or give a local folder")
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+
+    try:
+        HfApi().model_info(name, timeout=5)
+    except GatedRepoError:
+        raise PreflightError(f"{key}: {name!r} is gated; accept its licence on the hub and set HF_TOKEN") from None
+    except RepositoryNotFoundError:
+        raise PreflightError(f"{key}: no hub repository or local folder named {name!r}") from None
+    except Exception as err:  # noqa: BLE001 - any network failure means the same thing here
+        raise PreflightError(f"{key}: {name!r} is not cached and the hub cannot be reached (offline? "
+                             f"{type(err).__name__}); give a local folder or set HF_HUB_OFFLINE=1 with a "
+                             "cached model") from None
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+# ---------------------------------------------------------------- tasks
+
+def check_tasks(cfg: DictConfig) -> None:
+    """Build every task instance once, as the rollout will: agent_config and
+    env_config are checked and dataset envs load their files."""
+    import grl.agents
+
+    names = list(dict.fromkeys([*cfg.rollout.training, *cfg.rollout.validation]))
+    for name in names:
+        try:
+            agent = grl.agents.make_agent(name, task_instance(cfg, name))
+        except Exception as err:  # noqa: BLE001 - any failure to build the task is the task's config
+            message = _first_line(err)
+            raise PreflightError(message if message.startswith(f"{name}") else f"{name}: {message}") from None
+        agent.close()

@@ -1,0 +1,152 @@
+"""Bad inputs end `grl-train` with one line naming the key and exit status 2,
+before Ray starts, leaving no file behind."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from grl import train
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def base(tmp_path):
+    return ["model_path=tiny", "trainer.device=cpu", f"trainer.run_dir={tmp_path}/run",
+            f"trainer.default_local_dir={tmp_path}/ckpt"]
+
+
+@pytest.fixture
+def blocked(tmp_path):
+    """A file where a folder should be."""
+    (tmp_path / "afile").write_text("x")
+    return tmp_path
+
+
+BAD = [  # (override, the key the message must name)
+    ("total_training_steps=-5", "trainer.total_training_steps"),
+    ("total_training_steps=0", "trainer.total_training_steps"),
+    ("test_freq=0", "trainer.test_freq"),
+    ("save_freq=-3", "trainer.save_freq"),
+    ("trainer.max_ckpt_to_keep=0", "trainer.max_ckpt_to_keep"),
+    ("trainer.critic_warmup=-1", "trainer.critic_warmup"),
+    ("actor_rollout_ref.actor.optim.lr=0", "actor_rollout_ref.actor.optim.lr"),
+    ("actor_rollout_ref.actor.optim.lr=-1e-6", "actor_rollout_ref.actor.optim.lr"),
+    ("critic.optim.lr=0", "critic.optim.lr"),
+    ("actor_rollout_ref.actor.clip_ratio_low=1.5", "actor_rollout_ref.actor.clip_ratio_low"),
+    ("actor_rollout_ref.actor.clip_ratio_high=0", "actor_rollout_ref.actor.clip_ratio_high"),
+    ("actor_rollout_ref.actor.clip_ratio_c=0.5", "actor_rollout_ref.actor.clip_ratio_c"),
+    ("actor_rollout_ref.actor.grad_clip=0", "actor_rollout_ref.actor.grad_clip"),
+    ("actor_rollout_ref.actor.entropy_coeff=-0.1", "actor_rollout_ref.actor.entropy_coeff"),
+    ("algorithm.gamma=1.5", "algorithm.gamma"),
+    ("algorithm.lam=-0.1", "algorithm.lam"),
+    ("actor_rollout_ref.rollout.top_p=0", "actor_rollout_ref.rollout.top_p"),
+    ("actor_rollout_ref.rollout.temperature=-1", "actor_rollout_ref.rollout.temperature"),
+    ("gpu_memory_utilization=1.5", "actor_rollout_ref.rollout.gpu_memory_utilization"),
+    ("micro_batch_size_per_gpu=64", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"),
+    ("simpleSokobanAgent.agent_config.max_turns=0", "simpleSokobanAgent.agent_config.max_turns"),
+    ("algorithm.adv_estimator=grpo rollout.agent_group_size=[1]", "rollout.agent_group_size"),
+    ("max_prompt_length=8000", "max_prompt_length + max_response_length"),
+    ("actor_rollout_ref.rollout.max_model_len=64", "actor_rollout_ref.rollout.max_model_len"),
+    ("model_path=/nonexistent/model", "actor_rollout_ref.model.path"),
+    ("model_path={tmp}", "actor_rollout_ref.model.path"),  # a folder without config.json
+    ("trainer.run_dir=/proc/grl/run", "trainer.run_dir"),  # unwritable even for root
+    ("trainer.default_local_dir={tmp}/afile/ckpt", "trainer.default_local_dir"),
+    ("trainer.ray_address=127.0.0.1:1", "trainer.ray_address"),
+    ("rollout.validation=[birdAgent] rollout.validation_agent_group_num=[1] "
+     "rollout.validation_agent_group_size=[1] birdAgent.env_config.dataset_path={tmp}/none.jsonl", "birdAgent"),
+    ("simpleSokobanAgent.env_config.dim_room=[2,2]", "simpleSokobanAgent"),
+]
+
+
+@pytest.mark.parametrize("override, key", BAD, ids=[b[0][:60] for b in BAD])
+def test_bad_input_fails_in_preflight(override, key, blocked, capsys):
+    before = sorted(p.relative_to(blocked) for p in blocked.rglob("*"))
+    code = train.main([*base(blocked), *override.format(tmp=blocked).split()])
+    err = capsys.readouterr().err.strip()
+    assert code == 2, err
+    assert len(err.splitlines()) == 1 and key in err, err
+    assert sorted(p.relative_to(blocked) for p in blocked.rglob("*")) == before
+    assert "ray" not in sys.modules or not sys.modules["ray"].is_initialized()
+
+
+def test_wandb_online_without_key(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "online")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
+    assert train.main([*base(tmp_path), "trainer.logger=[console,wandb]"]) == 2
+    assert "WANDB_API_KEY" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_offline_hub_id_not_cached(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert train.main([*base(tmp_path), "model_path=nobody/no-such-model"]) == 2
+    assert "HF_HUB_OFFLINE" in capsys.readouterr().err
+
+
+def test_critic_free_estimator_drops_the_critic(tmp_path):
+    from grl import preflight
+    from grl.config import load_config
+
+    cfg = load_config([*base(tmp_path), "algorithm.adv_estimator=grpo", "rollout.agent_group_size=[2]"])
+    notes = preflight.check(cfg)
+    assert cfg.critic.enable is False and "critic.enable" in notes[0]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_bare_grl_train_without_cuda_points_at_the_cpu_preset(capsys):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    assert train.main([]) == 2
+    assert "preset=cpu" in capsys.readouterr().err
+
+
+def _run_processes(marker: str) -> list[int]:
+    """Pids of processes whose environment carries `marker` (the driver, Ray, its workers)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if marker.encode() in (proc / "environ").read_bytes():
+                pids.append(int(proc.name))
+        except OSError:
+            continue
+    return pids
+
+
+@pytest.mark.parametrize("wait_for", ["step 1", "update_actor"])
+def test_sigterm_ends_every_process_of_the_run(tmp_path, wait_for):
+    marker = f"GRL_SIGTERM_TEST={tmp_path.name}"
+    env = {**os.environ, "PYTHONPATH": str(REPO), marker.split("=")[0]: marker.split("=")[1]}
+    cmd = [sys.executable, "-m", "grl.train", "preset=cpu", "model_path=tiny", "max_response_length=8",
+           "total_training_steps=50", "trainer.val_before_train=false", "test_freq=-1", "save_freq=-1",
+           "trainer.export_hf=false", f"trainer.run_dir={tmp_path}/run", f"trainer.default_local_dir={tmp_path}/ck"]
+    log = tmp_path / "out.log"
+    with open(log, "w") as out:
+        driver = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path)
+        deadline = time.monotonic() + 240
+        while wait_for not in log.read_text() and driver.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert driver.poll() is None, log.read_text()[-2000:]
+        driver.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        while _run_processes(marker) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        left = {pid: _cmdline(pid) for pid in _run_processes(marker)}
+        for pid in left:
+            os.kill(pid, signal.SIGKILL)
+        assert not left, f"still running after 30 s: {left}\n{log.read_text()[-2000:]}"
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:200]
+    except OSError:
+        return "?"
