@@ -90,6 +90,6 @@ def test_the_tutorial_env_trains_for_a_step(tmp_path):
 
         ray.shutdown()
     (step,) = [r for r in read_jsonl(tmp_path / "run" / METRICS_FILE) if r["step"] == 1]
-    assert step[f"env/{TASK}/num_actions"] >= 0 and f"val-env/{TASK}/success" in step
+    assert step[f"train/{TASK}/num_actions"] >= 0 and f"val-env/{TASK}/success" in step
     for name in ("actor/pg_loss", "critic/vf_loss", "actor/grad_norm"):
         assert step[name] is not None, name  # the update ran and gave finite numbers

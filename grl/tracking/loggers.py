@@ -2,7 +2,7 @@
 
 Every backend takes `log(metrics, step)` and `close()`. Metrics are flat
 `name -> float` dicts; names use `/` as the section separator
-(`actor/pg_loss`, `env/simpleSokobanAgent/success`, `val-env/<task>/<metric>`).
+(`actor/pg_loss`, `train/simpleSokobanAgent/success`, `val-env/<task>/<metric>`).
 W&B and TensorBoard are imported only when asked for.
 """
 
@@ -52,7 +52,7 @@ def console_line(metrics: Mapping[str, float | None], step: int, total_steps: in
             parts.append(f"{label} {fmt.format(value)}")
     for name in sorted(metrics):  # success of every task, training then validation
         value = metrics[name]
-        if name.startswith(("env/", "val-env/")) and name.endswith("/success") and value is not None:
+        if name.startswith(("train/", "val-env/")) and name.endswith("/success") and value is not None:
             parts.append(f"{name.removesuffix('/success')} success {value:.2f}")
     return " | ".join(parts)
 
