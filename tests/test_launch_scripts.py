@@ -97,7 +97,8 @@ def test_cpu_fallback_names_the_arguments_it_does_not_use():
     assert "group_num       3\n" in out  # used: no note
 
 
-@pytest.mark.parametrize("force_gpu, per_task", [(True, "64"), (False, "4")])
+# GPU: the script's per-task default (GRL's); CPU: the CPU preset's validation group count.
+@pytest.mark.parametrize("force_gpu, per_task", [(True, "256"), (False, "64")])
 def test_only_validation_tasks_adjusts_the_validation_groups(force_gpu, per_task):
     overrides = dry_run("examples/sokoban_ppo/qwen_3b.sh", "", "", "", "", "", "",
                         "simpleSokobanAgent,gsm8kAgent_single_turn", force_gpu=force_gpu)

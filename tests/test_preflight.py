@@ -63,6 +63,14 @@ BAD = [  # (override, the key the message must name)
 ]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def no_ray_in_this_process():
+    """Test modules before this one may have left a Ray runtime up in the pytest process; the checks
+    here ask whether preflight started one, so they begin without."""
+    if "ray" in sys.modules and sys.modules["ray"].is_initialized():
+        sys.modules["ray"].shutdown()
+
+
 @pytest.mark.parametrize("override, key", BAD, ids=[b[0][:60] for b in BAD])
 def test_bad_input_fails_in_preflight(override, key, blocked, capsys):
     before = sorted(p.relative_to(blocked) for p in blocked.rglob("*"))

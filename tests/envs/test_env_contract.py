@@ -53,7 +53,7 @@ def test_same_seed_same_episode(name, math_file):
         assert first.step(action) == second.step(action)
 
 
-@pytest.mark.parametrize("name", SELF_CONTAINED)
+@pytest.mark.parametrize("name", ["sokoban", "tetris", "blocksworld", "guess_number"])  # envs that deepcopy
 def test_valid_actions_are_exactly_the_accepted_ones(name):
     """Along random play, every listed action is accepted as valid, and every action of a wide
     candidate set that the env accepts is listed (checked on copies of the env at that state)."""

@@ -79,3 +79,19 @@ def test_trainer_log_probs_equal_the_engine_s(actor, episodes, packing):
     plain = Batch({k: v for k, v in batch.tensors.items() if not k.startswith("constraint")}, batch.meta)
     plain["old_log_probs"], _ = actor.compute_log_probs(plain)
     assert rollout_mismatch_metrics(plain)["training/rollout_probs_diff_max"] > 1e-2
+
+
+def test_left_truncation_shows_in_the_mismatch_metrics(cfg, actor):
+    """The engine samples from a left-truncated prompt while the trainer scores the whole episode:
+    the trained policy is then not the one that acted, and the metrics say so."""
+    from grl.models import load_tokenizer
+
+    rollout = MultiTurnRollout(actor.engine, load_tokenizer(cfg.actor_rollout_ref.model.path),
+                               max_prompt_length=128, max_response_length=48)
+    sampling = sampling_from_config(cfg.actor_rollout_ref.rollout, validate=False, max_new_tokens=48)
+    result = rollout.run(task_specs(cfg)[:1], 11, sampling)
+    rollout.close()
+    assert result.metrics["rollout/truncated_prompts"] > 0
+    batch, _ = build_batch(result.episodes, max_episode_length=4096)
+    batch["old_log_probs"], _ = actor.compute_log_probs(batch)
+    assert rollout_mismatch_metrics(batch)["training/rollout_probs_diff_max"] > 1e-2
