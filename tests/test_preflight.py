@@ -132,9 +132,10 @@ def _run_processes(marker: str) -> list[int]:
 @pytest.mark.parametrize("wait_for", ["step 1", "update_actor"])
 def test_sigterm_ends_every_process_of_the_run(tmp_path, wait_for):
     marker = f"GRL_SIGTERM_TEST={tmp_path.name}"
-    # A user's shell: without the RAY_* variables an earlier in-process Ray run of this pytest left behind.
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("RAY_") and k != "PYTHONBREAKPOINT"}
-    env = {**clean, "PYTHONPATH": str(REPO), marker.split("=")[0]: marker.split("=")[1]}
+    # A user's shell, not this pytest process's environment (earlier tests' in-process Ray runs leave
+    # RAY_* settings in it that change how Ray's agents end).
+    keep = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "TMPDIR") or k.startswith("GRL_")}
+    env = {**keep, "PYTHONPATH": str(REPO), marker.split("=")[0]: marker.split("=")[1]}
     cmd = [sys.executable, "-m", "grl.train", "preset=cpu", "model_path=tiny", "max_response_length=8",
            "total_training_steps=50", "trainer.val_before_train=false", "test_freq=-1", "save_freq=-1",
            "trainer.export_hf=false", f"trainer.run_dir={tmp_path}/run", f"trainer.default_local_dir={tmp_path}/ck"]
