@@ -70,30 +70,36 @@ TASK = {
 }
 
 
-def learning_config(tmp_path):
-    grl.envs.register("words", WordsEnv)
-    grl.agents.register("wordsAgent", "words", WholeReplyHooks())
-    overrides = {
+def small_run_config(tmp_path, task: str, block: dict, max_response_length: int, validation_groups: int,
+                     **overrides):
+    """A short CPU run of the tiny model on one registered task, validated greedily before and after."""
+    keys = {
         "model_path": "tiny", "n_gpus_per_node": 1, "trainer.device": "cpu",
-        "actor_rollout_ref.rollout.name": "hf", "max_response_length": 2,
-        "rollout.training": "[words]", "rollout.agent_group_num": "[4]", "rollout.agent_group_size": "[4]",
-        "rollout.validation": "[words]", "rollout.validation_agent_group_num": "[32]",
+        "actor_rollout_ref.rollout.name": "hf", "max_response_length": max_response_length,
+        "rollout.training": f"[{task}]", "rollout.agent_group_num": "[4]", "rollout.agent_group_size": "[4]",
+        "rollout.validation": f"[{task}]", "rollout.validation_agent_group_num": f"[{validation_groups}]",
         "rollout.validation_agent_group_size": "[1]",
-        "rollout.use_turn_scores": True,
-        "ppo_mini_batch_size": 8, "micro_batch_size_per_gpu": 16, "total_training_steps": 6,
-        "test_freq": 3, "save_freq": -1, "trainer.val_before_train": True, "trainer.export_hf": False,
+        "save_freq": -1, "trainer.val_before_train": True, "trainer.export_hf": False,
         "trainer.logger": "[jsonl]", "resume_mode": "disable",
         "trainer.run_dir": str(tmp_path / "run"), "trainer.default_local_dir": str(tmp_path / "ckpt"),
         "actor_rollout_ref.model.enable_gradient_checkpointing": False,
-        "critic.model.enable_gradient_checkpointing": False,
-        "actor_rollout_ref.actor.optim.lr": 3e-3, "critic.optim.lr": 3e-3,
-        "actor_rollout_ref.actor.entropy_coeff": 0.0,
-        "algorithm.lam": 0.95,
+        "actor_rollout_ref.actor.optim.lr": 3e-3, "actor_rollout_ref.actor.entropy_coeff": 0.0,
+        **overrides,
     }
-    cfg = compose([f"{k}={v}" for k, v in overrides.items()])
+    cfg = compose([f"{k}={v}" for k, v in keys.items()])
     OmegaConf.set_struct(cfg, False)
-    cfg.words = TASK
+    cfg[task] = block
     return validate(cfg)
+
+
+def learning_config(tmp_path):
+    grl.envs.register("words", WordsEnv)
+    grl.agents.register("wordsAgent", "words", WholeReplyHooks())
+    return small_run_config(
+        tmp_path, "words", TASK, max_response_length=2, validation_groups=32,
+        **{"rollout.use_turn_scores": True, "ppo_mini_batch_size": 8, "micro_batch_size_per_gpu": 16,
+           "total_training_steps": 6, "test_freq": 3, "critic.model.enable_gradient_checkpointing": False,
+           "critic.optim.lr": 3e-3, "algorithm.lam": 0.95})
 
 
 def test_ppo_learns_a_trivial_multi_turn_task(tmp_path):
@@ -168,24 +174,10 @@ FRUIT_TASK = {
 def constrained_config(tmp_path):
     grl.envs.register("fruit", FruitEnv)
     grl.agents.register("fruitAgent", "fruit")
-    overrides = {
-        "model_path": "tiny", "n_gpus_per_node": 1, "trainer.device": "cpu",
-        "actor_rollout_ref.rollout.name": "hf", "max_response_length": 12,
-        "rollout.training": "[fruit]", "rollout.agent_group_num": "[4]", "rollout.agent_group_size": "[4]",
-        "rollout.validation": "[fruit]", "rollout.validation_agent_group_num": "[8]",
-        "rollout.validation_agent_group_size": "[1]",
-        "algorithm.adv_estimator": "grpo", "critic.enable": False,
-        "ppo_mini_batch_size": 16, "micro_batch_size_per_gpu": 16, "total_training_steps": 8,
-        "test_freq": 8, "save_freq": -1, "trainer.val_before_train": True, "trainer.export_hf": False,
-        "trainer.logger": "[jsonl]", "resume_mode": "disable",
-        "trainer.run_dir": str(tmp_path / "run"), "trainer.default_local_dir": str(tmp_path / "ckpt"),
-        "actor_rollout_ref.model.enable_gradient_checkpointing": False,
-        "actor_rollout_ref.actor.optim.lr": 3e-3, "actor_rollout_ref.actor.entropy_coeff": 0.0,
-    }
-    cfg = compose([f"{k}={v}" for k, v in overrides.items()])
-    OmegaConf.set_struct(cfg, False)
-    cfg.fruit = FRUIT_TASK
-    return validate(cfg)
+    return small_run_config(
+        tmp_path, "fruit", FRUIT_TASK, max_response_length=12, validation_groups=8,
+        **{"algorithm.adv_estimator": "grpo", "critic.enable": False, "ppo_mini_batch_size": 16,
+           "micro_batch_size_per_gpu": 16, "total_training_steps": 8, "test_freq": 8})
 
 
 @pytest.mark.parametrize("sign", [1.0, -1.0], ids=["as_is", "advantage_sign_flipped"])

@@ -21,6 +21,7 @@ def run(cfg: DictConfig) -> None:
     import ray
 
     from grl.trainer.agent_trainer import AgentTrainer
+    from grl.workers.group import shutdown_local_ray
 
     started_ray = not ray.is_initialized()
     try:
@@ -28,7 +29,7 @@ def run(cfg: DictConfig) -> None:
         trainer.fit()
     finally:
         if started_ray and ray.is_initialized():
-            ray.shutdown()  # a local runtime's raylet and workers end with the driver, not after it
+            shutdown_local_ray()  # a local runtime's raylet, agents and workers end with the driver
 
 
 __all__ = ["RunAborted", "run"]

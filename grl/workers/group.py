@@ -68,6 +68,33 @@ def init_ray(address: str | None = None, **ray_kwargs) -> None:
         ray.init(address="local", **ray_kwargs)
 
 
+def shutdown_local_ray(grace_s: float = 5.0) -> None:
+    """End a runtime this process started, and every process it spawned.
+
+    ray.shutdown() stops the raylet and GCS, but the raylet's agents (DashboardAgent, RuntimeEnvAgent)
+    can outlive it by a minute on a loaded machine; a run must leave nothing behind when it ends.
+    """
+    import psutil
+    import ray
+
+    ray_home = os.path.dirname(ray.__file__)
+    spawned = []
+    for child in psutil.Process().children():  # the GCS, raylet and monitors run programs from Ray's package
+        try:
+            if any(ray_home in arg for arg in child.cmdline()):
+                spawned += [child, *child.children(recursive=True)]
+        except psutil.Error:
+            continue
+    ray.shutdown()
+    _, alive = psutil.wait_procs(spawned, timeout=grace_s)
+    for proc in alive:
+        try:
+            proc.kill()  # psutil checks the pid still names the same process (start time)
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=grace_s)
+
+
 def world_size(cfg) -> int:
     """Ranks per role: trainer.n_gpus_per_node x trainer.nnodes (processes on CPU too)."""
     return int(cfg.trainer.n_gpus_per_node) * int(cfg.trainer.nnodes)
