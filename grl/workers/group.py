@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
+import threading
 from dataclasses import replace
 from pathlib import Path
 
@@ -59,6 +61,7 @@ def init_ray(address: str | None = None, **ray_kwargs) -> None:
     if ray.is_initialized():
         return
     address = address or os.environ.get("RAY_ADDRESS")
+    on_sigterm = signal.getsignal(signal.SIGTERM)
     if address:
         ray.init(address=address, **ray_kwargs)
     else:
@@ -66,6 +69,10 @@ def init_ray(address: str | None = None, **ray_kwargs) -> None:
         # session file in /tmp/ray names, and retry for minutes when that cluster is gone.
         ray_kwargs.setdefault("include_dashboard", False)
         ray.init(address="local", **ray_kwargs)
+    if callable(on_sigterm) and threading.current_thread() is threading.main_thread():
+        # ray.init installs a crash handler for SIGTERM that ends the driver mid-teardown; the caller's
+        # handler (grl-train's: unwind like Ctrl-C and shut every worker down) must stay in charge.
+        signal.signal(signal.SIGTERM, on_sigterm)
 
 
 def shutdown_local_ray(grace_s: float = 5.0) -> None:
