@@ -2,9 +2,12 @@
 
     grl play <task instance> [--seed N] [--config-dir DIR] [key=value ...]
         play a task in the terminal, seeing exactly the messages the model sees;
-        a reply of `help` or `?` lists the valid actions where the env has a list (e.g. TextWorld)
+        a reply of `help` or `?` lists the valid actions where the env has a list (e.g. TextWorld);
+        in a task with tools, a reply holding <python>code</python> runs it in the sandbox and shows its output
     grl plot ...
         plot logged curves (grl.tracking.plot)
+    grl plan [key=value ...] [--seq-len N] [--config-dir DIR]
+        predicted memory per GPU and phase (grl.planner); exits 2 with one line when it does not fit
 
 Training itself is `grl-train` / `python -m grl.train`.
 """
@@ -19,14 +22,16 @@ RULE = "-" * 72
 HELP_REPLIES = ("help", "?")
 
 
-def load_task(task: str, overrides: list[str], config_dir: str | None) -> dict:
-    """A task instance block, composed and validated exactly as training would."""
+def load_task(task: str, overrides: list[str], config_dir: str | None):
+    """A task instance block, composed and validated exactly as training would, and the limits of
+    its tool calls."""
     from grl import config
+    from grl.tools import SandboxLimits
 
     # Put the task in the rollout lists so the validator checks its env keys too.
     forced = [f"rollout.training=[{task}]", f"rollout.validation=[{task}]"]
     cfg = config.load_config(forced + list(overrides), config_dir=config_dir)
-    return config.task_instance(cfg, task)
+    return config.task_instance(cfg, task), SandboxLimits(**cfg.tools.python)
 
 
 def _show(message: dict, out: TextIO) -> None:
@@ -80,7 +85,7 @@ def play(task: str, seed: int, overrides: list[str], config_dir: str | None,
     """Run one episode of a task with a human (or a pipe) writing the replies."""
     import grl.agents
 
-    agent = grl.agents.make_agent(task, load_task(task, overrides, config_dir))
+    agent = grl.agents.make_agent(task, *load_task(task, overrides, config_dir))
     try:
         out.write(f"task {task}, seed {seed}: up to {agent.max_turns} turn(s), "
                   f"{agent.max_tokens} tokens per reply\n")
@@ -101,7 +106,10 @@ def play(task: str, seed: int, overrides: list[str], config_dir: str | None,
             info = result.info
             out.write(f"\n=> reward {result.reward:g}  done {done}  actions {info['actions']}  "
                       f"format_ok {info['format_ok']}  success {info['success']}"
-                      f"{'  env_error ' + info['env_error'] if info['env_error'] else ''}\n")
+                      f"{'  env_error ' + info['env_error'] if info['env_error'] else ''}"
+                      f"{'  (tool turn: the env was not stepped)' if 'tool_output' in info else ''}\n")
+            if done and "tool_output" in info:  # the last turn's tool output has no next message to show it
+                _show({"role": "tool", "content": info["tool_output"]}, out)
             if not done:
                 _show(agent.messages[-1], out)
             else:
@@ -138,7 +146,30 @@ def _plot_main(argv: list[str]) -> int:
     return plot_main(argv) or 0
 
 
-COMMANDS = {"play": _play_main, "plot": _plot_main}
+def _plan_main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="grl plan", description="Predict memory per GPU for each phase of a step.")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. preset=a100_8x_7b")
+    parser.add_argument("--seq-len", type=int, default=None,
+                        help="tokens per episode (default: rollout.max_episode_length, the longest kept)")
+    parser.add_argument("--config-dir", default=None, help="folder holding base.yaml (default: the repo's configs/)")
+    args = parser.parse_args(argv)
+    from grl.config import ConfigError, load_config
+    from grl.planner import PlanError, format_plan, plan_run
+
+    try:
+        memory = plan_run(load_config(args.overrides, config_dir=args.config_dir), seq_len=args.seq_len)
+    except (ConfigError, PlanError) as err:
+        print(f"grl plan: {err}", file=sys.stderr)
+        return 2
+    print(format_plan(memory))
+    problem = memory.overflow()
+    if problem:
+        print(f"grl plan: {problem}", file=sys.stderr)
+        return 2
+    return 0
+
+
+COMMANDS = {"play": _play_main, "plot": _plot_main, "plan": _plan_main}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -144,6 +144,7 @@ class RolloutEngine:
 @dataclass
 class ActorRolloutRef:
     hybrid_engine: bool = MISSING
+    nccl_timeout: float = MISSING
     model: Model = MISSING
     actor: Actor = MISSING
     ref: Ref = MISSING
@@ -153,6 +154,7 @@ class ActorRolloutRef:
 @dataclass
 class Critic:
     enable: bool = MISSING
+    nccl_timeout: float = MISSING
     model: Model = MISSING
     ppo_mini_batch_size: int = MISSING
     ppo_micro_batch_size_per_gpu: int = MISSING
@@ -193,6 +195,7 @@ class Trainer:
     nnodes: int = MISSING
     n_gpus_per_node: int = MISSING
     device: str = MISSING
+    gpu_memory_gb: Optional[float] = None  # GiB per GPU for the memory planner; None: the device's own
     ray_address: Optional[str] = MISSING
     total_training_steps: int = MISSING
     test_freq: int = MISSING
@@ -200,6 +203,7 @@ class Trainer:
     val_before_train: bool = MISSING
     val_only: bool = False
     validation_steps: int = 1
+    validation_controls: list[str] = MISSING
     resume_mode: str = MISSING
     resume_from_path: Optional[str] = None
     default_local_dir: str = MISSING
@@ -223,6 +227,24 @@ class System:
 
 
 @dataclass
+class PythonSandbox:  # grl.tools.SandboxLimits holds the meaning of each key
+    wall_s: float = MISSING
+    cpu_s: int = MISSING
+    memory_mb: int = MISSING
+    max_processes: int = MISSING
+    max_file_mb: int = MISSING
+    max_dir_mb: int = MISSING
+    max_open_files: int = MISSING
+    max_output_bytes: int = MISSING
+    isolate_network: bool = MISSING
+
+
+@dataclass
+class Tools:
+    python: PythonSandbox = MISSING
+
+
+@dataclass
 class GRLConfig:
     model_path: str = MISSING
     max_prompt_length: int = MISSING
@@ -241,6 +263,7 @@ class GRLConfig:
     resume_mode: str = MISSING
     data: Data = MISSING
     system: System = field(default_factory=System)
+    tools: Tools = MISSING
     rollout: Rollout = MISSING
     actor_rollout_ref: ActorRolloutRef = MISSING
     critic: Critic = MISSING
@@ -269,6 +292,10 @@ class AgentConfig:
     format_penalty: float = _agent_default("format_penalty")
     action_separator: Optional[str] = _agent_default("action_separator")
     action_decoding: str = _agent_default("action_decoding")  # free | constrained (env's valid_actions())
+    tools: list[str] = field(default_factory=list)  # e.g. [python]: tools the model may call (grl/tools)
+    max_tool_calls_per_turn: int = _agent_default("max_tool_calls_per_turn")
+    max_tool_calls: int = _agent_default("max_tool_calls")
+    max_tool_output_chars: int = _agent_default("max_tool_output_chars")
 
 
 @dataclass
@@ -290,13 +317,14 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "actor_rollout_ref.rollout.name": ("auto", "hf", "vllm"),
     "actor_rollout_ref.model.dtype": ("auto", "float32", "bfloat16", "float16", "fp32", "bf16", "fp16"),
     "critic.model.dtype": ("auto", "float32", "bfloat16", "float16", "fp32", "bf16", "fp16"),
-    "algorithm.adv_estimator": ("gae", "bi_level_gae", "weighted_gae", "grpo", "rloo", "reinforce_plus_plus", "gigpo"),
+    "algorithm.adv_estimator": ("gae", "bi_level_gae", "weighted_gae", "grpo", "rloo", "reinforce_plus_plus", "gigpo",
+                                "rebn"),
     "algorithm.kl_penalty": ("kl", "abs", "mse", "low_var_kl"),
     "algorithm.kl_ctrl.type": ("fixed", "adaptive"),
     "trainer.device": ("auto", "cuda", "cpu"),
 }
 LOGGERS = ("console", "jsonl", "wandb", "tensorboard")
-CRITIC_FREE_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus", "gigpo")
+CRITIC_FREE_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus", "gigpo", "rebn")
 
 
 # Second spellings that GRL's and verl's configs use: alias -> the key that is read. The alias
@@ -371,6 +399,11 @@ def _check_choices(cfg: DictConfig) -> None:
         value = OmegaConf.select(cfg, key)
         if value not in allowed:
             raise ConfigError(f"{key}: {value!r} is not one of {', '.join(allowed)}")
+    from grl.agents.controls import VALIDATION_CONTROLS
+
+    for name in cfg.trainer.validation_controls:
+        if name not in VALIDATION_CONTROLS:
+            raise ConfigError(f"trainer.validation_controls: {name!r} is not one of {', '.join(VALIDATION_CONTROLS)}")
     for name in cfg.trainer.logger:
         if name not in LOGGERS:
             raise ConfigError(f"trainer.logger: {name!r} is not one of {', '.join(LOGGERS)}")
@@ -398,7 +431,8 @@ def _check_lists(cfg: DictConfig) -> None:
         raise ConfigError(f"rollout.max_failed_agent_ratio: {cfg.rollout.max_failed_agent_ratio} is not in [0, 1]")
     for key in ("max_prompt_length", "max_response_length", "ppo_mini_batch_size", "micro_batch_size_per_gpu",
                 "n_gpus_per_node", "nnodes", "rollout.env_workers", "rollout.max_episode_length",
-                "actor_rollout_ref.actor.ppo_epochs", "actor_rollout_ref.actor.logits_chunk_size"):
+                "actor_rollout_ref.actor.ppo_epochs", "actor_rollout_ref.actor.logits_chunk_size",
+                "actor_rollout_ref.nccl_timeout", "critic.nccl_timeout"):
         if OmegaConf.select(cfg, key) < 1:
             raise ConfigError(f"{key}: must be at least 1, got {OmegaConf.select(cfg, key)}")
     for list_key in ("rollout.training", "rollout.validation"):

@@ -6,7 +6,8 @@ instance's data, the folders the run will write, the W&B login, and the
 numbers that type-check but make no sense (negative step counts, a learning
 rate of zero, a context longer than the model's). The first failure is one
 `PreflightError` line naming the key, its value and the fix; nothing is
-written (the folder check creates and removes one probe file).
+written (the folder check creates and removes one probe file). The memory
+planner (grl.planner) checks that every phase fits the device.
 """
 
 from __future__ import annotations
@@ -31,7 +32,9 @@ def check(cfg: DictConfig, environ: os._Environ | dict | None = None) -> list[st
     check_wandb(cfg, environ)
     check_ray_address(cfg, environ)
     check_folders(cfg)
+    check_resume(cfg)
     check_model(cfg, environ)
+    notes += check_memory(cfg)
     check_tasks(cfg)
     return notes
 
@@ -151,6 +154,16 @@ def check_folders(cfg: DictConfig) -> None:
                 raise PreflightError(f"{key}: {str(path)!r} {problem}; choose another folder")
 
 
+def check_resume(cfg: DictConfig) -> None:
+    """The checkpoint a run would resume from is one this version reads."""
+    from grl.trainer.checkpoint import resume_path
+
+    try:
+        resume_path(cfg.trainer.resume_mode, cfg.trainer.default_local_dir)
+    except (ValueError, FileNotFoundError) as err:
+        raise PreflightError(f"trainer.resume_mode: {_first_line(err)}") from None
+
+
 def _unwritable(path: Path) -> str | None:
     path = path.expanduser().absolute()
     existing = path
@@ -229,6 +242,23 @@ def _check_hub_id(key: str, name: str, environ) -> None:
 def _first_line(err: BaseException) -> str:
     text = str(err).strip()
     return text.splitlines()[0] if text else type(err).__name__
+
+
+# ---------------------------------------------------------------- memory
+
+def check_memory(cfg: DictConfig) -> list[str]:
+    """The memory planner's verdict (grl.planner): a phase that needs more than the device has
+    stops the run here, naming the key to change, rather than as an out-of-memory error after
+    minutes of start-up. A model the planner cannot size is a note, not a failure."""
+    from grl.planner import PlanError, plan_run
+
+    try:
+        problem = plan_run(cfg).overflow()
+    except PlanError as err:
+        return [f"memory plan skipped: {err}"]
+    if problem:
+        raise PreflightError(f"memory plan (grl plan): {problem}")
+    return []
 
 
 # ---------------------------------------------------------------- tasks

@@ -21,7 +21,7 @@ overrides are Hydra's KEY=VALUE (see configs/base.yaml, configs/ppo_trainer.yaml
   rollout.training=[simpleSokobanAgent]    training task instances (configs/agents.yaml)
   rollout.agent_group_num=[8] rollout.agent_group_size=[16]
   rollout.validation=[simpleSokobanAgent,gsm8kAgent_single_turn]
-  algorithm.adv_estimator=gae              gae | bi_level_gae | weighted_gae | grpo | rloo | reinforce_plus_plus | gigpo
+  algorithm.adv_estimator=gae              gae | bi_level_gae | weighted_gae | grpo | rloo | reinforce_plus_plus | gigpo | rebn
   trainer.logger=[console,jsonl,wandb]     W&B is online with WANDB_API_KEY, offline otherwise
   trainer.resume_mode=auto                 auto | disable | a checkpoints/.../global_step_N folder
 """

@@ -184,12 +184,12 @@ def constrained_config(tmp_path):
 def test_ppo_learns_under_valid_action_decoding(tmp_path, monkeypatch, sign):
     """Greedy validation success rises from 0 to at least 0.5, every reply is a valid action;
     with the advantages negated the same run must not learn (the test can fail)."""
-    import grl.trainer.agent_trainer as trainer_module
+    import grl.trainer.transforms as transforms
     from grl.trainer.agent_trainer import AgentTrainer
     from grl.workers import init_ray
 
-    estimate = trainer_module.compute_advantage
-    monkeypatch.setattr(trainer_module, "compute_advantage",
+    estimate = transforms.compute_advantage
+    monkeypatch.setattr(transforms, "compute_advantage",
                         lambda *a, **k: tuple(sign * x if i == 0 else x for i, x in enumerate(estimate(*a, **k))))
     cfg = constrained_config(tmp_path)
     # The right fruit is one the untrained model does not pick, so greedy success starts at 0.

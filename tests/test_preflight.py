@@ -60,6 +60,7 @@ BAD = [  # (override, the key the message must name)
     ("rollout.validation=[birdAgent] rollout.validation_agent_group_num=[1] "
      "rollout.validation_agent_group_size=[1] birdAgent.env_config.dataset_path={tmp}/none.jsonl", "birdAgent"),
     ("simpleSokobanAgent.env_config.dim_room=[2,2]", "simpleSokobanAgent"),
+    ("trainer.resume_mode={tmp}", "trainer.resume_mode"),  # a folder that holds no checkpoint
 ]
 
 

@@ -10,9 +10,11 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 import grl.envs
+import grl.tools
 from grl.agents.base import Agent, AgentSettings, AgentStep
-from grl.agents.parse import ParsedReply, parse_reply, split_actions
+from grl.agents.parse import ParsedReply, ToolCall, parse_reply, parse_tool_calls, split_actions
 from grl.agents.tasks import AGENT_TYPES, AgentType, TaskHooks
+from grl.tools import SandboxLimits
 
 
 def agent_types() -> list[str]:
@@ -50,8 +52,9 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def make_agent(task_name: str, task_cfg: Mapping[str, Any]) -> Agent:
-    """The Agent of one task instance; its env is built here and owned by it."""
+def make_agent(task_name: str, task_cfg: Mapping[str, Any], sandbox: SandboxLimits | None = None) -> Agent:
+    """The Agent of one task instance; its env is built here and owned by it. `sandbox`: the limits
+    of its tool calls (configs/base.yaml `tools.python`), for tasks with `agent_config.tools`."""
     task_cfg = _plain(task_cfg)
     if not isinstance(task_cfg, Mapping):
         raise ValueError(f"{task_name}: a task instance must be a mapping, got {type(task_cfg).__name__}")
@@ -75,9 +78,14 @@ def make_agent(task_name: str, task_cfg: Mapping[str, Any]) -> Agent:
         if accepted is not None and key not in accepted:
             raise ValueError(f"{task_name}.env_config.{key}: unknown key for env {kind.env} "
                              f"(known: {', '.join(sorted(accepted))})")
+    limits = sandbox or SandboxLimits()
+    if settings.tools:
+        limits.check("tools.python")
+        grl.tools.check_isolation(limits)  # refuse to start where the walls cannot be built
+    tools = {name: grl.tools.make_tool(name, limits) for name in settings.tools}
     env = grl.envs.make(kind.env, **env_config)
-    return Agent(task_name, settings, env, kind.hooks)
+    return Agent(task_name, settings, env, kind.hooks, tools)
 
 
-__all__ = ["Agent", "AgentSettings", "AgentStep", "AgentType", "ParsedReply", "TaskHooks", "agent_types",
-           "env_name", "make_agent", "parse_reply", "register", "split_actions"]
+__all__ = ["Agent", "AgentSettings", "AgentStep", "AgentType", "ParsedReply", "TaskHooks", "ToolCall", "agent_types",
+           "env_name", "make_agent", "parse_reply", "parse_tool_calls", "register", "split_actions"]

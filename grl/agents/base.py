@@ -11,9 +11,13 @@ env's `valid_actions()` per reply (grl/engines/constraint.py; free decoding
 where the env has none), so every answer parses and every action is valid;
 `answer_choices()` gives the rollout those actions.
 
+With `tools` (e.g. `[python]`), a reply holding a tool call is a tool turn (grl/agents/tool_use.py):
+the tool runs, its output is the next message, the env is not stepped.
+
 An episode ends when the env is done, after `max_turns` replies, when
 `max_actions_all_turns` actions are spent, or when the env raises (reported
-in `info["env_error"]`, never raised). Actions beyond `max_actions_per_turn`
+in `info["env_error"]`, never raised) or returns a value that breaks the contract (checked by
+grl/envs/checks.py, its kind in `info["env_error_kind"]`). Actions beyond `max_actions_per_turn`
 in one reply are dropped. A turn's reward is the sum of its actions' env
 rewards plus `format_penalty` when the reply has no usable answer or holds an
 action the env calls invalid. Every action the env is given counts against
@@ -27,9 +31,11 @@ import traceback
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
-from grl.agents.parse import parse_reply
+from grl.agents.parse import ToolCall, parse_reply, parse_tool_calls
 from grl.agents.tasks import TaskHooks
+from grl.agents.tool_use import ToolUse
 from grl.envs.base import Env
+from grl.envs.checks import EnvValueError, Repair, check_observation, check_step, check_valid_actions
 
 
 DECODING_MODES = ("free", "constrained")
@@ -50,6 +56,10 @@ class AgentSettings:
     format_penalty: float = -0.1
     action_separator: str | None = "||"
     action_decoding: str = "free"  # free | constrained: replies drawn from the env's valid actions
+    tools: tuple[str, ...] = ()  # tools the model may call inside an episode (grl/tools), e.g. ("python",)
+    max_tool_calls_per_turn: int = 1
+    max_tool_calls: int = 4  # per episode
+    max_tool_output_chars: int = 2000  # longer tool output is cut, and the message says so
 
     @classmethod
     def from_mapping(cls, cfg: Mapping[str, Any], where: str) -> "AgentSettings":
@@ -59,7 +69,8 @@ class AgentSettings:
             if key not in known:
                 raise ValueError(f"{where}.{key}: unknown agent_config key (known: {', '.join(known)})")
         values = {f.name: cfg.get(f.name, f.default) for f in fields(cls)}
-        for key in ("max_tokens", "max_turns", "max_actions_per_turn", "max_actions_all_turns"):
+        for key in ("max_tokens", "max_turns", "max_actions_per_turn", "max_actions_all_turns",
+                    "max_tool_calls_per_turn", "max_tool_calls", "max_tool_output_chars"):
             if not isinstance(values[key], int) or isinstance(values[key], bool) or values[key] < 1:
                 raise ValueError(f"{where}.{key}: must be an integer >= 1, got {values[key]!r}")
         for key in ("system_prompt", "prompt"):
@@ -75,7 +86,21 @@ class AgentSettings:
             raise ValueError(f"{where}.action_decoding: must be one of {', '.join(DECODING_MODES)}, "
                              f"got {values['action_decoding']!r}")
         values["format_penalty"] = float(values["format_penalty"])
+        values["tools"] = _tool_names(values["tools"], f"{where}.tools")
         return cls(**values)
+
+
+def _tool_names(names: Any, where: str) -> tuple[str, ...]:
+    import grl.tools
+
+    if names is None:
+        return ()
+    if isinstance(names, str) or not all(isinstance(n, str) for n in names):
+        raise ValueError(f"{where}: must be a list of tool names, got {names!r}")
+    for name in names:
+        if name not in grl.tools.TOOLS:
+            raise ValueError(f"{where}: unknown tool {name!r} (known: {', '.join(grl.tools.tool_names())})")
+    return tuple(names)
 
 
 @dataclass
@@ -86,12 +111,16 @@ class AgentStep:
 
 
 class Agent:
-    def __init__(self, task_name: str, settings: AgentSettings, env: Env, hooks: TaskHooks):
+    def __init__(self, task_name: str, settings: AgentSettings, env: Env, hooks: TaskHooks,
+                 tools: Mapping[str, Any] | None = None):
         self.task_name = task_name
         self.settings = settings
         self.env = env
         self.hooks = hooks
+        self.tool_use = ToolUse(tools, settings.max_tool_calls_per_turn, settings.max_tool_calls,
+                                settings.max_tool_output_chars) if tools else None
         self.messages: list[dict[str, str]] = []
+        self.env_repairs: list[Repair] = []  # what was repaired in the env's values by the latest reset/step
         self._start_episode("")
         self._done = True
 
@@ -121,8 +150,13 @@ class Agent:
 
     def answer_choices(self) -> list[str] | None:
         """The answers a constrained reply may hold now (the env's valid actions), or None for
-        free decoding."""
-        return self.env.valid_actions() if self.constrained else None
+        free decoding. Choices that are tool calls are offered only while the tool budget lasts."""
+        if not self.constrained:
+            return None
+        choices = check_valid_actions(self.env.valid_actions())
+        if self.tool_use and self.tool_use.spent():
+            choices = [c for c in choices if not parse_tool_calls(c)] or choices
+        return choices
 
     def format_text(self) -> str:
         """The reply format, stated from the settings so that it always matches the parser."""
@@ -146,8 +180,9 @@ class Agent:
                 f"{self.hooks.budget_text(actions_left, per_turn)}")
 
     def _first_user_message(self, observation: str) -> str:
+        tool_text = self.tool_use.prompt_text() if self.tool_use else ""
         parts = [self.settings.prompt.strip(), self.env.legend().strip(), self.env.action_help().strip(),
-                 self.format_text(), self._state_text(observation)]
+                 self.format_text(), tool_text, self._state_text(observation)]
         return "\n\n".join(p for p in parts if p)
 
     def _next_user_message(self, reward: float, feedback: str, observation: str) -> str:
@@ -157,7 +192,7 @@ class Agent:
     # ------------------------------------------------------------ episode
 
     def reset(self, seed: int) -> list[dict[str, str]]:
-        observation = self.env.reset(seed)
+        observation, self.env_repairs = check_observation(self.env.reset(seed), "reset")
         self._start_episode(observation)
         self.messages = [{"role": "system", "content": self.settings.system_prompt},
                          {"role": "user", "content": self._first_user_message(observation)}]
@@ -178,31 +213,42 @@ class Agent:
         self._effective: list[bool] = []
         self._format_ok: list[bool] = []
         self._env_infos: list[dict[str, Any]] = []
+        if self.tool_use:
+            self.tool_use.reset()
 
     def step(self, reply_text: str) -> AgentStep:
         if self._done:
             return AgentStep(0.0, True, {
                 "turn": self._turn, "actions": [], "actions_dropped": 0, "invalid_actions": [], "format_ok": False,
                 "format_error": "the episode is over; call reset()", "penalised": False, "success": self._success,
-                "env_done": True, "env_error": None, "env_traceback": None, "think": None,
+                "env_done": True, "env_error": None, "env_error_kind": None, "env_traceback": None, "think": None,
                 "answer": None})
         reply = reply_text if isinstance(reply_text, str) else ""
         s = self.settings
+        tool_calls = parse_tool_calls(reply) if self.tool_use else []
+        if tool_calls:
+            return self._tool_turn(reply, tool_calls)
         parsed = parse_reply(reply, s.enable_think)
         answer = parsed.answer if parsed.format_ok else self.hooks.fallback_answer(reply)
         proposed = self.hooks.actions(answer, s.action_separator)
         room = min(s.max_actions_per_turn, s.max_actions_all_turns - self._actions_used)
 
-        reward, env_done, env_error, env_traceback, observation = 0.0, False, None, None, None
+        reward, env_done, env_error, env_error_kind, env_traceback, observation = 0.0, False, None, None, None, None
         executed, invalid = [], []
+        self.env_repairs = []
         for action in proposed[:room]:
             try:
-                observation, action_reward, env_done, env_info = self.env.step(action)
-                action_reward, env_done, env_info = float(action_reward), bool(env_done), dict(env_info)
+                result = self.env.step(action)
             except Exception as err:  # a broken env ends this episode, never the rollout
-                env_error = f"{type(err).__name__}: {err}"
+                env_error, env_error_kind = f"{type(err).__name__}: {err}", "exception"
                 env_traceback = traceback.format_exc()
                 break
+            try:
+                observation, action_reward, env_done, env_info, repairs = check_step(result)
+            except EnvValueError as err:  # so does a malformed result
+                env_error, env_error_kind = str(err), err.kind
+                break
+            self.env_repairs += repairs
             executed.append(action)
             reward += action_reward
             self._env_infos.append(env_info)
@@ -237,6 +283,7 @@ class Agent:
             "success": self._success,
             "env_done": env_done,
             "env_error": env_error,
+            "env_error_kind": env_error_kind,
             "env_traceback": env_traceback,
             "think": parsed.think,
             "answer": answer,
@@ -247,6 +294,20 @@ class Agent:
             self.messages.append({"role": "user",
                                   "content": self._next_user_message(reward, feedback, self._observation)})
         return AgentStep(reward, done, info)
+
+    def _tool_turn(self, reply: str, calls: list[ToolCall]) -> AgentStep:
+        """Run the reply's tool calls; their output is the next message. The env is not stepped and
+        the turn earns nothing; it counts against `max_turns`."""
+        output = self.tool_use.run(calls)
+        self._turn += 1
+        self._done = self._turn >= self.settings.max_turns
+        self.messages.append({"role": "assistant", "content": reply})
+        if not self._done:
+            self.messages.append({"role": "tool", "content": output})
+        return AgentStep(0.0, self._done, {
+            "turn": self._turn, "actions": [], "actions_dropped": 0, "invalid_actions": [], "format_ok": True,
+            "format_error": "", "penalised": False, "success": self._success, "env_done": False, "env_error": None,
+            "env_error_kind": None, "env_traceback": None, "think": None, "answer": None, "tool_output": output})
 
     def _feedback(self, format_error: str, invalid: list[str], over_budget: int) -> str:
         notes = []
@@ -270,6 +331,7 @@ class Agent:
             "format_ok": share(self._format_ok),
             "num_turns": float(self._turn),
             **self.hooks.episode_extras(self._env_infos),
+            **(self.tool_use.metrics() if self.tool_use else {}),
         }
 
     def close(self) -> None:

@@ -22,10 +22,17 @@ e.g. `< Answer >` or `</ answer>`):
    one action), each stripped; empty pieces (`Up || || Down`, a trailing
    `||`) are skipped. Action text is otherwise passed to the env unchanged:
    case and synonyms are the env's business.
+6. Tool calls (`parse_tool_calls`, for tasks with `agent_config.tools`): `<python>code</python>`
+   anywhere in the reply (tags as tolerant as above; an unclosed tag runs to the end of the reply),
+   and the Hermes/Qwen chat templates' own format,
+   `<tool_call>{"name": "python", "arguments": {"code": "..."}}</tool_call>`, whose JSON must parse
+   and name a tool with a string `code` argument (otherwise it is reported as a malformed call).
+   Calls are returned in the order they appear.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 
@@ -35,6 +42,8 @@ _OPEN_ANSWER = re.compile(r"<\s*answer\s*>", re.IGNORECASE)
 _CLOSE_ANSWER = re.compile(r"<\s*/\s*answer\s*>", re.IGNORECASE)
 # A closing tag cut off by the token limit: `...Up</ans`.
 _CUT_CLOSE = re.compile(r"<\s*/\s*[a-z]*\s*$", re.IGNORECASE)
+_PYTHON_CALL = re.compile(r"<\s*python\s*>(.*?)(?:<\s*/\s*python\s*>|$)", re.IGNORECASE | re.DOTALL)
+_HERMES_CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -95,3 +104,38 @@ def split_actions(answer: str | None, separator: str | None) -> list[str]:
         return []
     pieces = answer.split(separator) if separator else [answer]
     return [piece.strip() for piece in pieces if piece.strip()]
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    tool: str  # a tool name, or "" for a call that could not be read
+    code: str
+    error: str = ""  # why the call is malformed; "" when it is not
+
+
+def _hermes_call(body: str) -> ToolCall:
+    try:
+        call = json.loads(body)
+    except ValueError:
+        return ToolCall("", "", "the <tool_call> body is not JSON")
+    arguments = call.get("arguments") if isinstance(call, dict) else None
+    if isinstance(arguments, str):  # some templates write the arguments as a JSON string
+        try:
+            arguments = json.loads(arguments)
+        except ValueError:
+            arguments = None
+    name = call.get("name") if isinstance(call, dict) else None
+    code = arguments.get("code") if isinstance(arguments, dict) else None
+    if not isinstance(name, str) or not isinstance(code, str):
+        return ToolCall("", "", 'a <tool_call> needs {"name": ..., "arguments": {"code": "..."}}')
+    return ToolCall(name, code)
+
+
+def parse_tool_calls(text: str) -> list[ToolCall]:
+    """The tool calls of a reply, in order, by rule 6 of the module docstring."""
+    if not isinstance(text, str):
+        return []
+    found = [(m.start(), ToolCall("python", _CUT_CLOSE.sub("", m.group(1)).strip("\n")))
+             for m in _PYTHON_CALL.finditer(text)]
+    found += [(m.start(), _hermes_call(m.group(1).strip())) for m in _HERMES_CALL.finditer(text)]
+    return [call for _, call in sorted(found, key=lambda pair: pair[0])]

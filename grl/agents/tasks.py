@@ -72,6 +72,14 @@ class TextWorldHooks(TaskHooks):
         return f"Commands left: {actions_left}."
 
 
+class GemHooks(AnswerHooks):
+    """GEM's games read the move from the last \\boxed{} of whatever they are given: the whole answer is one
+    move, and a reply without tags is passed whole, as GEM's own trainers pass the reply."""
+
+    def budget_text(self, actions_left: int, per_turn: int) -> str:
+        return f"Moves left: {actions_left}."
+
+
 @dataclass(frozen=True)
 class AgentType:
     env: str  # the grl.envs name it drives
@@ -92,4 +100,5 @@ AGENT_TYPES: dict[str, AgentType] = {
     "webshopAgent": AgentType("webshop", WebShopHooks()),
     "birdAgent": AgentType("bird", SQLHooks()),
     "textworldAgent": AgentType("textworld", TextWorldHooks()),
+    "gemAgent": AgentType("gem", GemHooks()),
 }

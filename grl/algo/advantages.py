@@ -20,7 +20,7 @@ import torch
 
 from grl.algo.masked import masked_whiten
 
-ESTIMATORS = ("gae", "bi_level_gae", "weighted_gae", "grpo", "rloo", "reinforce_plus_plus", "gigpo")
+ESTIMATORS = ("gae", "bi_level_gae", "weighted_gae", "grpo", "rloo", "reinforce_plus_plus", "gigpo", "rebn")
 
 
 def _zero(x: torch.Tensor) -> torch.Tensor:
@@ -255,6 +255,31 @@ def compute_rloo(episode_scores: torch.Tensor, loss_mask: torch.Tensor, group_id
     return advantages, advantages
 
 
+def _turn_returns(token_rewards: torch.Tensor, gen: torch.Tensor, turn_ids: torch.Tensor, gamma: float):
+    """Each turn's discounted return G_k = R_k + gamma * G_{k+1} over a row's turns, R_k the turn's summed
+    token rewards; turns without generated tokens are skipped. -> (tid, has_turn, returns `[batch, K]`)."""
+    tid, _, _, has_turn, K = _turn_layout(turn_ids, gen)
+    turn_rewards = token_rewards.new_zeros(gen.shape[0], K + 1).scatter_add(1, tid, torch.where(gen, token_rewards, _zero(token_rewards)))[:, :K]
+    packing = _Packing(has_turn)  # turns of a row packed left, so the discount skips empty turns
+    return tid, has_turn, packing.unpack(_discounted_reverse_sum(packing.pack(turn_rewards), gamma))
+
+
+def compute_rebn(token_rewards: torch.Tensor, loss_mask: torch.Tensor, turn_ids: torch.Tensor, gamma: float, eps: float = 1e-9):
+    """GEM's per-turn returns with return batch normalisation (ReBN) -> (advantages, returns).
+
+    Each turn is one transition, as in GEM's trainers: G_k = R_k + gamma * G_{k+1} over the row's turns.
+    The returns of every turn in the batch are normalised together, A_k = (G_k - mean) / (std + eps) with
+    the population std (GEM's OAT trainer, `--norm_return`), and A_k goes on every generated token of
+    turn k. returns hold G_k on the turn's tokens.
+    """
+    gen = loss_mask > 0
+    tid, has_turn, step_returns = _turn_returns(token_rewards, gen, turn_ids, gamma)
+    centered = step_returns[has_turn] - step_returns[has_turn].mean()
+    normalized = centered / (centered.pow(2).mean().sqrt() + eps)
+    return _to_tokens(step_returns.new_zeros(has_turn.shape).masked_scatter(has_turn, normalized), tid, gen), \
+        _to_tokens(step_returns, tid, gen)
+
+
 def compute_gigpo(token_rewards: torch.Tensor, loss_mask: torch.Tensor, turn_ids: torch.Tensor, turn_states: torch.Tensor,
                   group_ids, gamma: float, step_weight: float, episode_scores: torch.Tensor | None = None,
                   norm_by_std: bool = True, eps: float = 1e-6):
@@ -270,14 +295,11 @@ def compute_gigpo(token_rewards: torch.Tensor, loss_mask: torch.Tensor, turn_ids
     returns holds the step returns G_k on the turn's tokens.
     """
     gen = loss_mask > 0
-    tid, _, _, has_turn, K = _turn_layout(turn_ids, gen)
-    B = gen.shape[0]
+    tid, has_turn, step_returns = _turn_returns(token_rewards, gen, turn_ids, gamma)
+    B, K = has_turn.shape
     if episode_scores is None:
         episode_scores = torch.where(gen, token_rewards, _zero(token_rewards)).sum(-1)
     episode_adv, _ = compute_grpo(episode_scores, loss_mask, group_ids, norm_by_std, eps)
-    turn_rewards = token_rewards.new_zeros(B, K + 1).scatter_add(1, tid, torch.where(gen, token_rewards, _zero(token_rewards)))[:, :K]
-    packing = _Packing(has_turn)  # turns of a row packed left, so the discount skips empty turns
-    step_returns = packing.unpack(_discounted_reverse_sum(packing.pack(turn_rewards), gamma))
     if turn_states.shape[1] < K:
         raise ValueError(f"turn_states has {turn_states.shape[1]} turns per row, turn_ids need {K}")
     states = turn_states[:, :K].long()
@@ -323,7 +345,7 @@ def compute_advantage(estimator: str, *, token_rewards: torch.Tensor, loss_mask:
 
     `whiten` whitens the advantages of the critic-based estimators (gae, bi_level_gae,
     weighted_gae) over the mask, as verl and RAGEN do; returns stay raw. REINFORCE++ always
-    whitens (it is part of the method); GRPO and RLOO are already group-normalised.
+    whitens (it is part of the method); GRPO and RLOO are already group-normalised, ReBN batch-normalised.
     `episode_scores` default to each row's summed rewards on generated tokens; `turn_ids`
     default to one turn per run of generated tokens. GiGPO needs `turn_states` (`[batch, turns]`
     state ids) and is group-normalised too.
@@ -344,6 +366,8 @@ def compute_advantage(estimator: str, *, token_rewards: torch.Tensor, loss_mask:
                              norm_adv_by_std, eps)
     if estimator == "reinforce_plus_plus":
         return compute_reinforce_plus_plus(token_rewards, loss_mask, gamma)
+    if estimator == "rebn":
+        return compute_rebn(token_rewards, loss_mask, turn_ids_from_mask(loss_mask) if turn_ids is None else turn_ids, gamma)
     values = _need("values", values, estimator)
     if estimator == "gae":
         advantages, returns = compute_gae(token_rewards, values, loss_mask, gamma, lam)

@@ -75,9 +75,12 @@ def pick_engine_name(name: str) -> str:
 
 def make_engine(name: str, model_path: str, *, dtype: str = "auto", device: str | None = None,
                 gpu_memory_utilization: float = 0.5, enforce_eager: bool = True, max_model_len: int | None = None,
-                tensor_model_parallel_size: int = 1, free_cache_engine: bool = True, seed: int = 0) -> Engine:
+                tensor_model_parallel_size: int = 1, free_cache_engine: bool = True, seed: int = 0,
+                grammar: bool = False) -> Engine:
     """Build the engine `name` (hf | vllm | auto) for `model_path` (a folder,
-    a hub id, `embedded` or `tiny`)."""
+    a hub id, `embedded` or `tiny`). `grammar`: some request will carry a reply
+    grammar (a task decodes constrained); vllm then gets its logits processor,
+    and without it refuses a grammar. The hf engine always takes one."""
     from grl.models import resolve_model_path
 
     name = pick_engine_name(name)
@@ -90,7 +93,7 @@ def make_engine(name: str, model_path: str, *, dtype: str = "auto", device: str 
     kwargs = {"dtype": dtype, "device": device, "gpu_memory_utilization": gpu_memory_utilization,
               "enforce_eager": enforce_eager, "max_model_len": max_model_len,
               "tensor_model_parallel_size": tensor_model_parallel_size, "free_cache_engine": free_cache_engine,
-              "seed": seed}
+              "seed": seed, "grammar": grammar}
     if on_gpu:
         from grl.engines.vllm_engine import VLLMEngine
 

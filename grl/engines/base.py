@@ -53,8 +53,9 @@ class Engine:
         and leaves the old weights."""
         raise NotImplementedError
 
-    def sleep(self) -> None:
-        """Free accelerator memory (weights and KV cache) until `wake`."""
+    def sleep(self, discard_weights: bool = False) -> None:
+        """Free accelerator memory (weights and KV cache) until `wake`. `discard_weights`: the
+        caller's next call is `update_weights` with every weight, so they need not be kept."""
 
     def wake(self) -> None:
         """Take back the memory `sleep` freed."""

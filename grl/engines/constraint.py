@@ -109,15 +109,22 @@ class GrammarWalker:
         node = self.grammar.nodes[self.node]
         return not self.forcing and isinstance(node, dict) and not node
 
+    def _start_forcing(self) -> None:
+        """Inside free text with only the budget left that closing it and the longest answer take:
+        the closing tokens come next. Run before both `allowed` and `advance`, so the walk is a
+        function of the tokens alone, however often the allowed set was asked for (an engine that
+        resumes a request catches up on several tokens at once)."""
+        node = self.grammar.nodes[self.node]
+        if (not self.forcing and isinstance(node, _Free)
+                and self.grammar.max_tokens - self.used <= self.grammar.reserve[self.node] - node.room):
+            self.forcing = list(node.close)
+
     def allowed(self) -> AllowedSet:
+        self._start_forcing()
         if self.forcing:
             return (1, (self.forcing[0],))
         node = self.grammar.nodes[self.node]
         if isinstance(node, _Free):
-            left = self.grammar.max_tokens - self.used
-            if left <= self.grammar.reserve[self.node] - node.room:
-                self.forcing = list(node.close)
-                return (1, (self.forcing[0],))
             return (-len(node.deny), node.deny)
         if not node:  # the end: the engine stops on the end-of-turn token, so this is never sampled
             return UNCONSTRAINED
@@ -125,6 +132,7 @@ class GrammarWalker:
         return (len(ids), ids)
 
     def advance(self, token: int) -> None:
+        self._start_forcing()
         self.used += 1
         node = self.grammar.nodes[self.node]
         if self.forcing:

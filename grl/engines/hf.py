@@ -133,6 +133,9 @@ class HFEngine(Engine):
         for row, walker in enumerate(walkers):
             if walker is not None:
                 self._take_forced(walker, tokens[row], log_probs[row], finish, row, sampling.max_new_tokens)
+        if all(f is not None for f in finish):  # every reply was forced whole (one valid action): no model call
+            return [GenerationOutput(tokens[row], log_probs[row] if sampling.logprobs else None, finish[row])
+                    for row in range(batch)]
         prompts = [list(p) + t for p, t in zip(prompts, tokens)]
         cached = [self._cached_prefix(p) for p in prompts]
         past = max(len(c) for c in cached)  # width of the cached-prefix area
@@ -299,9 +302,10 @@ class HFEngine(Engine):
             for name, tensor in checked:
                 params[name].data.copy_(tensor)
 
-    def sleep(self) -> None:
+    def sleep(self, discard_weights: bool = False) -> None:
         """On GPU, park the weights in host memory and release the CUDA cache;
-        on CPU there is no accelerator memory to give back."""
+        on CPU there is no accelerator memory to give back. The weights are kept either way
+        (a host copy is what update_weights writes into)."""
         import torch
 
         if self.asleep or not self.device.startswith("cuda"):

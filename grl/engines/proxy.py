@@ -156,8 +156,9 @@ class SubprocessEngine(Engine):
         self._call("update_weights", [(name, tensor.detach().cpu()) if hasattr(tensor, "detach")
                                       else (name, tensor) for name, tensor in items])
 
-    def sleep(self) -> None:
-        self._call("sleep")
+    def sleep(self, discard_weights: bool = False) -> None:
+        # The flag travels only when set: a target without it keeps a plain sleep().
+        self._call("sleep", *([True] if discard_weights else []))
 
     def wake(self) -> None:
         self._call("wake")

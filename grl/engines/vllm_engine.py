@@ -7,9 +7,9 @@ process's threads, so `make_engine` runs this class inside a spawned child
 (grl/engines/proxy.py) instead.
 
 Log-probs are vLLM's `processed_logprobs` of the sampled token: log-softmax
-of the logits after the valid-action grammar (a logits processor, below) and
-temperature (and top-k/top-p), i.e. of the distribution the token was drawn
-from, which is what the trainer scores.
+of the logits after the valid-action grammar (a logits processor,
+grl/engines/vllm_grammar.py) and temperature (and top-k/top-p), i.e. of the
+distribution the token was drawn from, which is what the trainer scores.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import logging
 import os
 
 from grl.engines.base import Engine, GenerationOutput, NamedTensors, SamplingParams
-from grl.engines.constraint import GrammarWalker
 from grl.engines.hf import _check_constraints, _check_prompts
 from grl.engines.weights import check_named_tensors, meta_weight_spec
 
@@ -33,48 +32,11 @@ def _vllm_dtype(dtype: str, on_gpu: bool) -> str:
     return str(torch_dtype(dtype, "cuda" if on_gpu else "cpu")).removeprefix("torch.")
 
 
-GRAMMAR_ARG = "grl_grammar"
-
-
-def grammar_logits_processor():
-    """vLLM's logits-processor class that masks each request to its grammar
-    (`SamplingParams.extra_args[GRAMMAR_ARG]`); built here so vllm is imported lazily."""
-    from vllm.v1.sample.logits_processor import AdapterLogitsProcessor
-
-    class GrammarLogitsProcessor(AdapterLogitsProcessor):
-        def is_argmax_invariant(self) -> bool:
-            return False
-
-        def new_req_logits_processor(self, params):
-            grammar = (params.extra_args or {}).get(GRAMMAR_ARG)
-            return None if grammar is None else _RequestMask(grammar.walker())
-
-    return GrammarLogitsProcessor
-
-
-class _RequestMask:
-    """One request's mask: walks the grammar over the tokens vLLM has sampled so far."""
-
-    def __init__(self, walker: GrammarWalker):
-        self.walker = walker
-        self.seen = 0
-
-    def __call__(self, output_ids: list[int], logits):
-        from grl.engines.constraint import allowed_sets_tensors, constrain_logits
-
-        for token in output_ids[self.seen:]:
-            self.walker.advance(token)
-        self.seen = len(output_ids)
-        allowed = self.walker.allowed()
-        if allowed[0] == 0:
-            return logits
-        sizes, ids = allowed_sets_tensors([allowed])
-        return constrain_logits(logits[None], sizes.to(logits.device), ids.to(logits.device))[0]
-
-
 def to_vllm_sampling(sampling: SamplingParams, index: int, grammar=None):
     """Our SamplingParams for request `index` of a batch, as vLLM's."""
     from vllm import SamplingParams as VllmSamplingParams
+
+    from grl.engines.vllm_grammar import GRAMMAR_ARG
 
     greedy = sampling.is_greedy
     return VllmSamplingParams(
@@ -116,12 +78,14 @@ def repack_shared_weights(worker) -> int:
 
 
 class VLLMEngine(Engine):
-    """`vllm.LLM` behind the Engine interface."""
+    """`vllm.LLM` behind the Engine interface. `grammar`: requests may carry a
+    reply grammar (some task decodes constrained); without it vLLM gets no
+    logits processor at all."""
 
     def __init__(self, model_path: str, *, dtype: str = "auto", device: str | None = None,
                  gpu_memory_utilization: float = 0.5, enforce_eager: bool = True,
                  max_model_len: int | None = None, tensor_model_parallel_size: int = 1,
-                 free_cache_engine: bool = True, seed: int = 0):
+                 free_cache_engine: bool = True, seed: int = 0, grammar: bool = False):
         # In-process engine core: collective_rpc then hands our tensors to the
         # worker as objects instead of serialising them.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -130,27 +94,22 @@ class VLLMEngine(Engine):
         import torch
         from vllm import LLM
 
+        from grl.engines.vllm_grammar import grammar_processors
         from grl.models import resolve_model_path
 
         path = resolve_model_path(model_path)
         on_gpu = device.startswith("cuda") if device else torch.cuda.is_available()
         # vLLM's CPU worker has no sleep mode (it logs and ignores the call).
         self.sleep_mode = bool(free_cache_engine and on_gpu)
-        self.llm = LLM(
-            model=path,
-            tokenizer=path,
-            dtype=_vllm_dtype(dtype, on_gpu),
-            seed=seed,
-            gpu_memory_utilization=gpu_memory_utilization,
-            enforce_eager=enforce_eager,
-            max_model_len=max_model_len,
-            tensor_parallel_size=tensor_model_parallel_size,
-            enable_sleep_mode=self.sleep_mode,
-            logprobs_mode="processed_logprobs",
-            logits_processors=[grammar_logits_processor()],
-        )
+        self.grammar = grammar
+        args = dict(model=path, tokenizer=path, dtype=_vllm_dtype(dtype, on_gpu), seed=seed,
+                    gpu_memory_utilization=gpu_memory_utilization, enforce_eager=enforce_eager,
+                    max_model_len=max_model_len, tensor_parallel_size=tensor_model_parallel_size,
+                    enable_sleep_mode=self.sleep_mode, logprobs_mode="processed_logprobs")
+        self.llm = LLM(**args, logits_processors=grammar_processors(args, grammar))
         self.spec = meta_weight_spec(path)
         self.weights_asleep = self.cache_asleep = False
+        self.weights_discarded = False  # asleep at level 2: only update_weights brings them back
         if free_cache_engine and not on_gpu:
             logger.info("vLLM on CPU has no sleep mode: sleep() and wake() keep the memory")
 
@@ -160,6 +119,10 @@ class VLLMEngine(Engine):
 
         _check_prompts(prompt_token_ids)
         constraints = _check_constraints(constraints, len(prompt_token_ids))
+        if not self.grammar and any(c is not None for c in constraints):
+            raise ValueError("generate: a reply grammar was given to a vllm engine built with grammar=False; build it "
+                             "with make_engine(..., grammar=True) when a task sets agent_config.action_decoding: "
+                             "constrained")
         if sampling.max_new_tokens <= 0:  # vLLM requires max_tokens >= 1
             return [GenerationOutput([], [] if sampling.logprobs else None, "length") for _ in prompt_token_ids]
         self.wake()
@@ -179,22 +142,33 @@ class VLLMEngine(Engine):
     def update_weights(self, named_tensors: NamedTensors) -> None:
         checked = check_named_tensors(named_tensors, self.spec)
         if self.weights_asleep:
-            # Weights first; the KV cache comes back in wake(), after the
-            # trainer's tensors are freed, which keeps the peak low.
+            # Weights first (after a level-2 sleep this maps memory and restores
+            # the model's buffers, no copy); the KV cache comes back in wake(),
+            # after the trainer's tensors are freed, which keeps the peak low.
             self.llm.wake_up(tags=["weights"])
             self.weights_asleep = False
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": checked})
         self.llm.collective_rpc(repack_shared_weights)
+        self.weights_discarded = False
         # Cached prefixes were computed with the old weights.
         self.llm.reset_prefix_cache()
 
-    def sleep(self) -> None:
+    def sleep(self, discard_weights: bool = False) -> None:
+        """Give the GPU memory back. `discard_weights`: the caller reloads the
+        weights (update_weights) before the next generate, so they are dropped
+        (vLLM sleep level 2) rather than copied to host memory and back (level
+        1). Level 2 keeps the model's buffers (rotary caches, KV scales: vLLM
+        saves them to host and restores them with the weights)."""
         if not self.sleep_mode or (self.weights_asleep and self.cache_asleep):
             return
-        self.llm.sleep(level=1)  # weights to host memory, KV cache dropped
+        self.llm.sleep(level=2 if discard_weights else 1)  # the KV cache is dropped at either level
         self.weights_asleep = self.cache_asleep = True
+        self.weights_discarded = discard_weights
 
     def wake(self) -> None:
+        if self.weights_discarded:
+            raise RuntimeError("the vllm engine slept with discard_weights=True: call update_weights before "
+                               "generate or wake")
         tags = [tag for tag, asleep in (("weights", self.weights_asleep), ("kv_cache", self.cache_asleep)) if asleep]
         if tags:
             self.llm.wake_up(tags=tags)

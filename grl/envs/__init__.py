@@ -23,6 +23,7 @@ _REGISTRY: dict[str, str] = {
     "bird": "grl.envs.bird:BirdEnv",
     "textworld": "grl.envs.textworld:TextWorldEnv",
     "guess_number": "grl.envs.guess_number:GuessNumberEnv",  # the example of docs/TUTORIAL.md
+    "gem": "grl.envs.gem:GemEnv",  # GEM's games and reasoning-gym tasks (gem-llm)
 }
 
 

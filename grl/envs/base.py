@@ -3,6 +3,21 @@
 An env is pure Python: text in, text out, seeded, no model and no Ray. The
 agent layer turns its observations into chat messages; the env never sees a
 prompt or a token.
+
+What an env returns is checked where it enters GRL (grl/envs/checks.py), so an
+env written by someone else can cost an episode, never the run. These end the
+agent's episode as an env error (the env-error penalty on the failed turn,
+counted in `<task>/env_errors`, logged once per task and kind with the seed,
+the value's type and a short repr): a `step()` result that is not a 4-tuple;
+a reward that is not a real number; a NaN or infinite reward (also counted in
+`<task>/nonfinite_rewards`); a `done` that is not a bool; an `info` that is
+not a dict; an observation (of `reset()` or `step()`) that is not a `str`;
+under valid-action decoding, a `valid_actions()` that is empty, not a list,
+or lists anything but non-empty clean strings. An exception or a call slower
+than `rollout.env_step_timeout` ends the episode the same way. These are
+repaired and the episode goes on (counted in `<task>/env_warnings`): an
+observation longer than `MAX_OBSERVATION_CHARS` (16,384 characters) is cut,
+with a note to the model; NUL and lone surrogate characters become U+FFFD.
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ from grl.rollout.multi_turn import (
     RolloutError,
     RolloutResult,
     TaskSpec,
+    decodes_constrained,
     rollout_metrics,
     task_specs,
     training_base_seed,
@@ -27,5 +28,5 @@ from grl.rollout.shaping import (
 from grl.rollout.types import Batch, Episode, Turn
 
 __all__ = ["Batch", "Episode", "MultiTurnRollout", "RolloutError", "RolloutResult", "TaskSpec", "Turn", "build_batch",
-           "episode_tokens", "filter_groups", "normalize", "normalize_episode_scores", "pack_rows",
-           "packed_attention_mask", "rollout_metrics", "task_specs", "training_base_seed", "unpack"]
+           "decodes_constrained", "episode_tokens", "filter_groups", "normalize", "normalize_episode_scores",
+           "pack_rows", "packed_attention_mask", "rollout_metrics", "task_specs", "training_base_seed", "unpack"]

@@ -21,14 +21,29 @@ class ChatTokens:
     def __init__(self, tokenizer, chat_template_kwargs: dict | None = None):
         self.tokenizer = tokenizer
         self.template_kwargs = dict(chat_template_kwargs or {})
+        self._tool_role: bool | None = None  # whether the template renders a `tool` message (tool output)
 
     def encode(self, text: str) -> list[int]:
         # Templates write their own special tokens (BOS included) as text.
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def render(self, messages: list[dict], generation_prompt: bool) -> str:
+        if any(m.get("role") == "tool" for m in messages) and not self._renders_tool_role():
+            messages = [{**m, "role": "user"} if m.get("role") == "tool" else m for m in messages]
         return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt,
                                                   **self.template_kwargs)
+
+    def _renders_tool_role(self) -> bool:
+        """Tool output goes in the template's tool role where it has one, else in a user message."""
+        if self._tool_role is None:
+            probe = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"},
+                     {"role": "tool", "content": _PLACEHOLDER}]
+            try:
+                self._tool_role = _PLACEHOLDER in self.tokenizer.apply_chat_template(
+                    probe, tokenize=False, add_generation_prompt=True, **self.template_kwargs)
+            except Exception:  # noqa: BLE001 - templates reject roles they do not know in many ways
+                self._tool_role = False
+        return self._tool_role
 
     def first_prompt(self, messages: list[dict]) -> list[int]:
         return self.encode(self.render(messages, generation_prompt=True))

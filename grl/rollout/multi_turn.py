@@ -17,8 +17,15 @@ Env faults: an env that raises (in `reset` or `step`) or overruns the time
 limit ends that agent's episode with reward `env_error_penalty` (default: the
 task's format penalty) on the failed turn; the error is logged once with task,
 seed and traceback, counted in `<task>/env_errors`, and the agent is thrown
-away (a hung one is never touched again). If more than
-`max_failed_agent_ratio` of the step's agents fail, `RolloutError` stops it.
+away (a hung one is never touched again). So does an env that returns a
+value breaking the contract (grl/envs/checks.py: a non-finite or non-numeric
+reward, an observation that is not text, a malformed step result, `done` or
+`info`, an empty or malformed `valid_actions()`): it is logged once per task
+and kind with the seed, the value's type and a short repr, and counted in
+`<task>/env_errors` (non-finite rewards also in `<task>/nonfinite_rewards`).
+An observation that is repaired (cut to size, NUL or lone surrogates
+replaced) keeps its episode and is counted in `<task>/env_warnings`. If more
+than `max_failed_agent_ratio` of the step's agents fail, `RolloutError` stops it.
 
 Use (the trainer's side):
 
@@ -34,7 +41,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -42,8 +48,10 @@ from typing import Any
 
 from grl.engines.base import Engine, SamplingParams
 from grl.engines.constraint import GrammarError, ReplyGrammar, compile_reply_grammar
+from grl.envs.checks import EnvValueError, Repair
 from grl.rollout.chat import ChatTokens, truncate_prompt
 from grl.rollout.env_pool import CallResult, run_calls
+from grl.rollout.episode_stats import rollout_metrics
 from grl.rollout.types import Episode, Turn
 
 log = logging.getLogger("grl.rollout")
@@ -85,6 +93,8 @@ class _Slot:
     turns: list[Turn] = field(default_factory=list)
     done: bool = False
     error: str | None = None
+    error_kind: str | None = None  # exception | timeout | a kind of grl/envs/checks.py
+    env_warnings: int = 0  # values of the env that were repaired
     hung: bool = False
     truncated_turns: int = 0
 
@@ -99,6 +109,13 @@ def task_specs(cfg, validation: bool = False) -> list[TaskSpec]:
 
     return [TaskSpec(str(n), OmegaConf.to_container(cfg[n], resolve=True), int(g), int(s))
             for n, g, s in zip(names, nums, sizes)]
+
+
+def decodes_constrained(cfg) -> bool:
+    """Whether any training or validation task of a run writes its replies from the env's valid
+    actions (`agent_config.action_decoding: constrained`): its engine must then take reply grammars."""
+    return any((spec.config.get("agent_config") or {}).get("action_decoding") == "constrained"
+               for validation in (False, True) for spec in task_specs(cfg, validation))
 
 
 def training_base_seed(seed: int, step: int) -> int:
@@ -135,17 +152,26 @@ class MultiTurnRollout:
         self._agents: dict[tuple, Any] = {}
         self._grammars: dict[tuple, ReplyGrammar] = {}
         self._warned_left_out: set[str] = set()
+        self._logged_env_values: set[tuple[str, str]] = set()  # (task, kind) of bad env values already logged
         # The end-of-turn token closes a constrained reply; no special token may appear in its free text.
         eos = tokenizer.eos_token_id
         self._end_ids = [eos] + sorted(set(getattr(tokenizer, "all_special_ids", [])) - {eos})
 
     @classmethod
-    def from_config(cls, cfg, engine: Engine, tokenizer) -> MultiTurnRollout:
+    def from_config(cls, cfg, engine: Engine, tokenizer, control: str | None = None) -> MultiTurnRollout:
+        """`control`: a validation control of grl/agents/controls.py (e.g. `swap`) that builds the agents."""
+        from grl.agents import make_agent
+        from grl.agents.controls import VALIDATION_CONTROLS
+        from grl.tools import SandboxLimits
+
         r = cfg.rollout
+        sandbox = SandboxLimits(**cfg.tools.python)  # the limits of every tool call (configs/base.yaml tools)
         return cls(engine, tokenizer, max_prompt_length=cfg.max_prompt_length,
                    max_response_length=cfg.max_response_length, truncation=r.truncation,
                    env_workers=r.env_workers, env_step_timeout=r.env_step_timeout,
-                   env_error_penalty=r.env_error_penalty, max_failed_agent_ratio=r.max_failed_agent_ratio)
+                   env_error_penalty=r.env_error_penalty, max_failed_agent_ratio=r.max_failed_agent_ratio,
+                   agent_factory=lambda name, block: (VALIDATION_CONTROLS[control] if control else make_agent)(
+                       name, block, sandbox))
 
     # ------------------------------------------------------------ public
 
@@ -190,12 +216,15 @@ class MultiTurnRollout:
         return slots
 
     def _reset(self, slots: list[_Slot]) -> None:
-        results = run_calls([lambda s=s: s.agent.reset(s.seed) for s in slots], self.env_workers,
-                            self.env_step_timeout)
+        results = run_calls([lambda s=s: _reset_agent(s) for s in slots], self.env_workers, self.env_step_timeout)
         for s, result in zip(slots, results):
             if not result.ok:
                 self._fail(s, result.error, result.timed_out, "reset")
                 continue
+            if isinstance(result.value, EnvValueError):
+                self._fail(s, str(result.value), False, "reset", result.value.kind)
+                continue
+            self._repaired(s, s.agent.env_repairs)
             s.pending = self.chat.first_prompt(result.value)
             s.ids = list(s.pending)
             s.keep_prefix = self.chat.system_prefix_length(result.value, s.pending)
@@ -260,6 +289,8 @@ class MultiTurnRollout:
                                 grammar.left_out[0])
                 self._grammars[key] = grammar
             return self._grammars[key]
+        except EnvValueError as err:
+            self._fail(s, str(err), False, "valid_actions", err.kind)
         except GrammarError as err:
             self._fail(s, f"{s.task.name}: constrained decoding: {err}", False, "valid_actions")
         except Exception:  # noqa: BLE001 - a broken env ends this episode, never the rollout
@@ -281,9 +312,11 @@ class MultiTurnRollout:
             return
         step = result.value
         turn.info = dict(step.info)
+        self._repaired(s, s.agent.env_repairs)
         env_error = turn.info.get("env_error")
-        if env_error:  # the agent caught the env's exception and ended the episode
-            self._fail(s, turn.info.get("env_traceback") or env_error, False, "step")
+        if env_error:  # the agent caught the env's exception or bad value and ended the episode
+            self._fail(s, turn.info.get("env_traceback") or env_error, False, "step",
+                       turn.info.get("env_error_kind") or "exception")
             return
         turn.reward = float(step.reward)
         if step.done or len(s.turns) >= s.agent.max_turns:
@@ -293,15 +326,34 @@ class MultiTurnRollout:
         s.pending = self.chat.turn_delta(s.agent.messages, last)
         s.ids.extend(s.pending)
 
-    def _fail(self, s: _Slot, error: str | None, timed_out: bool, where: str) -> None:
+    def _fail(self, s: _Slot, error: str | None, timed_out: bool, where: str, kind: str = "exception") -> None:
         s.done = True
         s.hung = timed_out
         s.error = (error or "unknown env error").strip()
+        s.error_kind = "timeout" if timed_out else kind
         penalty = self.env_error_penalty if self.env_error_penalty is not None else s.agent.format_penalty
         if s.turns:
             s.turns[-1].reward = float(penalty)
-        log.error("env failure in %s of task %s (seed %d, group %d, agent %d); episode ended with reward %g:\n%s",
-                  where, s.task.name, s.seed, s.group_id, s.member, penalty, s.error)
+        if s.error_kind in ("exception", "timeout"):
+            log.error("env failure in %s of task %s (seed %d, group %d, agent %d); episode ended with reward %g:\n%s",
+                      where, s.task.name, s.seed, s.group_id, s.member, penalty, s.error)
+        elif self._first_of_kind(s.task.name, s.error_kind):
+            log.error("bad env value (%s) in task %s (seed %d, group %d, agent %d); episode ended with reward %g; "
+                      "further ones of this task and kind are only counted in %s/env_errors: %s", s.error_kind,
+                      s.task.name, s.seed, s.group_id, s.member, penalty, s.task.name, s.error)
+
+    def _repaired(self, s: _Slot, repairs: list[Repair]) -> None:
+        s.env_warnings += len(repairs)
+        for repair in repairs:
+            if self._first_of_kind(s.task.name, repair.kind):
+                log.warning("env value repaired (%s) in task %s (seed %d); further ones of this task and kind are "
+                            "only counted in %s/env_warnings: %s", repair.kind, s.task.name, s.seed, s.task.name,
+                            repair.detail)
+
+    def _first_of_kind(self, task: str, kind: str) -> bool:
+        seen = (task, kind) in self._logged_env_values
+        self._logged_env_values.add((task, kind))
+        return not seen
 
     def _check_failures(self, slots: list[_Slot]) -> None:
         failed = [s for s in slots if s.error is not None]
@@ -319,7 +371,7 @@ class MultiTurnRollout:
             messages = [dict(m) for m in s.agent.messages]
         return Episode(task=s.task.name, group_id=s.group_id, seed=s.seed, turns=s.turns,
                        score=sum(t.reward for t in s.turns), metrics=metrics, error=s.error, member=s.member,
-                       messages=messages)
+                       messages=messages, error_kind=s.error_kind, env_warnings=s.env_warnings)
 
     def _retire_failed(self, slots: list[_Slot]) -> None:
         """Drop failed agents from the cache; close the ones that did not hang."""
@@ -333,30 +385,10 @@ class MultiTurnRollout:
         run_calls(closable, self.env_workers, self.env_step_timeout)
 
 
-def _mean(values: list[float]) -> float:
-    return sum(values) / len(values) if values else 0.0
-
-
-def rollout_metrics(episodes: list[Episode], truncated_turns: list[int] | None = None) -> dict[str, float]:
-    """Per-task means namespaced by task instance (`<task>/success`, ...),
-    plus `<task>/num_turns`, `<task>/response_length` (sampled tokens per
-    turn), `<task>/score` and `<task>/env_errors` (a count)."""
-    metrics: dict[str, float] = {}
-    by_task: dict[str, list[Episode]] = {}
-    for ep in episodes:
-        by_task.setdefault(ep.task, []).append(ep)
-    for task, eps in by_task.items():
-        keys = sorted({k for ep in eps for k in ep.metrics})
-        for key in keys:
-            values = [ep.metrics[key] for ep in eps if key in ep.metrics and math.isfinite(ep.metrics[key])]
-            metrics[f"{task}/{key}"] = _mean(values)
-        replies = [len(t.response_ids) for ep in eps for t in ep.turns]
-        metrics[f"{task}/num_turns"] = _mean([float(len(ep.turns)) for ep in eps])
-        metrics[f"{task}/response_length"] = _mean([float(n) for n in replies])
-        metrics[f"{task}/score"] = _mean([ep.score for ep in eps])
-        metrics[f"{task}/env_errors"] = float(sum(ep.error is not None for ep in eps))
-    metrics["rollout/num_episodes"] = float(len(episodes))
-    metrics["rollout/env_errors"] = float(sum(ep.error is not None for ep in episodes))
-    if truncated_turns is not None:
-        metrics["rollout/truncated_prompts"] = float(sum(truncated_turns))
-    return metrics
+def _reset_agent(s: _Slot):
+    """The agent's first messages, or the EnvValueError of a bad reset observation: returned, not
+    raised, so that its kind survives the pool (which keeps only a traceback)."""
+    try:
+        return s.agent.reset(s.seed)
+    except EnvValueError as err:
+        return err

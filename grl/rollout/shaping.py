@@ -13,12 +13,15 @@ and `method`:
 - `asym_clip`: mean_std, then clipped to [-1, 3], so that a rare success in a
   hard group keeps a large push while failures are not punished below -1.
 As in RAGEN, when every set holds a single episode (e.g. group size 1 under
-`state`), nothing is normalised. Scores include the format penalty.
+`state`), nothing is normalised. Scores include the format penalty. A
+non-finite score (which the env checks keep out; defence in depth) is left
+as it is, for the trainer to drop, and takes no part in its set's statistics.
 
 Filtering (`rollout_filter_ratio`, `rollout_filter_type`) keeps, per task,
 the `floor(ratio * groups)` groups (at least one) with the largest (`std`)
 or smallest (`std_rev`) sample standard deviation of raw episode scores;
-ties go to the earlier group. Groups of a single episode have std 0.
+ties go to the earlier group. Groups of a single episode have std 0; the
+statistics of a group skip its non-finite scores.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from __future__ import annotations
 import math
 from collections.abc import Hashable, Sequence
 
+from grl.rollout.episode_stats import finite
 from grl.rollout.types import Episode
 
 STD_EPS = 1e-6
@@ -33,6 +37,7 @@ ASYM_CLIP = (-1.0, 3.0)
 
 
 def sample_std(values: Sequence[float]) -> float:
+    values = finite(values)
     n = len(values)
     if n < 2:
         return 0.0
@@ -51,10 +56,12 @@ def normalize(scores: Sequence[float], keys: Sequence[Hashable], method: str) ->
     if method == "identity" or len(sets) == len(out):
         return out
     for members in sets.values():
-        values = [out[i] for i in members]
-        mean, std = sum(values) / len(values), sample_std(values)
-        for i, v in zip(members, values):
-            z = (v - mean) / (std + STD_EPS) if std > STD_EPS else 0.0
+        values = finite(out[i] for i in members)
+        mean, std = sum(values) / max(len(values), 1), sample_std(values)
+        for i in members:
+            if not math.isfinite(out[i]):
+                continue
+            z = (out[i] - mean) / (std + STD_EPS) if std > STD_EPS else 0.0
             out[i] = min(max(z, ASYM_CLIP[0]), ASYM_CLIP[1]) if method == "asym_clip" else z
     return out
 
@@ -114,5 +121,8 @@ def filter_groups(episodes: Sequence[Episode], ratio: float, kind: str = "std") 
 
 
 def _group_stats(scores: list[float]) -> tuple[float, float, float]:
+    scores = finite(scores)
+    if not scores:
+        return 0.0, 0.0, 0.0
     return sample_std(scores), max(scores), sum(scores) / len(scores)
 

@@ -34,6 +34,8 @@ class Episode:
     score: float  # episode reward: the sum of its turn rewards
     metrics: dict[str, float] = field(default_factory=dict)
     error: str | None = None  # env failure that ended the episode, if any
+    error_kind: str | None = None  # exception | timeout | the kind of bad value (grl/envs/checks.py)
+    env_warnings: int = 0  # values of the env repaired during the episode (grl/envs/checks.py)
     member: int = 0  # position of the agent within its group
     messages: list[dict[str, str]] = field(default_factory=list)  # the chat as the agent saw it, for logging
 

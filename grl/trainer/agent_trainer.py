@@ -15,43 +15,27 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from statistics import fmean
 
-import torch
 from omegaconf import DictConfig, OmegaConf
 
-from grl.algo import (
-    apply_kl_penalty,
-    compute_advantage,
-    finite_episodes,
-    finite_rows,
-    make_kl_controller,
-)
+from grl.algo import make_kl_controller
 from grl.engines import sampling_from_config
-from grl.rollout import (
-    Batch,
-    Episode,
-    MultiTurnRollout,
-    build_batch,
-    filter_groups,
-    normalize_episode_scores,
-    task_specs,
-    training_base_seed,
-    unpack,
-)
+from grl.rollout import Batch, MultiTurnRollout, task_specs, training_base_seed
 from grl.tracking import Tracker, save_run_info
 from grl.trainer import RunAborted
 from grl.trainer import checkpoint as ckpt
 from grl.trainer.metrics import (
     Timer,
     batch_metrics,
-    episode_token_counts,
+    mfu_inputs,
     reward_metrics,
     rollout_mismatch_metrics,
     task_metrics,
     throughput_metrics,
     turn_length_metrics,
 )
+from grl.trainer.transforms import add_advantages, drop_nonfinite_rows, shape_batch, use_reference
+from grl.trainer.validation import validation_metrics
 from grl.workers import WorkerDiedError
 from grl.workers.group import TEARDOWN_TIMEOUT_S
 
@@ -67,6 +51,7 @@ class AgentTrainer:
         self.actor = actor  # grl.workers.ActorRolloutRefGroup (policy, reference model, rollout engine)
         self.critic = critic  # grl.workers.CriticGroup, or None for critic-free estimators
         self.rollout = rollout  # grl.rollout.MultiTurnRollout over the actor's engine
+        self.controls: dict = {}  # validation control -> its MultiTurnRollout (grl/agents/controls.py)
         self.hooks = list(hooks or [])
         algo = cfg.algorithm
         self.use_ref = use_reference(cfg)
@@ -78,6 +63,7 @@ class AgentTrainer:
         self.sampling = sampling_from_config(engine_cfg, validate=False, max_new_tokens=cfg.max_response_length)
         self.val_sampling = sampling_from_config(engine_cfg, validate=True, max_new_tokens=cfg.max_response_length)
         self.global_step = 0
+        self.mfu_shape, self.peak_flops = mfu_inputs(str(cfg.actor_rollout_ref.model.path), str(cfg.trainer.device))
         self.last_checkpoint: Path | None = None
         self.batch: Batch | None = None  # the last step's batch, for benchmarks and debugging
         self.tracker: Tracker | None = None
@@ -160,20 +146,30 @@ class AgentTrainer:
                 sampling = replace(self.sampling, seed=training_base_seed(self.cfg.trainer.seed, step))
                 result = self.rollout.run(self.train_tasks, training_base_seed(self.cfg.rollout.seed, step), sampling,
                                           on_turn=self._show_turn)
+                # The actor is updated and its weights synced this step (after the critic's warm-up):
+                # the engine need not keep the ones it has.
+                syncs = step > self.cfg.trainer.critic_warmup
                 if self.cfg.actor_rollout_ref.rollout.free_cache_engine:
                     # The engine's weights and KV cache leave the GPU for the update; the weight
                     # sync and the next generate take them back.
-                    self.rollout.engine.sleep()
+                    self.rollout.engine.sleep(discard_weights=syncs)
             metrics = {**task_metrics(result.metrics, "train"), **reward_metrics(result.episodes),
                        **turn_length_metrics(result.episodes, self.cfg.max_response_length, validation=False)}
             if self.cfg.actor_rollout_ref.actor.use_kl_loss:
                 metrics["actor/kl_coef"] = float(self.cfg.actor_rollout_ref.actor.kl_loss_coef)
+            failed = [ep for ep in result.episodes if ep.error is not None]
+            if failed and len(failed) == len(result.episodes):  # nothing but env-error penalties to learn from
+                log.warning("step %d: all %d episodes ended in env errors (first: task %s, seed %d: %s); update skipped",
+                            step, len(failed), failed[0].task, failed[0].seed, failed[0].error.splitlines()[-1])
+                self._sync_if(syncs)
+                return {**metrics, **timer.metrics()}
 
             batch, shape_metrics = shape_batch(result.episodes, self.cfg.rollout, self.rollout.tokenizer.pad_token_id)
             metrics.update(shape_metrics)
             self.batch = batch
             if len(batch) == 0:
                 log.warning("step %d: no episode left to train on after filtering; update skipped", step)
+                self._sync_if(syncs)
                 return {**metrics, **timer.metrics()}
 
             with phase("old_log_prob"), timer("old_log_prob"):
@@ -192,21 +188,28 @@ class AgentTrainer:
                 metrics["training/dropped_nonfinite_episodes"] = float(dropped)
                 self.batch = batch
 
-            if len(batch) > 0:
-                if self.critic is not None:
-                    with phase("update_critic"), timer("update_critic"):
-                        metrics.update(self.critic.update(batch))
-                if step > self.cfg.trainer.critic_warmup:
-                    with phase("update_actor"), timer("update_actor"):
-                        metrics.update(self.actor.update(batch))
-                    with phase("sync_weights"), timer("sync_weights"):
-                        self.actor.sync_weights()
+            if len(batch) > 0 and self.critic is not None:
+                with phase("update_critic"), timer("update_critic"):
+                    metrics.update(self.critic.update(batch))
+            if len(batch) > 0 and syncs:
+                with phase("update_actor"), timer("update_actor"):
+                    metrics.update(self.actor.update(batch))
+            with phase("sync_weights"), timer("sync_weights"):
+                self._sync_if(syncs)
         if len(batch) > 0:
             metrics.update(batch_metrics(batch))
             metrics.update(throughput_metrics(batch, timer.times,
-                                              self.cfg.trainer.n_gpus_per_node * self.cfg.trainer.nnodes))
+                                              self.cfg.trainer.n_gpus_per_node * self.cfg.trainer.nnodes,
+                                              self.mfu_shape, self.peak_flops,
+                                              int(self.cfg.actor_rollout_ref.actor.ppo_epochs)))
         metrics.update(timer.metrics())
         return metrics
+
+    def _sync_if(self, syncs: bool) -> None:
+        """The policy's weights into the engine, on the steps that promised it (see `sleep` above):
+        an engine that slept without its weights gets them back even when the update was skipped."""
+        if syncs:
+            self.actor.sync_weights()
 
     def validate(self) -> dict[str, float]:
         """Every validation task in one batched greedy rollout, `trainer.validation_steps`
@@ -216,19 +219,25 @@ class AgentTrainer:
         self._step_bar = self._bar(total=None, desc=f"validation (step {self.global_step})", position=1, leave=False)
         with timer("testing"):
             try:
-                results = [self.rollout.run(self.val_tasks, self.cfg.rollout.validation_seed + i, self.val_sampling,
-                                            on_turn=self._show_turn) for i in range(runs)]
+                mean, episodes = validation_metrics(self.rollout, self._control_rollouts(), self.val_tasks,
+                                                    self.cfg.rollout.validation_seed, runs, self.val_sampling,
+                                                    on_turn=self._show_turn)
             finally:
                 self._step_bar.close()
-        names = {name for r in results for name in r.metrics}
-        mean = {name: fmean([r.metrics[name] for r in results if name in r.metrics]) for name in names}
-        episodes = [ep for r in results for ep in r.episodes]
         metrics = task_metrics(mean, "val-env")
         for task in self.cfg.rollout.validation:
             if f"val-env/{task}/success" in metrics:
                 self.val_success.setdefault(task, []).append((self.global_step, metrics[f"val-env/{task}/success"]))
         return {**metrics, **timer.metrics(),
                 **turn_length_metrics(episodes, self.cfg.max_response_length, validation=True)}
+
+    def _control_rollouts(self) -> dict:
+        """The rollouts of `trainer.validation_controls`, built on first use over the same engine."""
+        for name in self.cfg.trainer.validation_controls:
+            if name not in self.controls:
+                self.controls[name] = MultiTurnRollout.from_config(self.cfg, self.rollout.engine,
+                                                                   self.rollout.tokenizer, control=name)
+        return self.controls
 
     def start_report(self) -> str:
         """Where this run writes, on what it runs and what it trains on."""
@@ -337,7 +346,8 @@ class AgentTrainer:
         if self._run_bar is not None:
             self._run_bar.close()
             self._run_bar = None
-        self.rollout.close()
+        for rollout in [self.rollout, *self.controls.values()]:
+            rollout.close()
         if self.tracker is not None:
             self.tracker.close()
             self.tracker = None
@@ -368,98 +378,3 @@ def finish_report(val_success: dict[str, list[tuple[int, float]]], checkpoint: P
     lines.append(f"checkpoint   {checkpoint.absolute() if checkpoint else 'none written'}")
     lines.append(f"HF export    {export.absolute() if export else 'off (trainer.export_hf=false)'}")
     return "\n".join(lines)
-
-
-def shape_batch(episodes: list[Episode], r: DictConfig, pad_token_id: int) -> tuple[Batch, dict[str, float]]:
-    """Normalise episode scores (`rollout.reward_normalization`), keep the groups
-    with the most reward spread (`rollout_filter_ratio`), and lay the kept
-    episodes out as a token batch."""
-    normalized = r.reward_normalization.method != "identity"
-    scores = normalize_episode_scores(episodes, r.reward_normalization.grouping, r.reward_normalization.method)
-    score_of = {id(ep): score for ep, score in zip(episodes, scores)}
-    kept, filter_metrics = filter_groups(episodes, r.rollout_filter_ratio, r.rollout_filter_type)
-    batch, build_metrics = build_batch(
-        kept, use_turn_scores=r.use_turn_scores, max_episode_length=r.max_episode_length, packing=r.packing,
-        pad_token_id=pad_token_id, scores=[score_of[id(ep)] for ep in kept] if normalized else None)
-    return batch, {**task_metrics(filter_metrics, "train"), **build_metrics}
-
-
-def add_advantages(batch: Batch, algo: DictConfig, kl_ctrl) -> dict[str, float]:
-    """KL-in-reward (if enabled, updating `kl_ctrl`), then the configured
-    estimator: writes `token_rewards`, `advantages` and `returns` into the batch."""
-    metrics = {}
-    if algo.use_kl_in_reward:
-        batch["token_rewards"], mean_kl = apply_kl_penalty(
-            batch["token_rewards"], batch["old_log_probs"], batch["ref_log_probs"], batch["loss_mask"],
-            kl_ctrl.value, algo.kl_penalty)
-        metrics["actor/reward_kl_penalty"] = mean_kl.item()
-        metrics["actor/reward_kl_penalty_coeff"] = kl_ctrl.value
-    view = EpisodeView(batch)
-    if algo.use_kl_in_reward:
-        kl_ctrl.update(mean_kl.item(), n_steps=len(view.group_ids))  # episodes, not packed rows
-    advantages, returns = compute_advantage(
-        algo.adv_estimator, token_rewards=view.rows(batch["token_rewards"]), loss_mask=view.rows(batch["loss_mask"]),
-        values=view.rows(batch["values"]) if "values" in batch else None, turn_ids=view.rows(batch["turn_ids"]),
-        group_ids=view.group_ids, gamma=algo.gamma, lam=algo.lam, high_level_gamma=algo.high_level_gamma,
-        turn_weight=algo.turn_advantage_weight, norm_adv_by_std=algo.norm_adv_by_std_in_grpo,
-        turn_states=view.turn_states() if algo.adv_estimator == "gigpo" else None,
-        gigpo_step_weight=algo.gigpo_step_weight)
-    batch["advantages"], batch["returns"] = view.back(advantages), view.back(returns)
-    return metrics
-
-
-def use_reference(cfg: DictConfig) -> bool:
-    """The reference model is needed for a KL loss or a KL penalty in the reward."""
-    return bool(cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward)
-
-
-class EpisodeView:
-    """Token tensors with one episode per row. A padded batch already is one; a
-    packed batch is unpacked for the advantage and packed back, so that no
-    advantage runs across two episodes that share a row."""
-
-    def __init__(self, batch: Batch):
-        self.seq_ids = batch.tensors.get("seq_ids")
-        self.group_ids = self._episodes(batch.meta["group_id"])
-        self.state_keys = self._episodes(batch.meta["state_keys"])
-
-    def _episodes(self, meta: list) -> list:
-        """A meta list with one entry per episode (a packed row lists its episodes)."""
-        return meta if self.seq_ids is None else [x for row in meta for x in row]
-
-    def turn_states(self) -> torch.Tensor:
-        """`[episodes, turns]` dense ids of the state keys (-1 past an episode's last turn)."""
-        ids: dict = {}
-        width = max((len(keys) for keys in self.state_keys), default=0)
-        return torch.tensor([[ids.setdefault(k, len(ids)) for k in keys] + [-1] * (width - len(keys)) for keys in self.state_keys],
-                            dtype=torch.long).view(len(self.state_keys), width)
-
-    def rows(self, x: torch.Tensor) -> torch.Tensor:
-        return x if self.seq_ids is None else unpack(x, self.seq_ids)
-
-    def back(self, x: torch.Tensor) -> torch.Tensor:
-        if self.seq_ids is None:
-            return x
-        out = x.new_zeros(self.seq_ids.shape)
-        for k in range(x.shape[0]):
-            where = self.seq_ids == k
-            out[where] = x[k, :int(where.sum())]
-        return out
-
-
-def drop_nonfinite_rows(batch: Batch) -> tuple[Batch, int]:
-    """Drop the episodes whose reward, advantage or return is NaN/inf on a trained token: their
-    rows in a padded batch, their loss tokens in a packed one (the episodes sharing the row stay).
-    -> (batch, episodes dropped)."""
-    tensors = (batch["token_rewards"], batch["advantages"], batch["returns"])
-    seg = batch.tensors.get("segment_ids")
-    if seg is None:
-        keep = finite_rows(*tensors, loss_mask=batch["loss_mask"])
-        dropped = int((~keep).sum())
-        return (batch.select(keep) if dropped else batch), dropped
-    ok = finite_episodes(*tensors, loss_mask=batch["loss_mask"], segment_ids=seg)
-    before = len(episode_token_counts(batch, "loss_mask").nonzero())
-    batch["loss_mask"] = torch.where(ok, batch["loss_mask"], torch.zeros_like(batch["loss_mask"]))
-    return batch, before - len(episode_token_counts(batch, "loss_mask").nonzero())
-
-

@@ -24,6 +24,7 @@ from typing import Any
 
 LATEST = "latest"
 STATE_FILE = "trainer_state.json"
+PARTS = ("actor", "critic")  # the worker groups' folders
 _STEP_DIR = re.compile(r"^global_step_(\d+)$")
 
 
@@ -70,14 +71,19 @@ def latest_checkpoint(root: str | os.PathLike) -> Path | None:
 
 def resume_path(mode: str, root: str | os.PathLike) -> Path | None:
     """What to resume from: `disable` -> None, `auto` -> the latest checkpoint
-    under root (None if there is none), anything else -> that folder."""
+    under root (None if there is none), anything else -> that folder. A checkpoint
+    of the old full-state format raises one line before any worker reads it."""
     if mode == "disable":
         return None
-    if mode == "auto":
-        return latest_checkpoint(root)
-    path = Path(mode)
+    path = latest_checkpoint(root) if mode == "auto" else Path(mode)
+    if path is None:
+        return None
     if not (path / STATE_FILE).is_file():
         raise FileNotFoundError(f"trainer.resume_mode: {mode!r} is not a checkpoint folder (no {STATE_FILE})")
+    from grl.workers.sharded import refuse_old_format
+
+    for part in PARTS:
+        refuse_old_format(path / part)
     return path
 
 

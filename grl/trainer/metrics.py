@@ -15,6 +15,8 @@ from statistics import fmean, pstdev
 
 import torch
 
+from grl.planner import ModelShape, PlanError, model_shape, peak_flops, train_flops
+from grl.rollout.episode_stats import finite
 from grl.rollout.types import Batch, Episode
 
 
@@ -44,8 +46,9 @@ def turn_length_metrics(episodes: list[Episode], max_response_length: int, valid
 
 
 def reward_metrics(episodes: list[Episode]) -> dict[str, float]:
-    """Episode rewards as the rollout produced them (before normalisation and filtering)."""
-    scores = [e.score for e in episodes]
+    """Episode rewards as the rollout produced them (before normalisation and filtering); a
+    non-finite score (the env checks keep them out) is skipped, never crashes `pstdev`."""
+    scores = finite(e.score for e in episodes)
     if not scores:
         return {}
     return {"reward/mean": fmean(scores), "reward/std": pstdev(scores),
@@ -106,10 +109,13 @@ def batch_metrics(batch: Batch) -> dict[str, float]:
     return out
 
 
-def throughput_metrics(batch: Batch, timings: dict[str, float], n_gpus: int) -> dict[str, float]:
+def throughput_metrics(batch: Batch, timings: dict[str, float], n_gpus: int, shape: ModelShape | None = None,
+                       peak_flops: float = 0.0, ppo_epochs: int = 1) -> dict[str, float]:
     """As verl: tokens per second per device (`perf/throughput`), step time, and each
     phase's milliseconds per token (generated tokens for `gen`, every token otherwise);
-    plus ours: tokens per second of the step, the rollout and the actor update."""
+    plus ours: tokens per second of the step, the rollout and the actor update. With the
+    policy's `shape` and the device's `peak_flops`, verl's `perf/mfu/actor`: the model FLOPs
+    of `ppo_epochs` passes over the batch's episodes per device, over the update time."""
     tokens = (batch["attention_mask"] > 0).sum().item()
     generated = (batch["loss_mask"] > 0).sum().item()
     out = {"perf/total_tokens": float(tokens), "perf/total_num_tokens": float(tokens)}
@@ -123,7 +129,23 @@ def throughput_metrics(batch: Batch, timings: dict[str, float], n_gpus: int) -> 
         out["perf/rollout_tokens_per_s"] = generated / timings["gen"]
     if timings.get("update_actor"):
         out["perf/update_actor_tokens_per_s"] = tokens / timings["update_actor"]
+        if shape is not None and peak_flops > 0:
+            lengths = [int(n) for n in episode_token_counts(batch, "attention_mask").tolist()]
+            flops = train_flops(shape, lengths) * ppo_epochs
+            out["perf/mfu/actor"] = flops / (timings["update_actor"] * peak_flops * max(n_gpus, 1))
     return out
+
+
+def mfu_inputs(model_path: str, device: str) -> tuple[ModelShape | None, float]:
+    """The policy's shape and this machine's GPU bf16 peak, for `perf/mfu/actor`; (None, 0.0) on
+    CPU, on an unknown GPU, or where the driver sees no GPU (no MFU is reported then)."""
+    if device == "cpu" or not torch.cuda.is_available():
+        return None, 0.0
+    peak = peak_flops(torch.cuda.get_device_name(0))
+    try:
+        return (model_shape(model_path), peak) if peak else (None, 0.0)
+    except PlanError:
+        return None, 0.0
 
 
 class Timer:

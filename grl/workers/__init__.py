@@ -19,9 +19,11 @@ The trainer uses only what is exported here (docs/CONTRACTS.md, Workers).
   values, or whose new log-prob ratio, are non-finite are dropped and counted
   (`*/dropped_samples`); a non-finite gradient norm skips the step
   (`*/skipped_steps`, a log line); checkpoints and exports refuse NaN/inf.
-- `save_checkpoint(dir)` writes model.pt and optim.pt (full state dicts),
+- `save_checkpoint(dir)` writes dcp/ (each rank's shards of the weights and
+  optimizer state, torch.distributed.checkpoint; grl/workers/sharded.py),
   state.pt (scheduler, counters), rng_rank<r>.pt and driver_state.json;
-  `load_checkpoint(dir)` restores all of them, so a resumed CPU run continues
+  `load_checkpoint(dir)` restores all of them, each rank reading only its own
+  shards, so a resumed CPU run continues
   bit for bit. The rollout engine's own sampling RNG is not part of it: give
   `SamplingParams.seed` for reproducible rollouts.
 - A rank that dies raises `WorkerDiedError` ("actor rank 1 died: ...") from

@@ -29,13 +29,38 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def init_process_group(rank: int, world_size: int, master_addr: str, master_port: int, device: str) -> None:
+def process_group_backend(device: str) -> str:
+    """torch.distributed backend per device type. On GPU the group needs gloo beside NCCL:
+    offloaded parameter shards, their gradients and the optimizer state live in host memory,
+    and collectives over them (the gradient-norm all-reduce of clip_grad_norm_) run on the
+    CPU tensors' backend; an NCCL-only group has none (pytorch/pytorch#148532)."""
+    return "cpu:gloo,cuda:nccl" if device == "cuda" else "gloo"
+
+
+def state_device(device: str, offload: bool) -> str:
+    """Where FSDP2 keeps a rank's parameter shards, their gradients and the optimizer state:
+    CPUOffloadPolicy moves shards and reduced gradients to the host, and AdamW creates its
+    state beside the parameters."""
+    return "cpu" if offload else device
+
+
+def init_process_group(rank: int, world_size: int, master_addr: str, master_port: int, device: str,
+                       timeout_s: float) -> None:
+    from datetime import timedelta
+
     os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(rank),
                       WORLD_SIZE=str(world_size), LOCAL_RANK="0")
-    backend = "nccl" if device == "cuda" else "gloo"
     if device == "cuda":
         torch.cuda.set_device(0)  # Ray gives each rank one visible GPU
-    dist.init_process_group(backend, rank=rank, world_size=world_size)
+    dist.init_process_group(process_group_backend(device), rank=rank, world_size=world_size,
+                            timeout=timedelta(seconds=float(timeout_s)))
+
+
+def cpu_threads(ranks_on_node: int) -> int:
+    """This rank's share of the node's cores. Ray sets OMP_NUM_THREADS=1 in a fractional-CPU
+    actor, which would leave an offloaded optimizer step (AdamW over the host shards) one core."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // max(int(ranks_on_node), 1))
 
 
 def shard(module: nn.Module, layers: list[nn.Module], device: str, mixed_precision: bool,
@@ -55,16 +80,55 @@ def shard(module: nn.Module, layers: list[nn.Module], device: str, mixed_precisi
     if mixed_precision:
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         compute_dtype = torch.bfloat16
-    if device == "cuda":
-        if offload:
-            kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=True)
-    else:
-        if offload:
-            log.info("%s: parameter/optimizer offload is a no-op on CPU (everything is already in host memory)", role)
+    if state_device(device, offload) != device:
+        kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=True)
+    elif offload:
+        log.info("%s: parameter/optimizer offload is a no-op on CPU (everything is already in host memory)", role)
     for layer in layers:
         fully_shard(layer, **kwargs)
     fully_shard(module, **kwargs)
     return compute_dtype
+
+
+def empty_model(kind: str, path: str, dtype: torch.dtype) -> nn.Module:
+    """The model's modules with every tensor on the meta device (no memory): what each rank
+    shards before rank 0's weights arrive. `kind` as in TokenScorer ("value": the critic's
+    token-classification model with one label, as grl.models.load_critic builds it)."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
+
+    from grl.models import resolve_model_path
+
+    labels = {} if kind == "policy" else {"num_labels": 1}
+    config = AutoConfig.from_pretrained(resolve_model_path(path), **labels)
+    auto = AutoModelForCausalLM if kind == "policy" else AutoModelForTokenClassification
+    with torch.device("meta"):
+        return auto.from_config(config, dtype=dtype)
+
+
+def load_from_rank0(module: nn.Module, source: nn.Module | None, device: str, offload: bool) -> None:
+    """Give a sharded meta-device `module` memory and rank 0's weights (collective). `source`
+    is the same model loaded in rank 0's host memory (None elsewhere): its tensors go out one
+    at a time and each rank keeps its shard, so no rank ever holds the whole model on the device
+    and the host holds one copy, not one per rank."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        set_model_state_dict,
+    )
+
+    module.to_empty(device=state_device(device, offload))
+    if state_device(device, offload) != device:  # buffers are not sharded: the forward needs them on the device
+        for sub in module.modules():
+            for name, buf in sub.named_buffers(recurse=False):
+                sub._buffers[name] = torch.empty_like(buf, device=device)
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    set_model_state_dict(module, source.state_dict() if source is not None else {}, options=options)
+    # The state dict leaves out non-persistent buffers (the rotary frequencies): rank 0 sends its own.
+    reference = dict(source.named_buffers()) if source is not None else {}
+    with torch.no_grad():
+        for name, buf in module.named_buffers():
+            if source is not None:
+                buf.copy_(reference[name])
+            dist.broadcast(buf, src=0)
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
@@ -160,9 +224,18 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def _scalar_device() -> str:
+    return "cuda" if "nccl" in dist.get_backend() else "cpu"
+
+
 def all_reduce_sum(values: list[float]) -> list[float]:
     """Sum a few scalars over the ranks (float64 so counts stay exact)."""
-    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
-    t = torch.tensor(values, dtype=torch.float64, device=device)
+    t = torch.tensor(values, dtype=torch.float64, device=_scalar_device())
     dist.all_reduce(t)
     return t.tolist()
+
+
+def all_reduce_max(value: int) -> int:
+    t = torch.tensor([value], dtype=torch.int64, device=_scalar_device())
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())

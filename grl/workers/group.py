@@ -402,8 +402,8 @@ class EngineProxy(Engine):
         items = list(named_tensors.items()) if hasattr(named_tensors, "items") else list(named_tensors)
         self._group.call_ranks(self._ranks, "engine_update_weights", [(items,)] * len(self._ranks))
 
-    def sleep(self) -> None:
-        self._group.call_ranks(self._ranks, "engine_call", [("sleep",)] * len(self._ranks))
+    def sleep(self, discard_weights: bool = False) -> None:
+        self._group.call_ranks(self._ranks, "engine_call", [("sleep", discard_weights)] * len(self._ranks))
 
     def wake(self) -> None:
         self._group.call_ranks(self._ranks, "engine_call", [("wake",)] * len(self._ranks))

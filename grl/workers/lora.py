@@ -46,6 +46,21 @@ def adapter_state(state: dict) -> dict:
     return {k: v for k, v in state.items() if is_adapter(k)}
 
 
+def merged_weight(weight: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, scaling: float) -> torch.Tensor:
+    """One adapted Linear's plain weight: W' = W + scaling * B @ A (in fp32, back to W's dtype)."""
+    return (weight.float() + scaling * (lora_b.float() @ lora_a.float())).to(weight.dtype)
+
+
+def adapter_names(layer: str) -> tuple[str, str]:
+    """The names of the A and B matrices of the adapted Linear `layer`."""
+    return f"{layer}.lora_A.{ADAPTER}.weight", f"{layer}.lora_B.{ADAPTER}.weight"
+
+
+def plain_name(name: str) -> str:
+    """`x.proj.base_layer.weight` -> `x.proj.weight`; other names unchanged."""
+    return name.replace(BASE, ".")
+
+
 def merged_weights(state: dict, scaling: float) -> dict:
     """Plain Hugging Face weights of the adapted model: W' = W + scaling * B @ A on
     every adapted Linear, adapter tensors dropped, other names unchanged."""
@@ -53,14 +68,10 @@ def merged_weights(state: dict, scaling: float) -> dict:
     for name, value in state.items():
         if is_adapter(name):
             continue
-        if BASE not in name:
-            out[name] = value
-            continue
-        layer, leaf = name.split(BASE)
-        if leaf == "weight":
-            a, b = state[f"{layer}.lora_A.{ADAPTER}.weight"], state[f"{layer}.lora_B.{ADAPTER}.weight"]
-            value = (value.float() + scaling * (b.float() @ a.float())).to(value.dtype)
-        out[f"{layer}.{leaf}"] = value
+        if name.endswith(BASE + "weight"):
+            a, b = adapter_names(name.split(BASE)[0])
+            value = merged_weight(value, state[a], state[b], scaling)
+        out[plain_name(name)] = value
     return out
 
 

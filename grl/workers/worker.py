@@ -10,7 +10,6 @@ collective, so the driver calls it on all ranks with equally sized shards.
 from __future__ import annotations
 
 import logging
-import os
 import math
 import resource
 from pathlib import Path
@@ -18,26 +17,37 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from grl.workers import fsdp, lora
+from grl.workers import fsdp, lora, sharded, streaming
 from grl.workers.scoring import TokenScorer, pad_width, trim_width
 
 log = logging.getLogger("grl.workers")
 
-MODEL_FILE, OPTIM_FILE, STATE_FILE = "model.pt", "optim.pt", "state.pt"
 WRAPPER_PREFIX = "model."  # TokenScorer keeps the Hugging Face model under `.model`
-
-
-def rng_file(rank: int) -> str:
-    return f"rng_rank{rank}.pt"
 
 
 def hf_names(state: dict) -> dict:
     return {k[len(WRAPPER_PREFIX):]: v for k, v in state.items()}
 
 
-def split_rows(tensors: dict, size: int) -> list[dict]:
+def split_rows(tensors: dict, size: int, count: int | None = None) -> list[dict]:
     """Micro-batches of at most `size` episodes: `size` rows of a padded batch; whole packed rows
-    holding up to `size` episodes together (a row that holds more goes alone)."""
+    holding up to `size` episodes together (a row that holds more goes alone).
+
+    `count` (at least the natural number) asks for exactly that many, as FSDP2 ranks must run
+    the same number of passes: the micro-batches with the most rows are halved until there are
+    enough. Ranks hold equal row counts, and no rank needs more micro-batches than it has rows,
+    so every rank can reach the busiest rank's count."""
+    spans = _row_spans(tensors, size)
+    while count is not None and len(spans) < count:
+        widest = max(range(len(spans)), key=lambda i: spans[i][1] - spans[i][0])
+        a, b = spans[widest]
+        if b - a < 2:
+            raise ValueError(f"{len(spans)} rows cannot make {count} micro-batches; every rank needs as many rows")
+        spans[widest:widest + 1] = [(a, (a + b) // 2), ((a + b) // 2, b)]
+    return [{k: v[a:b] for k, v in tensors.items()} for a, b in spans]
+
+
+def _row_spans(tensors: dict, size: int) -> list[tuple[int, int]]:
     n = next(iter(tensors.values())).shape[0]
     size = max(size, 1)
     if "segment_ids" not in tensors:
@@ -50,7 +60,7 @@ def split_rows(tensors: dict, size: int) -> list[dict]:
                 held = 0
             held += count
         bounds.append(n)
-    return [{k: v[a:b] for k, v in tensors.items()} for a, b in zip(bounds, bounds[1:]) if b > a]
+    return [(a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
 
 
 def aggregated_like_loss(stat: str) -> bool:
@@ -77,14 +87,29 @@ def loss_units(loss_mask: torch.Tensor, mode: str, segment_ids: torch.Tensor | N
 
 def memory_metrics(device: str) -> dict[str, float]:
     """verl's `perf/max_memory_allocated_gb` (the device's peak; on CPU the process's peak
-    resident memory) and `perf/cpu_memory_used_gb` (the machine's used memory)."""
+    resident memory) and `perf/cpu_memory_used_gb` (the machine's used memory). The peak is
+    the one since the previous call, which resets it: each step reports its own."""
     import psutil
 
     if device.startswith("cuda") and torch.cuda.is_available():
         peak = torch.cuda.max_memory_allocated() / 2**30
+        torch.cuda.reset_peak_memory_stats()
     else:
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+        peak = _peak_rss_gib_and_reset()
     return {"perf/max_memory_allocated_gb": peak, "perf/cpu_memory_used_gb": psutil.virtual_memory().used / 2**30}
+
+
+def _peak_rss_gib_and_reset() -> float:
+    """The process's peak resident memory (Linux: VmHWM, which writing 5 to clear_refs resets;
+    elsewhere ru_maxrss, the peak over the process's life)."""
+    try:
+        with open("/proc/self/status") as status:
+            peak_kib = next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
+        with open("/proc/self/clear_refs", "w") as clear:
+            clear.write("5")
+        return peak_kib / 2**20
+    except (OSError, StopIteration):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
 
 
 class Worker:
@@ -93,10 +118,10 @@ class Worker:
         logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {role}[{rank}] %(message)s")
         self.role, self.rank, self.world_size = role, rank, world_size
         self.cfg, self.device, self.use_ref, self.engine_name = cfg, device, use_ref, engine_name
-        if device == "cpu":
-            # Ray gives a fractional-CPU actor one thread, but the driver runs the phases of the
-            # roles one after another, so the ranks of the working group may share every core.
-            torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+        # Ray gives a fractional-CPU actor one thread. On CPU the driver runs the phases of the roles
+        # one after another, so the ranks of the working group may share every core; on GPU a rank
+        # takes its GPU's share of the node's cores (offloaded optimizer steps run on them).
+        torch.set_num_threads(fsdp.cpu_threads(world_size if device == "cpu" else int(cfg.trainer.n_gpus_per_node)))
         self.engine = None
         self.ref = None
         self.peft_model = None  # set on a LoRA policy: the adapter's config and on/off switch
@@ -110,10 +135,11 @@ class Worker:
         return fsdp.node_ip(), fsdp.free_port()
 
     def setup(self, master_addr: str, master_port: int) -> None:
-        fsdp.init_process_group(self.rank, self.world_size, master_addr, master_port, self.device)
+        section = self.cfg.actor_rollout_ref if self.role == "actor" else self.cfg.critic
+        fsdp.init_process_group(self.rank, self.world_size, master_addr, master_port, self.device,
+                                timeout_s=float(section.nccl_timeout))
         fsdp.seed_everything(int(self.cfg.trainer.seed) + self.rank)
         if self.role == "actor":
-            section = self.cfg.actor_rollout_ref
             self.model_cfg, self.train_cfg = section.model, section.actor
             self.module = self._build(section.model, section.actor.fsdp_config, "policy", trainable=True)
             if self.use_ref and self.peft_model is not None:
@@ -136,11 +162,17 @@ class Worker:
         mixed = bool(fsdp_cfg.get("mixed_precision", True)) and (
             self.device == "cuda" or torch_dtype(model_cfg.dtype, self.device) == torch.bfloat16)
         dtype = "float32" if (trainable and mixed) else model_cfg.dtype
+        # Rank 0 reads the weights into host memory; every rank shards an empty (meta) copy and
+        # receives its shards from rank 0: no device ever holds the full model, and the host one
+        # copy instead of one per rank (a 7B model in fp32: 28 GB, not 8 x 28).
         load = load_causal_lm if kind == "policy" else load_critic
-        model = load(model_cfg.path, dtype=dtype, device=self.device).to(self.device)
+        source = load(model_cfg.path, dtype=dtype, device=self.device) if self.rank == 0 else None
+        model = fsdp.empty_model(kind, model_cfg.path, torch_dtype(dtype, self.device))
         if trainable and kind == "policy" and int(model_cfg.get("lora_rank", 0)) > 0:
             self.peft_model = lora.add_adapter(model, model_cfg)
             model = self.peft_model.base_model.model  # the same modules, LoRA layers in place
+            if source is not None:
+                source = lora.add_adapter(source, model_cfg).base_model.model
         if trainable:
             if model_cfg.enable_gradient_checkpointing:
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -158,10 +190,12 @@ class Worker:
         name = f"{self.role}{'' if trainable else ' (ref)'}"
         scorer.compute_dtype = fsdp.shard(scorer, fsdp.decoder_layers(model), self.device,
                                           mixed_precision=trainable and mixed, offload=offload, role=name)
+        fsdp.load_from_rank0(scorer, None if source is None else TokenScorer(source, kind), self.device, offload)
         return scorer
 
     def _make_engine(self):
         from grl.engines import make_engine
+        from grl.rollout import decodes_constrained
 
         rollout = self.cfg.actor_rollout_ref.rollout
         max_len = rollout.max_model_len or rollout.prompt_length + rollout.response_length
@@ -170,7 +204,7 @@ class Worker:
                            gpu_memory_utilization=float(rollout.gpu_memory_utilization), max_model_len=int(max_len),
                            enforce_eager=bool(rollout.enforce_eager), free_cache_engine=bool(rollout.free_cache_engine),
                            tensor_model_parallel_size=int(rollout.tensor_model_parallel_size),
-                           seed=int(self.cfg.trainer.seed) + self.rank)
+                           seed=int(self.cfg.trainer.seed) + self.rank, grammar=decodes_constrained(self.cfg))
 
     # ------------------------------------------------------------ scoring
 
@@ -198,6 +232,11 @@ class Worker:
     def _chunk_size(self) -> int:
         return int(self.cfg.actor_rollout_ref.actor.logits_chunk_size)
 
+    def _micro_batches(self, tensors: dict, size: int) -> list[dict]:
+        """`split_rows` into as many micro-batches as the busiest rank needs: every FSDP2 pass
+        gathers parameters from all ranks, so a rank with an extra pass would wait forever."""
+        return split_rows(tensors, size, fsdp.all_reduce_max(len(split_rows(tensors, size))))
+
     def _to_device(self, tensors: dict) -> dict:
         return {k: v.to(self.device) for k, v in tensors.items()}
 
@@ -208,14 +247,14 @@ class Worker:
             raise RuntimeError("this actor group was built without a reference model (use_ref=False)")
         section = self.cfg.actor_rollout_ref
         size = section.ref.log_prob_micro_batch_size_per_gpu if ref else section.rollout.log_prob_micro_batch_size_per_gpu
-        parts = [self._score(scorer, self._to_device(m), grad=False) for m in split_rows(tensors, int(size))]
+        parts = [self._score(scorer, self._to_device(m), grad=False) for m in self._micro_batches(tensors, int(size))]
         scorer.reshard()
         return torch.cat([p[0] for p in parts]).cpu(), torch.cat([p[1] for p in parts]).cpu()
 
     def compute_values(self, tensors: dict) -> torch.Tensor:
         size = int(self.cfg.critic.ppo_micro_batch_size_per_gpu)
         values = torch.cat([self._score(self.module, self._to_device(m), grad=False)
-                            for m in split_rows(tensors, size)]).cpu()
+                            for m in self._micro_batches(tensors, size)]).cpu()
         self.module.reshard()
         return values
 
@@ -250,6 +289,8 @@ class Worker:
         metrics[f"{p}/skipped_steps"] = float(self.skipped_steps - skipped_before)
         metrics[f"{p}/dropped_samples"] = summed[-1]
         metrics.update(memory_metrics(self.device))
+        if self.device == "cuda":
+            torch.cuda.empty_cache()  # hand the cached blocks back, so the engine can wake into them
         return metrics
 
     def _loss_agg_mode(self) -> str:
@@ -288,7 +329,7 @@ class Worker:
         stats: dict[str, float] = {}
         lost_tokens = lost_units = 0.0
         micro = int(self.train_cfg.ppo_micro_batch_size_per_gpu)
-        for chunk in split_rows(part, micro):
+        for chunk in self._micro_batches(part, micro):
             before = loss_units(chunk["loss_mask"], "token-mean"), loss_units(chunk["loss_mask"], mode, seg_of(chunk))
             out, trimmed = self._score(self.module, chunk, grad=True)
             loss, chunk_stats, n_dropped = self._micro_loss(out, trimmed, mode)
@@ -401,92 +442,65 @@ class Worker:
 
     # ------------------------------------------------------------ checkpoints
 
-    def _check_finite(self, states: dict[str, dict]) -> None:
-        """Collective: rank 0 (which holds the gathered `states`) checks them and
-        every rank raises together, so no rank is left waiting in a barrier."""
-        bad = {what: fsdp.non_finite_entries(state) for what, state in states.items()} if self.rank == 0 else {}
-        counts = fsdp.all_reduce_sum([len(names) for names in bad.values()] if self.rank == 0 else [0] * len(states))
-        if any(counts):
-            what = list(states)[next(i for i, c in enumerate(counts) if c)]
-            first = f", first {bad[what][0]}" if self.rank == 0 else ""
-            raise ValueError(f"refusing to save the {self.role} {what}: {int(sum(counts))} tensor(s) hold NaN/inf{first}")
-
     def _lora_scaling(self) -> float:
         return float(self.model_cfg.lora_alpha) / int(self.model_cfg.lora_rank)
 
     def save_checkpoint(self, path: str) -> None:
-        """Weights (only the adapter's in a LoRA run), optimizer, scheduler, RNG."""
-        model_state = fsdp.full_state_dict(self.module)
-        if self.peft_model is not None:
-            model_state = lora.adapter_state(model_state)
-        optim_state = fsdp.full_optimizer_state(self.module, self.optimizer)
-        folder = Path(path)
-        self._check_finite({"weights": model_state, "optimizer state": optim_state})
-        if self.rank == 0:
-            folder.mkdir(parents=True, exist_ok=True)
-            torch.save(model_state, folder / MODEL_FILE)
-            torch.save(optim_state, folder / OPTIM_FILE)
-            torch.save({"scheduler": self.scheduler.state_dict(), "updates": self.updates,
-                        "skipped_steps": self.skipped_steps, "world_size": self.world_size}, folder / STATE_FILE)
-        dist.barrier()  # the folder exists before other ranks write into it
-        torch.save(fsdp.rng_state(), folder / rng_file(self.rank))
+        """Collective: this rank's shards of the weights (only the adapter's in a LoRA run) and
+        optimizer state, the scheduler and counters, this rank's RNG (grl/workers/sharded.py)."""
+        sharded.save(path, self.role, self.module, self.optimizer, adapter_only=self.peft_model is not None,
+                     trainer_state={"scheduler": self.scheduler.state_dict(), "updates": self.updates,
+                                    "skipped_steps": self.skipped_steps, "world_size": self.world_size})
 
     def load_checkpoint(self, path: str) -> None:
-        folder = Path(path)
-        state = torch.load(folder / STATE_FILE, weights_only=False)
-        if state["world_size"] != self.world_size:
-            raise ValueError(f"{path}: saved by {state['world_size']} ranks, loading into {self.world_size}")
-        fsdp.load_full_state(self.module, self.optimizer, torch.load(folder / MODEL_FILE, weights_only=False),
-                             torch.load(folder / OPTIM_FILE, weights_only=False), strict=self.peft_model is None)
+        state, read = sharded.load(path, self.module, self.optimizer, self.peft_model is not None, self.world_size)
         self.scheduler.load_state_dict(state["scheduler"])
         self.updates, self.skipped_steps = state["updates"], state["skipped_steps"]
-        fsdp.set_rng_state(torch.load(folder / rng_file(self.rank), weights_only=False))
+        log.info("%s rank %d: read %.1f MB of shards from %s", self.role, self.rank, read / 2**20, path)
 
     def export_hf(self, path: str) -> None:
         """The policy as a Hugging Face folder (config, safetensors, tokenizer); in a
-        LoRA run the merged model, and the adapter alone in `adapter/` beside it."""
-        from transformers import AutoConfig, AutoModelForCausalLM
+        LoRA run the merged model, and the adapter alone in `adapter/` beside it.
+        Collective: each weight is gathered in turn and rank 0 writes it."""
+        from transformers import AutoConfig, GenerationConfig
 
         from grl.models import load_tokenizer, resolve_model_path, torch_dtype
 
-        state = fsdp.full_state_dict(self.module)
-        self._check_finite({"weights": state})
+        state = hf_names(self.module.state_dict())
+        sharded.refuse_non_finite(self.role, {"weights": state})
+        folder, dtype = Path(path), torch_dtype(self.model_cfg.dtype, self.device)
         if self.rank == 0:
-            source = resolve_model_path(self.model_cfg.path)
-            config = AutoConfig.from_pretrained(source)
-            dtype = torch_dtype(self.model_cfg.dtype, self.device)
-            with torch.device("meta"):
-                model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-            weights = {k: v.to(dtype) for k, v in self._hf_weights(state).items()}
-            model.load_state_dict(weights, strict=False, assign=True)
-            model.tie_weights()
-            missing = [n for n, p in model.named_parameters() if p.is_meta]
-            if missing:
-                raise ValueError(f"export_hf: no weights for {missing[:3]}")
-            Path(path).mkdir(parents=True, exist_ok=True)
-            model.save_pretrained(path)
-            load_tokenizer(self.model_cfg.path).save_pretrained(path)
-            if self.peft_model is not None:
-                lora.save_adapter(hf_names(state), self.peft_model.peft_config[lora.ADAPTER], Path(path) / "adapter")
+            folder.mkdir(parents=True, exist_ok=True)
+            config = AutoConfig.from_pretrained(resolve_model_path(self.model_cfg.path))
+            config.dtype = dtype
+            config.save_pretrained(folder)
+            GenerationConfig.from_model_config(config).save_pretrained(folder)
+            load_tokenizer(self.model_cfg.path).save_pretrained(folder)
+        streaming.write_safetensors(self._policy_tensors(state, dtype), folder, dtype, write=self.rank == 0)
+        if self.peft_model is not None:
+            adapter = {name: streaming.full_tensor(v) for name, v in state.items() if lora.is_adapter(name)}
+            if self.rank == 0:
+                lora.save_adapter(adapter, self.peft_model.peft_config[lora.ADAPTER], folder / "adapter")
         dist.barrier()
 
-    def _hf_weights(self, state: dict) -> dict:
-        """Plain Hugging Face names and tensors of the policy (LoRA merged in)."""
-        weights = hf_names(state)
-        return weights if self.peft_model is None else lora.merged_weights(weights, self._lora_scaling())
+    def _policy_tensors(self, state: dict, dtype: torch.dtype):
+        """Plain Hugging Face names and full tensors in `dtype` (LoRA merged in), gathered one at a time."""
+        return streaming.policy_tensors(state, dtype, None if self.peft_model is None else self._lora_scaling(),
+                                        tied_lm_head=getattr(self.module.model.config, "tie_word_embeddings", False))
 
     # ------------------------------------------------------------ engine
 
     def sync_weights(self) -> None:
-        """Full weights -> this rank's engine, in place. Collective: ranks
-        without an engine still take part in the gathers."""
-        state = fsdp.full_state_dict(self.module, on_all_ranks=self.device == "cuda")
-        if self.engine is None:
-            return
-        weights = self._hf_weights(state)
-        if getattr(self.module.model.config, "tie_word_embeddings", False):
-            weights.pop("lm_head.weight", None)  # the engine ties it to the input embedding itself
-        self.engine.update_weights(list(weights.items()))
+        """Full weights -> this rank's engine, in place, one tensor at a time in the engine's
+        dtype. Collective: every rank runs every gather; ranks without an engine drop them."""
+        from grl.models import torch_dtype
+
+        stream = self._policy_tensors(hf_names(self.module.state_dict()), torch_dtype(self.model_cfg.dtype, self.device))
+        try:
+            if self.engine is not None:
+                self.engine.update_weights(stream)
+        finally:
+            stream.drain()  # after an engine error too: the other ranks wait in these gathers
 
     def engine_generate(self, prompts: list[list[int]], sampling, constraints=None) -> list:
         return self.engine.generate(prompts, sampling, constraints)
@@ -494,9 +508,9 @@ class Worker:
     def engine_update_weights(self, named_tensors) -> None:
         self.engine.update_weights(named_tensors)
 
-    def engine_call(self, method: str) -> None:
+    def engine_call(self, method: str, *args) -> None:
         if self.engine is not None:
-            getattr(self.engine, method)()
+            getattr(self.engine, method)(*args)
             if method == "shutdown":
                 self.engine = None
 

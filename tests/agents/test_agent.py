@@ -177,7 +177,8 @@ def test_env_error_ends_the_episode_without_raising(task, monkeypatch):
     agent = make_agent("broken", block)
     agent.reset(0)
     result = agent.step("<think>.</think><answer>a</answer>")
-    assert result.done and result.info["env_error"].startswith("TypeError") and result.info["actions"] == []
+    assert result.done and result.info["env_error_kind"] == "info" and result.info["actions"] == []
+    assert result.info["env_error"] == "step() returned an `info` that is not a dict: NoneType None"
 
 
 @pytest.mark.parametrize("change, message", [

@@ -79,6 +79,22 @@ def test_free_text_always_closes_within_the_budget(tokenizer, actions):
         grammar.trace([tokenizer.eos_token_id])
 
 
+@pytest.mark.parametrize("actions", [SOKOBAN, ["search[{text}]", "click[back to search]"]])
+def test_the_walk_depends_on_the_tokens_alone(tokenizer, actions):
+    """An engine that resumes a request catches up on several tokens at once: a walker advanced
+    without being asked for its allowed sets must end where the one asked before each token ends."""
+    rng = random.Random(1)
+    grammar = make_grammar(tokenizer, actions, think=True, max_tokens=30)
+    for _ in range(20):
+        ids = random_walk(grammar, len(tokenizer), rng)
+        stepwise = grammar.trace(ids)
+        for cut in range(len(ids)):
+            silent = grammar.walker()
+            for token in ids[:cut]:
+                silent.advance(token)
+            assert silent.allowed() == stepwise[cut], (cut, ids)
+
+
 def test_actions_that_do_not_fit_are_left_out(tokenizer):
     grammar = make_grammar(tokenizer, ["Up", "a very long action " * 8], max_tokens=10)
     assert [tokenizer.decode(p) for p in trie_paths(grammar)] == [f"<answer>Up</answer>{tokenizer.eos_token}"]
@@ -152,3 +168,18 @@ def test_prefix_reuse_gives_what_a_fresh_prefill_gives(hf_tiny, tokenizer, promp
     assert [o.token_ids for o in reused] == [o.token_ids for o in fresh]
     for a, b in zip(reused, fresh):
         assert max(abs(x - y) for x, y in zip(a.log_probs, b.log_probs)) < 1e-5
+
+
+@pytest.mark.parametrize("reuse_first", [False, True])
+def test_hf_a_grammar_with_one_answer_is_written_without_a_model_call(hf_tiny, tokenizer, prompts, reuse_first):
+    """One valid action forces the whole reply: every row finishes in the jump-forward, the model never
+    runs (nothing to keep for prefix reuse), and the next call still works."""
+    if reuse_first:  # leave reusable prefixes from a call before
+        hf_tiny.generate(prompts[:3], SamplingParams(greedy=True, max_new_tokens=4))
+    only = make_grammar(tokenizer, ["Down"])
+    outputs = hf_tiny.generate(prompts[:3], SamplingParams(temperature=1.0, max_new_tokens=24, seed=1), [only] * 3)
+    for out in outputs:
+        assert parse_reply(tokenizer.decode(out.token_ids, skip_special_tokens=True), False).answer == "Down"
+        assert out.finish_reason == "stop" and out.log_probs == [0.0] * len(out.token_ids)
+    after = hf_tiny.generate(prompts[:3], SamplingParams(greedy=True, max_new_tokens=4))
+    assert all(len(o.token_ids) == 4 or o.finish_reason == "stop" for o in after)

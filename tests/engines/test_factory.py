@@ -95,3 +95,18 @@ def test_sampling_training_and_validation_overrides():
 def test_bad_sampling_values_name_the_key(cfg, validate, message):
     with pytest.raises((ValueError, TypeError), match=message):
         sampling_from_config(cfg, validate=validate, max_new_tokens=8)
+
+
+@pytest.mark.parametrize("overrides, constrained", [
+    ([], False),
+    (["simpleSokobanAgent.agent_config.action_decoding=constrained"], True),  # a training and validation task
+    (["rollout.training=[tetrisAgent_type_1_dim_4]", "rollout.validation=[simpleSokobanAgent]",
+      "simpleSokobanAgent.agent_config.action_decoding=constrained"], True),  # validation only
+    (["rollout.training=[tetrisAgent_type_1_dim_4]", "rollout.validation=[tetrisAgent_type_1_dim_4]",
+      "simpleSokobanAgent.agent_config.action_decoding=constrained"], False),  # a constrained task the run skips
+])
+def test_the_engine_takes_grammars_when_a_task_of_the_run_decodes_constrained(overrides, constrained):
+    from grl.config import load_config
+    from grl.rollout import decodes_constrained
+
+    assert decodes_constrained(load_config(overrides)) is constrained

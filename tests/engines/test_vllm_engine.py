@@ -23,14 +23,14 @@ def process_exists(pid):
 
 @pytest.fixture(scope="module")
 def vllm_tiny(tiny_path):
-    engine = make_engine("vllm", tiny_path)
+    engine = make_engine("vllm", tiny_path, grammar=True)
     yield engine
     engine.shutdown()
 
 
 @pytest.fixture(scope="module")
 def vllm_embedded(embedded_path):
-    engine = make_engine("vllm", embedded_path)
+    engine = make_engine("vllm", embedded_path)  # grammar=False: vLLM gets no logits processor
     yield engine
     engine.shutdown()
 
@@ -142,3 +142,11 @@ def test_constrained_decoding_matches_hf(vllm_tiny, hf_tiny, tokenizer, prompts)
         allowed = grammar.trace(out.token_ids)
         want = teacher_forced_log_probs(hf_tiny.model, prompt, out.token_ids, sampling, allowed)
         assert torch.allclose(torch.tensor(out.log_probs), want, atol=1e-4)
+
+
+def test_an_engine_built_without_the_grammar_refuses_one(vllm_embedded, tokenizer, prompts):
+    from test_constraint import grammars_for
+
+    with pytest.raises(ValueError, match="built with grammar=False"):
+        vllm_embedded.generate(prompts[:2], GREEDY, [None, grammars_for(tokenizer, 1)[0]])
+    assert len(vllm_embedded.generate(prompts[:2], GREEDY, [None, None])) == 2

@@ -9,7 +9,7 @@ import pytest
 
 import grl.envs
 
-SELF_CONTAINED = ["sokoban", "tetris", "blocksworld", "guess_number", "textworld"]
+SELF_CONTAINED = ["sokoban", "tetris", "blocksworld", "guess_number", "textworld", "gem"]
 ALPHABET = "UpDownLeftRightmove to 0123456789()[]\n\t .,;:|/\\\"'<>√é漢\x00\u202e"
 
 

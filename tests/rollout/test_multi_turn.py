@@ -22,12 +22,15 @@ from grl.rollout.chat import ChatTokens, truncate_prompt
 AGENTS = OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / "agents.yaml"), resolve=True)
 GSM8K_TEST = Path(__file__).resolve().parents[3] / "shared" / "data" / "gsm8k" / "test.jsonl"
 REPLY_TOKENS = 6
+CONSTRAINED_TOKENS = 10
+DECODINGS = ("free", "constrained")
 
 
 class ScriptedEnv(Env):
     """An episode of `length` steps (default `seed % 3 + 1`), reward 1 per step.
     With `fault`, the seeds in `fault_seeds` (all when empty) fail: `reset`
-    raises at reset, `raise` raises and `hang` blocks on step `fault_step`."""
+    raises at reset, `raise` raises, `hang` blocks and `nan` returns a NaN reward
+    on step `fault_step`."""
 
     instances: ClassVar[list["ScriptedEnv"]] = []
     release = threading.Event()
@@ -55,8 +58,13 @@ class ScriptedEnv(Env):
                 raise RuntimeError("scripted step failure")
             if self.fault == "hang":
                 ScriptedEnv.release.wait(60)
+            if self.fault == "nan":
+                return "Square ?", float("nan"), False, step_info(False, True, True)
         done = self.t >= self.end
         return f"Square {self.t} of {self.end}.", 1.0, done, step_info(done, True, True)
+
+    def valid_actions(self):
+        return ["go", "stay"]  # the hooks play "go" whatever the model picks
 
 
 class AlwaysAct(TaskHooks):
@@ -70,10 +78,13 @@ grl.envs.register("scripted_rollout_test", ScriptedEnv)
 grl.agents.register("scriptedRolloutAgent", "scripted_rollout_test", AlwaysAct())
 
 
-def scripted(name="scripted", groups=2, size=2, max_turns=4, **env_config) -> TaskSpec:
+def scripted(name="scripted", groups=2, size=2, max_turns=4, decoding="free", **env_config) -> TaskSpec:
+    """With `decoding="constrained"` the model may only write `<answer>go</answer>` or
+    `<answer>stay</answer>` (at most 10 tokens with the end token), so its format is always right."""
     agent_config = {"system_prompt": "You are a test agent.", "prompt": "Walk.", "enable_think": False,
-                    "max_tokens": REPLY_TOKENS, "max_turns": max_turns, "max_actions_per_turn": 1,
-                    "max_actions_all_turns": 10, "format_penalty": -0.1, "action_separator": None}
+                    "max_tokens": REPLY_TOKENS if decoding == "free" else CONSTRAINED_TOKENS, "max_turns": max_turns,
+                    "max_actions_per_turn": 1, "max_actions_all_turns": 10, "format_penalty": -0.1,
+                    "action_separator": None, "action_decoding": decoding}
     return TaskSpec(name, {"agent_type": "scriptedRolloutAgent", "agent_config": agent_config,
                            "env_config": env_config}, groups, size)
 
@@ -99,7 +110,7 @@ class RecordingEngine(Engine):
 
 
 def rollout(engine, tokenizer, **kw):
-    options = {"max_prompt_length": 4096, "max_response_length": REPLY_TOKENS, "env_workers": 4,
+    options = {"max_prompt_length": 4096, "max_response_length": CONSTRAINED_TOKENS, "env_workers": 4,
                "env_step_timeout": 30}
     options.update(kw)
     return MultiTurnRollout(engine, tokenizer, **options)
@@ -193,28 +204,38 @@ def test_finished_agents_leave_the_batch_and_prompts_keep_the_system(hf_engine, 
 
 
 # ---------------------------------------------------------------- env faults
+# Each runs with free decoding (a random model: every reply misses its format, -0.1) and with
+# valid-action decoding (every reply is a valid answer: the model really acts).
 
 
-def test_env_raising_on_third_step_ends_only_that_episode(hf_engine, tokenizer, caplog):
+def format_penalty(decoding):
+    return -0.1 if decoding == "free" else 0.0
+
+
+@pytest.mark.parametrize("decoding", DECODINGS)
+def test_env_raising_on_third_step_ends_only_that_episode(hf_engine, tokenizer, caplog, decoding):
     ro = rollout(hf_engine, tokenizer, env_error_penalty=-5.0)
-    task = scripted(groups=2, size=2, fault="raise", fault_step=3, fault_seeds=[101], length=4)
+    task = scripted(groups=2, size=2, fault="raise", fault_step=3, fault_seeds=[101], length=4, decoding=decoding)
     with caplog.at_level(logging.ERROR, logger="grl.rollout"):
         result = ro.run([task], base_seed=100, sampling=GREEDY)
     healthy, failed = result.episodes[:2], result.episodes[2:]
-    # The random model never writes <answer>, so each turn is 1 plus the format penalty -0.1.
-    assert [len(e.turns) for e in healthy] == [4, 4] and [e.score for e in healthy] == pytest.approx([3.6, 3.6])
+    turn = 1.0 + format_penalty(decoding)
+    assert [len(e.turns) for e in healthy] == [4, 4] and [e.score for e in healthy] == pytest.approx([4 * turn] * 2)
     assert all(e.error is None for e in healthy)
     assert [len(e.turns) for e in failed] == [3, 3]
-    assert [[t.reward for t in e.turns] for e in failed] == [pytest.approx([0.9, 0.9, -5.0])] * 2
-    assert all("scripted step failure" in e.error for e in failed)
-    assert result.metrics["scripted/env_errors"] == 2
+    assert [[t.reward for t in e.turns] for e in failed] == [pytest.approx([turn, turn, -5.0])] * 2
+    assert all("scripted step failure" in e.error and e.error_kind == "exception" for e in failed)
+    assert result.metrics["scripted/env_errors"] == 2 and result.metrics["scripted/nonfinite_rewards"] == 0
+    if decoding == "constrained":
+        assert result.metrics["scripted/format_ok"] == 1.0
     records = [r.getMessage() for r in caplog.records if r.name == "grl.rollout"]
     assert len(records) == 2 and all("scripted" in r and "seed 101" in r for r in records)
 
 
-def test_env_failing_at_reset_is_logged_with_traceback_and_default_penalty(hf_engine, tokenizer, caplog):
+@pytest.mark.parametrize("decoding", DECODINGS)
+def test_env_failing_at_reset_is_logged_with_traceback_and_default_penalty(hf_engine, tokenizer, caplog, decoding):
     ro = rollout(hf_engine, tokenizer)
-    task = scripted(groups=2, size=2, fault="reset", fault_seeds=[0])
+    task = scripted(groups=2, size=2, fault="reset", fault_seeds=[0], decoding=decoding)
     with caplog.at_level(logging.ERROR, logger="grl.rollout"):
         result = ro.run([task], base_seed=0, sampling=GREEDY)
     assert [len(e.turns) for e in result.episodes] == [0, 0, 2, 2]
@@ -223,16 +244,17 @@ def test_env_failing_at_reset_is_logged_with_traceback_and_default_penalty(hf_en
     assert len(batch) == 2 and metrics["rollout/dropped_empty"] == 2
 
 
-def test_hung_env_times_out_is_abandoned_and_never_reused(hf_engine, tokenizer):
+@pytest.mark.parametrize("decoding", DECODINGS)
+def test_hung_env_times_out_is_abandoned_and_never_reused(hf_engine, tokenizer, decoding):
     ScriptedEnv.release.clear()
     ScriptedEnv.instances.clear()
     # One env worker: a pool starved by the hung step would never run the other agents' steps.
     ro = rollout(hf_engine, tokenizer, env_workers=1, env_step_timeout=0.5)
-    task = scripted(groups=2, size=2, fault="hang", fault_step=2, fault_seeds=[201], length=3)
+    task = scripted(groups=2, size=2, fault="hang", fault_step=2, fault_seeds=[201], length=3, decoding=decoding)
     try:
         result = ro.run([task], base_seed=200, sampling=GREEDY)
         assert [len(e.turns) for e in result.episodes] == [3, 3, 2, 2]
-        assert all("timed out" in e.error for e in result.episodes[2:])
+        assert all("timed out" in e.error and e.error_kind == "timeout" for e in result.episodes[2:])
         assert result.episodes[2].turns[-1].reward == -0.1  # the task's format penalty
         hung = [env for env in ScriptedEnv.instances if env.seed == 201]
         assert len(hung) == 2
@@ -243,15 +265,41 @@ def test_hung_env_times_out_is_abandoned_and_never_reused(hf_engine, tokenizer):
         ScriptedEnv.release.set()
 
 
-def test_too_many_failures_stop_the_step(hf_engine, tokenizer):
+@pytest.mark.parametrize("decoding", DECODINGS)
+def test_too_many_failures_stop_the_step(hf_engine, tokenizer, decoding):
     ro = rollout(hf_engine, tokenizer, max_failed_agent_ratio=0.25)
     with pytest.raises(RolloutError, match="2 of 4 agents failed.*max_failed_agent_ratio"):
-        ro.run([scripted(groups=2, size=2, fault="raise", fault_step=1, fault_seeds=[1], length=3)],
+        ro.run([scripted(groups=2, size=2, fault="raise", fault_step=1, fault_seeds=[1], length=3, decoding=decoding)],
                base_seed=0, sampling=GREEDY)
     # At the default 50%, the same half-failed step goes on; all failing stops it at reset.
     ro = rollout(hf_engine, tokenizer)
-    result = ro.run([scripted(groups=2, size=2, fault="raise", fault_step=1, fault_seeds=[1], length=3)],
-                    base_seed=0, sampling=GREEDY)
+    result = ro.run([scripted(groups=2, size=2, fault="raise", fault_step=1, fault_seeds=[1], length=3,
+                              decoding=decoding)], base_seed=0, sampling=GREEDY)
     assert result.metrics["rollout/env_errors"] == 2
     with pytest.raises(RolloutError, match="4 of 4 agents failed"):
-        ro.run([scripted(groups=2, size=2, fault="reset")], base_seed=0, sampling=GREEDY)
+        ro.run([scripted(groups=2, size=2, fault="reset", decoding=decoding)], base_seed=0, sampling=GREEDY)
+    # Bad values count as failures too: a mostly broken step still stops.
+    with pytest.raises(RolloutError, match="3 of 4 agents failed.*non-finite reward"):
+        ro.run([scripted(groups=4, size=1, fault="nan", fault_step=1, fault_seeds=[0, 1, 2], length=3,
+                         decoding=decoding)], base_seed=0, sampling=GREEDY)
+
+
+@pytest.mark.parametrize("decoding", DECODINGS)
+def test_nan_reward_ends_the_episode_is_counted_and_logged_once(hf_engine, tokenizer, caplog, decoding):
+    ro = rollout(hf_engine, tokenizer, env_error_penalty=-5.0)
+    task = scripted(groups=2, size=2, fault="nan", fault_step=2, fault_seeds=[11], length=3, decoding=decoding)
+    with caplog.at_level(logging.WARNING, logger="grl.rollout"):
+        result = ro.run([task], base_seed=10, sampling=GREEDY)
+        ro.run([task], base_seed=10, sampling=GREEDY)  # the same faults again: counted, not logged
+    healthy, failed = result.episodes[:2], result.episodes[2:]
+    turn = 1.0 + format_penalty(decoding)
+    assert all(e.error is None and e.score == pytest.approx(3 * turn) for e in healthy)
+    assert [[t.reward for t in e.turns] for e in failed] == [pytest.approx([turn, -5.0])] * 2
+    assert all(e.error_kind == "nonfinite_reward" for e in failed)
+    assert result.metrics["scripted/env_errors"] == 2 and result.metrics["scripted/nonfinite_rewards"] == 2
+    assert result.metrics["rollout/nonfinite_rewards"] == 2
+    records = [r.getMessage() for r in caplog.records if r.name == "grl.rollout"]
+    assert len(records) == 1, records
+    assert "nonfinite_reward" in records[0] and "seed 11" in records[0] and "float nan" in records[0]
+    batch, _ = build_batch(result.episodes, use_turn_scores=True)
+    assert len(batch) == 4 and bool(batch["token_rewards"].isfinite().all())

@@ -57,7 +57,7 @@ def test_gigpo_through_the_real_rollout(hf_engine, tokenizer):
 
     from grl.algo import make_kl_controller
     from grl.envs import make
-    from grl.trainer.agent_trainer import add_advantages
+    from grl.trainer.transforms import add_advantages
 
     cfg = load_config([
         "rollout.training=[simpleSokobanAgent]", "rollout.agent_group_num=[2]", "rollout.agent_group_size=[3]",

@@ -66,3 +66,16 @@ def test_rng_state_round_trips_through_json():
     random.seed(2), np.random.seed(2), torch.manual_seed(2)
     ckpt.set_rng_state(state)
     assert (random.random(), np.random.rand(), torch.rand(1).item()) == expected
+
+
+def test_a_checkpoint_of_the_old_full_state_format_fails_with_one_line(tmp_path):
+    def old_parts(tmp):
+        (tmp / "actor").mkdir()
+        torch.save({"w": torch.zeros(2)}, tmp / "actor" / "model.pt")
+        torch.save({}, tmp / "actor" / "optim.pt")
+
+    path = ckpt.write_checkpoint(tmp_path, 3, old_parts, {"global_step": 3})
+    for mode in ("auto", str(path)):
+        with pytest.raises(ValueError, match="old full-state format") as err:
+            ckpt.resume_path(mode, tmp_path)
+        assert "\n" not in str(err.value) and str(path / "actor") in str(err.value)

@@ -127,8 +127,9 @@ def test_lora_gigpo_run_resumes_to_equal_metrics(tmp_path, ray_runtime):
     """A LoRA policy trained with GiGPO and a KL loss (the reference is the base model with
     the adapter off): stopped after step 1 and resumed from the adapter-only checkpoint, its
     step 2 is the uninterrupted run's; the export is a merged model plus the adapter."""
-    import torch
     from transformers import AutoModelForCausalLM
+
+    from grl.workers.sharded import saved_names
 
     lora = {"actor_rollout_ref.model.lora_rank": 4, "actor_rollout_ref.model.lora_alpha": 8,
             "actor_rollout_ref.actor.optim.lr": 0.02, "actor_rollout_ref.actor.use_kl_loss": True,
@@ -143,7 +144,7 @@ def test_lora_gigpo_run_resumes_to_equal_metrics(tmp_path, ray_runtime):
     cfg_b = config(tmp_path, "b", resume_mode="auto", **lora)
     with pytest.raises(RunAborted):
         AgentTrainer.from_config(cfg_b, hooks=[kill_after_step_1]).fit()
-    saved = torch.load(tmp_path / "b" / "ckpt" / "global_step_1" / "actor" / "model.pt", weights_only=False)
+    saved = saved_names(tmp_path / "b" / "ckpt" / "global_step_1" / "actor")["model"]
     assert saved and all(".lora_" in k for k in saved)
     AgentTrainer.from_config(cfg_b).fit()
     resumed = by_step(tmp_path / "b" / "run")

