@@ -32,6 +32,14 @@ def measure_phases(trainer, step: int) -> dict[str, int]:
 
     # Defined here so that Ray ships them by value (the ranks cannot import this script).
     def reset_peak(worker) -> None:
+        # glibc keeps freed heap pages resident, so without a trim the peak of one phase would be the
+        # high-water mark of the update before it; trimmed, resident memory is live memory, the CPU
+        # counterpart of torch.cuda.empty_cache() before reset_peak_memory_stats().
+        import ctypes
+        import gc
+
+        gc.collect()
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
         with open("/proc/self/clear_refs", "w") as clear:
             clear.write("5")
 

@@ -1,7 +1,7 @@
 """Compose the Hydra config and check it before anything starts.
 
-The YAML files in configs/ hold the values; the dataclasses here hold only the
-types. `load_config` composes base.yaml with the command-line overrides,
+The YAML files in configs/ hold the values; the dataclasses of grl/schema.py hold
+only the types. `load_config` composes base.yaml with the command-line overrides,
 merges the result into the typed schema and runs the checks a type cannot
 express. Every mistake becomes one `ConfigError` line that names the key, so a
 typo costs seconds, not a Ray start-up.
@@ -11,12 +11,16 @@ from __future__ import annotations
 
 import difflib
 import os
-from dataclasses import dataclass, field, fields
+from collections.abc import Collection
+from dataclasses import fields
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
+
+from grl.algo.estimators import ESTIMATORS
+from grl.schema import GRLConfig, TaskInstance
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
@@ -25,288 +29,8 @@ class ConfigError(ValueError):
     """A configuration mistake, described in one line that names the key."""
 
 
-# ---------------------------------------------------------------- schema
-
-@dataclass
-class RewardNormalization:
-    grouping: str = MISSING
-    method: str = MISSING
-
-
-@dataclass
-class Rollout:
-    training: list[str] = MISSING
-    agent_group_num: list[int] = MISSING
-    agent_group_size: list[int] = MISSING
-    validation: list[str] = MISSING
-    validation_agent_group_num: list[int] = MISSING
-    validation_agent_group_size: list[int] = MISSING
-    validation_seed: int = MISSING
-    seed: int = MISSING
-    truncation: str = MISSING
-    use_turn_scores: bool = MISSING
-    rollout_filter_ratio: float = MISSING
-    rollout_filter_type: str = MISSING
-    reward_normalization: RewardNormalization = MISSING
-    max_episode_length: int = MISSING
-    packing: bool = MISSING
-    env_workers: int = MISSING
-    env_step_timeout: float = MISSING
-    env_error_penalty: Optional[float] = MISSING
-    max_failed_agent_ratio: float = MISSING
-    num_env_threads: Optional[int] = None
-    num_init_threads: Optional[int] = None
-    num_prompt_threads: int = 0
-    show_tqdm: bool = False
-
-
-@dataclass
-class Model:
-    path: str = MISSING
-    dtype: str = MISSING
-    enable_gradient_checkpointing: bool = MISSING
-    trust_remote_code: bool = False
-    lora_rank: int = 0  # the policy's; 0 = full fine-tuning
-    lora_alpha: float = 16.0
-    target_modules: Any = "all-linear"  # peft's: "all-linear" or a list of module names
-
-
-@dataclass
-class Optim:
-    lr: float = MISSING
-    lr_warmup_steps: int = MISSING
-    betas: list[float] = MISSING
-    weight_decay: float = MISSING
-
-
-@dataclass
-class FSDPConfig:
-    param_offload: bool = MISSING
-    optimizer_offload: bool = False
-    mixed_precision: bool = True
-
-
-@dataclass
-class Actor:
-    strategy: str = MISSING
-    ppo_mini_batch_size: int = MISSING
-    ppo_micro_batch_size_per_gpu: int = MISSING
-    ppo_epochs: int = MISSING
-    shuffle: bool = MISSING
-    grad_clip: float = MISSING
-    clip_ratio_low: float = MISSING
-    clip_ratio_high: float = MISSING
-    clip_ratio_c: float = MISSING
-    loss_agg_mode: str = MISSING
-    entropy_coeff: float = MISSING
-    use_kl_loss: bool = MISSING
-    kl_loss_coef: float = MISSING
-    kl_loss_type: str = MISSING
-    tis_imp_ratio_cap: float = -1.0
-    logits_chunk_size: int = MISSING
-    optim: Optim = MISSING
-    fsdp_config: FSDPConfig = MISSING
-
-
-@dataclass
-class Ref:
-    log_prob_micro_batch_size_per_gpu: int = MISSING
-    fsdp_config: FSDPConfig = MISSING
-
-
-@dataclass
-class SamplingOverrides:
-    do_sample: bool = MISSING
-    temperature: float = MISSING
-    top_p: float = MISSING
-    top_k: int = MISSING
-
-
-@dataclass
-class RolloutEngine:
-    name: str = MISSING
-    temperature: float = MISSING
-    top_p: float = MISSING
-    top_k: int = MISSING
-    prompt_length: int = MISSING
-    response_length: int = MISSING
-    gpu_memory_utilization: float = MISSING
-    enforce_eager: bool = MISSING
-    free_cache_engine: bool = MISSING
-    tensor_model_parallel_size: int = MISSING
-    max_model_len: Optional[int] = MISSING
-    log_prob_micro_batch_size_per_gpu: int = MISSING
-    rollout_filter_ratio: float = MISSING
-    rollout_filter_type: str = MISSING
-    val_kwargs: SamplingOverrides = MISSING
-
-
-@dataclass
-class ActorRolloutRef:
-    hybrid_engine: bool = MISSING
-    nccl_timeout: float = MISSING
-    model: Model = MISSING
-    actor: Actor = MISSING
-    ref: Ref = MISSING
-    rollout: RolloutEngine = MISSING
-
-
-@dataclass
-class Critic:
-    enable: bool = MISSING
-    nccl_timeout: float = MISSING
-    model: Model = MISSING
-    ppo_mini_batch_size: int = MISSING
-    ppo_micro_batch_size_per_gpu: int = MISSING
-    ppo_epochs: int = MISSING
-    cliprange_value: float = MISSING
-    grad_clip: float = MISSING
-    optim: Optim = MISSING
-    fsdp_config: FSDPConfig = MISSING
-
-
-@dataclass
-class KLControl:
-    type: str = MISSING
-    kl_coef: float = MISSING
-    horizon: int = MISSING
-    target_kl: float = MISSING
-
-
-@dataclass
-class Algorithm:
-    adv_estimator: str = MISSING
-    gamma: float = MISSING
-    lam: float = MISSING
-    high_level_gamma: float = MISSING
-    turn_advantage_weight: float = MISSING
-    gigpo_step_weight: float = MISSING
-    norm_adv_by_std_in_grpo: bool = MISSING
-    kl_penalty: str = MISSING
-    use_kl_in_reward: bool = MISSING
-    kl_ctrl: KLControl = MISSING
-
-
-@dataclass
-class Trainer:
-    project_name: str = MISSING
-    experiment_name: str = MISSING
-    logger: list[str] = MISSING
-    nnodes: int = MISSING
-    n_gpus_per_node: int = MISSING
-    device: str = MISSING
-    gpu_memory_gb: Optional[float] = None  # GiB per GPU for the memory planner; None: the device's own
-    ray_address: Optional[str] = MISSING
-    total_training_steps: int = MISSING
-    test_freq: int = MISSING
-    save_freq: int = MISSING
-    val_before_train: bool = MISSING
-    val_only: bool = False
-    validation_steps: int = 1
-    validation_controls: list[str] = MISSING
-    resume_mode: str = MISSING
-    resume_from_path: Optional[str] = None
-    default_local_dir: str = MISSING
-    run_dir: str = MISSING
-    max_ckpt_to_keep: Optional[int] = MISSING
-    export_hf: bool = MISSING
-    critic_warmup: int = MISSING
-    seed: int = MISSING
-
-
-@dataclass
-class Data:
-    max_prompt_length: int = MISSING
-    max_response_length: int = MISSING
-    train_batch_size: Optional[int] = MISSING
-
-
-@dataclass
-class System:
-    CUDA_VISIBLE_DEVICES: Optional[str] = None
-
-
-@dataclass
-class PythonSandbox:  # grl.tools.SandboxLimits holds the meaning of each key
-    wall_s: float = MISSING
-    cpu_s: int = MISSING
-    memory_mb: int = MISSING
-    max_processes: int = MISSING
-    max_file_mb: int = MISSING
-    max_dir_mb: int = MISSING
-    max_open_files: int = MISSING
-    max_output_bytes: int = MISSING
-    isolate_network: bool = MISSING
-
-
-@dataclass
-class Tools:
-    python: PythonSandbox = MISSING
-
-
-@dataclass
-class GRLConfig:
-    model_path: str = MISSING
-    max_prompt_length: int = MISSING
-    max_response_length: int = MISSING
-    train_batch_size: Optional[int] = MISSING
-    ppo_mini_batch_size: int = MISSING
-    micro_batch_size_per_gpu: int = MISSING
-    total_training_steps: int = MISSING
-    n_gpus_per_node: int = MISSING
-    nnodes: int = MISSING
-    test_freq: int = MISSING
-    save_freq: int = MISSING
-    gpu_memory_utilization: float = MISSING
-    project_name: str = MISSING
-    experiment_name: str = MISSING
-    resume_mode: str = MISSING
-    data: Data = MISSING
-    system: System = field(default_factory=System)
-    tools: Tools = MISSING
-    rollout: Rollout = MISSING
-    actor_rollout_ref: ActorRolloutRef = MISSING
-    critic: Critic = MISSING
-    algorithm: Algorithm = MISSING
-    trainer: Trainer = MISSING
-
-
-def _agent_default(name: str) -> Any:
-    from grl.agents.base import AgentSettings
-
-    return AgentSettings.__dataclass_fields__[name].default
-
-
-@dataclass
-class AgentConfig:
-    """`agent_config` of a task instance in configs/agents.yaml."""
-
-    # A key left out takes GRL's default (grl.agents.base.AgentSettings holds the values).
-    system_prompt: str = _agent_default("system_prompt")
-    prompt: str = _agent_default("prompt")
-    enable_think: bool = _agent_default("enable_think")
-    max_tokens: int = _agent_default("max_tokens")
-    max_turns: int = _agent_default("max_turns")
-    max_actions_per_turn: int = _agent_default("max_actions_per_turn")
-    max_actions_all_turns: int = _agent_default("max_actions_all_turns")
-    format_penalty: float = _agent_default("format_penalty")
-    action_separator: Optional[str] = _agent_default("action_separator")
-    action_decoding: str = _agent_default("action_decoding")  # free | constrained (env's valid_actions())
-    tools: list[str] = field(default_factory=list)  # e.g. [python]: tools the model may call (grl/tools)
-    max_tool_calls_per_turn: int = _agent_default("max_tool_calls_per_turn")
-    max_tool_calls: int = _agent_default("max_tool_calls")
-    max_tool_output_chars: int = _agent_default("max_tool_output_chars")
-
-
-@dataclass
-class TaskInstance:
-    agent_type: str = MISSING
-    agent_config: AgentConfig = MISSING
-    env_config: dict[str, Any] = field(default_factory=dict)
-
-
 # Values a type cannot check: key -> allowed choices.
-CHOICES: dict[str, tuple[str, ...]] = {
+CHOICES: dict[str, Collection[str]] = {
     "rollout.truncation": ("left", "right", "error"),
     "rollout.rollout_filter_type": ("std", "std_rev"),
     "rollout.reward_normalization.grouping": ("state", "batch", "inductive"),
@@ -317,14 +41,20 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "actor_rollout_ref.rollout.name": ("auto", "hf", "vllm"),
     "actor_rollout_ref.model.dtype": ("auto", "float32", "bfloat16", "float16", "fp32", "bf16", "fp16"),
     "critic.model.dtype": ("auto", "float32", "bfloat16", "float16", "fp32", "bf16", "fp16"),
-    "algorithm.adv_estimator": ("gae", "bi_level_gae", "weighted_gae", "grpo", "rloo", "reinforce_plus_plus", "gigpo",
-                                "rebn"),
+    "algorithm.adv_estimator": ESTIMATORS,  # the registry itself, so an estimator registered later is a choice
     "algorithm.kl_penalty": ("kl", "abs", "mse", "low_var_kl"),
     "algorithm.kl_ctrl.type": ("fixed", "adaptive"),
     "trainer.device": ("auto", "cuda", "cpu"),
 }
 LOGGERS = ("console", "jsonl", "wandb", "tensorboard")
-CRITIC_FREE_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus", "gigpo", "rebn")
+
+# Keys of GRL's and verl's configs that nothing here reads, accepted so that their command lines run:
+# key -> (the value GRL behaves as whatever is set, why). Preflight notes a different value.
+NO_EFFECT: dict[str, tuple[Any, str]] = {
+    "actor_rollout_ref.hybrid_engine": (True, "the rollout engine always lives with the actor's workers"),
+    "actor_rollout_ref.actor.strategy": ("fsdp2", "the workers always shard with FSDP2"),
+    "rollout.num_prompt_threads": (0, "prompts are rendered in the rollout thread"),
+}
 
 
 # Second spellings that GRL's and verl's configs use: alias -> the key that is read. The alias
@@ -429,7 +159,11 @@ def _check_lists(cfg: DictConfig) -> None:
         raise ConfigError(f"rollout.rollout_filter_ratio: {cfg.rollout.rollout_filter_ratio} is not in (0, 1]")
     if not 0.0 <= cfg.rollout.max_failed_agent_ratio <= 1.0:
         raise ConfigError(f"rollout.max_failed_agent_ratio: {cfg.rollout.max_failed_agent_ratio} is not in [0, 1]")
-    for key in ("max_prompt_length", "max_response_length", "ppo_mini_batch_size", "micro_batch_size_per_gpu",
+    # the keys the workers read, not the shorthands they default to, so that a value set on either is checked
+    for key in ("max_prompt_length", "max_response_length", "actor_rollout_ref.actor.ppo_mini_batch_size",
+                "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", "critic.ppo_mini_batch_size",
+                "critic.ppo_micro_batch_size_per_gpu", "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
+                "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
                 "n_gpus_per_node", "nnodes", "rollout.env_workers", "rollout.max_episode_length",
                 "actor_rollout_ref.actor.ppo_epochs", "actor_rollout_ref.actor.logits_chunk_size",
                 "actor_rollout_ref.nccl_timeout", "critic.nccl_timeout"):
@@ -446,7 +180,7 @@ def _check_lists(cfg: DictConfig) -> None:
                           f"agent_group_size gives {episodes}; set it to {episodes} or null")
     if cfg.trainer.validation_steps < 1:
         raise ConfigError(f"trainer.validation_steps: must be at least 1, got {cfg.trainer.validation_steps}")
-    if cfg.algorithm.adv_estimator not in CRITIC_FREE_ESTIMATORS and not cfg.critic.enable:
+    if ESTIMATORS[cfg.algorithm.adv_estimator].needs_critic and not cfg.critic.enable:
         raise ConfigError(f"critic.enable: estimator {cfg.algorithm.adv_estimator} needs the critic")
 
 

@@ -18,7 +18,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from grl.config import CRITIC_FREE_ESTIMATORS, ConfigError, task_instance
+from grl.algo.estimators import ESTIMATORS
+from grl.config import NO_EFFECT, ConfigError, task_instance
 
 
 class PreflightError(ConfigError):
@@ -26,7 +27,7 @@ class PreflightError(ConfigError):
 
 
 def check(cfg: DictConfig, environ: os._Environ | dict | None = None) -> list[str]:
-    """Run every check; returns notes (adjustments made to `cfg`) to print."""
+    """Run every check; returns notes to print. `cfg` is only read."""
     environ = os.environ if environ is None else environ
     notes = check_numbers(cfg)
     check_wandb(cfg, environ)
@@ -52,25 +53,20 @@ def check_numbers(cfg: DictConfig) -> list[str]:
     def positive(v):
         return v is not None and v > 0
 
-    def every(v):
-        return v == -1 or v >= 1
-
     def unit(v):
         return 0.0 <= v <= 1.0
 
     _need(cfg, "trainer.total_training_steps", lambda v: v >= 1, "must be at least 1",
           "a run of no step trains nothing and exports the untrained model")
-    _need(cfg, "trainer.test_freq", every, "must be -1 (never) or at least 1")
-    _need(cfg, "trainer.save_freq", every, "must be -1 (only at the end) or at least 1")
+    _need(cfg, "trainer.test_freq", lambda v: v >= -1, "must be -1 or 0 (never) or at least 1")
+    _need(cfg, "trainer.save_freq", lambda v: v >= -1, "must be -1 or 0 (only at the end) or at least 1")
     _need(cfg, "trainer.max_ckpt_to_keep", lambda v: v is None or v >= 1, "must be null (keep all) or at least 1")
     _need(cfg, "trainer.critic_warmup", lambda v: v >= 0, "must be 0 or more")
     _need(cfg, "trainer.critic_warmup", lambda v: v < cfg.trainer.total_training_steps or v == 0,
           f"leaves no step (of {cfg.trainer.total_training_steps}) that updates the actor")
     _need(cfg, "rollout.validation_seed", lambda v: v >= 0, "must be 0 or more")
     _need(cfg, "rollout.env_step_timeout", positive, "must be positive (seconds)")
-    _need(cfg, "actor_rollout_ref.rollout.temperature", lambda v: v >= 0, "must be 0 or more")
-    _need(cfg, "actor_rollout_ref.rollout.top_p", lambda v: 0 < v <= 1, "is not in (0, 1]")
-    _need(cfg, "actor_rollout_ref.rollout.top_k", lambda v: v == -1 or v >= 1, "must be -1 (off) or at least 1")
+    check_sampling(cfg)
     _need(cfg, "actor_rollout_ref.rollout.gpu_memory_utilization", lambda v: 0 < v <= 1, "is not in (0, 1]")
     _need(cfg, "actor_rollout_ref.rollout.tensor_model_parallel_size", lambda v: v >= 1, "must be at least 1")
     actor = "actor_rollout_ref.actor"
@@ -83,8 +79,11 @@ def check_numbers(cfg: DictConfig) -> list[str]:
     _need(cfg, f"{actor}.clip_ratio_c", lambda v: v > 1, "must be greater than 1 (dual-clip bound)")
     _need(cfg, f"{actor}.entropy_coeff", lambda v: v >= 0, "must be 0 or more")
     _need(cfg, f"{actor}.kl_loss_coef", lambda v: v >= 0, "must be 0 or more")
-    _need(cfg, f"{actor}.ppo_micro_batch_size_per_gpu", lambda v: v <= cfg.ppo_mini_batch_size,
-          f"is larger than ppo_mini_batch_size ({cfg.ppo_mini_batch_size})")
+    estimator = ESTIMATORS[cfg.algorithm.adv_estimator]
+    for section in (actor, "critic") if estimator.needs_critic else (actor,):
+        mini = OmegaConf.select(cfg, f"{section}.ppo_mini_batch_size")
+        _need(cfg, f"{section}.ppo_micro_batch_size_per_gpu", lambda v, mini=mini: v <= mini,
+              f"is larger than {section}.ppo_mini_batch_size ({mini})")
     for key in ("algorithm.gamma", "algorithm.lam", "algorithm.high_level_gamma"):
         _need(cfg, key, unit, "is not in [0, 1]")
     _need(cfg, "algorithm.kl_ctrl.kl_coef", lambda v: v >= 0, "must be 0 or more")
@@ -92,20 +91,32 @@ def check_numbers(cfg: DictConfig) -> list[str]:
     _need(cfg, "algorithm.kl_ctrl.target_kl", positive, "must be positive")
     for name in cfg.rollout.training:
         _need(cfg, f"{name}.agent_config.max_turns", lambda v: v is None or v >= 1, "must be at least 1")
-    estimator = cfg.algorithm.adv_estimator
-    if estimator in ("grpo", "rloo"):
-        _need(cfg, "rollout.agent_group_size", lambda v: min(v) >= 2, f"has a group of 1 agent, so {estimator} "
-              "(which compares the agents of a group) gives it zero advantage", "use groups of 2 or more")
-    notes = []
-    if estimator in CRITIC_FREE_ESTIMATORS and cfg.critic.enable:
-        cfg.critic.enable = False
-        notes.append(f"critic.enable: {estimator} uses no critic, so none is built (set critic.enable=false "
+    if estimator.group_based:
+        _need(cfg, "rollout.agent_group_size", lambda v: min(v) >= 2, f"has a group of 1 agent, which "
+              f"{estimator.name} (it compares the agents of a group) has nothing to compare with",
+              "use groups of 2 or more")
+    notes = [f"{key}: {OmegaConf.select(cfg, key)!r} has no effect (GRL compatibility): {why}"
+             for key, (behaves_as, why) in NO_EFFECT.items() if OmegaConf.select(cfg, key) != behaves_as]
+    if not estimator.needs_critic and cfg.critic.enable:
+        notes.append(f"critic.enable: {estimator.name} uses no critic, so none is built (set critic.enable=false "
                      "to silence this)")
-    if cfg.critic.enable:
+    if estimator.needs_critic:
         _need(cfg, "critic.optim.lr", positive, "must be positive", "e.g. 1e-5")
         _need(cfg, "critic.cliprange_value", positive, "must be positive")
         _need(cfg, "critic.grad_clip", positive, "must be positive")
     return notes
+
+
+def check_sampling(cfg: DictConfig) -> None:
+    """The sampling keys of training and of validation, read as the engines read them."""
+    from grl.engines import sampling_from_config
+
+    rollout = cfg.actor_rollout_ref.rollout
+    for validate in (False, True):
+        try:
+            sampling_from_config(rollout, validate, rollout.response_length)
+        except (TypeError, ValueError) as err:
+            raise PreflightError(str(err)) from None
 
 
 # ---------------------------------------------------------------- W&B

@@ -14,14 +14,16 @@ import argparse
 import signal
 import sys
 
-USAGE_EPILOG = """\
+from grl.algo.estimators import ESTIMATORS
+
+USAGE_EPILOG = f"""\
 overrides are Hydra's KEY=VALUE (see configs/base.yaml, configs/ppo_trainer.yaml, configs/agents.yaml):
   preset=cpu                               a hardware preset from configs/preset/
   model_path=embedded                      hub id, local folder, `embedded` or `tiny`
   rollout.training=[simpleSokobanAgent]    training task instances (configs/agents.yaml)
   rollout.agent_group_num=[8] rollout.agent_group_size=[16]
   rollout.validation=[simpleSokobanAgent,gsm8kAgent_single_turn]
-  algorithm.adv_estimator=gae              gae | bi_level_gae | weighted_gae | grpo | rloo | reinforce_plus_plus | gigpo | rebn
+  algorithm.adv_estimator=gae              {' | '.join(ESTIMATORS)}
   trainer.logger=[console,jsonl,wandb]     W&B is online with WANDB_API_KEY, offline otherwise
   trainer.resume_mode=auto                 auto | disable | a checkpoints/.../global_step_N folder
 """

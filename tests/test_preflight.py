@@ -30,7 +30,7 @@ def blocked(tmp_path):
 BAD = [  # (override, the key the message must name)
     ("total_training_steps=-5", "trainer.total_training_steps"),
     ("total_training_steps=0", "trainer.total_training_steps"),
-    ("test_freq=0", "trainer.test_freq"),
+    ("test_freq=-2", "trainer.test_freq"),
     ("save_freq=-3", "trainer.save_freq"),
     ("trainer.max_ckpt_to_keep=0", "trainer.max_ckpt_to_keep"),
     ("trainer.critic_warmup=-1", "trainer.critic_warmup"),
@@ -98,13 +98,19 @@ def test_offline_hub_id_not_cached(tmp_path, capsys, monkeypatch):
     assert "HF_HUB_OFFLINE" in capsys.readouterr().err
 
 
-def test_critic_free_estimator_drops_the_critic(tmp_path):
+def test_critic_free_estimator_builds_no_critic_and_preflight_only_reads(tmp_path):
+    from omegaconf import OmegaConf
+
     from grl import preflight
     from grl.config import load_config
+    from grl.planner import plan
 
     cfg = load_config([*base(tmp_path), "algorithm.adv_estimator=grpo", "rollout.agent_group_size=[2]"])
+    before = OmegaConf.to_yaml(cfg)
     notes = preflight.check(cfg)
-    assert cfg.critic.enable is False and "critic.enable" in notes[0]
+    assert OmegaConf.to_yaml(cfg) == before
+    assert cfg.critic.enable is True and any(n.startswith("critic.enable: grpo uses no critic") for n in notes)
+    assert "update_critic" not in plan(cfg).phases  # the memory plan, like the trainer, reads the estimator
     assert list(tmp_path.iterdir()) == []
 
 

@@ -20,8 +20,6 @@ import torch
 
 from grl.algo.masked import masked_whiten
 
-ESTIMATORS = ("gae", "bi_level_gae", "weighted_gae", "grpo", "rloo", "reinforce_plus_plus", "gigpo", "rebn")
-
 
 def _zero(x: torch.Tensor) -> torch.Tensor:
     return torch.zeros((), dtype=x.dtype, device=x.device)
@@ -328,55 +326,3 @@ def compute_reinforce_plus_plus(token_rewards: torch.Tensor, loss_mask: torch.Te
     packing = _Packing(gen)
     returns = packing.unpack(_discounted_reverse_sum(packing.pack(token_rewards), gamma))
     return masked_whiten(returns, loss_mask), returns
-
-
-def _need(name: str, value, estimator: str):
-    if value is None:
-        raise ValueError(f"advantage estimator '{estimator}' needs '{name}'")
-    return value
-
-
-def compute_advantage(estimator: str, *, token_rewards: torch.Tensor, loss_mask: torch.Tensor, values: torch.Tensor | None = None,
-                      turn_ids: torch.Tensor | None = None, group_ids=None, episode_scores: torch.Tensor | None = None,
-                      gamma: float = 1.0, lam: float = 1.0, high_level_gamma: float = 1.0, high_level_lam: float | None = None,
-                      turn_weight: float = 1.0, norm_adv_by_std: bool = True, whiten: bool = True, eps: float = 1e-6,
-                      turn_states: torch.Tensor | None = None, gigpo_step_weight: float = 1.0):
-    """Dispatch to one estimator by name -> (advantages, returns), both `[batch, tokens]`.
-
-    `whiten` whitens the advantages of the critic-based estimators (gae, bi_level_gae,
-    weighted_gae) over the mask, as verl and RAGEN do; returns stay raw. REINFORCE++ always
-    whitens (it is part of the method); GRPO and RLOO are already group-normalised, ReBN batch-normalised.
-    `episode_scores` default to each row's summed rewards on generated tokens; `turn_ids`
-    default to one turn per run of generated tokens. GiGPO needs `turn_states` (`[batch, turns]`
-    state ids) and is group-normalised too.
-    """
-    if estimator not in ESTIMATORS:
-        raise ValueError(f"unknown advantage estimator '{estimator}'; choose one of: {', '.join(ESTIMATORS)}")
-    if estimator in ("grpo", "rloo"):
-        group_ids = _need("group_ids", group_ids, estimator)
-        if episode_scores is None:
-            episode_scores = torch.where(loss_mask > 0, token_rewards, _zero(token_rewards)).sum(-1)
-        if estimator == "grpo":
-            return compute_grpo(episode_scores, loss_mask, group_ids, norm_adv_by_std, eps)
-        return compute_rloo(episode_scores, loss_mask, group_ids)
-    if estimator == "gigpo":
-        turn_ids = turn_ids_from_mask(loss_mask) if turn_ids is None else turn_ids
-        return compute_gigpo(token_rewards, loss_mask, turn_ids, _need("turn_states", turn_states, estimator),
-                             _need("group_ids", group_ids, estimator), gamma, gigpo_step_weight, episode_scores,
-                             norm_adv_by_std, eps)
-    if estimator == "reinforce_plus_plus":
-        return compute_reinforce_plus_plus(token_rewards, loss_mask, gamma)
-    if estimator == "rebn":
-        return compute_rebn(token_rewards, loss_mask, turn_ids_from_mask(loss_mask) if turn_ids is None else turn_ids, gamma)
-    values = _need("values", values, estimator)
-    if estimator == "gae":
-        advantages, returns = compute_gae(token_rewards, values, loss_mask, gamma, lam)
-    else:
-        turn_ids = turn_ids_from_mask(loss_mask) if turn_ids is None else turn_ids
-        if estimator == "bi_level_gae":
-            advantages, returns = compute_bi_level_gae(token_rewards, values, loss_mask, turn_ids, gamma, lam, high_level_gamma, high_level_lam)
-        else:
-            advantages, returns = compute_weighted_gae(token_rewards, values, loss_mask, turn_ids, gamma, lam, high_level_gamma, turn_weight, high_level_lam)
-    if whiten:
-        advantages = masked_whiten(advantages, loss_mask)
-    return advantages, returns

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
-    top_k: int = -1  # -1: no top-k filter
+    top_k: int = -1  # -1 or 0: no top-k filter (as in vLLM)
     max_new_tokens: int = 256
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)

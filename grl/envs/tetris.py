@@ -14,14 +14,31 @@ Rules
   it locks (a hard drop: one `Down` places one piece, so every action has a
   visible effect and episodes stay short). Any other string is invalid and
   changes nothing.
-- Rewards: -0.1 for every action (invalid ones included), +10 per row cleared.
+- Rewards: `step_reward` (-0.1) for every action (invalid ones included), +10 per row cleared.
+  A cost per action makes failing fast pay better than trying: where the
+  episode has only one piece, `step_reward: 0` leaves success as the only
+  signal.
 - The episode ends with success when a drop completes a row (full rows are
   cleared and the rows above fall), and without success when the next piece
   fits in no column of the top rows (the board is full) or after `max_steps`
   actions. A locked piece stays on the board, also at game over. Steps after
   the end change nothing and earn 0.
 - Observation: `dim_y` rows of `dim_x` symbols joined by newlines: `_` empty,
-  `#` filled, `X` the falling piece.
+  `#` filled, `X` the falling piece. With `coordinates`, a line follows that
+  names the falling piece's columns and the empty columns of the lowest row
+  that is not full (columns numbered 1 to `dim_x` from the left): the same
+  facts, in words a small model reads more easily than a column of a grid.
+
+Boards where dropping at once is not enough (`gap_rows`, `max_pieces`)
+- `gap_rows` bottom rows start filled but for one empty cell each, at a
+  column the seed picks; `max_pieces` ends the episode without success once
+  that many pieces have locked without clearing a row. With one gap row and
+  one piece, a piece dropped where it appears wins only when it appears over
+  the gap (1 game in `dim_x`); reading where the gap is wins every game.
+  `spawn_over_gap: false` never lets a piece appear over an empty cell of the
+  lowest open row (where another column exists), so that no game is won
+  without moving: a fixed move sequence then wins at most 1 game in 4 on a
+  4-wide board.
 """
 
 from __future__ import annotations
@@ -45,7 +62,6 @@ BOX_TYPES = {
 }
 ACTIONS = ("left", "right", "down")
 
-STEP_REWARD = -0.1
 LINE_REWARD = 10.0
 
 
@@ -59,7 +75,9 @@ def parse_action(action: Any) -> str | None:
 
 
 class TetrisEnv(Env):
-    def __init__(self, dim_x: int = 4, dim_y: int = 4, box_type: int = 1, max_steps: int = 100):
+    def __init__(self, dim_x: int = 4, dim_y: int = 4, box_type: int = 1, max_steps: int = 100,
+                 gap_rows: int = 0, max_pieces: int = 0, coordinates: bool = False, step_reward: float = -0.1,
+                 spawn_over_gap: bool = True):
         if not isinstance(box_type, int) or box_type not in BOX_TYPES:
             raise ValueError(f"tetris: box_type must be 1, 2 or 3, got {box_type!r}")
         self.dim_x, self.dim_y = positive_int("tetris", "dim_x", dim_x), positive_int("tetris", "dim_y", dim_y)
@@ -67,6 +85,20 @@ class TetrisEnv(Env):
             raise ValueError(f"tetris: dim_x and dim_y must be at least 2, got {dim_x!r} x {dim_y!r}")
         self.box_type = int(box_type)
         self.max_steps = positive_int("tetris", "max_steps", max_steps)
+        # 0 means "none" for both; the largest piece is two rows tall, so the top two rows stay free.
+        self.gap_rows = 0 if gap_rows == 0 else positive_int("tetris", "gap_rows", gap_rows)
+        if self.gap_rows > self.dim_y - 2:
+            raise ValueError(f"tetris: gap_rows must leave two free rows, got {gap_rows!r} of {dim_y!r}")
+        self.max_pieces = 0 if max_pieces == 0 else positive_int("tetris", "max_pieces", max_pieces)
+        if not isinstance(coordinates, bool):
+            raise ValueError(f"tetris: coordinates must be true or false, got {coordinates!r}")
+        self.coordinates = coordinates
+        if not isinstance(spawn_over_gap, bool):
+            raise ValueError(f"tetris: spawn_over_gap must be true or false, got {spawn_over_gap!r}")
+        self.spawn_over_gap = spawn_over_gap
+        if isinstance(step_reward, bool) or not isinstance(step_reward, (int, float)) or not -10 < step_reward <= 0:
+            raise ValueError(f"tetris: step_reward must be a number in (-10, 0], got {step_reward!r}")
+        self.step_reward = float(step_reward)
 
     # ---------------------------------------------------------- board logic
 
@@ -80,7 +112,12 @@ class TetrisEnv(Env):
         """Draw the next piece into the top rows; False when it fits nowhere (game over)."""
         self.piece = self.rng.choice(BOX_TYPES[self.box_type])
         width = 1 + max(dc for _, dc in PIECES[self.piece])
-        wanted = self.rng.randint(0, self.dim_x - width)
+        lowest_open = next(row for row in reversed(self.board) if not all(row))
+        off_gap = [c for c in range(self.dim_x - width + 1) if all(lowest_open[c + dc] for _, dc in PIECES[self.piece])]
+        if self.spawn_over_gap or not off_gap:
+            wanted = self.rng.randint(0, self.dim_x - width)
+        else:
+            wanted = self.rng.choice(off_gap)
         # A blocked column moves the piece to the nearest free one (the left one on a tie).
         for col in sorted(range(self.dim_x - width + 1), key=lambda c: (abs(c - wanted), c)):
             if self._fits(0, col):
@@ -103,11 +140,14 @@ class TetrisEnv(Env):
 
     def reset(self, seed: int | None = None) -> str:
         self.rng = random.Random(seed)
-        self.board = [[False] * self.dim_x for _ in range(self.dim_y)]
-        self.steps = 0
+        self.board = [[False] * self.dim_x for _ in range(self.dim_y - self.gap_rows)]
+        for _ in range(self.gap_rows):
+            gap = self.rng.randrange(self.dim_x)
+            self.board.append([col != gap for col in range(self.dim_x)])
+        self.steps = self.pieces_locked = 0
         self.done = False
         self.success = False
-        self.falling = self._spawn()  # an empty board always has room
+        self.falling = self._spawn()  # the top two rows are always empty here
         return self.render()
 
     def render(self) -> str:
@@ -115,14 +155,25 @@ class TetrisEnv(Env):
         if self.falling:
             for r, c in self._cells(self.row, self.col):
                 grid[r][c] = "X"
-        return "\n".join("".join(row) for row in grid)
+        text = "\n".join("".join(row) for row in grid)
+        return f"{text}\n{self._describe()}" if self.coordinates else text
+
+    def _describe(self) -> str:
+        def columns(cols) -> str:
+            cols = sorted(cols)
+            return ("column " if len(cols) == 1 else "columns ") + ", ".join(str(c + 1) for c in cols)
+
+        lowest_open = next(row for row in reversed(self.board) if not all(row))  # full rows are cleared
+        piece = f"The falling piece is in {columns({c for _, c in self._cells(self.row, self.col)})}. " \
+            if self.falling else "No piece is falling. "
+        return piece + f"Empty in the lowest open row: {columns(c for c, f in enumerate(lowest_open) if not f)}."
 
     def step(self, action: str):
         move = parse_action(action)
         if self.done:
             return self.render(), 0.0, True, step_info(self.success, move is not None, False)
         self.steps += 1
-        reward, effective = STEP_REWARD, False
+        reward, effective = self.step_reward, False
         if move in ("left", "right"):
             col = self.col + (1 if move == "right" else -1)
             if self._fits(self.row, col):
@@ -130,10 +181,13 @@ class TetrisEnv(Env):
         elif move == "down":
             effective = True
             cleared = self._drop()
+            self.pieces_locked += 1
             reward += LINE_REWARD * cleared
             if cleared:
                 self.success = self.done = True
                 self.falling = False
+            elif self.max_pieces and self.pieces_locked >= self.max_pieces:
+                self.falling, self.done = False, True
             else:
                 self.falling = self._spawn()
                 self.done = not self.falling

@@ -21,7 +21,7 @@ def run(cfg: DictConfig) -> None:
     import ray
 
     from grl.trainer.agent_trainer import AgentTrainer
-    from grl.workers.group import shutdown_local_ray
+    from grl.workers.runtime import shutdown_local_ray
 
     started_ray = not ray.is_initialized()
     try:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from grl.algo import make_kl_controller
+from grl.algo import ESTIMATORS, make_kl_controller
 from grl.engines import sampling_from_config
 from grl.rollout import Batch, MultiTurnRollout, task_specs, training_base_seed
 from grl.tracking import Tracker, save_run_info
@@ -84,7 +84,7 @@ class AgentTrainer:
         ranks = world_size(cfg)
         actor = ActorRolloutRefGroup(cfg, ranks, use_ref=use_reference(cfg))
         try:
-            critic = CriticGroup(cfg, ranks) if cfg.critic.enable else None
+            critic = CriticGroup(cfg, ranks) if ESTIMATORS[cfg.algorithm.adv_estimator].needs_critic else None
         except BaseException:
             actor.shutdown()
             raise
@@ -374,7 +374,7 @@ def finish_report(val_success: dict[str, list[tuple[int, float]]], checkpoint: P
         lines.append(f"finished {task}: validation success {first:.3f} at step {first_step}, "
                      f"best {best:.3f} at step {best_step}, last {last:.3f} at step {last_step}")
     if not lines:
-        lines.append("finished: no validation ran (trainer.test_freq=-1 and trainer.val_before_train=false)")
+        lines.append("finished: no validation ran (trainer.test_freq off and trainer.val_before_train=false)")
     lines.append(f"checkpoint   {checkpoint.absolute() if checkpoint else 'none written'}")
     lines.append(f"HF export    {export.absolute() if export else 'off (trainer.export_hf=false)'}")
     return "\n".join(lines)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from omegaconf import DictConfig
 
-from grl.algo import apply_kl_penalty, compute_advantage, finite_episodes, finite_rows
+from grl.algo import ESTIMATORS, apply_kl_penalty, compute_advantage, finite_episodes, finite_rows
 from grl.rollout import Batch, Episode, build_batch, filter_groups, normalize_episode_scores, unpack
 from grl.trainer.metrics import episode_token_counts, task_metrics
 
@@ -44,7 +44,7 @@ def add_advantages(batch: Batch, algo: DictConfig, kl_ctrl) -> dict[str, float]:
         values=view.rows(batch["values"]) if "values" in batch else None, turn_ids=view.rows(batch["turn_ids"]),
         group_ids=view.group_ids, gamma=algo.gamma, lam=algo.lam, high_level_gamma=algo.high_level_gamma,
         turn_weight=algo.turn_advantage_weight, norm_adv_by_std=algo.norm_adv_by_std_in_grpo,
-        turn_states=view.turn_states() if algo.adv_estimator == "gigpo" else None,
+        turn_states=view.turn_states() if ESTIMATORS[algo.adv_estimator].needs_step_keys else None,
         gigpo_step_weight=algo.gigpo_step_weight)
     batch["advantages"], batch["returns"] = view.back(advantages), view.back(returns)
     return metrics

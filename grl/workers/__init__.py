@@ -30,16 +30,9 @@ The trainer uses only what is exported here (docs/CONTRACTS.md, Workers).
   the call that noticed; `shutdown()` always works, also twice.
 """
 
-from grl.workers.group import (
-    ActorRolloutRefGroup,
-    CriticGroup,
-    EngineProxy,
-    WorkerDiedError,
-    init_ray,
-    plan_minibatches,
-    resolve_device,
-    world_size,
-)
+from grl.workers.engine_proxy import EngineProxy
+from grl.workers.group import ActorRolloutRefGroup, CriticGroup, WorkerDiedError, plan_minibatches
+from grl.workers.runtime import init_ray, resolve_device, world_size
 
 __all__ = ["ActorRolloutRefGroup", "CriticGroup", "EngineProxy", "WorkerDiedError", "init_ray",
            "plan_minibatches", "resolve_device", "world_size"]

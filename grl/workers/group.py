@@ -1,4 +1,4 @@
-"""Driver side of the workers: the Ray runtime, worker groups and the engine proxy.
+"""Driver side of the workers: the worker groups and the dispatch of calls to their ranks.
 
 A worker group is N Ray actors (ranks) of one role placed on the bundles of a
 placement group (one bundle per GPU, or per rank on CPU) and joined into one
@@ -13,25 +13,21 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
-import threading
-from dataclasses import replace
 from pathlib import Path
 
 import torch
 
-from grl.engines.base import Engine, NamedTensors, SamplingParams
+from grl.engines.base import Engine
 from grl.rollout.batch import repack
 from grl.rollout.types import Batch
+from grl.workers.engine_proxy import EngineProxy
+from grl.workers.runtime import PRODUCT_ENV, REPO_ROOT, acquire_pool, init_ray, release_pool, resolve_device
 
 log = logging.getLogger("grl.workers")
 
-PRODUCT_ENV = {"RAY_AUTH_MODE": "disabled", "TOKENIZERS_PARALLELISM": "false"}
-REPO_ROOT = str(Path(__file__).resolve().parents[2])
 # Ranks take a fraction of their bundle so that several groups (actor,
 # critic, a second actor while a test compares two) can share one bundle.
 GROUPS_PER_BUNDLE = 4
-PLACEMENT_TIMEOUT_S = 600
 TEARDOWN_TIMEOUT_S = 10  # a rank stuck in a collective (a peer died) is killed after this
 DRIVER_STATE = "driver_state.json"
 
@@ -50,123 +46,6 @@ class WorkerDiedError(RuntimeError):
     def __init__(self, message: str, worker: str):
         super().__init__(message)
         self.worker = worker
-
-
-def init_ray(address: str | None = None, **ray_kwargs) -> None:
-    """Start (or join) Ray: `address`, else $RAY_ADDRESS, else a local runtime."""
-    for key, value in PRODUCT_ENV.items():
-        os.environ.setdefault(key, value)
-    import ray
-
-    if ray.is_initialized():
-        return
-    address = address or os.environ.get("RAY_ADDRESS")
-    on_sigterm = signal.getsignal(signal.SIGTERM)
-    if address:
-        ray.init(address=address, **ray_kwargs)
-    else:
-        # "local" starts a fresh runtime; a bare ray.init() would join whatever cluster a leftover
-        # session file in /tmp/ray names, and retry for minutes when that cluster is gone.
-        ray_kwargs.setdefault("include_dashboard", False)
-        ray.init(address="local", **ray_kwargs)
-    if callable(on_sigterm) and threading.current_thread() is threading.main_thread():
-        # ray.init installs a crash handler for SIGTERM that ends the driver mid-teardown; the caller's
-        # handler (grl-train's: unwind like Ctrl-C and shut every worker down) must stay in charge.
-        signal.signal(signal.SIGTERM, on_sigterm)
-
-
-def shutdown_local_ray(grace_s: float = 5.0) -> None:
-    """End a runtime this process started, and every process it spawned.
-
-    ray.shutdown() stops the raylet and GCS, but the raylet's agents (DashboardAgent, RuntimeEnvAgent)
-    can outlive it by a minute on a loaded machine; a run must leave nothing behind when it ends.
-    """
-    import psutil
-    import ray
-
-    ray_home = os.path.dirname(ray.__file__)
-    spawned = []
-    for child in psutil.Process().children():  # the GCS, raylet and monitors run programs from Ray's package
-        try:
-            if any(ray_home in arg for arg in child.cmdline()):
-                spawned += [child, *child.children(recursive=True)]
-        except psutil.Error:
-            continue
-    ray.shutdown()
-    _, alive = psutil.wait_procs(spawned, timeout=grace_s)
-    for proc in alive:
-        try:
-            proc.kill()  # psutil checks the pid still names the same process (start time)
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(alive, timeout=grace_s)
-
-
-def world_size(cfg) -> int:
-    """Ranks per role: trainer.n_gpus_per_node x trainer.nnodes (processes on CPU too)."""
-    return int(cfg.trainer.n_gpus_per_node) * int(cfg.trainer.nnodes)
-
-
-def resolve_device(requested: str) -> str:
-    import ray
-
-    gpus = ray.cluster_resources().get("GPU", 0)
-    if requested == "auto":
-        return "cuda" if gpus >= 1 else "cpu"
-    if requested == "cuda" and gpus < 1:
-        raise RuntimeError("trainer.device: cuda requested but the Ray cluster has no GPU")
-    return requested
-
-
-# ---------------------------------------------------------------- placement
-
-# (Ray job, world size, device) -> [placement group, users]; the job id keeps
-# a pool from outliving the Ray runtime it was made in.
-_pools: dict[tuple[str, int, str], list] = {}
-
-
-def _pool_key(size: int, device: str) -> tuple[str, int, str]:
-    import ray
-
-    return ray.get_runtime_context().get_job_id(), size, device
-
-
-def _acquire_pool(size: int, device: str):
-    import ray
-    from ray.util.placement_group import placement_group
-
-    key = _pool_key(size, device)
-    if key in _pools and _pools[key][1] > 0:
-        _pools[key][1] += 1
-        return _pools[key][0]
-    total_cpu = ray.cluster_resources().get("CPU", 1)
-    bundle = {"CPU": min(2.0, total_cpu / size)}
-    if device == "cuda":
-        bundle["GPU"] = 1.0
-    pg = placement_group([dict(bundle) for _ in range(size)], strategy="PACK")
-    ready, _ = ray.wait([pg.ready()], timeout=PLACEMENT_TIMEOUT_S)
-    if not ready:
-        ray.util.remove_placement_group(pg)
-        raise RuntimeError(f"cannot place {size} worker ranks with {bundle} each; the cluster has "
-                           f"{ray.cluster_resources()}")
-    _pools[key] = [pg, 1]
-    return pg
-
-
-def _release_pool(size: int, device: str) -> None:
-    import ray
-
-    key = _pool_key(size, device)
-    entry = _pools.get(key)
-    if entry is None:
-        return
-    entry[1] -= 1
-    if entry[1] <= 0:
-        del _pools[key]
-        try:
-            ray.util.remove_placement_group(entry[0])
-        except Exception as err:  # noqa: BLE001 - Ray already gone (ray.shutdown came first)
-            log.debug("remove_placement_group: %s", err)
 
 
 # ---------------------------------------------------------------- groups
@@ -232,7 +111,7 @@ class _WorkerGroup:
         self._abandoned: list = []  # results of peers of a failed rank, collected at shutdown
         self._closed = False
         self._updates = 0  # update() calls so far: seeds the mini-batch shuffle
-        pg = _acquire_pool(size, self.device)
+        pg = acquire_pool(size, self.device)
         self._pool = (size, self.device)
         bundle = pg.bundle_specs[0]
         options = {"num_cpus": bundle["CPU"] / GROUPS_PER_BUNDLE,
@@ -374,43 +253,7 @@ class _WorkerGroup:
                     log.debug("abandoned call: %s", _first_line(err))
         self.workers, self._abandoned = [], []
         if ray.is_initialized():
-            _release_pool(*self._pool)
-
-
-class EngineProxy(Engine):
-    """The rollout engine as the driver sees it. Generation runs inside the
-    actor ranks that hold an engine; prompts are split over them in order."""
-
-    def __init__(self, group: ActorRolloutRefGroup, ranks: list[int]):
-        self._group, self._ranks = group, ranks
-
-    def generate(self, prompt_token_ids: list[list[int]], sampling: SamplingParams,
-                 constraints: list | None = None) -> list:
-        n, k = len(prompt_token_ids), len(self._ranks)
-        bounds = [round(i * n / k) for i in range(k + 1)]
-        busy = [i for i in range(k) if bounds[i + 1] > bounds[i]]
-        # Engines seed request j with seed + j; shift each piece so every prompt
-        # keeps the seed it would get from one engine (no two share a stream).
-        pieces = [(prompt_token_ids[bounds[i]:bounds[i + 1]],
-                   sampling if sampling.seed is None else replace(sampling, seed=sampling.seed + bounds[i]),
-                   None if constraints is None else constraints[bounds[i]:bounds[i + 1]])
-                  for i in busy]
-        results = self._group.call_ranks([self._ranks[i] for i in busy], "engine_generate", pieces)
-        return [out for part in results for out in part]
-
-    def update_weights(self, named_tensors: NamedTensors) -> None:
-        items = list(named_tensors.items()) if hasattr(named_tensors, "items") else list(named_tensors)
-        self._group.call_ranks(self._ranks, "engine_update_weights", [(items,)] * len(self._ranks))
-
-    def sleep(self, discard_weights: bool = False) -> None:
-        self._group.call_ranks(self._ranks, "engine_call", [("sleep", discard_weights)] * len(self._ranks))
-
-    def wake(self) -> None:
-        self._group.call_ranks(self._ranks, "engine_call", [("wake",)] * len(self._ranks))
-
-    def shutdown(self) -> None:
-        if not self._group._closed:
-            self._group.call_ranks(self._ranks, "engine_call", [("shutdown",)] * len(self._ranks))
+            release_pool(*self._pool)
 
 
 class ActorRolloutRefGroup(_WorkerGroup):

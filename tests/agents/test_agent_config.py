@@ -6,7 +6,8 @@ import pytest
 import grl.agents
 import grl.envs
 from grl.agents import make_agent
-from grl.config import AgentConfig, ConfigError, load_config, task_instance
+from grl.config import ConfigError, load_config, task_instance
+from grl.schema import AgentConfig
 
 from agent_text import GSM8K_TEST
 

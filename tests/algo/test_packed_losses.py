@@ -7,7 +7,7 @@ import torch
 
 from grl.algo import AGG_MODES, agg_loss, finite_episodes, policy_loss, truncated_is_weights
 from grl.rollout.batch import repack, unpack
-from grl.workers.worker import loss_units, split_rows
+from grl.workers.update import loss_units, split_rows
 
 LENGTHS = [5, 3, 6, 2]
 LAYOUT = [[0, 1], [2, 3]]  # two packed rows of two episodes each

@@ -204,4 +204,101 @@ def test_bad_config_raises_clear_errors():
         grl.envs.make("tetris", box_type=4)
     with pytest.raises(ValueError, match="dim_x"):
         grl.envs.make("tetris", dim_x=1)
-    assert grl.envs.config_keys("tetris") == {"dim_x", "dim_y", "box_type", "max_steps"}
+    assert grl.envs.config_keys("tetris") == {"dim_x", "dim_y", "box_type", "max_steps", "gap_rows", "max_pieces",
+                                              "coordinates", "step_reward", "spawn_over_gap"}
+
+
+def grid_of(obs):
+    """The board lines of an observation (a `coordinates` observation adds one line of words)."""
+    return "\n".join(line for line in obs.split("\n") if line and set(line) <= set("_#X"))
+
+
+def gap_env(**kw):
+    return grl.envs.make("tetris", dim_x=4, dim_y=3, box_type=1, max_steps=5, gap_rows=1, max_pieces=1,
+                         coordinates=True, **kw)
+
+
+def test_gap_board_defeats_dropping_at_once_and_rewards_reading():
+    """One gap, one piece: dropping where the piece appears wins exactly when it appears over the gap
+    (about 1 game in 4); the placement policy, which reads the grid, wins every game."""
+    env = gap_env()
+    drops_at_once, read_wins, gaps = 0, 0, set()
+    for seed in range(200):
+        height, width, filled, piece = parse(grid_of(env.reset(seed)))
+        bottom_gap = [c for c in range(width) if (height - 1, c) not in filled]
+        assert len(bottom_gap) == 1 and len(filled) == width - 1 and len(piece) == 1
+        gaps.add(bottom_gap[0])
+        over_gap = piece[0][1] == bottom_gap[0]
+        obs, reward, done, info = env.step("Down")
+        assert done and info["success"] == over_gap  # one piece: the episode ends at the first drop
+        assert reward == pytest.approx(9.9 if over_gap else -0.1)
+        drops_at_once += over_gap
+        read_wins += play(env, seed, max_pieces=1)[1]["success"]
+    assert gaps == {0, 1, 2, 3} and 30 <= drops_at_once <= 70 and read_wins == 200
+
+
+def test_coordinates_line_names_what_the_grid_shows():
+    env = gap_env()
+    for seed in range(50):
+        obs = env.reset(seed)
+        for action in ["Left", "Right", "Right", "Down"]:
+            height, width, filled, piece = parse(grid_of(obs))
+            words = obs.split("\n")[-1]
+            assert obs.split("\n")[:height] == grid_of(obs).split("\n")
+            if piece:
+                assert f"The falling piece is in column {piece[0][1] + 1}." in words
+            else:
+                assert words.startswith("No piece is falling.")
+            open_row = max(r for r in range(height) if not all((r, c) in filled for c in range(width)))
+            empty = [str(c + 1) for c in range(width) if (open_row, c) not in filled]
+            assert words.endswith(("column " if len(empty) == 1 else "columns ") + ", ".join(empty) + ".")
+            obs, _, done, _ = env.step(action)
+            if done:
+                break
+
+
+def test_gap_rows_and_max_pieces_in_a_longer_game():
+    env = grl.envs.make("tetris", dim_x=4, dim_y=5, box_type=1, gap_rows=2, max_pieces=3)
+    for seed in range(30):
+        height, width, filled, piece = parse(env.reset(seed))
+        assert all(sum((r, c) in filled for c in range(width)) == width - 1 for r in (3, 4))
+        assert not any(r < 3 for r, _ in filled)
+        for locked in range(1, 4):
+            obs, _, done, info = env.step("Down")
+            if info["success"]:
+                break
+            assert done == (locked == 3)
+        assert done
+
+
+@pytest.mark.parametrize("key,value", [("gap_rows", 2), ("gap_rows", -1), ("gap_rows", 1.5), ("max_pieces", -2),
+                                       ("max_pieces", True), ("coordinates", "yes"),
+                                       ("step_reward", 0.5), ("step_reward", "0"), ("step_reward", float("nan")),
+                                       ("spawn_over_gap", 0)])
+def test_gap_keys_refused_with_their_name(key, value):
+    with pytest.raises(ValueError, match=key):
+        grl.envs.make("tetris", **{"dim_x": 4, "dim_y": 3, key: value})
+
+
+def test_step_reward_zero_leaves_success_alone():
+    env = gap_env(step_reward=0)
+    for seed in range(20):
+        env.reset(seed)
+        rewards = [env.step(a)[1] for a in ("Left", "Right", "Down")]
+        assert rewards[:2] == [0.0, 0.0] and rewards[2] in (0.0, 10.0)
+
+
+def test_pieces_off_the_gap_defeat_every_fixed_sequence():
+    """With `spawn_over_gap: false` no game is won without moving; the best fixed sequence of moves
+    (one step towards a side, then Down) wins about 1 game in 4; the placement policy wins all."""
+    env = gap_env(step_reward=0, spawn_over_gap=False)
+    sequences = [[move] * k + ["Down"] for move in ("Left", "Right") for k in range(4)]
+    wins = dict.fromkeys(map(tuple, sequences), 0)
+    for seed in range(400):
+        height, width, filled, piece = parse(grid_of(env.reset(seed)))
+        assert (height - 1, piece[0][1]) in filled  # never over the gap
+        for sequence in sequences:
+            env.reset(seed)
+            wins[tuple(sequence)] += [env.step(a) for a in sequence][-1][3]["success"]
+        assert play(env, seed, max_pieces=1)[1]["success"]
+    assert wins[("Down",)] == 0 and max(wins.values()) <= 0.32 * 400

@@ -23,7 +23,8 @@ from torch.distributed.distributed_c10d import BackendConfig
 from grl.config import compose
 from grl.models import load_causal_lm
 from grl.workers import fsdp
-from grl.workers.worker import Worker, memory_metrics, split_rows
+from grl.workers.update import memory_metrics, split_rows
+from grl.workers.worker import Worker
 
 RANKS_TIME_LIMIT_S = 300
 TIMEOUT_S = 77  # actor_rollout_ref.nccl_timeout in the ranks: odd, so it cannot be a default

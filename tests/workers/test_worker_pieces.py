@@ -10,7 +10,7 @@ from grl.models import load_causal_lm, load_critic
 from grl.workers.fsdp import make_scheduler, non_finite_entries
 from grl.workers.group import _equal_shards, _pad_rows, plan_minibatches
 from grl.workers.scoring import TokenScorer, additive_packed_mask, trim_width
-from grl.workers.worker import loss_units
+from grl.workers.update import loss_units
 
 
 @pytest.fixture(scope="module")
@@ -175,7 +175,7 @@ class InProcessEngines:
 def test_engine_proxy_splits_prompts_and_keeps_each_prompts_seed():
     from grl.engines import make_engine
     from grl.engines.base import SamplingParams
-    from grl.workers.group import EngineProxy
+    from grl.workers.engine_proxy import EngineProxy
 
     engines = [make_engine("hf", "tiny", dtype="float32", device="cpu") for _ in range(2)]
     prompts = [[1, 2, 3, 4], [1, 2, 3, 4], [5, 6, 7, 8], [1, 2, 3, 4], [9, 9, 9, 9]]

@@ -1,0 +1,47 @@
+"""The rollout engine as the driver sees it: generation and weight updates run in the actor ranks."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from grl.engines.base import Engine, NamedTensors, SamplingParams
+
+if TYPE_CHECKING:
+    from grl.workers.group import ActorRolloutRefGroup
+
+
+class EngineProxy(Engine):
+    """The rollout engine as the driver sees it. Generation runs inside the
+    actor ranks that hold an engine; prompts are split over them in order."""
+
+    def __init__(self, group: ActorRolloutRefGroup, ranks: list[int]):
+        self._group, self._ranks = group, ranks
+
+    def generate(self, prompt_token_ids: list[list[int]], sampling: SamplingParams,
+                 constraints: list | None = None) -> list:
+        n, k = len(prompt_token_ids), len(self._ranks)
+        bounds = [round(i * n / k) for i in range(k + 1)]
+        busy = [i for i in range(k) if bounds[i + 1] > bounds[i]]
+        # Engines seed request j with seed + j; shift each piece so every prompt
+        # keeps the seed it would get from one engine (no two share a stream).
+        pieces = [(prompt_token_ids[bounds[i]:bounds[i + 1]],
+                   sampling if sampling.seed is None else replace(sampling, seed=sampling.seed + bounds[i]),
+                   None if constraints is None else constraints[bounds[i]:bounds[i + 1]])
+                  for i in busy]
+        results = self._group.call_ranks([self._ranks[i] for i in busy], "engine_generate", pieces)
+        return [out for part in results for out in part]
+
+    def update_weights(self, named_tensors: NamedTensors) -> None:
+        items = list(named_tensors.items()) if hasattr(named_tensors, "items") else list(named_tensors)
+        self._group.call_ranks(self._ranks, "engine_update_weights", [(items,)] * len(self._ranks))
+
+    def sleep(self, discard_weights: bool = False) -> None:
+        self._group.call_ranks(self._ranks, "engine_call", [("sleep", discard_weights)] * len(self._ranks))
+
+    def wake(self) -> None:
+        self._group.call_ranks(self._ranks, "engine_call", [("wake",)] * len(self._ranks))
+
+    def shutdown(self) -> None:
+        if not self._group._closed:
+            self._group.call_ranks(self._ranks, "engine_call", [("shutdown",)] * len(self._ranks))

@@ -1,0 +1,111 @@
+"""Keys that two places used to read two ways (issue 26), each with one behaviour now: what the
+config and preflight accept is what the consumer (engine, workers, trainer) does with it."""
+
+import pytest
+from omegaconf import OmegaConf
+
+from grl import preflight
+from grl.config import NO_EFFECT, ConfigError, load_config
+from grl.engines import sampling_from_config
+from grl.trainer.agent_trainer import AgentTrainer
+
+
+def verdict(overrides: list[str]) -> str | None:
+    """None if the config loads and its numbers pass preflight, else the key the error names."""
+    try:
+        preflight.check_numbers(load_config(["model_path=tiny", *overrides]))
+    except ConfigError as err:
+        return str(err).split(":", 1)[0]
+    return None
+
+
+def engine_accepts(cfg, validate: bool) -> bool:
+    try:
+        sampling_from_config(cfg.actor_rollout_ref.rollout, validate, 16)
+    except ValueError:
+        return False
+    return True
+
+
+TOP_K = [(-1, True), (0, True), (1, True), (40, True), (-2, False)]  # (value, accepted): -1 and 0 are off
+
+
+@pytest.mark.parametrize("validate", [False, True], ids=["rollout.top_k", "rollout.val_kwargs.top_k"])
+@pytest.mark.parametrize("top_k, accepted", TOP_K)
+def test_top_k_preflight_and_engines_agree(top_k, accepted, validate):
+    key = "actor_rollout_ref.rollout.val_kwargs.top_k" if validate else "actor_rollout_ref.rollout.top_k"
+    overrides = [f"{key}={top_k}", "actor_rollout_ref.rollout.val_kwargs.do_sample=true"]
+    assert verdict(overrides) == (None if accepted else key)
+    assert engine_accepts(load_config(overrides), validate) is accepted
+
+
+@pytest.mark.parametrize("top_k, accepted", TOP_K)
+def test_top_k_rule_is_vllms(top_k, accepted):
+    vllm = pytest.importorskip("vllm")
+    try:
+        vllm.SamplingParams(top_k=top_k)
+    except Exception:  # noqa: BLE001 - vLLM's own validation error
+        assert not accepted
+    else:
+        assert accepted
+
+
+ACTOR_MICRO = "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"
+MICRO_BATCH = [  # (overrides, the key refused or None): the workers' keys are checked, whichever spelling set them
+    (["micro_batch_size_per_gpu=64"], ACTOR_MICRO),
+    ([f"{ACTOR_MICRO}=64"], ACTOR_MICRO),
+    (["actor_rollout_ref.actor.ppo_mini_batch_size=2"], ACTOR_MICRO),
+    (["ppo_mini_batch_size=2", "micro_batch_size_per_gpu=2"], None),
+    ([f"{ACTOR_MICRO}=0"], ACTOR_MICRO),
+    (["critic.ppo_mini_batch_size=2"], "critic.ppo_micro_batch_size_per_gpu"),
+    (["critic.ppo_mini_batch_size=2", "algorithm.adv_estimator=rloo", "critic.enable=false"], None),
+]
+
+
+@pytest.mark.parametrize("overrides, key", MICRO_BATCH, ids=[" ".join(o) for o, _ in MICRO_BATCH])
+def test_micro_batch_is_checked_on_the_key_the_workers_read(overrides, key):
+    assert verdict(overrides) == key
+
+
+@pytest.mark.parametrize("freq, accepted", [(-1, True), (0, True), (3, True), (-2, False)])
+@pytest.mark.parametrize("name", ["test_freq", "save_freq"])
+def test_verls_freq_zero_is_accepted(name, freq, accepted):
+    assert verdict([f"{name}={freq}"]) == (None if accepted else f"trainer.{name}")
+
+
+@pytest.mark.parametrize("freq, tests, saves", [(-1, [], [6]), (0, [], [6]), (3, [3, 6], [3, 6])])
+def test_the_trainer_reads_freq_zero_as_off(freq, tests, saves, tmp_path, monkeypatch):
+    """-1 and 0 alike: no validation and only the final checkpoint."""
+    cfg = load_config(["model_path=tiny", f"test_freq={freq}", f"save_freq={freq}", "total_training_steps=6",
+                       "trainer.val_before_train=false", "trainer.export_hf=false", "trainer.logger=[jsonl]",
+                       f"trainer.run_dir={tmp_path}/run", f"trainer.default_local_dir={tmp_path}/ckpt"])
+    trainer = AgentTrainer(cfg, None, None, None)
+    ran = {"validate": [], "save": []}
+    monkeypatch.setattr(trainer, "resume", lambda: False)
+    monkeypatch.setattr(trainer, "start_report", lambda: "")
+    monkeypatch.setattr(trainer, "train_step", lambda step: {})
+    monkeypatch.setattr(trainer, "validate", lambda: ran["validate"].append(trainer.global_step) or {})
+    monkeypatch.setattr(trainer, "save_checkpoint", lambda: ran["save"].append(trainer.global_step) or {})
+    monkeypatch.setattr(trainer, "close", lambda **kw: None)
+    trainer.fit()
+    assert ran == {"validate": tests, "save": saves}
+
+
+@pytest.mark.parametrize("key", list(NO_EFFECT))
+def test_keys_nothing_reads_are_accepted_with_a_note(key):
+    behaves_as, why = NO_EFFECT[key]
+    other = {True: "false", "fsdp2": "fsdp", 0: "8"}[behaves_as]
+    cfg = load_config([f"{key}={other}"])
+    assert f"{key}: {OmegaConf.select(cfg, key)!r} has no effect (GRL compatibility): {why}" in preflight.check_numbers(cfg)
+    assert not any(note.startswith(key) for note in preflight.check_numbers(load_config([])))
+
+
+@pytest.mark.parametrize("estimator, critic", [("gae", True), ("grpo", False), ("rebn", False)])
+def test_critic_follows_the_estimator_and_preflight_only_reads(estimator, critic):
+    from grl.planner import plan
+
+    cfg = load_config(["model_path=tiny", f"algorithm.adv_estimator={estimator}", "rollout.agent_group_size=[2]"])
+    before = OmegaConf.to_yaml(cfg)
+    preflight.check_numbers(cfg)
+    assert OmegaConf.to_yaml(cfg) == before
+    assert ("update_critic" in plan(cfg).phases) is critic
