@@ -88,6 +88,13 @@ def positive_int(env: str, key: str, value: Any) -> int:
     return number
 
 
+def flag(env: str, key: str, value: Any) -> bool:
+    """An env_config value that must be true or false (1 and "yes" refused)."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{env}: {key} must be true or false, got {value!r}")
+    return value
+
+
 def resolve_data_path(path: str) -> Path:
     """A relative data path is taken from the working directory, else from the repository root
     (where scripts/install_dataset.sh puts data/), so runs work from any directory."""

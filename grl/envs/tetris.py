@@ -46,7 +46,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from grl.envs.base import Env, step_info, positive_int
+from grl.envs.base import Env, flag, step_info, positive_int
 
 # Cells of each piece as (row, col) offsets from its top-left corner.
 PIECES = {
@@ -90,12 +90,8 @@ class TetrisEnv(Env):
         if self.gap_rows > self.dim_y - 2:
             raise ValueError(f"tetris: gap_rows must leave two free rows, got {gap_rows!r} of {dim_y!r}")
         self.max_pieces = 0 if max_pieces == 0 else positive_int("tetris", "max_pieces", max_pieces)
-        if not isinstance(coordinates, bool):
-            raise ValueError(f"tetris: coordinates must be true or false, got {coordinates!r}")
-        self.coordinates = coordinates
-        if not isinstance(spawn_over_gap, bool):
-            raise ValueError(f"tetris: spawn_over_gap must be true or false, got {spawn_over_gap!r}")
-        self.spawn_over_gap = spawn_over_gap
+        self.coordinates = flag("tetris", "coordinates", coordinates)
+        self.spawn_over_gap = flag("tetris", "spawn_over_gap", spawn_over_gap)
         if isinstance(step_reward, bool) or not isinstance(step_reward, (int, float)) or not -10 < step_reward <= 0:
             raise ValueError(f"tetris: step_reward must be a number in (-10, 0], got {step_reward!r}")
         self.step_reward = float(step_reward)
@@ -112,18 +108,20 @@ class TetrisEnv(Env):
         """Draw the next piece into the top rows; False when it fits nowhere (game over)."""
         self.piece = self.rng.choice(BOX_TYPES[self.box_type])
         width = 1 + max(dc for _, dc in PIECES[self.piece])
-        lowest_open = next(row for row in reversed(self.board) if not all(row))
-        off_gap = [c for c in range(self.dim_x - width + 1) if all(lowest_open[c + dc] for _, dc in PIECES[self.piece])]
-        if self.spawn_over_gap or not off_gap:
-            wanted = self.rng.randint(0, self.dim_x - width)
-        else:
-            wanted = self.rng.choice(off_gap)
+        off_gap = []
+        if not self.spawn_over_gap:
+            lowest_open = self._lowest_open_row()
+            off_gap = [c for c in range(self.dim_x - width + 1) if all(lowest_open[c + dc] for _, dc in PIECES[self.piece])]
+        wanted = self.rng.choice(off_gap) if off_gap else self.rng.randint(0, self.dim_x - width)
         # A blocked column moves the piece to the nearest free one (the left one on a tie).
         for col in sorted(range(self.dim_x - width + 1), key=lambda c: (abs(c - wanted), c)):
             if self._fits(0, col):
                 self.row, self.col = 0, col
                 return True
         return False
+
+    def _lowest_open_row(self) -> list[bool]:
+        return next(row for row in reversed(self.board) if not all(row))  # full rows are cleared at once
 
     def _drop(self) -> int:
         """Drop and lock the piece; return the number of rows cleared."""
@@ -163,7 +161,7 @@ class TetrisEnv(Env):
             cols = sorted(cols)
             return ("column " if len(cols) == 1 else "columns ") + ", ".join(str(c + 1) for c in cols)
 
-        lowest_open = next(row for row in reversed(self.board) if not all(row))  # full rows are cleared
+        lowest_open = self._lowest_open_row()
         piece = f"The falling piece is in {columns({c for _, c in self._cells(self.row, self.col)})}. " \
             if self.falling else "No piece is falling. "
         return piece + f"Empty in the lowest open row: {columns(c for c, f in enumerate(lowest_open) if not f)}."
