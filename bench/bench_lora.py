@@ -20,7 +20,7 @@ def one_step(overrides: list[str]) -> tuple[dict[str, float], int, float]:
     _, trainer, startup = one_step_trainer(overrides)
     try:
         with PeakRSS() as memory:
-            metrics = trainer.train_step(1)
+            metrics, _ = trainer.train_step(1)
     finally:
         trainer.close()
     return metrics, memory.peak_workers, startup

@@ -26,8 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 TOLERANCE = 0.25
 
 
-def measure_phases(trainer, step: int) -> dict[str, int]:
-    """Run one training step, wrapping the group calls of each phase with a peak reset and read."""
+def measure_phases(trainer, step: int):
+    """Run one training step, wrapping the group calls of each phase with a peak reset and read.
+    -> (peak bytes by phase, the step's batch)."""
     peaks: dict[str, int] = {}
 
     # Defined here so that Ray ships them by value (the ranks cannot import this script).
@@ -61,13 +62,12 @@ def measure_phases(trainer, step: int) -> dict[str, int]:
     for phase, method in (("old_log_prob", "compute_log_probs"), ("ref", "compute_ref_log_probs"),
                           ("update_actor", "update"), ("weight_sync", "sync_weights")):
         setattr(trainer.actor, method, measured(phase, getattr(trainer.actor, method)))
-    trainer.train_step(step)
-    return peaks
+    _, batch = trainer.train_step(step)
+    return peaks, batch
 
 
-def step_shapes(trainer) -> dict[str, int]:
+def step_shapes(trainer, batch) -> dict[str, int]:
     """The shapes the planner needs, as this step had them."""
-    batch = trainer.batch
     lengths = batch["attention_mask"].sum(-1)
     sampled = (batch["loss_mask"] > 0).sum(-1)
     cfg = trainer.cfg
@@ -85,8 +85,8 @@ def main(argv: list[str]) -> int:
     cfg, trainer, _ = one_step_trainer(argv)
     try:
         trainer.train_step(1)  # the optimizer state exists from the first update on: measure the second step
-        measured = measure_phases(trainer, 2)
-        shapes = step_shapes(trainer)
+        measured, batch = measure_phases(trainer, 2)
+        shapes = step_shapes(trainer, batch)
     finally:
         trainer.close()
     predicted = plan.plan(cfg, **shapes)

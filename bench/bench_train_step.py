@@ -123,9 +123,8 @@ def main(argv: list[str]) -> None:
     cfg, trainer, startup = one_step_trainer(argv)
     try:
         with PeakRSS() as memory:
-            metrics = trainer.train_step(1)
+            metrics, batch = trainer.train_step(1)
         threads = trainer.actor.execute(lambda worker: __import__("torch").get_num_threads())[0]
-        batch = trainer.batch
     finally:
         trainer.close()
 

@@ -180,7 +180,7 @@ def _check_lists(cfg: DictConfig) -> None:
                           f"agent_group_size gives {episodes}; set it to {episodes} or null")
     if cfg.trainer.validation_steps < 1:
         raise ConfigError(f"trainer.validation_steps: must be at least 1, got {cfg.trainer.validation_steps}")
-    if ESTIMATORS[cfg.algorithm.adv_estimator].needs_critic and not cfg.critic.enable:
+    if uses_critic(cfg) and not cfg.critic.enable:
         raise ConfigError(f"critic.enable: estimator {cfg.algorithm.adv_estimator} needs the critic")
 
 
@@ -282,3 +282,13 @@ def load_config(overrides: list[str] | tuple[str, ...] = (), config_name: str = 
 def task_instance(cfg: DictConfig, name: str) -> dict[str, Any]:
     """A task instance block as a plain dict (what grl.agents.make_agent takes)."""
     return OmegaConf.to_container(cfg[name], resolve=True)  # type: ignore[return-value]
+
+
+def uses_critic(cfg: DictConfig) -> bool:
+    """The estimator reads values, so a critic is built and trained."""
+    return ESTIMATORS[cfg.algorithm.adv_estimator].needs_critic
+
+
+def uses_reference(cfg: DictConfig) -> bool:
+    """Reference log-probs are needed: a KL loss or a KL penalty in the reward."""
+    return bool(cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward)

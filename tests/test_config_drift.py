@@ -83,7 +83,7 @@ def test_the_trainer_reads_freq_zero_as_off(freq, tests, saves, tmp_path, monkey
     ran = {"validate": [], "save": []}
     monkeypatch.setattr(trainer, "resume", lambda: False)
     monkeypatch.setattr(trainer, "start_report", lambda: "")
-    monkeypatch.setattr(trainer, "train_step", lambda step: {})
+    monkeypatch.setattr(trainer, "train_step", lambda step: ({}, None))
     monkeypatch.setattr(trainer, "validate", lambda: ran["validate"].append(trainer.global_step) or {})
     monkeypatch.setattr(trainer, "save_checkpoint", lambda: ran["save"].append(trainer.global_step) or {})
     monkeypatch.setattr(trainer, "close", lambda **kw: None)

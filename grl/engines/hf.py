@@ -21,6 +21,9 @@ position ids make the holes invisible. New weights drop the cache.
 
 from __future__ import annotations
 
+import torch
+from transformers import DynamicCache
+
 from grl.engines.base import Engine, GenerationOutput, NamedTensors, SamplingParams
 from grl.engines.constraint import ReplyGrammar, allowed_sets_tensors, constrain_logits
 from grl.engines.weights import check_named_tensors, weight_spec
@@ -30,8 +33,6 @@ def filter_logits(logits, temperature: float, top_k: int, top_p: float):
     """Scale by temperature and mask (-inf) what top-k and top-p exclude.
     logits: float [B, V]. Top-p keeps the smallest set of most likely tokens
     whose probability reaches top_p (always at least one)."""
-    import torch
-
     logits = logits / temperature
     if 0 < top_k < logits.shape[-1]:
         kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
@@ -66,8 +67,6 @@ class HFEngine(Engine):
 
     def __init__(self, model_path: str, *, dtype: str = "auto", device: str | None = None, seed: int = 0,
                  max_batch_size: int = 64, reuse_prefixes: bool = True):
-        import torch
-
         from grl.models import load_causal_lm, load_tokenizer
 
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -94,8 +93,6 @@ class HFEngine(Engine):
 
     def generate(self, prompt_token_ids: list[list[int]], sampling: SamplingParams,
                  constraints: list[ReplyGrammar | None] | None = None) -> list[GenerationOutput]:
-        import torch
-
         _check_prompts(prompt_token_ids)
         constraints = _check_constraints(constraints, len(prompt_token_ids))
         if self.asleep:
@@ -120,9 +117,6 @@ class HFEngine(Engine):
         return outputs
 
     def _generate_chunk(self, prompts, sampling: SamplingParams, generators, constraints) -> list[GenerationOutput]:
-        import torch
-        from transformers import DynamicCache
-
         batch = len(prompts)
         tokens: list[list[int]] = [[] for _ in range(batch)]
         log_probs: list[list[float]] = [[] for _ in range(batch)]
@@ -201,9 +195,6 @@ class HFEngine(Engine):
 
     def _prefill_cache(self, cached: list[tuple[int, ...]], past: int):
         """A DynamicCache holding each row's cached prefix, right-aligned in `past` columns."""
-        import torch
-        from transformers import DynamicCache
-
         cache = DynamicCache(config=self.model.config)
         if past == 0:
             return cache
@@ -221,8 +212,6 @@ class HFEngine(Engine):
 
     def _keep_prefixes(self, cache, prompts, cached, fed, past: int, width: int) -> None:
         """Store every row's KV (its prompt and the reply tokens the model ran) for the next call."""
-        import torch
-
         for row, (prompt, prefix) in enumerate(zip(prompts, cached)):
             new = len(prompt) - len(prefix)
             columns = torch.cat([torch.arange(past - len(prefix), past),
@@ -252,8 +241,6 @@ class HFEngine(Engine):
     @staticmethod
     def _constrain(logits, walkers, finish):
         """Mask the rows that decode under a grammar to their allowed tokens."""
-        import torch
-
         rows = [row for row, w in enumerate(walkers) if w is not None and finish[row] is None]
         if not rows:
             return logits
@@ -265,8 +252,6 @@ class HFEngine(Engine):
     def _choose(self, logits, sampling: SamplingParams, generators):
         """-> (tokens, their log-probs under the distribution they were drawn from: greedy rows
         report the log-softmax of the (masked) logits, as vLLM's processed log-probs do)."""
-        import torch
-
         if sampling.is_greedy:
             chosen = logits.argmax(-1)
             return chosen, logits.log_softmax(-1).gather(-1, chosen[:, None])[:, 0]
@@ -291,8 +276,6 @@ class HFEngine(Engine):
     # ------------------------------------------------------------------ weights and memory
 
     def update_weights(self, named_tensors: NamedTensors) -> None:
-        import torch
-
         checked = check_named_tensors(named_tensors, self.spec)
         self._prefixes = {}  # computed with the old weights
         if self.asleep:
@@ -306,8 +289,6 @@ class HFEngine(Engine):
         """On GPU, park the weights in host memory and release the CUDA cache;
         on CPU there is no accelerator memory to give back. The weights are kept either way
         (a host copy is what update_weights writes into)."""
-        import torch
-
         if self.asleep or not self.device.startswith("cuda"):
             return
         self._prefixes = self._reusable = {}

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from grl.algo.estimators import ESTIMATORS
+from grl.config import uses_critic, uses_reference
 from grl.planner.shapes import ModelShape, PlanError, model_shape
 
 GIB = 2**30
@@ -185,8 +185,8 @@ def plan(cfg, seq_len: int | None = None, sampled_tokens: int | None = None, rol
     agents = rollout_agents or max(sum(n * k for n, k in zip(cfg.rollout.agent_group_num, cfg.rollout.agent_group_size)),
                                    sum(n * k for n, k in zip(cfg.rollout.validation_agent_group_num,
                                                              cfg.rollout.validation_agent_group_size)))
-    use_ref = bool(arr.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward) and int(arr.model.lora_rank) == 0
-    use_critic = ESTIMATORS[cfg.algorithm.adv_estimator].needs_critic
+    use_ref = uses_reference(cfg) and int(arr.model.lora_rank) == 0  # with LoRA the reference is the base, adapters off
+    use_critic = uses_critic(cfg)
     engine = engine_name(cfg, device)
     phases = tuple(p for p in PHASES if (p != "ref" or use_ref) and (p not in ("values", "update_critic") or use_critic))
     capacity = gpu_memory_gib * GIB if on_gpu and gpu_memory_gib else _host_share(per_node) if not on_gpu else None

@@ -97,6 +97,8 @@ class _Slot:
     env_warnings: int = 0  # values of the env that were repaired
     hung: bool = False
     truncated_turns: int = 0
+    grammar: ReplyGrammar | None = None  # this turn's valid-action grammar (None: free decoding)
+    output: Any = None  # this turn's GenerationOutput
 
 
 def task_specs(cfg, validation: bool = False) -> list[TaskSpec]:
@@ -232,31 +234,29 @@ class MultiTurnRollout:
 
     def _turn(self, slots: list[_Slot], turn: int, sampling: SamplingParams) -> None:
         by_limit: dict[int, list[_Slot]] = {}
-        grammars: dict[int, ReplyGrammar | None] = {}
         for s in slots:
             if s.done:
                 continue
             limit = min(self.max_response_length, s.agent.max_tokens)
-            grammars[id(s)] = self._grammar(s, limit)
+            s.grammar = self._grammar(s, limit)
             if not s.done:  # the env may have failed to list its actions
                 by_limit.setdefault(limit, []).append(s)
         self._check_failures(slots)
         active = [s for s in slots if not s.done]
-        outputs = {}
         for call, (limit, group) in enumerate(sorted(by_limit.items())):
             prompts = [self._prompt(s) for s in group]
             params = replace(sampling, max_new_tokens=limit,
                              seed=None if sampling.seed is None else sampling.seed + 1009 * turn + call)
-            constraints = [grammars[id(s)] for s in group]
+            constraints = [s.grammar for s in group]
             extra = {"constraints": constraints} if any(c is not None for c in constraints) else {}
             for s, out in zip(group, self.engine.generate(prompts, params, **extra), strict=True):
-                outputs[id(s)] = out
+                s.output = out
         replies = []
         for s in active:
-            out = outputs[id(s)]
+            out = s.output
             ids = list(out.token_ids)
             log_probs = list(out.log_probs) if out.log_probs is not None else None
-            grammar = grammars[id(s)]
+            grammar = s.grammar
             s.turns.append(Turn(prompt_ids=s.pending, response_ids=ids, response_log_probs=log_probs,
                                 reward=0.0, finish_reason=out.finish_reason, state_key=s.agent.state_key(),
                                 response_allowed=None if grammar is None else grammar.trace(ids)))

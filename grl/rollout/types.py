@@ -83,37 +83,3 @@ class Batch:
         positions = index.tolist()
         return Batch({k: v[index] for k, v in self.tensors.items()},
                      {k: [v[i] for i in positions] for k, v in self.meta.items()})
-
-    def chunk(self, parts: int) -> list[Batch]:
-        """Split into `parts` contiguous shards whose sizes differ by at most one."""
-        n = len(self)
-        bounds = [round(i * n / parts) for i in range(parts + 1)]
-        return [self.select(list(range(bounds[i], bounds[i + 1]))) for i in range(parts)]
-
-    def split(self, size: int) -> list[Batch]:
-        """Consecutive pieces of `size` rows (the last may be smaller)."""
-        return [self.select(list(range(i, min(i + size, len(self))))) for i in range(0, len(self), size)]
-
-    @staticmethod
-    def concat(batches: list[Batch]) -> Batch:
-        """Stack shards back in order; `[rows, tokens, ...]` tensors are
-        right-padded with zeros to the largest shard first."""
-        import torch
-
-        batches = [b for b in batches if len(b)]
-        if not batches:
-            return Batch({}, {})
-        tensors = {}
-        for name in batches[0].tensors:
-            parts = [b.tensors[name] for b in batches]
-            if parts[0].dim() >= 2:
-                sizes = [max(p.shape[d] for p in parts) for d in range(1, parts[0].dim())]
-                # F.pad takes (left, right) pairs starting from the last dimension.
-                parts = [torch.nn.functional.pad(p, [x for d in reversed(range(1, p.dim()))
-                                                     for x in (0, sizes[d - 1] - p.shape[d])]) for p in parts]
-            tensors[name] = torch.cat(parts)
-        meta = {name: [x for b in batches for x in b.meta[name]] for name in batches[0].meta}
-        return Batch(tensors, meta)
-
-    def to(self, device) -> Batch:
-        return Batch({k: v.to(device) for k, v in self.tensors.items()}, self.meta)

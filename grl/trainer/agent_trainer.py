@@ -18,7 +18,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from grl.algo import ESTIMATORS, make_kl_controller
+from grl.algo import make_kl_controller
+from grl.config import uses_critic, uses_reference
 from grl.engines import sampling_from_config
 from grl.rollout import Batch, MultiTurnRollout, task_specs, training_base_seed
 from grl.tracking import Tracker, save_run_info
@@ -34,15 +35,16 @@ from grl.trainer.metrics import (
     throughput_metrics,
     turn_length_metrics,
 )
-from grl.trainer.transforms import add_advantages, drop_nonfinite_rows, shape_batch, use_reference
+from grl.trainer.transforms import add_advantages, drop_nonfinite_rows, shape_batch
 from grl.trainer.validation import validation_metrics
 from grl.workers import WorkerDiedError
 from grl.workers.group import TEARDOWN_TIMEOUT_S
 
 log = logging.getLogger("grl.trainer")
 
-# A hook runs after each step is reported: hook(trainer, step, metrics).
-StepHook = Callable[["AgentTrainer", int, dict], None]
+# A hook runs after each step is reported: hook(trainer, step, metrics, batch), where batch is
+# what the update trained on (None when the step skipped its update).
+StepHook = Callable[["AgentTrainer", int, dict, "Batch | None"], None]
 
 
 class AgentTrainer:
@@ -54,7 +56,7 @@ class AgentTrainer:
         self.controls: dict = {}  # validation control -> its MultiTurnRollout (grl/agents/controls.py)
         self.hooks = list(hooks or [])
         algo = cfg.algorithm
-        self.use_ref = use_reference(cfg)
+        self.use_ref = uses_reference(cfg)
         self.kl_ctrl = make_kl_controller(algo.kl_ctrl.type, algo.kl_ctrl.kl_coef, algo.kl_ctrl.target_kl,
                                           algo.kl_ctrl.horizon)
         self.train_tasks = task_specs(cfg)
@@ -65,7 +67,6 @@ class AgentTrainer:
         self.global_step = 0
         self.mfu_shape, self.peak_flops = mfu_inputs(str(cfg.actor_rollout_ref.model.path), str(cfg.trainer.device))
         self.last_checkpoint: Path | None = None
-        self.batch: Batch | None = None  # the last step's batch, for benchmarks and debugging
         self.tracker: Tracker | None = None
         self.show_progress = "console" in cfg.trainer.logger
         self.val_success: dict[str, list[tuple[int, float]]] = {}
@@ -82,9 +83,9 @@ class AgentTrainer:
         # errors still reach the driver as exceptions.
         init_ray(cfg.trainer.ray_address, log_to_driver=False)
         ranks = world_size(cfg)
-        actor = ActorRolloutRefGroup(cfg, ranks, use_ref=use_reference(cfg))
+        actor = ActorRolloutRefGroup(cfg, ranks, use_ref=uses_reference(cfg))
         try:
-            critic = CriticGroup(cfg, ranks) if ESTIMATORS[cfg.algorithm.adv_estimator].needs_critic else None
+            critic = CriticGroup(cfg, ranks) if uses_critic(cfg) else None
         except BaseException:
             actor.shutdown()
             raise
@@ -116,7 +117,7 @@ class AgentTrainer:
             while self.global_step < cfg.total_training_steps:
                 self.global_step += 1
                 step, last = self.global_step, self.global_step == cfg.total_training_steps
-                metrics = self.train_step(step)
+                metrics, batch = self.train_step(step)
                 if cfg.test_freq > 0 and (step % cfg.test_freq == 0 or last):
                     metrics.update(self.validate())
                 if (cfg.save_freq > 0 and step % cfg.save_freq == 0) or last:
@@ -125,7 +126,7 @@ class AgentTrainer:
                 self._run_bar.update(1)
                 self._run_bar.set_postfix_str(_run_postfix(metrics), refresh=True)
                 for hook in self.hooks:
-                    hook(self, step, metrics)
+                    hook(self, step, metrics, batch)
             export = self.export_hf() if cfg.export_hf else None
             print(finish_report(self.val_success, self.last_checkpoint, export), flush=True)
         except WorkerDiedError as err:
@@ -138,8 +139,9 @@ class AgentTrainer:
         finally:
             self.close()
 
-    def train_step(self, step: int) -> dict[str, float]:
-        """One PPO step: rollout -> batch -> shape -> score -> advantage -> update -> sync."""
+    def train_step(self, step: int) -> tuple[dict[str, float], Batch | None]:
+        """One PPO step: rollout -> batch -> shape -> score -> advantage -> update -> sync.
+        Returns the step's metrics and the batch the update trained on (None if it was skipped)."""
         timer = Timer()
         with self._progress(step) as phase, timer("step"):
             with phase("rollout"), timer("gen"):
@@ -162,15 +164,14 @@ class AgentTrainer:
                 log.warning("step %d: all %d episodes ended in env errors (first: task %s, seed %d: %s); update skipped",
                             step, len(failed), failed[0].task, failed[0].seed, failed[0].error.splitlines()[-1])
                 self._sync_if(syncs)
-                return {**metrics, **timer.metrics()}
+                return {**metrics, **timer.metrics()}, None
 
             batch, shape_metrics = shape_batch(result.episodes, self.cfg.rollout, self.rollout.tokenizer.pad_token_id)
             metrics.update(shape_metrics)
-            self.batch = batch
             if len(batch) == 0:
                 log.warning("step %d: no episode left to train on after filtering; update skipped", step)
                 self._sync_if(syncs)
-                return {**metrics, **timer.metrics()}
+                return {**metrics, **timer.metrics()}, None
 
             with phase("old_log_prob"), timer("old_log_prob"):
                 batch["old_log_probs"], batch["entropy"] = self.actor.compute_log_probs(batch)
@@ -186,7 +187,6 @@ class AgentTrainer:
                 metrics.update(add_advantages(batch, self.cfg.algorithm, self.kl_ctrl))
                 batch, dropped = drop_nonfinite_rows(batch)
                 metrics["training/dropped_nonfinite_episodes"] = float(dropped)
-                self.batch = batch
 
             if len(batch) > 0 and self.critic is not None:
                 with phase("update_critic"), timer("update_critic"):
@@ -203,7 +203,7 @@ class AgentTrainer:
                                               self.mfu_shape, self.peak_flops,
                                               int(self.cfg.actor_rollout_ref.actor.ppo_epochs)))
         metrics.update(timer.metrics())
-        return metrics
+        return metrics, (batch if len(batch) > 0 else None)
 
     def _sync_if(self, syncs: bool) -> None:
         """The policy's weights into the engine, on the steps that promised it (see `sleep` above):

@@ -18,11 +18,12 @@ def shape_batch(episodes: list[Episode], r: DictConfig, pad_token_id: int) -> tu
     episodes out as a token batch."""
     normalized = r.reward_normalization.method != "identity"
     scores = normalize_episode_scores(episodes, r.reward_normalization.grouping, r.reward_normalization.method)
-    score_of = {id(ep): score for ep, score in zip(episodes, scores)}
     kept, filter_metrics = filter_groups(episodes, r.rollout_filter_ratio, r.rollout_filter_type)
+    kept_groups = {ep.group_id for ep in kept}  # whole groups are kept, in their order
+    kept_scores = [score for ep, score in zip(episodes, scores) if ep.group_id in kept_groups]
     batch, build_metrics = build_batch(
         kept, use_turn_scores=r.use_turn_scores, max_episode_length=r.max_episode_length, packing=r.packing,
-        pad_token_id=pad_token_id, scores=[score_of[id(ep)] for ep in kept] if normalized else None)
+        pad_token_id=pad_token_id, scores=kept_scores if normalized else None)
     return batch, {**task_metrics(filter_metrics, "train"), **build_metrics}
 
 
@@ -48,11 +49,6 @@ def add_advantages(batch: Batch, algo: DictConfig, kl_ctrl) -> dict[str, float]:
         gigpo_step_weight=algo.gigpo_step_weight)
     batch["advantages"], batch["returns"] = view.back(advantages), view.back(returns)
     return metrics
-
-
-def use_reference(cfg: DictConfig) -> bool:
-    """The reference model is needed for a KL loss or a KL penalty in the reward."""
-    return bool(cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward)
 
 
 class EpisodeView:

@@ -100,7 +100,7 @@ def test_train_checkpoint_kill_and_resume(tmp_path, ray_runtime, capsys):
     assert (a_dir / "ckpt" / "latest").read_text().strip() == "global_step_2"
 
     # B: a worker dies after step 1 has been checkpointed
-    def kill_after_step_1(trainer, step, metrics):
+    def kill_after_step_1(trainer, step, metrics, batch):
         if step == 1:
             ray.kill(trainer.actor.workers[1], no_restart=True)
 
@@ -135,7 +135,7 @@ def test_lora_gigpo_run_resumes_to_equal_metrics(tmp_path, ray_runtime):
             "actor_rollout_ref.actor.optim.lr": 0.02, "actor_rollout_ref.actor.use_kl_loss": True,
             "algorithm.adv_estimator": "gigpo", "algorithm.gamma": 0.9, "critic.enable": False}
 
-    def kill_after_step_1(trainer, step, metrics):
+    def kill_after_step_1(trainer, step, metrics, batch):
         if step == 1:
             ray.kill(trainer.actor.workers[1], no_restart=True)
 

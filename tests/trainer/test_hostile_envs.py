@@ -149,9 +149,8 @@ def run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("hostile")
     trained: dict[int, set] = {}
 
-    def record_batch(trainer, step, metrics):
+    def record_batch(trainer, step, metrics, b):
         if "actor/pg_loss" in metrics:
-            b = trainer.batch
             rows = (b["loss_mask"] > 0).any(-1).tolist()
             trained[step] = {(t, s) for t, s, r in zip(b.meta["task"], b.meta["seed"], rows) if r}  # padded rows
 
