@@ -97,10 +97,84 @@ def _peak_rss_gib_and_reset() -> float:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
 
 
+class PolicyObjective:
+    """The policy's loss: clipped PPO (with truncated importance weights when asked), minus the entropy
+    bonus, plus the KL loss to the reference. Its inputs are advantages and the behaviour log-probs."""
+
+    prefix = "actor"
+    scored_name = "log-prob ratio"
+
+    def __init__(self, train_cfg):
+        self.cfg = train_cfg  # the actor section, read at each call
+
+    def agg_mode(self) -> str:
+        return self.cfg.loss_agg_mode
+
+    def uses_kl_loss(self, part: dict) -> bool:
+        return bool(self.cfg.use_kl_loss) and "ref_log_probs" in part
+
+    def inputs(self, part: dict) -> list[torch.Tensor]:
+        """What must be finite for an episode to be trained on."""
+        return [part["advantages"], part["old_log_probs"]] + ([part["ref_log_probs"]] if self.uses_kl_loss(part) else [])
+
+    def scored(self, out, t: dict) -> torch.Tensor:
+        """What the forward pass made of the episode: its log-prob ratio."""
+        return out[0] - t["old_log_probs"]
+
+    def loss(self, out, t: dict, mode: str) -> tuple[torch.Tensor, dict[str, float]]:
+        from grl.algo import entropy_bonus, kl_loss, policy_loss, truncated_is_weights
+
+        c = self.cfg
+        log_probs, entropy = out
+        seg, cap = seg_of(t), float(c.tis_imp_ratio_cap)
+        tis = truncated_is_weights(t["old_log_probs"], t["rollout_log_probs"], cap) if cap > 0 else None
+        pg, m = policy_loss(log_probs, t["old_log_probs"], t["advantages"], t["loss_mask"],
+                            clip_ratio_low=float(c.clip_ratio_low), clip_ratio_high=float(c.clip_ratio_high),
+                            clip_ratio_c=float(c.clip_ratio_c), loss_agg_mode=mode, segment_ids=seg, is_weights=tis)
+        coeff = float(c.entropy_coeff)
+        ent = entropy_bonus(entropy if coeff else entropy.detach(), t["loss_mask"], mode, seg)
+        loss = pg - coeff * ent
+        stats = {"pg_loss": pg.detach().item(), "entropy": ent.detach().item(), "pg_clipfrac": float(m["pg_clipfrac"]),
+                 "pg_clipfrac_lower": float(m["pg_clipfrac_lower"]), "ppo_kl": float(m["ppo_kl"])}
+        if self.uses_kl_loss(t):
+            kl = kl_loss(log_probs, t["ref_log_probs"], t["loss_mask"], kind=c.kl_loss_type, loss_agg_mode=mode,
+                         segment_ids=seg)
+            loss = loss + float(c.kl_loss_coef) * kl
+            stats["kl_loss"] = kl.detach().item()
+        return loss, stats
+
+
+class ValueObjective:
+    """The critic's loss: the clipped value loss against the returns, a token mean."""
+
+    prefix = "critic"
+    scored_name = "value"
+
+    def __init__(self, train_cfg):
+        self.cfg = train_cfg  # the critic section
+
+    def agg_mode(self) -> str:
+        return "token-mean"
+
+    def inputs(self, part: dict) -> list[torch.Tensor]:
+        return [part["returns"], part["values"]]
+
+    def scored(self, out, t: dict) -> torch.Tensor:
+        return out
+
+    def loss(self, out, t: dict, mode: str) -> tuple[torch.Tensor, dict[str, float]]:
+        from grl.algo import masked_mean, value_loss
+
+        loss, m = value_loss(out, t["values"], t["returns"], t["loss_mask"],
+                             cliprange_value=float(self.cfg.cliprange_value), loss_agg_mode=mode, segment_ids=seg_of(t))
+        return loss, {"vf_loss": loss.detach().item(), "vf_clipfrac": float(m["vf_clipfrac"]),
+                      "vpred_mean": float(masked_mean(out.detach(), t["loss_mask"]))}
+
+
 class UpdateLoop:
     """The optimizer-step methods of `grl.workers.worker.Worker`, which provides the model
-    (`module`, `optimizer`, `scheduler`), its config (`train_cfg`) and the scoring (`_score`,
-    `_micro_batches`, `_to_device`)."""
+    (`module`, `optimizer`, `scheduler`), its config (`train_cfg`), its role's loss (`objective`: a
+    PolicyObjective or a ValueObjective) and the scoring (`_score`, `_micro_batches`, `_to_device`)."""
 
     def update(self, parts: list[dict]) -> dict[str, float]:
         """One optimizer step per element of `parts` (this rank's share of
@@ -124,7 +198,7 @@ class UpdateLoop:
             steps += 1
         keys = sorted(totals)
         summed = fsdp.all_reduce_sum([totals[k] for k in keys] + [dropped])
-        p = "actor" if self.role == "actor" else "critic"
+        p = self.objective.prefix
         metrics = {f"{p}/{k}": v / max(steps, 1) for k, v in zip(keys, summed[:-1])}
         metrics[f"{p}/grad_norm"] = sum(grad_norms) / len(grad_norms) if grad_norms else float("nan")
         metrics[f"{p}/lr"] = self.last_lr
@@ -135,20 +209,6 @@ class UpdateLoop:
             torch.cuda.empty_cache()  # hand the cached blocks back, so the engine can wake into them
         return metrics
 
-    def _loss_agg_mode(self) -> str:
-        return self.train_cfg.loss_agg_mode if self.role == "actor" else "token-mean"
-
-    def _guarded_inputs(self, part: dict) -> list[torch.Tensor]:
-        if self.role == "critic":
-            return [part["returns"], part["values"]]
-        inputs = [part["advantages"], part["old_log_probs"]]
-        if self._uses_kl_loss(part):
-            inputs.append(part["ref_log_probs"])
-        return inputs
-
-    def _uses_kl_loss(self, part: dict) -> bool:
-        return self.role == "actor" and bool(self.train_cfg.use_kl_loss) and "ref_log_probs" in part
-
     def _minibatch(self, part: dict) -> tuple[dict[str, float], float, bool]:
         """Accumulate the gradient of one mini-batch's loss; the optimizer step
         is the caller's. Episodes with non-finite inputs, ratios or losses are
@@ -156,11 +216,11 @@ class UpdateLoop:
         dropped episodes, whether any rank had a loss token)."""
         from grl.algo import finite_episodes
 
-        mode = self._loss_agg_mode()
+        mode = self.objective.agg_mode()
         seg = seg_of(part)
         mask = part["loss_mask"].float().clone()
         episodes = loss_units(mask, "seq-mean-token-mean", seg)
-        mask[~finite_episodes(*self._guarded_inputs(part), loss_mask=mask, segment_ids=seg)] = 0.0
+        mask[~finite_episodes(*self.objective.inputs(part), loss_mask=mask, segment_ids=seg)] = 0.0
         dropped = episodes - loss_units(mask, "seq-mean-token-mean", seg)
         if dropped:
             log.warning("%s rank %d: dropping %d episode(s) with non-finite inputs", self.role, self.rank, int(dropped))
@@ -206,60 +266,25 @@ class UpdateLoop:
         from grl.algo import finite_episodes
 
         mask, seg = trimmed["loss_mask"], seg_of(trimmed)
-        scored = out[0] - trimmed["old_log_probs"] if self.role == "actor" else out
-        ok = finite_episodes(scored, loss_mask=mask, segment_ids=seg)
+        ok = finite_episodes(self.objective.scored(out, trimmed), loss_mask=mask, segment_ids=seg)
         dropped = 0.0
         if not bool(ok.all()):
             kept = mask.masked_fill(~ok, 0.0)
             dropped = loss_units(mask, "seq-mean-token-mean", seg) - loss_units(kept, "seq-mean-token-mean", seg)
             log.warning("%s rank %d: dropping %d episode(s) with a non-finite %s", self.role, self.rank, int(dropped),
-                        "log-prob ratio" if self.role == "actor" else "value")
+                        self.objective.scored_name)
             mask = trimmed["loss_mask"] = kept
-        loss, stats = self._loss_terms(out, trimmed, mode)
+        loss, stats = self.objective.loss(out, trimmed, mode)
         if not torch.isfinite(loss):
             left = loss_units(mask, "seq-mean-token-mean", seg)
             log.warning("%s rank %d: non-finite loss; dropping the micro-batch's %d episodes", self.role, self.rank,
                         int(left))
             dropped += left
             trimmed["loss_mask"] = torch.zeros_like(mask)
-            loss, stats = self._loss_terms(out, trimmed, mode)
+            loss, stats = self.objective.loss(out, trimmed, mode)
             loss = torch.nan_to_num(loss, nan=0.0, posinf=0.0, neginf=0.0)
             stats = {k: 0.0 for k in stats}
         return loss, stats, dropped
-
-    def _loss_terms(self, out, t: dict, mode: str) -> tuple[torch.Tensor, dict[str, float]]:
-        from grl.algo import (
-            entropy_bonus,
-            kl_loss,
-            masked_mean,
-            policy_loss,
-            truncated_is_weights,
-            value_loss,
-        )
-
-        c = self.train_cfg
-        if self.role == "critic":
-            loss, m = value_loss(out, t["values"], t["returns"], t["loss_mask"],
-                                 cliprange_value=float(c.cliprange_value), loss_agg_mode=mode, segment_ids=seg_of(t))
-            return loss, {"vf_loss": loss.detach().item(), "vf_clipfrac": float(m["vf_clipfrac"]),
-                          "vpred_mean": float(masked_mean(out.detach(), t["loss_mask"]))}
-        log_probs, entropy = out
-        seg, cap = seg_of(t), float(c.tis_imp_ratio_cap)
-        tis = truncated_is_weights(t["old_log_probs"], t["rollout_log_probs"], cap) if cap > 0 else None
-        pg, m = policy_loss(log_probs, t["old_log_probs"], t["advantages"], t["loss_mask"],
-                            clip_ratio_low=float(c.clip_ratio_low), clip_ratio_high=float(c.clip_ratio_high),
-                            clip_ratio_c=float(c.clip_ratio_c), loss_agg_mode=mode, segment_ids=seg, is_weights=tis)
-        coeff = float(c.entropy_coeff)
-        ent = entropy_bonus(entropy if coeff else entropy.detach(), t["loss_mask"], mode, seg)
-        loss = pg - coeff * ent
-        stats = {"pg_loss": pg.detach().item(), "entropy": ent.detach().item(), "pg_clipfrac": float(m["pg_clipfrac"]),
-                 "pg_clipfrac_lower": float(m["pg_clipfrac_lower"]), "ppo_kl": float(m["ppo_kl"])}
-        if self._uses_kl_loss(t):
-            kl = kl_loss(log_probs, t["ref_log_probs"], t["loss_mask"], kind=c.kl_loss_type, loss_agg_mode=mode,
-                         segment_ids=seg)
-            loss = loss + float(c.kl_loss_coef) * kl
-            stats["kl_loss"] = kl.detach().item()
-        return loss, stats
 
     def _optimizer_step(self) -> float:
         """Clip and step; a non-finite gradient norm skips the step. The norm

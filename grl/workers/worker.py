@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from grl.workers import fsdp, lora, sharded, streaming
 from grl.workers.scoring import TokenScorer, pad_width, trim_width
-from grl.workers.update import UpdateLoop, split_rows
+from grl.workers.update import PolicyObjective, UpdateLoop, ValueObjective, split_rows
 
 log = logging.getLogger("grl.workers")
 
@@ -64,9 +64,11 @@ class Worker(UpdateLoop):
                 self.ref = self._build(section.model, section.ref.fsdp_config, "policy", trainable=False)
             if self.engine_name is not None:
                 self.engine = self._make_engine()
+            self.objective = PolicyObjective(self.train_cfg)
         else:
             self.model_cfg, self.train_cfg = self.cfg.critic.model, self.cfg.critic
             self.module = self._build(self.cfg.critic.model, self.cfg.critic.fsdp_config, "value", trainable=True)
+            self.objective = ValueObjective(self.train_cfg)
         self.optimizer = fsdp.make_optimizer([p for p in self.module.parameters() if p.requires_grad], self.train_cfg.optim)
         self.scheduler = fsdp.make_scheduler(self.optimizer, self.train_cfg.optim.lr_warmup_steps)
 
