@@ -115,7 +115,8 @@ class PolicyObjective:
 
     def inputs(self, part: dict) -> list[torch.Tensor]:
         """What must be finite for an episode to be trained on."""
-        return [part["advantages"], part["old_log_probs"]] + ([part["ref_log_probs"]] if self.uses_kl_loss(part) else [])
+        kl_inputs = [part["ref_log_probs"]] if self.uses_kl_loss(part) else []
+        return [part["advantages"], part["old_log_probs"], *kl_inputs]
 
     def scored(self, out, t: dict) -> torch.Tensor:
         """What the forward pass made of the episode: its log-prob ratio."""
