@@ -17,7 +17,8 @@ import sys
 from grl.algo.estimators import ESTIMATORS
 
 USAGE_EPILOG = f"""\
-overrides are Hydra's KEY=VALUE (see configs/base.yaml, configs/ppo_trainer.yaml, configs/agents.yaml):
+overrides are Hydra's KEY=VALUE (every key is listed below and in docs/CONFIG.md; task instances are in
+configs/agents.yaml, presets in configs/preset/):
   preset=cpu                               a hardware preset from configs/preset/
   model_path=embedded                      hub id, local folder, `embedded` or `tiny`
   rollout.training=[simpleSokobanAgent]    training task instances (configs/agents.yaml)
@@ -30,10 +31,12 @@ overrides are Hydra's KEY=VALUE (see configs/base.yaml, configs/ppo_trainer.yaml
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
+    from grl.schema.doc import help_text
+
     parser = argparse.ArgumentParser(
         prog="grl-train",
         description="Train a language-model agent with multi-turn PPO.",
-        epilog=USAGE_EPILOG,
+        epilog=f"{USAGE_EPILOG}\n{help_text()}",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--config-name", default="base", help="config file in the config dir (default: base)")

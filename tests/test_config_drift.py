@@ -1,5 +1,6 @@
-"""Keys that two places used to read two ways (issue 26), each with one behaviour now: what the
-config and preflight accept is what the consumer (engine, workers, trainer) does with it."""
+"""Keys that two places used to read two ways (issue 26), each with one behaviour now: whichever
+spelling sets a value, the consumers (engine, rollout, workers, trainer) read the same typed value, and
+a bad value gets the same error, naming the key that is read."""
 
 import pytest
 from omegaconf import OmegaConf
@@ -19,24 +20,41 @@ def verdict(overrides: list[str]) -> str | None:
     return None
 
 
-def engine_accepts(cfg, validate: bool) -> bool:
-    try:
-        sampling_from_config(cfg.actor_rollout_ref.rollout, validate, 16)
-    except ValueError:
-        return False
-    return True
-
-
 TOP_K = [(-1, True), (0, True), (1, True), (40, True), (-2, False)]  # (value, accepted): -1 and 0 are off
 
 
 @pytest.mark.parametrize("validate", [False, True], ids=["rollout.top_k", "rollout.val_kwargs.top_k"])
 @pytest.mark.parametrize("top_k, accepted", TOP_K)
-def test_top_k_preflight_and_engines_agree(top_k, accepted, validate):
+def test_top_k_config_and_engines_agree(top_k, accepted, validate):
+    """What the config accepts the engine runs with, unchanged; what it refuses never reaches the engine."""
     key = "actor_rollout_ref.rollout.val_kwargs.top_k" if validate else "actor_rollout_ref.rollout.top_k"
     overrides = [f"{key}={top_k}", "actor_rollout_ref.rollout.val_kwargs.do_sample=true"]
     assert verdict(overrides) == (None if accepted else key)
-    assert engine_accepts(load_config(overrides), validate) is accepted
+    if accepted:
+        cfg = load_config(overrides)
+        assert sampling_from_config(cfg.actor_rollout_ref.rollout, validate, 16).top_k == top_k
+
+
+LENGTHS = {  # the key the rollout and the planner read -> its other spellings (the engine reads the last)
+    "max_prompt_length": ("data.max_prompt_length", "actor_rollout_ref.rollout.prompt_length"),
+    "max_response_length": ("data.max_response_length", "actor_rollout_ref.rollout.response_length"),
+}
+SPELLINGS = [(key, spelling) for key, aliases in LENGTHS.items() for spelling in (key, *aliases)]
+
+
+@pytest.mark.parametrize("key, spelling", SPELLINGS, ids=[s for _, s in SPELLINGS])
+def test_every_length_spelling_sets_what_rollout_and_engine_read(key, spelling):
+    cfg = load_config([f"{spelling}=100"])
+    assert {OmegaConf.select(cfg, name) for name in (key, *LENGTHS[key])} == {100}
+    with pytest.raises(ConfigError, match=rf"^{key}: must be an integer >= 1, got 0$"):
+        load_config([f"{spelling}=0"])
+
+
+def test_two_spellings_of_one_key_cannot_disagree():
+    with pytest.raises(ConfigError, match=r"^actor_rollout_ref\.rollout\.prompt_length: 400 disagrees with "
+                                          r"data\.max_prompt_length=300"):
+        load_config(["data.max_prompt_length=300", "actor_rollout_ref.rollout.prompt_length=400"])
+    assert load_config(["data.max_prompt_length=300", "actor_rollout_ref.rollout.prompt_length=300"]).max_prompt_length == 300
 
 
 @pytest.mark.parametrize("top_k, accepted", TOP_K)
@@ -57,6 +75,7 @@ MICRO_BATCH = [  # (overrides, the key refused or None): the workers' keys are c
     (["actor_rollout_ref.actor.ppo_mini_batch_size=2"], ACTOR_MICRO),
     (["ppo_mini_batch_size=2", "micro_batch_size_per_gpu=2"], None),
     ([f"{ACTOR_MICRO}=0"], ACTOR_MICRO),
+    (["micro_batch_size_per_gpu=0"], ACTOR_MICRO),
     (["critic.ppo_mini_batch_size=2"], "critic.ppo_micro_batch_size_per_gpu"),
     (["critic.ppo_mini_batch_size=2", "algorithm.adv_estimator=rloo", "critic.enable=false"], None),
 ]

@@ -1,0 +1,49 @@
+"""A task instance: a named block of configs/agents.yaml (`agent_type`, `agent_config`, `env_config`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from omegaconf import MISSING
+
+from grl.schema.keys import key, section
+
+
+def _tool_names() -> tuple[str, ...]:
+    import grl.tools
+
+    return tuple(grl.tools.tool_names())
+
+
+@dataclass
+class AgentConfig:
+    """`agent_config` of a task instance. A key left out takes GRL's default (its
+    grl/agents/base_agent.py), so GRL's task blocks load unchanged."""
+
+    system_prompt: str = key("You are a helpful AI assistant.", "the system message")
+    prompt: str = key("Please respond appropriately.", "the task text of the first user message; the agent adds "
+                      "the env's symbol legend and actions, the reply format and the state")
+    enable_think: bool = key(True, "true: a reply is <think>...</think><answer>...</answer>; false: <answer>...</answer>")
+    max_tokens: int = key(100, "response tokens per turn", ge=1)
+    max_turns: int = key(1, "replies per episode", ge=1)
+    max_actions_per_turn: int = key(1, "actions taken from one reply (extra ones are dropped)", ge=1)
+    max_actions_all_turns: int = key(1, "actions per episode; the episode ends when they are spent", ge=1)
+    format_penalty: float = key(-0.1, "added to a turn's reward when the reply has no parseable answer or an "
+                                "invalid action")
+    action_separator: Optional[str] = key("||", "splits an answer into actions; null: the whole answer is one action")
+    action_decoding: str = key("free", "constrained: each reply is one of the env's valid actions, written under a "
+                               "token grammar (grl/engines/constraint.py); envs without a list decode freely",
+                               choices=("free", "constrained"))
+    tools: list[str] = key([], "tools the model may call inside an episode (grl/tools), e.g. [python]",
+                           choices=_tool_names)
+    max_tool_calls_per_turn: int = key(1, "tool calls run from one reply", ge=1)
+    max_tool_calls: int = key(4, "tool calls per episode", ge=1)
+    max_tool_output_chars: int = key(2000, "longer tool output is cut, and the message says so", ge=1)
+
+
+@dataclass
+class TaskInstance:
+    agent_type: str = MISSING  # checked against the registry of grl/agents/tasks.py
+    agent_config: AgentConfig = section(AgentConfig)
+    env_config: dict[str, Any] = field(default_factory=dict)  # checked against the env constructor's signature
