@@ -11,7 +11,7 @@ from typing import Any, Mapping
 
 import grl.envs
 import grl.tools
-from grl.agents.base import Agent, AgentSettings, AgentStep
+from grl.agents.base import Agent, AgentSettings, AgentStep, settings_from_mapping
 from grl.agents.parse import ParsedReply, ToolCall, parse_reply, parse_tool_calls, split_actions
 from grl.agents.tasks import AGENT_TYPES, AgentType, TaskHooks
 from grl.tools import SandboxLimits
@@ -72,7 +72,7 @@ def make_agent(task_name: str, task_cfg: Mapping[str, Any], sandbox: SandboxLimi
     env_config = task_cfg.get("env_config") or {}
     if not isinstance(env_config, Mapping):
         raise ValueError(f"{task_name}.env_config: must be a mapping")
-    settings = AgentSettings.from_mapping(agent_config, f"{task_name}.agent_config")
+    settings = settings_from_mapping(agent_config, f"{task_name}.agent_config")
     accepted = grl.envs.config_keys(kind.env)
     for key in env_config:
         if accepted is not None and key not in accepted:
@@ -80,7 +80,6 @@ def make_agent(task_name: str, task_cfg: Mapping[str, Any], sandbox: SandboxLimi
                              f"(known: {', '.join(sorted(accepted))})")
     limits = sandbox or SandboxLimits()
     if settings.tools:
-        limits.check("tools.python")
         grl.tools.check_isolation(limits)  # refuse to start where the walls cannot be built
     tools = {name: grl.tools.make_tool(name, limits) for name in settings.tools}
     env = grl.envs.make(kind.env, **env_config)

@@ -28,79 +28,26 @@ from __future__ import annotations
 
 import hashlib
 import traceback
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, Mapping
+
+from omegaconf import OmegaConf
 
 from grl.agents.parse import ToolCall, parse_reply, parse_tool_calls
 from grl.agents.tasks import TaskHooks
 from grl.agents.tool_use import ToolUse
 from grl.envs.base import Env
 from grl.envs.checks import EnvValueError, Repair, check_observation, check_step, check_valid_actions
+from grl.schema import AgentConfig, checked
 
 
-DECODING_MODES = ("free", "constrained")
+AgentSettings = AgentConfig  # `agent_config` of a task instance, as the schema declares it
 
 
-@dataclass(frozen=True)
-class AgentSettings:
-    """`agent_config` of a task instance (configs/agents.yaml). A key left out takes
-    GRL's default (grl/agents/base_agent.py there), so GRL's task blocks load unchanged."""
-
-    system_prompt: str = "You are a helpful AI assistant."
-    prompt: str = "Please respond appropriately."
-    enable_think: bool = True
-    max_tokens: int = 100
-    max_turns: int = 1
-    max_actions_per_turn: int = 1
-    max_actions_all_turns: int = 1
-    format_penalty: float = -0.1
-    action_separator: str | None = "||"
-    action_decoding: str = "free"  # free | constrained: replies drawn from the env's valid actions
-    tools: tuple[str, ...] = ()  # tools the model may call inside an episode (grl/tools), e.g. ("python",)
-    max_tool_calls_per_turn: int = 1
-    max_tool_calls: int = 4  # per episode
-    max_tool_output_chars: int = 2000  # longer tool output is cut, and the message says so
-
-    @classmethod
-    def from_mapping(cls, cfg: Mapping[str, Any], where: str) -> "AgentSettings":
-        """Checked settings; a bad key raises ValueError naming `where.key`."""
-        known = [f.name for f in fields(cls)]
-        for key in cfg:
-            if key not in known:
-                raise ValueError(f"{where}.{key}: unknown agent_config key (known: {', '.join(known)})")
-        values = {f.name: cfg.get(f.name, f.default) for f in fields(cls)}
-        for key in ("max_tokens", "max_turns", "max_actions_per_turn", "max_actions_all_turns",
-                    "max_tool_calls_per_turn", "max_tool_calls", "max_tool_output_chars"):
-            if not isinstance(values[key], int) or isinstance(values[key], bool) or values[key] < 1:
-                raise ValueError(f"{where}.{key}: must be an integer >= 1, got {values[key]!r}")
-        for key in ("system_prompt", "prompt"):
-            if not isinstance(values[key], str):
-                raise ValueError(f"{where}.{key}: must be a string, got {values[key]!r}")
-        if not isinstance(values["enable_think"], bool):
-            raise ValueError(f"{where}.enable_think: must be true or false, got {values['enable_think']!r}")
-        if not isinstance(values["format_penalty"], (int, float)) or isinstance(values["format_penalty"], bool):
-            raise ValueError(f"{where}.format_penalty: must be a number, got {values['format_penalty']!r}")
-        if values["action_separator"] is not None and not isinstance(values["action_separator"], str):
-            raise ValueError(f"{where}.action_separator: must be a string or null")
-        if values.get("action_decoding", "free") not in DECODING_MODES:
-            raise ValueError(f"{where}.action_decoding: must be one of {', '.join(DECODING_MODES)}, "
-                             f"got {values['action_decoding']!r}")
-        values["format_penalty"] = float(values["format_penalty"])
-        values["tools"] = _tool_names(values["tools"], f"{where}.tools")
-        return cls(**values)
-
-
-def _tool_names(names: Any, where: str) -> tuple[str, ...]:
-    import grl.tools
-
-    if names is None:
-        return ()
-    if isinstance(names, str) or not all(isinstance(n, str) for n in names):
-        raise ValueError(f"{where}: must be a list of tool names, got {names!r}")
-    for name in names:
-        if name not in grl.tools.TOOLS:
-            raise ValueError(f"{where}: unknown tool {name!r} (known: {', '.join(grl.tools.tool_names())})")
-    return tuple(names)
+def settings_from_mapping(cfg: Mapping[str, Any], where: str) -> AgentSettings:
+    """Settings merged into the schema and checked there; a bad key raises ConfigError (a
+    ValueError) naming `where.key`."""
+    return OmegaConf.to_object(checked(AgentConfig, dict(cfg), f"{where}."))
 
 
 @dataclass

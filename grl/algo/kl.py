@@ -13,7 +13,7 @@ import torch
 from grl.algo.losses import agg_loss
 from grl.algo.masked import masked_mean
 
-KL_ESTIMATORS = ("kl", "abs", "mse", "low_var_kl")
+from grl.schema.workers import KL_ESTIMATORS
 
 
 def kl_estimate(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, kind: str) -> torch.Tensor:
@@ -72,8 +72,6 @@ class AdaptiveKLController:
     value *= 1 + clip(kl / target - 1, -0.2, 0.2) * n_steps / horizon."""
 
     def __init__(self, init_kl_coef: float, target_kl: float, horizon: int):
-        if target_kl <= 0 or horizon <= 0:
-            raise ValueError(f"AdaptiveKLController needs target_kl > 0 and horizon > 0, got {target_kl}, {horizon}")
         self.value, self.target, self.horizon = float(init_kl_coef), float(target_kl), float(horizon)
 
     def update(self, current_kl: float, n_steps: int) -> None:
@@ -82,11 +80,7 @@ class AdaptiveKLController:
 
 
 def make_kl_controller(kind: str, kl_coef: float, target_kl: float | None = None, horizon: int | None = None):
-    """`fixed` or `adaptive` controller from config values."""
-    if kind == "fixed":
-        return FixedKLController(kl_coef)
+    """The `algorithm.kl_ctrl` controller (`fixed` or `adaptive`, values the config schema checked)."""
     if kind == "adaptive":
-        if target_kl is None or horizon is None:
-            raise ValueError("kl_ctrl.type 'adaptive' needs kl_ctrl.target_kl and kl_ctrl.horizon")
         return AdaptiveKLController(kl_coef, target_kl, horizon)
-    raise ValueError(f"unknown kl_ctrl.type '{kind}'; choose one of: fixed, adaptive")
+    return FixedKLController(kl_coef)

@@ -136,8 +136,6 @@ class MultiTurnRollout:
                  truncation: str = "left", env_workers: int = 16, env_step_timeout: float | None = 60.0,
                  env_error_penalty: float | None = None, max_failed_agent_ratio: float = 0.5,
                  chat_template_kwargs: dict | None = None, agent_factory: Callable | None = None):
-        if truncation not in ("left", "right", "error"):
-            raise ValueError(f"rollout.truncation: {truncation!r} is not one of left, right, error")
         self.engine = engine
         self.tokenizer = tokenizer
         self.chat = ChatTokens(tokenizer, chat_template_kwargs)

@@ -47,8 +47,6 @@ def sample_std(values: Sequence[float]) -> float:
 
 def normalize(scores: Sequence[float], keys: Sequence[Hashable], method: str) -> list[float]:
     """Scores normalised within the sets of equal `keys`."""
-    if method not in ("identity", "mean_std", "asym_clip"):
-        raise ValueError(f"rollout.reward_normalization.method: {method!r} is not one of identity, mean_std, asym_clip")
     out = [float(s) for s in scores]
     sets: dict[Hashable, list[int]] = {}
     for i, key in enumerate(keys):
@@ -66,14 +64,11 @@ def normalize(scores: Sequence[float], keys: Sequence[Hashable], method: str) ->
     return out
 
 
+GROUPINGS = {"state": lambda ep: ep.group_id, "inductive": lambda ep: ep.task, "batch": lambda ep: 0}
+
+
 def grouping_keys(episodes: Sequence[Episode], grouping: str) -> list[Hashable]:
-    if grouping == "state":
-        return [ep.group_id for ep in episodes]
-    if grouping == "inductive":
-        return [ep.task for ep in episodes]
-    if grouping == "batch":
-        return [0] * len(episodes)
-    raise ValueError(f"rollout.reward_normalization.grouping: {grouping!r} is not one of state, batch, inductive")
+    return [GROUPINGS[grouping](ep) for ep in episodes]
 
 
 def normalize_episode_scores(episodes: Sequence[Episode], grouping: str, method: str) -> list[float]:
@@ -83,10 +78,6 @@ def normalize_episode_scores(episodes: Sequence[Episode], grouping: str, method:
 
 def filter_groups(episodes: Sequence[Episode], ratio: float, kind: str = "std") -> tuple[list[Episode], dict[str, float]]:
     """Keep the groups with the most (`std`) or least (`std_rev`) reward spread, per task."""
-    if kind not in ("std", "std_rev"):
-        raise ValueError(f"rollout.rollout_filter_type: {kind!r} is not one of std, std_rev")
-    if not 0.0 < ratio <= 1.0:
-        raise ValueError(f"rollout.rollout_filter_ratio: {ratio} is not in (0, 1]")
     groups: dict[int, list[Episode]] = {}
     for ep in episodes:
         groups.setdefault(ep.group_id, []).append(ep)

@@ -121,7 +121,7 @@ def merge_typed(cls: type, cfg: Any, prefix: str = "") -> DictConfig:
         key_name = getattr(err, "full_key", None) or ""
         full = f"{prefix}{key_name}" if key_name else prefix.rstrip(".") or "config"
         message = one_line(err)
-        if "not in struct" in message:
+        if "not in struct" in message or message.startswith("Key '"):  # from a DictConfig or a plain mapping
             known = [f"{prefix}{leaf.path}" for leaf in leaves(cls)]
             raise ConfigError(f"{full}: unknown key{did_you_mean(full, known)}") from None
         raise ConfigError(f"{full}: {message}") from None

@@ -8,9 +8,7 @@ from typing import Optional
 from omegaconf import II
 
 from grl.schema.keys import key, section
-from grl.schema.workers import ActorRolloutRef, Critic
-
-KL_ESTIMATORS = ("kl", "abs", "mse", "low_var_kl")
+from grl.schema.workers import KL_ESTIMATORS, ActorRolloutRef, Critic
 
 
 def _estimators():
@@ -137,7 +135,7 @@ class System:
                                               "records it in the run config")
 
 
-@dataclass
+@dataclass(unsafe_hash=True)  # grl.tools caches its isolation check per set of limits
 class PythonSandbox:
     """Limits of every tool call of tasks with agent_config.tools: [python] (docs/TOOLS.md). Each call runs in its
     own process, in new mount, PID and network namespaces, as an unprivileged uid, in a private tmpfs folder."""

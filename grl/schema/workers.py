@@ -10,6 +10,8 @@ from omegaconf import II
 from grl.schema.keys import key, section
 
 DTYPES = ("auto", "float32", "bfloat16", "float16", "fp32", "bf16", "fp16")
+AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")  # grl.algo.losses.agg_loss
+KL_ESTIMATORS = ("kl", "abs", "mse", "low_var_kl")  # grl.algo.kl.kl_estimate
 
 
 @dataclass
@@ -53,11 +55,11 @@ class Actor:
     clip_ratio_high: float = key(0.28, "PPO clips the ratio to 1 + high", gt=0)
     clip_ratio_c: float = key(3.0, "dual-clip bound on the loss of negative advantages", gt=1)
     loss_agg_mode: str = key("token-mean", "how token losses become one loss",
-                             choices=("token-mean", "seq-mean-token-sum", "seq-mean-token-mean"))
+                             choices=AGG_MODES)
     entropy_coeff: float = key(0.001, "weight of the entropy bonus", ge=0)
     use_kl_loss: bool = key(False, "add a KL loss against the reference policy")
     kl_loss_coef: float = key(0.001, "weight of the KL loss", ge=0)
-    kl_loss_type: str = key("low_var_kl", "KL estimator of the KL loss", choices=("kl", "abs", "mse", "low_var_kl"))
+    kl_loss_type: str = key("low_var_kl", "KL estimator of the KL loss", choices=KL_ESTIMATORS)
     tis_imp_ratio_cap: float = key(-1.0, "truncated importance sampling (verl's TIS): C > 0 weighs each token's "
                                    "policy loss by min(pi_old / pi_rollout, C) against engine/trainer mismatch; -1: off")
     logits_chunk_size: int = key(1024, "tokens per chunk when turning hidden states into log-probs", ge=1)

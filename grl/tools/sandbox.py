@@ -28,8 +28,10 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
+
+from grl.schema import PythonSandbox as SandboxLimits  # tools.python: the limits of one call
 
 LAUNCHER = str(Path(__file__).with_name("launcher.py"))
 # Sandbox uids: one per concurrent call of this process, so RLIMIT_NPROC (counted per uid) is the
@@ -39,29 +41,6 @@ UID_BASE, UID_SLOTS = 200_000, 256
 
 class SandboxUnavailable(RuntimeError):
     """The machine cannot build the sandbox's walls (no namespaces)."""
-
-
-@dataclass(frozen=True)
-class SandboxLimits:
-    """Limits of one tool call (configs/base.yaml `tools.python`)."""
-
-    wall_s: float = 10.0  # wall clock, from start to kill
-    cpu_s: int = 10  # CPU seconds of each process (SIGXCPU, then SIGKILL a second later)
-    memory_mb: int = 1024  # address space of each process
-    max_processes: int = 16  # processes and threads of the call's uid
-    max_file_mb: int = 16  # largest file the code may write
-    max_dir_mb: int = 64  # size of the working folder (a tmpfs)
-    max_open_files: int = 64
-    max_output_bytes: int = 65536  # stdout + stderr kept; more kills the code
-    isolate_network: bool = True  # false: the code shares the host's network (an explicit opt-out)
-
-    def check(self, where: str) -> None:
-        for key, value in asdict(self).items():
-            if key == "isolate_network":
-                if not isinstance(value, bool):
-                    raise ValueError(f"{where}.{key}: must be true or false, got {value!r}")
-            elif isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-                raise ValueError(f"{where}.{key}: must be a positive number, got {value!r}")
 
 
 @dataclass

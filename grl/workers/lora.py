@@ -21,8 +21,6 @@ def lora_config(model_cfg):
     from peft import LoraConfig
 
     rank, alpha = int(model_cfg.lora_rank), float(model_cfg.lora_alpha)
-    if rank < 0:
-        raise ValueError(f"actor_rollout_ref.model.lora_rank: {rank} must be >= 0 (0 turns LoRA off)")
     targets = model_cfg.target_modules
     targets = targets if isinstance(targets, str) else [str(t) for t in targets]
     # Dropout off: PPO compares log-probs of one policy across forwards, noise would bias the ratio.

@@ -46,13 +46,11 @@ def test_agg_loss_modes(mode, expected):
     assert agg_loss(LOSS, MASK, mode).item() == pytest.approx(expected)
 
 
-def test_agg_loss_ignores_nan_outside_mask_and_rejects_unknown_mode():
+def test_agg_loss_ignores_nan_outside_mask():
     dirty = LOSS.clone()
     dirty[0, 2], dirty[2, 0] = float("nan"), float("inf")
     assert agg_loss(dirty, MASK, "seq-mean-token-mean").item() == pytest.approx(3.25)
     assert agg_loss(dirty, torch.zeros_like(MASK)).item() == 0.0
-    with pytest.raises(ValueError, match="token-mean, seq-mean-token-sum, seq-mean-token-mean"):
-        agg_loss(LOSS, MASK, "sum")
 
 
 # ---- policy loss --------------------------------------------------------------------------------------
@@ -96,8 +94,6 @@ def test_policy_loss_symmetric_clip_and_no_dual_clip():
     loss, m = policy_loss(new, old, adv, mask, clip_ratio_low=0.2, clip_ratio_high=0.2, clip_ratio_c=None)
     assert loss.item() == pytest.approx((-1.2 - 0.7 + 0.8 + 5.0 - 2.2) / 5)
     assert m["pg_clipfrac_lower"].item() == 0.0
-    with pytest.raises(ValueError, match="clip_ratio_c"):
-        policy_loss(new, old, adv, mask, clip_ratio_c=0.9)
 
 
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"])
@@ -210,10 +206,6 @@ def test_kl_controllers():
     assert ctrl.value == pytest.approx(0.1 * 1.01 * 1.02 * 0.9)
     assert isinstance(make_kl_controller("adaptive", 0.1, 0.05, 1000), AdaptiveKLController)
     assert isinstance(make_kl_controller("fixed", 0.1), FixedKLController)
-    with pytest.raises(ValueError, match="target_kl"):
-        make_kl_controller("adaptive", 0.1)
-    with pytest.raises(ValueError, match="fixed, adaptive"):
-        make_kl_controller("pid", 0.1)
 
 
 # ---- masked statistics and guards ------------------------------------------------------------------------

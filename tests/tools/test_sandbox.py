@@ -128,5 +128,7 @@ def test_a_clean_environment_and_a_private_folder():
 
 
 def test_limits_are_checked_with_the_key_named():
-    with pytest.raises(ValueError, match=r"tools.python.wall_s: must be a positive number"):
-        SandboxLimits(wall_s=0).check("tools.python")
+    from grl.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=r"^tools\.python\.wall_s: must be > 0, got 0"):
+        load_config(["tools.python.wall_s=0"])
