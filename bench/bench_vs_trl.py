@@ -140,7 +140,7 @@ def trl_python() -> Path | None:
 # ------------------------------------------------------------------ the job, both ways
 
 def seeds(steps: int, prompts: int) -> list[int]:
-    """The seeds GRL's training groups play (configs/base.yaml rollout.seed: step s, group g -> s * 100003 + g)."""
+    """The seeds GRL's training groups play (rollout.seed: step s, group g -> s * 100003 + g)."""
     return [s * 100003 + g for s in range(steps) for g in range(prompts)]
 
 

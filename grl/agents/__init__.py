@@ -54,7 +54,7 @@ def _plain(value: Any) -> Any:
 
 def make_agent(task_name: str, task_cfg: Mapping[str, Any], sandbox: SandboxLimits | None = None) -> Agent:
     """The Agent of one task instance; its env is built here and owned by it. `sandbox`: the limits
-    of its tool calls (configs/base.yaml `tools.python`), for tasks with `agent_config.tools`."""
+    of its tool calls (the `tools.python` keys), for tasks with `agent_config.tools`."""
     task_cfg = _plain(task_cfg)
     if not isinstance(task_cfg, Mapping):
         raise ValueError(f"{task_name}: a task instance must be a mapping, got {type(task_cfg).__name__}")

@@ -165,7 +165,7 @@ class MultiTurnRollout:
         from grl.tools import SandboxLimits
 
         r = cfg.rollout
-        sandbox = SandboxLimits(**cfg.tools.python)  # the limits of every tool call (configs/base.yaml tools)
+        sandbox = SandboxLimits(**cfg.tools.python)  # the limits of every tool call
         return cls(engine, tokenizer, max_prompt_length=cfg.max_prompt_length,
                    max_response_length=cfg.max_response_length, truncation=r.truncation,
                    env_workers=r.env_workers, env_step_timeout=r.env_step_timeout,

@@ -32,8 +32,10 @@ class AgentConfig:
     format_penalty: float = key(-0.1, "added to a turn's reward when the reply has no parseable answer or an "
                                 "invalid action")
     action_separator: Optional[str] = key("||", "splits an answer into actions; null: the whole answer is one action")
-    action_decoding: str = key("free", "constrained: each reply is one of the env's valid actions, written under a "
-                               "token grammar (grl/engines/constraint.py); envs without a list decode freely",
+    action_decoding: str = key("free", "constrained: the model may only write one of the env's valid actions per "
+                               "reply (<answer>action</answer>, after free <think> text when enable_think; one action "
+                               "a turn, as later ones would act on states not reached yet), under a token grammar "
+                               "(grl/engines/constraint.py); envs without a list (GSM8K, BIRD) decode freely",
                                choices=("free", "constrained"))
     tools: list[str] = key([], "tools the model may call inside an episode (grl/tools), e.g. [python]",
                            choices=_tool_names)
