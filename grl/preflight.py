@@ -162,7 +162,7 @@ def check_model(cfg: DictConfig, environ) -> None:
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(resolved)
-        model_config = AutoConfig.from_pretrained(resolved, trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code)
+        model_config = AutoConfig.from_pretrained(resolved)
     except (OSError, ValueError) as err:
         raise PreflightError(f"{key}: cannot load {name!r}: {_first_line(err)}") from None
     if not getattr(tokenizer, "chat_template", None):

@@ -113,7 +113,7 @@ def test_the_trainer_reads_freq_zero_as_off(freq, tests, saves, tmp_path, monkey
 @pytest.mark.parametrize("key", list(NO_EFFECT))
 def test_keys_nothing_reads_are_accepted_with_a_note(key):
     behaves_as, why = NO_EFFECT[key]
-    other = {True: "false", "fsdp2": "fsdp", 0: "8"}[behaves_as]
+    other = {True: "false", False: "true", "fsdp2": "fsdp", 0: "8", 16.0: "32", "all-linear": "[q_proj]"}[behaves_as]
     cfg = load_config([f"{key}={other}"])
     assert f"{key}: {OmegaConf.select(cfg, key)!r} has no effect (GRL compatibility): {why}" in preflight.check_numbers(cfg)
     assert not any(note.startswith(key) for note in preflight.check_numbers(load_config([])))

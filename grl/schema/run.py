@@ -60,7 +60,8 @@ class Rollout:
                                           "env_workers")
     num_prompt_threads: int = key(0, "GRL's prompt-rendering threads",
                                   no_effect="prompts are rendered in the rollout thread")
-    show_tqdm: bool = key(False, "progress bars for the rollout phases (GRL's knob)")
+    show_tqdm: bool = key(False, "GRL's progress bars for the rollout phases",
+                          no_effect="progress bars show whenever trainer.logger has console")
 
 
 @dataclass

@@ -19,11 +19,22 @@ class Model:
     path: str = key(II("model_path"), "hub id, local folder, `embedded` or `tiny`")
     dtype: str = key("auto", "auto: bfloat16 on GPU, float32 on CPU", choices=DTYPES)
     enable_gradient_checkpointing: bool = key(True, "recompute activations in the backward pass to save memory")
-    trust_remote_code: bool = key(False, "let transformers run the model repository's own code")
+    trust_remote_code: bool = key(False, "verl's: let transformers run the model repository's own code",
+                                  no_effect="models load with transformers' own classes only")
     lora_rank: int = key(0, "> 0 trains a LoRA adapter of this rank (peft; the policy's); the ref is the base "
                          "with it off; 0: full fine-tuning", ge=0)
     lora_alpha: float = key(16.0, "LoRA scaling = lora_alpha / lora_rank")
     target_modules: Any = key("all-linear", "peft's target_modules: all-linear or a list like [q_proj, v_proj]")
+
+
+@dataclass
+class CriticModel(Model):
+    """The value model: verl's LoRA keys are accepted here too, but only the policy gets an adapter."""
+
+    lora_rank: int = key(0, "verl's critic LoRA rank", ge=0, no_effect="the critic is always fully fine-tuned")
+    lora_alpha: float = key(16.0, "verl's critic LoRA scaling", no_effect="the critic is always fully fine-tuned")
+    target_modules: Any = key("all-linear", "verl's critic LoRA targets",
+                              no_effect="the critic is always fully fine-tuned")
 
 
 @dataclass
@@ -142,7 +153,7 @@ class ActorRolloutRef:
 class Critic:
     enable: bool = key(True, "an estimator that needs a critic refuses false; the others build none")
     nccl_timeout: float = key(II("actor_rollout_ref.nccl_timeout"), "seconds a collective may wait", ge=1)
-    model: Model = section(Model)
+    model: CriticModel = section(CriticModel)
     ppo_mini_batch_size: int = key(II("ppo_mini_batch_size"), "episodes per optimizer step", ge=1)
     ppo_micro_batch_size_per_gpu: int = key(II("micro_batch_size_per_gpu"),
                                             "episodes per forward/backward on one device", ge=1)
