@@ -3,6 +3,7 @@
     grl-train preset=cpu
     grl-train model_path=Qwen/Qwen2.5-0.5B-Instruct rollout.agent_group_num=[8] trainer.logger=[console,wandb]
     grl-train --cfg preset=cpu          # print the resolved config and exit
+    grl-train --help                    # every key with its type, default and meaning (docs/CONFIG.md)
 
 The config is checked completely before Ray or any model starts; a mistake
 ends the program with one line naming the key and exit status 2.

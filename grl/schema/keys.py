@@ -63,9 +63,9 @@ def key(default: Any, help: str, *, choices: Any = None, ge: float | None = None
     return field(default=default, metadata=meta)
 
 
-def section(cls: type, help: str = "", **defaults: Any) -> Any:
+def section(cls: type, **defaults: Any) -> Any:
     """A nested section; `defaults` replace the section's own (the critic's learning rate is not the actor's)."""
-    return field(default_factory=lambda: cls(**defaults), metadata={"help": help})
+    return field(default_factory=lambda: cls(**defaults))
 
 
 # ---------------------------------------------------------------- walking

@@ -135,7 +135,7 @@ class RolloutEngine:
                                       "rollout.rollout_filter_ratio; a value set here replaces it")
     rollout_filter_type: str = key(II("rollout.rollout_filter_type"), "GRL's spelling of "
                                    "rollout.rollout_filter_type; a value set here replaces it")
-    val_kwargs: SamplingOverrides = section(SamplingOverrides, "sampling of validation")
+    val_kwargs: SamplingOverrides = section(SamplingOverrides)
 
 
 @dataclass

@@ -8,8 +8,6 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from grl.schema import RolloutEngine
-
 from grl import engines
 from grl.config import ConfigError, load_config
 from grl.engines import (
@@ -17,6 +15,7 @@ from grl.engines import (
     pick_engine_name,
     sampling_from_config,
 )
+from grl.schema import RolloutEngine
 
 REPO = Path(__file__).resolve().parents[2]
 
