@@ -148,9 +148,8 @@ def compose(overrides: list[str] | tuple[str, ...] = (), config_name: str = "bas
     """Hydra composition only (no checks)."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
-    from hydra.errors import HydraException
-
     from hydra.core.config_store import ConfigStore
+    from hydra.errors import HydraException
 
     ConfigStore.instance().store(name=SCHEMA_NODE, node=defaults(GRLConfig))
     config_dir = Path(config_dir or CONFIG_DIR).resolve()
