@@ -85,11 +85,16 @@ class EpisodeView:
         return out
 
 
+# What the updates read on a trained token: an episode with NaN/inf in any of them is trained on by
+# neither the actor nor the critic. The workers trust the batch they get, so this is the one drop.
+UPDATE_INPUTS = ("token_rewards", "advantages", "returns", "old_log_probs", "ref_log_probs", "values")
+
+
 def drop_nonfinite_rows(batch: Batch) -> tuple[Batch, int]:
-    """Drop the episodes whose reward, advantage or return is NaN/inf on a trained token: their
-    rows in a padded batch, their loss tokens in a packed one (the episodes sharing the row stay).
+    """Drop the episodes with NaN/inf in an update input on a trained token: their rows in a padded
+    batch, their loss tokens in a packed one (the episodes sharing the row stay).
     -> (batch, episodes dropped)."""
-    tensors = (batch["token_rewards"], batch["advantages"], batch["returns"])
+    tensors = [batch[key] for key in UPDATE_INPUTS if key in batch]
     seg = batch.tensors.get("segment_ids")
     if seg is None:
         keep = finite_rows(*tensors, loss_mask=batch["loss_mask"])
