@@ -28,8 +28,8 @@ log = logging.getLogger("grl.workers")
 # critic, a second actor while a test compares two) can share one bundle.
 GROUPS_PER_BUNDLE = 4
 TEARDOWN_TIMEOUT_S = 10  # a rank stuck in a collective (a peer died) is killed after this
-# Mini-batch shuffles are seeded by the run's seed and the step; the first update draws what it
-# always drew, when the seed counted update calls (so a run's curve did not move with this change).
+# A step's mini-batch shuffle is seeded by the run's seed and the step (step 1: offset 0), so a
+# resumed run draws the same mini-batches without the driver restoring anything.
 SHUFFLE_SEED_STRIDE = 1_000_003
 
 CONSTRAINT_KEYS = ("constraint_size", "constraint_ids")  # present when replies were decoded under a grammar
