@@ -58,6 +58,7 @@ class EpisodeView:
 
     def __init__(self, batch: Batch):
         self.seq_ids = batch.tensors.get("seq_ids")
+        self.position_ids = batch["position_ids"]  # packed: each episode's tokens count from 0
         self.group_ids = self._episodes(batch.meta["group_id"])
         self.state_keys = self._episodes(batch.meta["state_keys"])
 
@@ -79,9 +80,8 @@ class EpisodeView:
         if self.seq_ids is None:
             return x
         out = x.new_zeros(self.seq_ids.shape)
-        for k in range(x.shape[0]):
-            where = self.seq_ids == k
-            out[where] = x[k, :int(where.sum())]
+        real = self.seq_ids >= 0
+        out[real] = x[self.seq_ids[real], self.position_ids[real]]
         return out
 
 
