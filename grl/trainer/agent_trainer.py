@@ -190,10 +190,10 @@ class AgentTrainer:
 
             if len(batch) > 0 and self.critic is not None:
                 with phase("update_critic"), timer("update_critic"):
-                    metrics.update(self.critic.update(batch))
+                    metrics.update(self.critic.update(batch, step))
             if len(batch) > 0 and syncs:
                 with phase("update_actor"), timer("update_actor"):
-                    metrics.update(self.actor.update(batch))
+                    metrics.update(self.actor.update(batch, step))
             with phase("sync_weights"), timer("sync_weights"):
                 self._sync_if(syncs)
         if len(batch) > 0:

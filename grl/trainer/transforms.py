@@ -58,6 +58,7 @@ class EpisodeView:
 
     def __init__(self, batch: Batch):
         self.seq_ids = batch.tensors.get("seq_ids")
+        self.position_ids = batch["position_ids"]  # packed: each episode's tokens count from 0
         self.group_ids = self._episodes(batch.meta["group_id"])
         self.state_keys = self._episodes(batch.meta["state_keys"])
 
@@ -79,17 +80,21 @@ class EpisodeView:
         if self.seq_ids is None:
             return x
         out = x.new_zeros(self.seq_ids.shape)
-        for k in range(x.shape[0]):
-            where = self.seq_ids == k
-            out[where] = x[k, :int(where.sum())]
+        real = self.seq_ids >= 0
+        out[real] = x[self.seq_ids[real], self.position_ids[real]]
         return out
 
 
+# What the updates read on a trained token: an episode with NaN/inf in any of them is trained on by
+# neither the actor nor the critic. The workers trust the batch they get, so this is the one drop.
+UPDATE_INPUTS = ("token_rewards", "advantages", "returns", "old_log_probs", "ref_log_probs", "values")
+
+
 def drop_nonfinite_rows(batch: Batch) -> tuple[Batch, int]:
-    """Drop the episodes whose reward, advantage or return is NaN/inf on a trained token: their
-    rows in a padded batch, their loss tokens in a packed one (the episodes sharing the row stay).
+    """Drop the episodes with NaN/inf in an update input on a trained token: their rows in a padded
+    batch, their loss tokens in a packed one (the episodes sharing the row stay).
     -> (batch, episodes dropped)."""
-    tensors = (batch["token_rewards"], batch["advantages"], batch["returns"])
+    tensors = [batch[key] for key in UPDATE_INPUTS if key in batch]
     seg = batch.tensors.get("segment_ids")
     if seg is None:
         keep = finite_rows(*tensors, loss_mask=batch["loss_mask"])

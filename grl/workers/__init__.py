@@ -8,20 +8,23 @@ The trainer uses only what is exported here (docs/CONTRACTS.md, Workers).
   torch.distributed group (nccl on GPU, gloo on CPU); rank 0 gives
   MASTER_ADDR/MASTER_PORT. Batches are split into equal row shards (filler rows
   with an empty loss mask even them out) and results come back in row order.
-- `update(batch)`: `ppo_epochs` passes over mini-batches of
-  `ppo_mini_batch_size` rows (global, shuffled per epoch with a seeded
-  permutation), one optimizer step each; every rank splits its share into
-  micro-batches of `ppo_micro_batch_size_per_gpu` rows, and each micro-batch's
-  loss is weighted by its share of the mini-batch's loss tokens (or rows, for
-  the seq-mean modes), counted over all ranks. AdamW, linear warmup over
-  `lr_warmup_steps` optimizer steps, gradient clipping.
-- Non-finite guards: rows whose advantages / old or ref log-probs / returns /
-  values, or whose new log-prob ratio, are non-finite are dropped and counted
-  (`*/dropped_samples`); a non-finite gradient norm skips the step
+- `update(batch, step)`: `ppo_epochs` passes over mini-batches of
+  `ppo_mini_batch_size` rows (global, shuffled per epoch with a permutation
+  seeded by the run's seed and `step`), one optimizer step each; every rank
+  splits its share into micro-batches of `ppo_micro_batch_size_per_gpu` rows,
+  and each micro-batch's loss is weighted by its share of the mini-batch's loss
+  tokens (or rows, for the seq-mean modes), counted over all ranks. AdamW,
+  linear warmup over `lr_warmup_steps` optimizer steps, gradient clipping.
+- Ranks by role: `PolicyWorker` (grl/workers/policy.py: the policy, the
+  reference as the policy without updates, the engine, the PPO loss) and
+  `CriticWorker` (grl/workers/critic.py: the value model and its loss), both a
+  `Worker` (grl/workers/worker.py) with its update loop (update.py).
+- Non-finite data never reaches a rank: the trainer drops it once, on the
+  driver (grl/trainer/transforms.py); a non-finite gradient norm skips the step
   (`*/skipped_steps`, a log line); checkpoints and exports refuse NaN/inf.
 - `save_checkpoint(dir)` writes dcp/ (each rank's shards of the weights and
   optimizer state, torch.distributed.checkpoint; grl/workers/sharded.py),
-  state.pt (scheduler, counters), rng_rank<r>.pt and driver_state.json;
+  state.pt (the learning-rate scheduler) and rng_rank<r>.pt;
   `load_checkpoint(dir)` restores all of them, each rank reading only its own
   shards, so a resumed CPU run continues
   bit for bit. The rollout engine's own sampling RNG is not part of it: give
@@ -31,8 +34,9 @@ The trainer uses only what is exported here (docs/CONTRACTS.md, Workers).
 """
 
 from grl.workers.engine_proxy import EngineProxy
-from grl.workers.group import ActorRolloutRefGroup, CriticGroup, WorkerDiedError, plan_minibatches
+from grl.workers.group import ActorRolloutRefGroup, CriticGroup, WorkerDiedError
 from grl.workers.runtime import init_ray, resolve_device, world_size
+from grl.workers.sharding import plan_minibatches
 
 __all__ = ["ActorRolloutRefGroup", "CriticGroup", "EngineProxy", "WorkerDiedError", "init_ray",
            "plan_minibatches", "resolve_device", "world_size"]

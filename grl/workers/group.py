@@ -10,7 +10,6 @@ rank i of each role lives on GPU i (colocated, as in verl).
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from pathlib import Path
@@ -18,10 +17,10 @@ from pathlib import Path
 import torch
 
 from grl.engines.base import Engine
-from grl.rollout.batch import repack
 from grl.rollout.types import Batch
 from grl.workers.engine_proxy import EngineProxy
 from grl.workers.runtime import PRODUCT_ENV, REPO_ROOT, acquire_pool, init_ray, release_pool, resolve_device
+from grl.workers.sharding import equal_shards, minibatch_shards, pad_rows, pick
 
 log = logging.getLogger("grl.workers")
 
@@ -29,7 +28,9 @@ log = logging.getLogger("grl.workers")
 # critic, a second actor while a test compares two) can share one bundle.
 GROUPS_PER_BUNDLE = 4
 TEARDOWN_TIMEOUT_S = 10  # a rank stuck in a collective (a peer died) is killed after this
-DRIVER_STATE = "driver_state.json"
+# A step's mini-batch shuffle is seeded by the run's seed and the step (step 1: offset 0), so a
+# resumed run draws the same mini-batches without the driver restoring anything.
+SHUFFLE_SEED_STRIDE = 1_000_003
 
 CONSTRAINT_KEYS = ("constraint_size", "constraint_ids")  # present when replies were decoded under a grammar
 ACTOR_KEYS = ("input_ids", "attention_mask", "position_ids", "segment_ids", "loss_mask", "advantages",
@@ -55,62 +56,22 @@ def _first_line(err: BaseException) -> str:
     return text.splitlines()[0] if text else type(err).__name__
 
 
-def _pad_rows(tensors: dict[str, torch.Tensor], multiple: int) -> tuple[dict[str, torch.Tensor], int]:
-    """Append copies of row 0 (with an empty loss mask) so the row count divides
-    by `multiple`: every rank then runs the same number of micro-batches, which
-    FSDP2's collectives need. -> (padded, original row count)."""
-    n = next(iter(tensors.values())).shape[0]
-    extra = (-n) % multiple
-    if extra == 0:
-        return tensors, n
-    padded = {}
-    for key, value in tensors.items():
-        filler = value[:1].expand(extra, *value.shape[1:])
-        if key == "loss_mask":
-            filler = torch.zeros_like(filler)
-        padded[key] = torch.cat([value, filler])
-    return padded, n
-
-
-def _equal_shards(tensors: dict[str, torch.Tensor], parts: int) -> list[dict[str, torch.Tensor]]:
-    n = next(iter(tensors.values())).shape[0]
-    size = n // parts
-    return [{k: v[i * size:(i + 1) * size] for k, v in tensors.items()} for i in range(parts)]
-
-
-def _pick(batch: Batch, keys: tuple[str, ...]) -> dict[str, torch.Tensor]:
-    return {k: batch[k].detach().cpu() for k in keys if k in batch}
-
-
-def plan_minibatches(rows: int, mini_batch_size: int, epochs: int, shuffle: bool, seed: int) -> list[list[int]]:
-    """Row indices of each mini-batch, epoch after epoch (a fresh permutation
-    per epoch when shuffling, seeded so a resumed run draws the same ones)."""
-    generator = torch.Generator().manual_seed(seed)
-    plan = []
-    for _ in range(epochs):
-        order = torch.randperm(rows, generator=generator) if shuffle else torch.arange(rows)
-        plan += [order[i:i + mini_batch_size].tolist() for i in range(0, rows, mini_batch_size)]
-    return plan
-
-
 class _WorkerGroup:
     """N ranks of one role; shared plumbing of the actor and critic groups."""
 
-    def __init__(self, role: str, cfg, size: int, use_ref: bool = False, engine_name: str | None = None,
-                 engine_ranks: tuple[int, ...] = ()):
+    def __init__(self, worker_class: type, cfg, size: int, rank_args=lambda rank: ()):
+        """`size` ranks of `worker_class` (grl/workers/policy.py or critic.py), each built with
+        (rank, size, cfg, device, *rank_args(rank))."""
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        from grl.workers.worker import Worker
-
         if size < 1:
             raise ValueError(f"a worker group needs at least one rank, got {size}")
-        self.role, self.cfg, self.size = role, cfg, size
+        self.role, self.cfg, self.size = worker_class.role, cfg, size
         self.device = resolve_device(cfg.trainer.device)
         self.workers: list = []
         self._abandoned: list = []  # results of peers of a failed rank, collected at shutdown
         self._closed = False
-        self._updates = 0  # update() calls so far: seeds the mini-batch shuffle
         pg = acquire_pool(size, self.device)
         self._pool = (size, self.device)
         bundle = pg.bundle_specs[0]
@@ -119,12 +80,12 @@ class _WorkerGroup:
                        p for p in (REPO_ROOT, os.environ.get("PYTHONPATH")) if p))}}
         if self.device == "cuda":
             options["num_gpus"] = 1.0 / GROUPS_PER_BUNDLE
-        remote = ray.remote(Worker)
+        remote = ray.remote(worker_class)
         try:
             for rank in range(size):
                 strategy = PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=rank)
                 self.workers.append(remote.options(scheduling_strategy=strategy, **options).remote(
-                    role, rank, size, cfg, self.device, use_ref, engine_name if rank in engine_ranks else None))
+                    rank, size, cfg, self.device, *rank_args(rank)))
             master_addr, master_port = self._gather([self.workers[0].address.remote()], [0])[0]
             self.call("setup", master_addr, master_port)
         except BaseException:
@@ -183,26 +144,12 @@ class _WorkerGroup:
     def _scatter(self, method: str, tensors: dict[str, torch.Tensor], *args) -> tuple[list, int]:
         if len(tensors["input_ids"]) == 0:
             raise ValueError(f"{self.role}.{method}: the batch has no rows")
-        padded, rows = _pad_rows(tensors, self.size)
-        return self.call_sharded(method, _equal_shards(padded, self.size), *args), rows
+        padded, rows = pad_rows(tensors, self.size)
+        return self.call_sharded(method, equal_shards(padded, self.size), *args), rows
 
-    def _update(self, batch: Batch, keys: tuple[str, ...], train_cfg) -> dict[str, float]:
-        tensors = _pick(batch, keys)
-        seed = int(self.cfg.trainer.seed) * 1_000_003 + self._updates
-        # Mini-batches count episodes: a packed batch is repacked per mini-batch from the episodes drawn.
-        packed = "seq_ids" in tensors
-        episodes = int(tensors["seq_ids"].max()) + 1 if packed else len(batch)
-        plan = plan_minibatches(episodes, int(train_cfg.ppo_mini_batch_size), int(train_cfg.ppo_epochs),
-                                bool(train_cfg.get("shuffle", True)), seed)
-        per_rank: list[list[dict]] = [[] for _ in range(self.size)]
-        for picked in plan:
-            chosen = repack(tensors, picked) if packed else {k: v[torch.tensor(picked)] for k, v in tensors.items()}
-            mini, _ = _pad_rows(chosen, self.size)
-            for rank, shard in enumerate(_equal_shards(mini, self.size)):
-                per_rank[rank].append(shard)
-        metrics = self.call_sharded("update", per_rank)[0]
-        self._updates += 1
-        return metrics
+    def _update(self, batch: Batch, keys: tuple[str, ...], train_cfg, step: int) -> dict[str, float]:
+        seed = int(self.cfg.trainer.seed) * SHUFFLE_SEED_STRIDE + step - 1
+        return self.call_sharded("update", minibatch_shards(pick(batch, keys), train_cfg, self.size, seed))[0]
 
     # -- checkpoints
 
@@ -210,14 +157,9 @@ class _WorkerGroup:
 
     def save_checkpoint(self, path: str) -> None:
         self.call("save_checkpoint", str(Path(path).resolve()))
-        (Path(path) / DRIVER_STATE).write_text(json.dumps({"updates": self._updates}))
 
     def load_checkpoint(self, path: str) -> None:
-        state_file = Path(path) / DRIVER_STATE
-        if not state_file.is_file():
-            raise FileNotFoundError(f"{path}: not a {self.role} checkpoint (no {DRIVER_STATE})")
         self.call("load_checkpoint", str(Path(path).resolve()))
-        self._updates = json.loads(state_file.read_text())["updates"]
 
     # -- lifetime
 
@@ -262,35 +204,37 @@ class ActorRolloutRefGroup(_WorkerGroup):
     then runs in a process of its own that the engines package starts)."""
 
     def __init__(self, cfg, world_size: int, use_ref: bool):
+        from grl.workers.policy import PolicyWorker
+
         self.use_ref = use_ref
         init_ray(cfg.trainer.get("ray_address"))
         device = resolve_device(cfg.trainer.device)
         self.engine_name = cfg.actor_rollout_ref.rollout.name  # `auto` is resolved inside the rank
         engine_ranks = tuple(range(world_size)) if device == "cuda" else (0,)
-        super().__init__("actor", cfg, world_size, use_ref=use_ref, engine_name=self.engine_name,
-                         engine_ranks=engine_ranks)
+        super().__init__(PolicyWorker, cfg, world_size,
+                         lambda rank: (use_ref, self.engine_name if rank in engine_ranks else None))
         self.engine: Engine = EngineProxy(self, list(engine_ranks))
         log.info("actor group: %d ranks on %s, rollout engine %s in rank(s) %s%s", world_size, self.device,
                  self.engine_name, list(engine_ranks), ", with reference model" if use_ref else "")
 
     def compute_log_probs(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """(old_log_probs, entropy), `[B, T]`, aligned with `loss_mask`."""
-        results, rows = self._scatter("compute_log_probs", _pick(batch, POLICY_SCORE_KEYS), False)
+        results, rows = self._scatter("compute_log_probs", pick(batch, POLICY_SCORE_KEYS), False)
         return torch.cat([r[0] for r in results])[:rows], torch.cat([r[1] for r in results])[:rows]
 
     def compute_ref_log_probs(self, batch: Batch) -> torch.Tensor:
         if not self.use_ref:
             raise RuntimeError("compute_ref_log_probs: the actor group was built with use_ref=False")
-        results, rows = self._scatter("compute_log_probs", _pick(batch, POLICY_SCORE_KEYS), True)
+        results, rows = self._scatter("compute_log_probs", pick(batch, POLICY_SCORE_KEYS), True)
         return torch.cat([r[0] for r in results])[:rows]
 
-    def update(self, batch: Batch) -> dict[str, float]:
-        """PPO epochs over mini-batches; needs advantages, old_log_probs and
-        loss_mask (ref_log_probs too when use_kl_loss)."""
+    def update(self, batch: Batch, step: int) -> dict[str, float]:
+        """PPO epochs over mini-batches (shuffled by the run's seed and `step`); needs advantages,
+        old_log_probs and loss_mask (ref_log_probs too when use_kl_loss), all finite."""
         for key in ("advantages", "old_log_probs", "loss_mask"):
             if key not in batch:
                 raise KeyError(f"actor update: the batch has no {key!r}")
-        return self._update(batch, ACTOR_KEYS, self.cfg.actor_rollout_ref.actor)
+        return self._update(batch, ACTOR_KEYS, self.cfg.actor_rollout_ref.actor, step)
 
     def sync_weights(self) -> None:
         """Push the actor's current weights into the rollout engine(s), in memory."""
@@ -304,15 +248,18 @@ class CriticGroup(_WorkerGroup):
     """The value model: the policy's backbone with a scalar head."""
 
     def __init__(self, cfg, world_size: int):
+        from grl.workers.critic import CriticWorker
+
         init_ray(cfg.trainer.get("ray_address"))
-        super().__init__("critic", cfg, world_size)
+        super().__init__(CriticWorker, cfg, world_size)
 
     def compute_values(self, batch: Batch) -> torch.Tensor:
-        results, rows = self._scatter("compute_values", _pick(batch, SCORE_KEYS))
+        results, rows = self._scatter("compute_values", pick(batch, SCORE_KEYS))
         return torch.cat(results)[:rows]
 
-    def update(self, batch: Batch) -> dict[str, float]:
+    def update(self, batch: Batch, step: int) -> dict[str, float]:
+        """As the actor's; needs returns, values and loss_mask, all finite."""
         for key in ("returns", "values", "loss_mask"):
             if key not in batch:
                 raise KeyError(f"critic update: the batch has no {key!r}")
-        return self._update(batch, CRITIC_KEYS, self.cfg.critic)
+        return self._update(batch, CRITIC_KEYS, self.cfg.critic, step)

@@ -5,7 +5,7 @@ A checkpoint folder (one per role) holds
     dcp/                 torch.distributed.checkpoint: `.metadata` and one `__<rank>_0.distcp` per rank
                          with that rank's shards of the weights (the adapter's alone in a LoRA run)
                          and of the optimizer state
-    state.pt             scheduler, optimizer-step and skipped-step counters, world size (rank 0)
+    state.pt             the learning-rate scheduler, world size (rank 0)
     rng_rank<r>.pt       each rank's random states
 
 A 7B policy with AdamW state is about 84 GB in fp32: gathered on one rank (and read whole by
@@ -63,7 +63,7 @@ def refuse_non_finite(role: str, states: dict[str, dict]) -> None:
 
 
 def save(folder: str | Path, role: str, module, optimizer, adapter_only: bool, trainer_state: dict) -> None:
-    """Collective. `trainer_state` (scheduler, counters) goes to state.pt from rank 0."""
+    """Collective. `trainer_state` (scheduler, world size) goes to state.pt from rank 0."""
     folder = Path(folder)
     state = sharded_state(module, optimizer, adapter_only)
     refuse_non_finite(role, {"weights": state["model"], "optimizer state": state["optim"]})

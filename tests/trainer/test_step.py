@@ -118,9 +118,12 @@ def test_nonfinite_rows_are_dropped_and_counted():
     batch["advantages"][2, first_token] = float("nan")
     batch["returns"][5, 0] = float("inf")  # a prompt token: not trained on, so harmless
     batch["token_rewards"][7, batch["loss_mask"][7].nonzero()[-1].item()] = float("-inf")
+    # What the workers read is checked here too: they trust the batch they get.
+    batch["old_log_probs"][4, batch["loss_mask"][4].nonzero()[0].item()] = float("nan")
+    batch["values"][6, batch["loss_mask"][6].nonzero()[-1].item()] = float("inf")
     kept, dropped = drop_nonfinite_rows(batch)
-    assert dropped == 2 and len(kept) == len(batch) - 2
-    assert batch.meta["uid"][2] not in kept.meta["uid"] and batch.meta["uid"][7] not in kept.meta["uid"]
+    assert dropped == 4 and len(kept) == len(batch) - 4
+    assert not {batch.meta["uid"][i] for i in (2, 4, 6, 7)} & set(kept.meta["uid"])
 
 
 def test_metrics_of_a_step():

@@ -79,7 +79,7 @@ def batch(actor):
 
 
 def test_each_rank_writes_and_reads_only_its_shards_and_resumes_exactly(actor, batch, tmp_path):
-    actor.update(batch)  # AdamW state exists: the checkpoint holds weights plus two moments each
+    actor.update(batch, step=1)  # AdamW state exists: the checkpoint holds weights plus two moments each
     actor.save_checkpoint(tmp_path / "ckpt")
     weights, moments = actor.execute(_full_weights)[0], actor.execute(_full_optimizer_state)[0]
     full = sum(v.numel() * v.element_size() for v in weights.values())
@@ -87,12 +87,12 @@ def test_each_rank_writes_and_reads_only_its_shards_and_resumes_exactly(actor, b
     shards = tmp_path / "ckpt" / SHARDS_DIR
     assert sorted(p.name for p in shards.iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == [
-        SHARDS_DIR, "driver_state.json", "rng_rank0.pt", "rng_rank1.pt", "state.pt"]
+        SHARDS_DIR, "rng_rank0.pt", "rng_rank1.pt", "state.pt"]
     sizes = [(shards / f"__{rank}_0.distcp").stat().st_size for rank in (0, 1)]
     assert all(size < 0.6 * full for size in sizes), (sizes, full)  # neither rank wrote the whole state
     assert full <= sum(sizes) < 1.02 * full
 
-    actor.update(batch)  # move away from the checkpoint, then come back
+    actor.update(batch, step=1)  # move away from the checkpoint, then come back
     read = actor.execute(_load_and_count, str(tmp_path / "ckpt"))
     assert all(r < 0.6 * full for r in read) and full <= sum(read) < 1.02 * full, (read, full)
     assert all(torch.equal(v, weights[k]) for k, v in actor.execute(_full_weights)[0].items())
@@ -105,7 +105,7 @@ def test_sync_streams_one_engine_dtype_tensor_at_a_time(actor, batch):
     assert sorted(names) == [n for n in want if n != "lm_head.weight"]  # tiny ties its head to the embedding
     assert len(names) > 10 and alive == 0
 
-    actor.update(batch)
+    actor.update(batch, step=1)
     actor.sync_weights()
     trained = actor.execute(_full_weights)[0]
     synced = actor.execute(_engine_weights)[0]  # rank 0 holds the engine on CPU
@@ -120,6 +120,6 @@ def test_an_engine_error_leaves_no_rank_waiting_in_a_gather(actor, batch):
             actor.sync_weights()
     finally:
         actor.execute(_break_engine_spec, False)
-    actor.update(batch)
+    actor.update(batch, step=1)
     actor.sync_weights()  # the next collectives line up: rank 1 ran every gather of the failed sync
     assert all(torch.equal(actor.execute(_engine_weights)[0][k], v) for k, v in actor.execute(_full_weights)[0].items())

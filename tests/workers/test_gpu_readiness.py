@@ -24,7 +24,8 @@ from grl.config import compose
 from grl.models import load_causal_lm
 from grl.workers import fsdp
 from grl.workers.update import memory_metrics, split_rows
-from grl.workers.worker import Worker
+from grl.workers.critic import CriticWorker
+from grl.workers.policy import PolicyWorker
 
 RANKS_TIME_LIMIT_S = 300
 TIMEOUT_S = 77  # actor_rollout_ref.nccl_timeout in the ranks: odd, so it cannot be a default
@@ -138,7 +139,7 @@ def test_gpu_rank_takes_its_share_of_the_cores():
     before = torch.get_num_threads()
     torch.set_num_threads(1)  # what Ray's OMP_NUM_THREADS=1 gives a fractional-CPU actor
     try:
-        Worker("actor", 0, 1, cfg, "cuda")
+        PolicyWorker(0, 1, cfg, "cuda")
         assert torch.get_num_threads() == len(os.sched_getaffinity(0))
     finally:
         torch.set_num_threads(before)
@@ -230,7 +231,7 @@ def _build_score_and_train(rank, ports, cfg):
     padded = layout(PADDED[rank], {k: data[k] for k in policy_keys})
     packed = layout(PACKED[rank], {k: data[k] for k in policy_keys})
 
-    actor = Worker("actor", rank, 2, cfg, "cpu", use_ref=True)
+    actor = PolicyWorker(rank, 2, cfg, "cpu", use_ref=True)
     actor.setup("127.0.0.1", ports[0])
     out["timeouts_s"] = [group_timeout_s()]
     out["buffers"] = {k: v.clone() for k, v in actor.module.named_buffers()}
@@ -257,7 +258,7 @@ def _build_score_and_train(rank, ports, cfg):
         out[f"{name}_update"] = (metrics, {k: s["exp_avg"].clone() for k, s in moments.items()})
     actor.teardown()
 
-    critic = Worker("critic", rank, 2, cfg, "cpu")
+    critic = CriticWorker(rank, 2, cfg, "cpu")
     critic.setup("127.0.0.1", ports[1])
     out["timeouts_s"].append(group_timeout_s())
     critic.update([layout(PADDED[rank], {k: data[k] for k in ("input_ids", "loss_mask", "returns", "values")})])

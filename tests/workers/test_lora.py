@@ -61,7 +61,7 @@ def test_only_the_adapter_trains_and_the_reference_is_the_base(actor, batch):
     assert any(".lora_A." in k for k in before) and any(".base_layer." in k for k in before)
     with torch.no_grad():
         base_lp, _ = reference_scores(load_causal_lm("tiny", dtype="float32"), batch)
-    actor.update(batch)
+    actor.update(batch, step=1)
     after = actor.execute(_full_weights)[0]
     changed = {k for k in before if not torch.equal(before[k], after[k])}
     assert changed and all(".lora_" in k for k in changed)
@@ -75,7 +75,7 @@ def test_sync_gives_the_engine_the_merged_model(actor, batch, tmp_path):
 
     prompts = [[1, 42, 7, 99], [5, 6, 7, 8, 9, 10]]
     greedy = SamplingParams(temperature=0.0, greedy=True, max_new_tokens=6)
-    actor.update(batch)
+    actor.update(batch, step=1)
     actor.sync_weights()
     synced = actor.engine.generate(prompts, greedy)
     actor.export_hf(tmp_path / "hf")
@@ -105,14 +105,14 @@ def test_checkpoint_holds_the_adapter_and_resumes_exactly(lora_cfg, actor, batch
     saved = saved_names(tmp_path / "ckpt")["model"]  # the sharded checkpoint's weight names
     assert saved and all(".lora_" in k for k in saved)
     log_probs, _ = actor.compute_log_probs(batch)
-    metrics = actor.update(batch)
+    metrics = actor.update(batch, step=1)
     after = actor.execute(_full_weights)[0]
     fresh = ActorRolloutRefGroup(lora_cfg, world_size=2, use_ref=False)
     try:
         fresh.load_checkpoint(tmp_path / "ckpt")
         assert torch.equal(fresh.compute_log_probs(batch)[0], log_probs)
         learned = {k: v for k, v in metrics.items() if not k.startswith("perf/")}  # memory readings vary
-        assert {k: v for k, v in fresh.update(batch).items() if not k.startswith("perf/")} == learned
+        assert {k: v for k, v in fresh.update(batch, step=1).items() if not k.startswith("perf/")} == learned
         got = fresh.execute(_full_weights)[0]
         assert all(torch.equal(got[k], after[k]) for k in after)
     finally:

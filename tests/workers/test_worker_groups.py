@@ -219,7 +219,7 @@ def test_log_probs_match_single_process(actor, batch):
 def test_update_matches_single_process_ppo_step(actor, batch):
     actor.execute(_fresh_optimizer)
     before = actor.execute(_full_weights)[0]
-    metrics = actor.update(batch)  # 6 rows = 1 mini-batch; 3 micro-batches of 1 row on each rank
+    metrics = actor.update(batch, step=1)  # 6 rows = 1 mini-batch; 3 micro-batches of 1 row on each rank
     after = actor.execute(_full_weights)[0]
     moments = actor.execute(_first_moments)[0]
     want, want_grads, pg_loss, grad_norm = reference_ppo_step(before, batch)
@@ -232,7 +232,7 @@ def test_update_matches_single_process_ppo_step(actor, batch):
     assert max_diff(after, want) < 1e-4
     assert metrics["actor/pg_loss"] == pytest.approx(pg_loss, abs=1e-5)
     assert metrics["actor/grad_norm"] == pytest.approx(grad_norm, rel=1e-4)
-    assert metrics["actor/lr"] == LR and metrics["actor/dropped_samples"] == 0
+    assert metrics["actor/lr"] == LR
     for key in ("actor/entropy", "actor/pg_clipfrac", "actor/ppo_kl", "actor/kl_loss", "actor/skipped_steps"):
         assert math.isfinite(metrics[key]), key
 
@@ -242,7 +242,7 @@ def test_values_match_single_process_critic(critic, batch):
     values = critic.compute_values(batch)
     assert values.abs().max() == 0  # the new value head starts at zero
     batch["values"] = values
-    metrics = critic.update(batch)
+    metrics = critic.update(batch, step=1)
     assert metrics["critic/vf_loss"] > 0 and math.isfinite(metrics["critic/grad_norm"])
     model = load_critic("tiny", dtype="float32")
     model.load_state_dict(critic.execute(_full_weights)[0])
@@ -257,24 +257,29 @@ def test_values_match_single_process_critic(critic, batch):
     assert (got - want.where(valid, 0.0)).abs().max() < 1e-5
 
 
-def test_nan_row_is_dropped_and_inf_gradient_skips_the_step(actor, batch, tmp_path):
+def test_an_episode_dropped_on_the_driver_trains_as_if_absent_and_inf_gradient_skips_the_step(
+        actor, batch, tmp_path):
+    """The trainer drops non-finite episodes once (a packed row keeps its other episode, its NaN
+    left in place under a zero loss mask); the ranks train as if the episode had never been there."""
+    from grl.trainer.transforms import drop_nonfinite_rows
+
     actor.save_checkpoint(tmp_path / "start")
-    poisoned = Batch(dict(batch.tensors), batch.meta)
-    poisoned["advantages"] = batch["advantages"].clone()
-    poisoned["advantages"][2, 6] = math.nan
-    metrics = actor.update(poisoned)
-    assert metrics["actor/dropped_samples"] == 1 and metrics["actor/skipped_steps"] == 0
+    packed = packed_like(batch, [[1, 3], [5, 2], [0], [4]])
+    packed["advantages"][1, int(batch["attention_mask"][5].sum()) + 6] = math.nan  # episode 2, a loss token
+    packed, dropped = drop_nonfinite_rows(packed)
+    assert dropped == 1
+    metrics = actor.update(packed, step=1)
+    assert metrics["actor/skipped_steps"] == 0
     after_nan = actor.execute(_full_weights)[0]
     assert all(torch.isfinite(v).all() for v in after_nan.values())
-    # Dropping the row is the same as never having it.
     actor.load_checkpoint(tmp_path / "start")
-    actor.update(batch.select([0, 1, 3, 4, 5]))
+    actor.update(batch.select([0, 1, 3, 4, 5]), step=1)
     assert max_diff(actor.execute(_full_weights)[0], after_nan) < 1e-5
 
     actor.execute(_inf_gradient, True)
     try:
         before = actor.execute(_full_weights)[0]
-        metrics = actor.update(batch)
+        metrics = actor.update(batch, step=1)
     finally:
         actor.execute(_inf_gradient, False)
     assert metrics["actor/skipped_steps"] == 1 and not math.isfinite(metrics["actor/grad_norm"])
@@ -284,14 +289,14 @@ def test_nan_row_is_dropped_and_inf_gradient_skips_the_step(actor, batch, tmp_pa
 def test_checkpoint_resumes_bit_for_bit_in_a_fresh_group(cfg, actor, batch, tmp_path):
     actor.save_checkpoint(tmp_path / "ckpt")
     log_probs, _ = actor.compute_log_probs(batch)
-    metrics = actor.update(batch)
+    metrics = actor.update(batch, step=1)
     after = actor.execute(_full_weights)[0]
     fresh = ActorRolloutRefGroup(cfg, world_size=2, use_ref=False)
     try:
         fresh.load_checkpoint(tmp_path / "ckpt")
         assert torch.equal(fresh.compute_log_probs(batch)[0], log_probs)
         learned = {k: v for k, v in metrics.items() if not k.startswith("perf/")}  # memory readings vary
-        assert {k: v for k, v in fresh.update(batch).items() if not k.startswith("perf/")} == learned
+        assert {k: v for k, v in fresh.update(batch, step=1).items() if not k.startswith("perf/")} == learned
         assert max_diff(fresh.execute(_full_weights)[0], after) == 0
         fresh.execute(_poison_weights)
         with pytest.raises(ValueError, match="refusing to save the actor weights"):
@@ -304,7 +309,7 @@ def test_sync_weights_matches_exported_model(actor, batch, tmp_path):
     prompts = [[1, 42, 7, 99], [5, 6, 7, 8, 9, 10]]
     greedy = SamplingParams(temperature=0.0, greedy=True, max_new_tokens=6)
     stale = actor.engine.generate(prompts, greedy)
-    actor.update(batch)
+    actor.update(batch, step=1)
     actor.sync_weights()
     synced = actor.engine.generate(prompts, greedy)
     actor.export_hf(tmp_path / "hf")
@@ -333,7 +338,7 @@ def _set_loss_agg_mode(worker, mode):
 
 
 def _optimizer_steps(worker):
-    return worker.updates
+    return worker.scheduler.last_epoch
 
 
 def packed_like(b, rows_of_members):
@@ -368,9 +373,8 @@ def test_packed_and_padded_batches_train_alike(actor, batch, tmp_path, mode):
         actor.load_checkpoint(tmp_path / "start")
         actor.execute(_fresh_optimizer)
         actor.execute(_set_loss_agg_mode, mode)
-        actor._updates = 0  # the same shuffle seed for both layouts
         steps = actor.execute(_optimizer_steps)[0]
-        metrics = actor.update(layout)
+        metrics = actor.update(layout, step=1)  # the same shuffle for both layouts
         results.append((metrics, actor.execute(_optimizer_steps)[0] - steps, actor.execute(_first_moments)[0]))
     actor.execute(_set_loss_agg_mode, "token-mean")
     section.ppo_mini_batch_size = 6

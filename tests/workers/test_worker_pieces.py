@@ -8,8 +8,8 @@ import torch
 
 from grl.models import load_causal_lm, load_critic
 from grl.workers.fsdp import make_scheduler, non_finite_entries
-from grl.workers.group import _equal_shards, _pad_rows, plan_minibatches
 from grl.workers.scoring import TokenScorer, additive_packed_mask, trim_width
+from grl.workers.sharding import equal_shards, pad_rows, plan_minibatches
 from grl.workers.update import loss_units
 
 
@@ -134,10 +134,10 @@ def test_minibatch_plan_covers_every_row_once_per_epoch():
 
 def test_padding_rows_never_carry_loss():
     tensors = {"loss_mask": torch.ones(5, 3), "input_ids": torch.arange(15).reshape(5, 3)}
-    padded, rows = _pad_rows(tensors, 4)
+    padded, rows = pad_rows(tensors, 4)
     assert rows == 5 and padded["loss_mask"].shape[0] == 8
     assert padded["loss_mask"][5:].sum() == 0 and torch.equal(padded["input_ids"][5:], tensors["input_ids"][[0, 0, 0]])
-    shards = _equal_shards(padded, 4)
+    shards = equal_shards(padded, 4)
     assert all(s["input_ids"].shape[0] == 2 for s in shards)
 
 

