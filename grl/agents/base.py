@@ -29,7 +29,7 @@ from __future__ import annotations
 import hashlib
 import traceback
 from dataclasses import dataclass, field, fields
-from typing import Any, Mapping
+from typing import Any, Mapping, TypedDict
 
 from grl.agents.parse import ToolCall, parse_reply, parse_tool_calls
 from grl.agents.tasks import TaskHooks
@@ -103,11 +103,31 @@ def _tool_names(names: Any, where: str) -> tuple[str, ...]:
     return tuple(names)
 
 
+class TurnInfo(TypedDict, total=False):
+    """What `Agent.step` reports of a turn; every key is present except `tool_output`."""
+
+    turn: int  # turns played so far, this one included
+    actions: list[str]  # the actions the env ran
+    actions_dropped: int  # actions past the per-turn or episode budget, not run
+    invalid_actions: list[str]  # run, but the env called them invalid
+    format_ok: bool
+    format_error: str
+    penalised: bool  # the turn earned format_penalty
+    success: bool
+    env_done: bool
+    env_error: str | None  # the env raised or broke the contract: the episode ended
+    env_error_kind: str | None  # exception | a kind of grl/envs/checks.py
+    env_traceback: str | None
+    think: str | None
+    answer: str | None
+    tool_output: str  # only on a tool turn: what the tool printed
+
+
 @dataclass
 class AgentStep:
     reward: float
     done: bool
-    info: dict[str, Any] = field(default_factory=dict)
+    info: TurnInfo = field(default_factory=TurnInfo)
 
 
 class Agent:
@@ -218,11 +238,7 @@ class Agent:
 
     def step(self, reply_text: str) -> AgentStep:
         if self._done:
-            return AgentStep(0.0, True, {
-                "turn": self._turn, "actions": [], "actions_dropped": 0, "invalid_actions": [], "format_ok": False,
-                "format_error": "the episode is over; call reset()", "penalised": False, "success": self._success,
-                "env_done": True, "env_error": None, "env_error_kind": None, "env_traceback": None, "think": None,
-                "answer": None})
+            return AgentStep(0.0, True, self._info(format_error="the episode is over; call reset()", env_done=True))
         reply = reply_text if isinstance(reply_text, str) else ""
         s = self.settings
         tool_calls = parse_tool_calls(reply) if self.tool_use else []
@@ -272,22 +288,10 @@ class Agent:
         if observation is not None:
             self._observation = observation
         over_budget = max(0, len(proposed) - room)
-        info = {
-            "turn": self._turn,
-            "actions": executed,
-            "actions_dropped": over_budget,
-            "invalid_actions": invalid,
-            "format_ok": parsed.format_ok,
-            "format_error": parsed.error,
-            "penalised": penalised,
-            "success": self._success,
-            "env_done": env_done,
-            "env_error": env_error,
-            "env_error_kind": env_error_kind,
-            "env_traceback": env_traceback,
-            "think": parsed.think,
-            "answer": answer,
-        }
+        info = self._info(actions=executed, actions_dropped=over_budget, invalid_actions=invalid,
+                          format_ok=parsed.format_ok, format_error=parsed.error, penalised=penalised,
+                          env_done=env_done, env_error=env_error, env_error_kind=env_error_kind,
+                          env_traceback=env_traceback, think=parsed.think, answer=answer)
         self.messages.append({"role": "assistant", "content": reply})
         if not done:
             feedback = self._feedback(parsed.error, invalid, over_budget)
@@ -304,10 +308,15 @@ class Agent:
         self.messages.append({"role": "assistant", "content": reply})
         if not self._done:
             self.messages.append({"role": "tool", "content": output})
-        return AgentStep(0.0, self._done, {
-            "turn": self._turn, "actions": [], "actions_dropped": 0, "invalid_actions": [], "format_ok": True,
-            "format_error": "", "penalised": False, "success": self._success, "env_done": False, "env_error": None,
-            "env_error_kind": None, "env_traceback": None, "think": None, "answer": None, "tool_output": output})
+        return AgentStep(0.0, self._done, self._info(format_ok=True, tool_output=output))
+
+    def _info(self, **changes: Any) -> TurnInfo:
+        """This turn's info: a turn that ran no action, with `changes` applied."""
+        info = TurnInfo(turn=self._turn, actions=[], actions_dropped=0, invalid_actions=[], format_ok=False,
+                        format_error="", penalised=False, success=self._success, env_done=False, env_error=None,
+                        env_error_kind=None, env_traceback=None, think=None, answer=None)
+        info.update(changes)  # type: ignore[typeddict-item]
+        return info
 
     def _feedback(self, format_error: str, invalid: list[str], over_budget: int) -> str:
         notes = []
