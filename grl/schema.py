@@ -279,6 +279,7 @@ class AgentConfig:
     max_tool_calls_per_turn: int = _agent_default("max_tool_calls_per_turn")
     max_tool_calls: int = _agent_default("max_tool_calls")
     max_tool_output_chars: int = _agent_default("max_tool_output_chars")
+    max_context_window: int = _agent_default("max_context_window")  # past turns shown; -1: all
 
 
 @dataclass

@@ -60,6 +60,10 @@ class AgentSettings:
     max_tool_calls_per_turn: int = 1
     max_tool_calls: int = 4  # per episode
     max_tool_output_chars: int = 2000  # longer tool output is cut, and the message says so
+    # Past turns the prompt shows (each: what the model was shown, then its reply), before the current
+    # state; -1 shows the whole episode. With a window every turn is prompted afresh: the instructions,
+    # the kept turns, the current state; so a turn costs the same at turn 10 as at turn 1.
+    max_context_window: int = -1
 
     @classmethod
     def from_mapping(cls, cfg: Mapping[str, Any], where: str) -> "AgentSettings":
@@ -73,6 +77,9 @@ class AgentSettings:
                     "max_tool_calls_per_turn", "max_tool_calls", "max_tool_output_chars"):
             if not isinstance(values[key], int) or isinstance(values[key], bool) or values[key] < 1:
                 raise ValueError(f"{where}.{key}: must be an integer >= 1, got {values[key]!r}")
+        window = values["max_context_window"]
+        if not isinstance(window, int) or isinstance(window, bool) or window < -1:
+            raise ValueError(f"{where}.max_context_window: must be -1 (the whole episode) or 0 or more, got {window!r}")
         for key in ("system_prompt", "prompt"):
             if not isinstance(values[key], str):
                 raise ValueError(f"{where}.{key}: must be a string, got {values[key]!r}")
@@ -121,6 +128,21 @@ class TurnInfo(TypedDict, total=False):
     think: str | None
     answer: str | None
     tool_output: str  # only on a tool turn: what the tool printed
+
+
+def context_window(messages: list[dict[str, str]], instructions: str, window: int) -> list[dict[str, str]]:
+    """`messages` (system, user, assistant, user, ...) keeping the last `window` replies and what
+    follows them; the instructions then open the first kept message (or a message of their own
+    before tool output), so that the model always reads the task. `window` -1 keeps everything."""
+    replies = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+    if window < 0 or len(replies) <= window:
+        return [dict(m) for m in messages]
+    kept = [dict(m) for m in messages[replies[len(replies) - window - 1] + 1:]]
+    if kept[0]["role"] == "user":
+        kept[0]["content"] = f"{instructions}\n\n{kept[0]['content']}" if instructions else kept[0]["content"]
+    else:
+        kept.insert(0, {"role": "user", "content": instructions})
+    return [dict(messages[0]), *kept]
 
 
 @dataclass
@@ -199,11 +221,19 @@ class Agent:
         return (f"Turn {self._turn + 1}. State:\n{observation}\n"
                 f"{self.hooks.budget_text(actions_left, per_turn)}")
 
-    def _first_user_message(self, observation: str) -> str:
+    def instructions(self) -> str:
+        """The task, the legend, the actions and the reply format: the first message before its state."""
         tool_text = self.tool_use.prompt_text() if self.tool_use else ""
         parts = [self.settings.prompt.strip(), self.env.legend().strip(), self.env.action_help().strip(),
-                 self.format_text(), tool_text, self._state_text(observation)]
+                 self.format_text(), tool_text]
         return "\n\n".join(p for p in parts if p)
+
+    def _first_user_message(self, observation: str) -> str:
+        return "\n\n".join(p for p in (self.instructions(), self._state_text(observation)) if p)
+
+    def context_messages(self) -> list[dict[str, str]]:
+        """The chat the next reply is written to: `messages`, cut to `max_context_window` turns."""
+        return context_window(self.messages, self.instructions(), self.settings.max_context_window)
 
     def _next_user_message(self, reward: float, feedback: str, observation: str) -> str:
         parts = [f"Reward: {reward:g}", feedback, self._state_text(observation)]
