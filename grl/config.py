@@ -160,6 +160,10 @@ def compose(overrides: list[str] | tuple[str, ...] = (), config_name: str = "bas
         message = one_line(err)
         key = getattr(err.__cause__, "full_key", None) or getattr(err, "full_key", None)
         if key and "not in struct" in message:
+            parent, _, leaf = key.rpartition(".")
+            if parent.endswith(".agent_config") and leaf in {f.name for f in fields(AgentConfig)}:
+                raise ConfigError(f"{key}: this task block does not list {leaf} (its default applies); "
+                                  f"add it with +{key}=...") from None
             raise ConfigError(f"{key}: unknown key{did_you_mean(key, _known_keys(config_dir, config_name))}") from None
         raise ConfigError(f"{key + ': ' if key else ''}{message}") from None
 

@@ -80,3 +80,12 @@ def test_light_imports_stay_light():
             "heavy = [m for m in ('torch', 'ray', 'vllm') if m in sys.modules]; print(heavy)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.stdout.strip() == "[]", result.stdout + result.stderr
+
+
+def test_an_agent_config_key_the_task_block_leaves_out_is_added_with_plus():
+    with pytest.raises(ConfigError, match=r"does not list max_context_window .*\+tetrisAgent_gap_dim_4"):
+        load_config(["tetrisAgent_gap_dim_4.agent_config.max_context_window=0"])
+    cfg = load_config(["+tetrisAgent_gap_dim_4.agent_config.max_context_window=0"])
+    assert cfg.tetrisAgent_gap_dim_4.agent_config.max_context_window == 0
+    with pytest.raises(ConfigError, match="tetrisAgent_gap_dim_4.agent_config.max_context_window"):
+        load_config(["+tetrisAgent_gap_dim_4.agent_config.max_context_window=-3"])

@@ -29,7 +29,7 @@ from __future__ import annotations
 import hashlib
 import traceback
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, TypedDict
 
 from omegaconf import OmegaConf
 
@@ -50,11 +50,46 @@ def settings_from_mapping(cfg: Mapping[str, Any], where: str) -> AgentSettings:
     return OmegaConf.to_object(checked(AgentConfig, dict(cfg), f"{where}."))
 
 
+class TurnInfo(TypedDict, total=False):
+    """What `Agent.step` reports of a turn; every key is present except `tool_output`."""
+
+    turn: int  # turns played so far, this one included
+    actions: list[str]  # the actions the env ran
+    actions_dropped: int  # actions past the per-turn or episode budget, not run
+    invalid_actions: list[str]  # run, but the env called them invalid
+    format_ok: bool
+    format_error: str
+    penalised: bool  # the turn earned format_penalty
+    success: bool
+    env_done: bool
+    env_error: str | None  # the env raised or broke the contract: the episode ended
+    env_error_kind: str | None  # exception | a kind of grl/envs/checks.py
+    env_traceback: str | None
+    think: str | None
+    answer: str | None
+    tool_output: str  # only on a tool turn: what the tool printed
+
+
+def context_window(messages: list[dict[str, str]], instructions: str, window: int) -> list[dict[str, str]]:
+    """`messages` (system, user, assistant, user, ...) keeping the last `window` replies and what
+    follows them; the instructions then open the first kept message (or a message of their own
+    before tool output), so that the model always reads the task. `window` -1 keeps everything."""
+    replies = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+    if window < 0 or len(replies) <= window:
+        return [dict(m) for m in messages]
+    kept = [dict(m) for m in messages[replies[len(replies) - window - 1] + 1:]]
+    if kept[0]["role"] == "user":
+        kept[0]["content"] = f"{instructions}\n\n{kept[0]['content']}" if instructions else kept[0]["content"]
+    else:
+        kept.insert(0, {"role": "user", "content": instructions})
+    return [dict(messages[0]), *kept]
+
+
 @dataclass
 class AgentStep:
     reward: float
     done: bool
-    info: dict[str, Any] = field(default_factory=dict)
+    info: TurnInfo = field(default_factory=TurnInfo)
 
 
 class Agent:
@@ -126,11 +161,19 @@ class Agent:
         return (f"Turn {self._turn + 1}. State:\n{observation}\n"
                 f"{self.hooks.budget_text(actions_left, per_turn)}")
 
-    def _first_user_message(self, observation: str) -> str:
+    def instructions(self) -> str:
+        """The task, the legend, the actions and the reply format: the first message before its state."""
         tool_text = self.tool_use.prompt_text() if self.tool_use else ""
         parts = [self.settings.prompt.strip(), self.env.legend().strip(), self.env.action_help().strip(),
-                 self.format_text(), tool_text, self._state_text(observation)]
+                 self.format_text(), tool_text]
         return "\n\n".join(p for p in parts if p)
+
+    def _first_user_message(self, observation: str) -> str:
+        return "\n\n".join(p for p in (self.instructions(), self._state_text(observation)) if p)
+
+    def context_messages(self) -> list[dict[str, str]]:
+        """The chat the next reply is written to: `messages`, cut to `max_context_window` turns."""
+        return context_window(self.messages, self.instructions(), self.settings.max_context_window)
 
     def _next_user_message(self, reward: float, feedback: str, observation: str) -> str:
         parts = [f"Reward: {reward:g}", feedback, self._state_text(observation)]
@@ -165,11 +208,7 @@ class Agent:
 
     def step(self, reply_text: str) -> AgentStep:
         if self._done:
-            return AgentStep(0.0, True, {
-                "turn": self._turn, "actions": [], "actions_dropped": 0, "invalid_actions": [], "format_ok": False,
-                "format_error": "the episode is over; call reset()", "penalised": False, "success": self._success,
-                "env_done": True, "env_error": None, "env_error_kind": None, "env_traceback": None, "think": None,
-                "answer": None})
+            return AgentStep(0.0, True, self._info(format_error="the episode is over; call reset()", env_done=True))
         reply = reply_text if isinstance(reply_text, str) else ""
         s = self.settings
         tool_calls = parse_tool_calls(reply) if self.tool_use else []
@@ -219,22 +258,10 @@ class Agent:
         if observation is not None:
             self._observation = observation
         over_budget = max(0, len(proposed) - room)
-        info = {
-            "turn": self._turn,
-            "actions": executed,
-            "actions_dropped": over_budget,
-            "invalid_actions": invalid,
-            "format_ok": parsed.format_ok,
-            "format_error": parsed.error,
-            "penalised": penalised,
-            "success": self._success,
-            "env_done": env_done,
-            "env_error": env_error,
-            "env_error_kind": env_error_kind,
-            "env_traceback": env_traceback,
-            "think": parsed.think,
-            "answer": answer,
-        }
+        info = self._info(actions=executed, actions_dropped=over_budget, invalid_actions=invalid,
+                          format_ok=parsed.format_ok, format_error=parsed.error, penalised=penalised,
+                          env_done=env_done, env_error=env_error, env_error_kind=env_error_kind,
+                          env_traceback=env_traceback, think=parsed.think, answer=answer)
         self.messages.append({"role": "assistant", "content": reply})
         if not done:
             feedback = self._feedback(parsed.error, invalid, over_budget)
@@ -251,10 +278,15 @@ class Agent:
         self.messages.append({"role": "assistant", "content": reply})
         if not self._done:
             self.messages.append({"role": "tool", "content": output})
-        return AgentStep(0.0, self._done, {
-            "turn": self._turn, "actions": [], "actions_dropped": 0, "invalid_actions": [], "format_ok": True,
-            "format_error": "", "penalised": False, "success": self._success, "env_done": False, "env_error": None,
-            "env_error_kind": None, "env_traceback": None, "think": None, "answer": None, "tool_output": output})
+        return AgentStep(0.0, self._done, self._info(format_ok=True, tool_output=output))
+
+    def _info(self, **changes: Any) -> TurnInfo:
+        """This turn's info: a turn that ran no action, with `changes` applied."""
+        info = TurnInfo(turn=self._turn, actions=[], actions_dropped=0, invalid_actions=[], format_ok=False,
+                        format_error="", penalised=False, success=self._success, env_done=False, env_error=None,
+                        env_error_kind=None, env_traceback=None, think=None, answer=None)
+        info.update(changes)  # type: ignore[typeddict-item]
+        return info
 
     def _feedback(self, format_error: str, invalid: list[str], over_budget: int) -> str:
         notes = []

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from grl.agents.base import Agent, AgentStep
+from grl.agents.base import Agent, AgentStep, context_window
 
 DECOY_SEED_OFFSET = 7_777_777  # far from training (seed + step * 100003) and validation (validation_seed + i) seeds
 
@@ -60,6 +60,9 @@ class SwappedAgent:
 
     def answer_choices(self) -> list[str] | None:
         return self.real.answer_choices()
+
+    def context_messages(self) -> list[dict[str, str]]:
+        return context_window(self.messages, self.decoy.instructions(), self.settings.max_context_window)
 
     def reset(self, seed: int) -> list[dict[str, str]]:
         self.real.reset(seed)

@@ -10,6 +10,10 @@ token of the episode. Turn rewards already include the format penalty.
 Layouts:
 - padded (default): one episode per row, right-padded; `position_ids` count
   from 0 per row; padding has attention_mask 0 and turn_ids -1.
+- windowed (any episode with turns prompted afresh, `agent_config.max_context_window`):
+  either layout plus `context_ids` (1, 2, ... per turn prompt of an episode, 0 on
+  padding); `position_ids` restart at 0 with every turn prompt, and a token
+  attends only within its span of `attention_spans` (its episode and turn prompt).
 - packed: several episodes per row (first-fit decreasing into rows of
   `max_episode_length` tokens). `position_ids` restart at 0 for every episode;
   `segment_ids` numbers the episodes of a row 1, 2, ... (0 on padding) and
@@ -59,6 +63,8 @@ class EpisodeTokens:
     token_rewards: list[float]
     rollout_log_probs: list[float]
     allowed: list[tuple[int, tuple[int, ...]]]  # per token; (0, ()) where the token was not constrained
+    position_ids: list[int]  # from 0, and from 0 again at every turn prompted afresh (Turn.new_context)
+    context_ids: list[int]  # 1, 2, ...: the turn prompt a token belongs to; one for a whole-episode chat
 
 
 def episode_tokens(ep: Episode, use_turn_scores: bool, score: float | None = None) -> EpisodeTokens:
@@ -70,8 +76,18 @@ def episode_tokens(ep: Episode, use_turn_scores: bool, score: float | None = Non
     log_probs: list[float] = []
     turn_ends: list[int] = []
     allowed: list[tuple[int, tuple[int, ...]]] = []
+    positions: list[int] = []
+    contexts: list[int] = []
     for k, turn in enumerate(ep.turns):
         n_prompt, n_reply = len(turn.prompt_ids), len(turn.response_ids)
+        if not ids:
+            start, context = 0, 1
+        elif turn.new_context:  # a whole prompt of its own: positions restart, a new span of attention
+            start, context = 0, contexts[-1] + 1
+        else:
+            start, context = positions[-1] + 1, contexts[-1]
+        positions += range(start, start + n_prompt + n_reply)
+        contexts += [context] * (n_prompt + n_reply)
         ids += turn.prompt_ids + turn.response_ids
         mask += [0.0] * n_prompt + [1.0] * n_reply
         turn_ids += [k] * (n_prompt + n_reply)
@@ -90,7 +106,7 @@ def episode_tokens(ep: Episode, use_turn_scores: bool, score: float | None = Non
                 rewards[before[-1] if before else sampled[0]] += float(turn.reward)
         else:
             rewards[sampled[-1]] += float(ep.score if score is None else score)
-    return EpisodeTokens(ids, mask, turn_ids, rewards, log_probs, allowed)
+    return EpisodeTokens(ids, mask, turn_ids, rewards, log_probs, allowed, positions, contexts)
 
 
 def build_batch(episodes: list[Episode], *, use_turn_scores: bool = False, max_episode_length: int | None = None,
@@ -120,10 +136,11 @@ def build_batch(episodes: list[Episode], *, use_turn_scores: bool = False, max_e
             kept.append((ep, score, tokens))
     metrics = {"rollout/dropped_overlong": float(too_long), "rollout/dropped_empty": float(empty),
                "rollout/batch_episodes": float(len(kept))}
+    windowed = any(t.context_ids[-1] > 1 for _, _, t in kept)
     if packing:
         capacity = max_episode_length or max((len(t.input_ids) for _, _, t in kept), default=1)
-        return _packed(kept, capacity, pad_token_id), metrics
-    return _padded(kept, pad_token_id), metrics
+        return _packed(kept, capacity, pad_token_id, windowed), metrics
+    return _padded(kept, pad_token_id, windowed), metrics
 
 
 def _meta(ep: Episode, score: float) -> dict:
@@ -135,7 +152,7 @@ def _tensors(rows: list[dict[str, list]], width: int, pad_token_id: int) -> dict
     import torch
 
     pads = {"input_ids": pad_token_id, "attention_mask": 0, "position_ids": 0, "loss_mask": 0.0, "turn_ids": -1,
-            "token_rewards": 0.0, "rollout_log_probs": 0.0, "segment_ids": 0, "seq_ids": -1}
+            "token_rewards": 0.0, "rollout_log_probs": 0.0, "segment_ids": 0, "seq_ids": -1, "context_ids": 0}
     floats = ("loss_mask", "token_rewards", "rollout_log_probs")
     out = {}
     for key in rows[0] if rows else TENSOR_KEYS:
@@ -158,15 +175,18 @@ def _constraint_tensors(rows: list[list[tuple[int, tuple[int, ...]]]], width: in
     return sizes.reshape(len(rows), width), ids.reshape(len(rows), width, -1)
 
 
-def _row(tokens: EpisodeTokens) -> dict[str, list]:
+def _row(tokens: EpisodeTokens, windowed: bool) -> dict[str, list]:
     n = len(tokens.input_ids)
-    return {"input_ids": tokens.input_ids, "attention_mask": [1] * n, "position_ids": list(range(n)),
-            "loss_mask": tokens.loss_mask, "turn_ids": tokens.turn_ids, "token_rewards": tokens.token_rewards,
-            "rollout_log_probs": tokens.rollout_log_probs, "allowed": tokens.allowed}
+    row = {"input_ids": tokens.input_ids, "attention_mask": [1] * n, "position_ids": tokens.position_ids,
+           "loss_mask": tokens.loss_mask, "turn_ids": tokens.turn_ids, "token_rewards": tokens.token_rewards,
+           "rollout_log_probs": tokens.rollout_log_probs, "allowed": tokens.allowed}
+    if windowed:
+        row["context_ids"] = tokens.context_ids
+    return row
 
 
-def _padded(kept, pad_token_id: int) -> Batch:
-    rows = [_row(tokens) for _, _, tokens in kept]
+def _padded(kept, pad_token_id: int, windowed: bool) -> Batch:
+    rows = [_row(tokens, windowed) for _, _, tokens in kept]
     width = max((len(r["input_ids"]) for r in rows), default=0)
     metas = [_meta(ep, score) for ep, score, _ in kept]
     meta = {k: [m[k] for m in metas] for k in META_KEYS}
@@ -191,16 +211,17 @@ def pack_rows(lengths: list[int], capacity: int) -> list[list[int]]:
     return rows
 
 
-def _packed(kept, capacity: int, pad_token_id: int) -> Batch:
+def _packed(kept, capacity: int, pad_token_id: int, windowed: bool) -> Batch:
     layout = pack_rows([len(t.input_ids) for _, _, t in kept], capacity)
     order = [i for row in layout for i in row]
     seq_of = {i: n for n, i in enumerate(order)}
+    keys = TENSOR_KEYS + ("allowed",) + (("context_ids",) if windowed else ())
     rows = []
     for members in layout:
-        row: dict[str, list] = {key: [] for key in TENSOR_KEYS + ("allowed", "segment_ids", "seq_ids")}
+        row: dict[str, list] = {key: [] for key in keys + ("segment_ids", "seq_ids")}
         for segment, i in enumerate(members, start=1):
-            part = _row(kept[i][2])
-            for key in TENSOR_KEYS + ("allowed",):
+            part = _row(kept[i][2], windowed)
+            for key in keys:
                 row[key] += part[key]
             row["segment_ids"] += [segment] * len(part["input_ids"])
             row["seq_ids"] += [seq_of[i]] * len(part["input_ids"])
@@ -221,6 +242,19 @@ def packed_attention_mask(segment_ids):
     T = segment_ids.shape[-1]
     causal = torch.ones(T, T, dtype=torch.bool, device=segment_ids.device).tril()
     return (same & real & causal).unsqueeze(1)
+
+
+def attention_spans(tensors: dict):
+    """`[rows, T]` ids of the spans within which tokens attend to each other (0: padding): the
+    episodes of a packed row (`segment_ids`), cut further into the turns of an episode that were
+    prompted afresh (`context_ids`). None: each row is one span (use `attention_mask`)."""
+    import torch
+
+    segments, contexts = tensors.get("segment_ids"), tensors.get("context_ids")
+    if contexts is None:
+        return segments
+    base = segments if segments is not None else tensors["attention_mask"].long()
+    return torch.where(base > 0, base * (int(contexts.max()) + 1) + contexts, 0)
 
 
 def repack(tensors: dict, episodes: list[int]) -> dict:

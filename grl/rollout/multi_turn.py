@@ -11,7 +11,11 @@ decoded for `agent.step`, and the env steps run in a thread pool under
 Token bookkeeping (see grl/rollout/chat.py): an episode's ids are turn 1's
 prompt and reply, then for each later turn the template/env ids and the reply.
 The engine's prompt at turn k is exactly those ids so far, left-truncated to
-`max_prompt_length` keeping the system prompt.
+`max_prompt_length` keeping the system prompt. A task with
+`agent_config.max_context_window` k >= 0 instead prompts every turn afresh with
+the agent's windowed chat (the instructions, the last k turns, the current
+state): that turn's `prompt_ids` are the whole prompt (`Turn.new_context`), and
+the batch lets each turn attend only to its own prompt.
 
 Env faults: an env that raises (in `reset` or `step`) or overruns the time
 limit ends that agent's episode with reward `env_error_penalty` (default: the
@@ -97,6 +101,7 @@ class _Slot:
     env_warnings: int = 0  # values of the env that were repaired
     hung: bool = False
     truncated_turns: int = 0
+    new_context: bool = False  # `pending` is a whole prompt (the first, or a windowed one), not a continuation
     grammar: ReplyGrammar | None = None  # this turn's valid-action grammar (None: free decoding)
     output: Any = None  # this turn's GenerationOutput
 
@@ -225,9 +230,7 @@ class MultiTurnRollout:
                 self._fail(s, str(result.value), False, "reset", result.value.kind)
                 continue
             self._repaired(s, s.agent.env_repairs)
-            s.pending = self.chat.first_prompt(result.value)
-            s.ids = list(s.pending)
-            s.keep_prefix = self.chat.system_prefix_length(result.value, s.pending)
+            self._new_context(s, result.value)
         self._check_failures(slots)
 
     def _turn(self, slots: list[_Slot], turn: int, sampling: SamplingParams) -> None:
@@ -257,9 +260,10 @@ class MultiTurnRollout:
             grammar = s.grammar
             s.turns.append(Turn(prompt_ids=s.pending, response_ids=ids, response_log_probs=log_probs,
                                 reward=0.0, finish_reason=out.finish_reason, state_key=s.agent.state_key(),
-                                response_allowed=None if grammar is None else grammar.trace(ids)))
+                                response_allowed=None if grammar is None else grammar.trace(ids),
+                                new_context=s.new_context))
             s.ids.extend(ids)
-            s.pending = []
+            s.pending, s.new_context = [], False
             replies.append(self.tokenizer.decode(ids, skip_special_tokens=True))
         results = run_calls([lambda s=s, r=r: s.agent.step(r) for s, r in zip(active, replies)],
                             self.env_workers, self.env_step_timeout)
@@ -320,9 +324,19 @@ class MultiTurnRollout:
         if step.done or len(s.turns) >= s.agent.max_turns:
             s.done = True
             return
+        if s.agent.settings.max_context_window >= 0:
+            self._new_context(s, s.agent.context_messages())
+            return
         last = turn.response_ids[-1] if turn.response_ids else None
         s.pending = self.chat.turn_delta(s.agent.messages, last)
         s.ids.extend(s.pending)
+
+    def _new_context(self, s: _Slot, messages: list[dict]) -> None:
+        """The next reply is written to `messages` rendered afresh, not to the episode's ids so far."""
+        s.pending = self.chat.first_prompt(messages)
+        s.ids = list(s.pending)
+        s.keep_prefix = self.chat.system_prefix_length(messages, s.pending)
+        s.new_context = True
 
     def _fail(self, s: _Slot, error: str | None, timed_out: bool, where: str, kind: str = "exception") -> None:
         s.done = True

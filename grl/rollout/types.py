@@ -23,6 +23,9 @@ class Turn:
     # Constrained decoding: each response token's allowed set, (signed size, ids) as in
     # grl/engines/constraint.py; None when the reply was decoded freely.
     response_allowed: list[tuple[int, tuple[int, ...]]] | None = None
+    # `prompt_ids` are a whole prompt the reply was written to (the first turn's, or a windowed one:
+    # agent_config.max_context_window), not a continuation of the turns before.
+    new_context: bool = False
 
 
 @dataclass

@@ -42,6 +42,10 @@ class AgentConfig:
     max_tool_calls_per_turn: int = key(1, "tool calls run from one reply", ge=1)
     max_tool_calls: int = key(4, "tool calls per episode", ge=1)
     max_tool_output_chars: int = key(2000, "longer tool output is cut, and the message says so", ge=1)
+    # With a window every turn is prompted afresh (the instructions, the kept turns, the current
+    # state), so a turn costs the same at turn 10 as at turn 1 (RAGEN's max_context_window).
+    max_context_window: int = key(-1, "past turns the prompt shows before the current state; -1: the whole "
+                                      "episode", ge=-1)
 
 
 @dataclass

@@ -33,11 +33,11 @@ TEARDOWN_TIMEOUT_S = 10  # a rank stuck in a collective (a peer died) is killed 
 SHUFFLE_SEED_STRIDE = 1_000_003
 
 CONSTRAINT_KEYS = ("constraint_size", "constraint_ids")  # present when replies were decoded under a grammar
-ACTOR_KEYS = ("input_ids", "attention_mask", "position_ids", "segment_ids", "loss_mask", "advantages",
+ACTOR_KEYS = ("input_ids", "attention_mask", "position_ids", "segment_ids", "context_ids", "loss_mask", "advantages",
               "old_log_probs", "ref_log_probs", "rollout_log_probs", "seq_ids", *CONSTRAINT_KEYS)
-CRITIC_KEYS = ("input_ids", "attention_mask", "position_ids", "segment_ids", "seq_ids", "loss_mask", "values",
-               "returns")
-SCORE_KEYS = ("input_ids", "attention_mask", "position_ids", "segment_ids")
+CRITIC_KEYS = ("input_ids", "attention_mask", "position_ids", "segment_ids", "context_ids", "seq_ids", "loss_mask",
+               "values", "returns")
+SCORE_KEYS = ("input_ids", "attention_mask", "position_ids", "segment_ids", "context_ids")
 POLICY_SCORE_KEYS = SCORE_KEYS + ("loss_mask",) + CONSTRAINT_KEYS  # log-probs are needed where loss_mask is
 
 

@@ -11,6 +11,7 @@ import logging
 import torch
 import torch.distributed as dist
 
+from grl.rollout.batch import attention_spans
 from grl.workers import fsdp, lora, sharded
 from grl.workers.scoring import TokenScorer, pad_width, trim_width
 from grl.workers.update import UpdateLoop, split_rows
@@ -105,7 +106,7 @@ class Worker(UpdateLoop):
         trimmed, width = trim_width(tensors)
         with torch.set_grad_enabled(grad):
             out = scorer(trimmed["input_ids"], trimmed["attention_mask"], trimmed["position_ids"],
-                         trimmed.get("segment_ids"), chunk_size=self._chunk_size(),
+                         attention_spans(trimmed), chunk_size=self._chunk_size(),
                          temperature=self._sampling_temperature(), constraint_size=trimmed.get("constraint_size"),
                          constraint_ids=trimmed.get("constraint_ids"), loss_mask=trimmed.get("loss_mask"))
         if grad:

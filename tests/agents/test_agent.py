@@ -235,3 +235,40 @@ def test_sql_and_gsm8k_answers_are_never_split():
         hooks = grl.agents.AGENT_TYPES[agent_type].hooks
         assert hooks.actions(" SELECT a || b FROM t ", "||") == ["SELECT a || b FROM t"]
     assert grl.agents.AGENT_TYPES["sokobanAgent"].hooks.actions("Up || Down", "||") == ["Up", "Down"]
+
+
+def test_context_window_keeps_the_instructions_and_the_last_turns(task):
+    block = task("simpleSokobanAgent")
+    full = make_agent("simpleSokobanAgent", block)
+    full.reset(5)
+    for reply in ("<think>x</think><answer>Up</answer>", "<think>y</think><answer>Left</answer>"):
+        full.step(reply)
+    instructions, chat = full.instructions(), full.messages
+    assert [m["role"] for m in chat] == ["system", "user", "assistant", "user", "assistant", "user"]
+    assert full.context_messages() == chat  # -1 (GRL's default): the whole episode
+    for window, replies_kept in ((0, 0), (1, 1), (2, 2), (5, 2)):
+        block["agent_config"]["max_context_window"] = window
+        agent = make_agent("simpleSokobanAgent", block)
+        agent.reset(5)
+        for reply in ("<think>x</think><answer>Up</answer>", "<think>y</think><answer>Left</answer>"):
+            agent.step(reply)
+        shown = agent.context_messages()
+        assert agent.messages == chat  # the window is a view: the chat itself stays whole
+        assert shown[0] == chat[0] and shown[-1]["content"].endswith(chat[-1]["content"])
+        assert sum(m["role"] == "assistant" for m in shown) == replies_kept
+        assert shown[1]["role"] == "user" and shown[1]["content"].startswith(instructions)
+        assert shown[1]["content"].count(agent.env.legend()) == 1  # said once, whatever is cut
+        if window == 0:
+            assert [m["role"] for m in shown] == ["system", "user"]
+            assert "Turn 3. State" in shown[1]["content"] and "Turn 2. State" not in shown[1]["content"]
+
+
+def test_context_window_before_tool_output_gives_the_instructions_a_message():
+    from grl.agents.base import context_window
+
+    chat = [{"role": "system", "content": "S"}, {"role": "user", "content": "I\n\nstate 1"},
+            {"role": "assistant", "content": "call"}, {"role": "tool", "content": "out"}]
+    assert context_window(chat, "I", 0) == [chat[0], {"role": "user", "content": "I"}, chat[3]]
+    assert context_window(chat, "I", 1) == chat
+    with pytest.raises(ValueError, match="t.agent_config.max_context_window"):
+        grl.agents.settings_from_mapping({"max_context_window": -2}, "t.agent_config")

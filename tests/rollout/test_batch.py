@@ -95,3 +95,54 @@ def test_packed_forward_matches_separate_forwards(hf_engine):
             ids = packed["input_ids"][0][where][None]
             alone = model(input_ids=ids).logits[0]
             assert torch.allclose(joint[0][where], alone, atol=1e-4), k
+
+
+def windowed_episode():
+    """Three turns, each prompted afresh (agent_config.max_context_window): every prompt is whole."""
+    turns = [Turn([5, 6, 7], [30, 31], [-0.1, -0.2], 0.0, new_context=True),
+             Turn([5, 6, 8], [32], [-0.3], 0.0, new_context=True),
+             Turn([5, 9], [33, 34, 35], [-0.4, -0.5, -0.6], 1.0, new_context=True)]
+    return Episode("taskW", 2, 9, turns, 1.0)
+
+
+def test_windowed_turns_restart_positions_and_number_their_contexts():
+    batch, _ = build_batch([windowed_episode(), short_episode()], pad_token_id=0)
+    assert batch["position_ids"][0].tolist() == [0, 1, 2, 3, 4, 0, 1, 2, 3, 0, 1, 2, 3, 4]
+    assert batch["context_ids"][0].tolist() == [1] * 5 + [2] * 4 + [3] * 5
+    assert batch["context_ids"][1].tolist() == [1] * 3 + [0] * 11  # one whole-episode chat, then padding
+    plain, _ = build_batch([two_turn_episode(), short_episode()])
+    assert "context_ids" not in plain  # a run without windows keeps today's batch, tensor for tensor
+    assert plain["position_ids"][0].tolist() == list(range(plain["input_ids"].shape[1]))
+
+
+@pytest.mark.parametrize("packing", [False, True])
+def test_windowed_rows_score_each_turn_prompt_as_if_alone(hf_engine, packing):
+    """The worker's scorer, given `attention_spans`, scores every reply from its own prompt only:
+    what the engine sampled it from."""
+    from grl.rollout.batch import attention_spans
+    from grl.workers.scoring import TokenScorer
+
+    model = hf_engine.model
+    eps = [windowed_episode(), two_turn_episode(), short_episode()]
+    batch, _ = build_batch(eps, packing=packing, max_episode_length=32)
+    spans = attention_spans(batch.tensors)
+    with torch.no_grad():
+        scored, _ = TokenScorer(model, "policy")(batch["input_ids"], batch["attention_mask"], batch["position_ids"],
+                                                 spans, chunk_size=4)
+        blind, _ = TokenScorer(model, "policy")(batch["input_ids"], batch["attention_mask"], batch["position_ids"],
+                                                batch.tensors.get("segment_ids"), chunk_size=4)
+    row = 0 if not packing else int((batch["seq_ids"] == 0).any(1).nonzero()[0])
+    where = batch["seq_ids"][row] == 0 if packing else torch.ones_like(batch["input_ids"][row], dtype=torch.bool)
+    got, mask = scored[row][where], batch["loss_mask"][row][where]
+    start = 0
+    for turn in eps[0].turns:
+        ids = torch.tensor(turn.prompt_ids + turn.response_ids)
+        with torch.no_grad():
+            alone = model(input_ids=ids[None]).logits[0].log_softmax(-1)
+        want = alone[:-1].gather(-1, ids[1:, None])[:, 0][-len(turn.response_ids):]
+        span = slice(start + len(turn.prompt_ids), start + len(ids))
+        assert mask[span].tolist() == [1.0] * len(turn.response_ids)
+        assert torch.allclose(got[span], want, atol=1e-4)
+        start += len(ids)
+    # Scored as one chat (no spans), the later turns' replies see the earlier prompts: other values.
+    assert not torch.allclose(blind[row][where][mask > 0], got[mask > 0], atol=1e-3)

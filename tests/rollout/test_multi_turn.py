@@ -167,6 +167,31 @@ def test_loss_mask_tokens_are_exactly_the_sampled_replies(hf_engine, tokenizer):
             "scripted/response_length", "scripted/env_errors"} <= set(result.metrics)
 
 
+@pytest.mark.parametrize("window", [0, 1])
+def test_a_context_window_prompts_every_turn_afresh(hf_engine, tokenizer, window):
+    """agent_config.max_context_window: the engine's prompt at every turn is the agent's windowed chat
+    rendered whole (the instructions, the last `window` turns, the current state), and the turn's
+    prompt_ids are exactly that prompt."""
+    engine = RecordingEngine(hf_engine)
+    task = real_task("tetrisAgent_type_1_dim_4", groups=1, size=2, max_turns=4)
+    task.config["agent_config"].update(max_context_window=window, action_decoding="free", max_tokens=REPLY_TOKENS)
+    episodes = rollout(engine, tokenizer).run([task], base_seed=3, sampling=SAMPLED).episodes
+    chat = ChatTokens(tokenizer)
+    seen = sorted(tuple(p) for prompts, _ in engine.calls for p in prompts)
+    assert seen == sorted(tuple(t.prompt_ids) for e in episodes for t in e.turns)
+    assert any(len(e.turns) >= 3 for e in episodes)
+    for e in episodes:
+        assert all(t.new_context for t in e.turns)
+        for k, turn in enumerate(e.turns):
+            text = tokenizer.decode(turn.prompt_ids)
+            assert text.startswith(tokenizer.decode(chat.encode(chat.render(e.messages[:1], False))))
+            assert text.count(". State:\n") == min(k, window) + 1, (k, text)
+            assert f"Turn {k + 1}. State" in text and f"Turn {k - window}. State" not in text
+            assert text.count(e.messages[1]["content"][:60]) == 1  # the instructions, once
+    batch, _ = build_batch(episodes)
+    assert batch["context_ids"].amax(1).tolist() == [len(e.turns) for e in episodes]
+
+
 def test_greedy_rollout_is_deterministic(hf_engine, tokenizer):
     tasks = [scripted(groups=2, size=2), real_task("simpleSokobanAgent", groups=1, size=1, max_turns=1)]
 

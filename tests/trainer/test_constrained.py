@@ -81,6 +81,28 @@ def test_trainer_log_probs_equal_the_engine_s(actor, episodes, packing):
     assert rollout_mismatch_metrics(plain)["training/rollout_probs_diff_max"] > 1e-2
 
 
+@pytest.mark.parametrize("packing", [False, True])
+def test_with_a_context_window_the_trainer_scores_what_the_engine_saw(cfg, actor, packing):
+    """agent_config.max_context_window=1: every turn is prompted afresh with the last turn and the
+    current board; the actor group scores each reply from that prompt alone."""
+    from grl.models import load_tokenizer
+
+    specs = task_specs(cfg)[:2]
+    for spec in specs:
+        spec.config["agent_config"]["max_context_window"] = 1
+    rollout = MultiTurnRollout.from_config(cfg, actor.engine, load_tokenizer(cfg.actor_rollout_ref.model.path))
+    sampling = sampling_from_config(cfg.actor_rollout_ref.rollout, validate=False, max_new_tokens=48)
+    result = rollout.run(specs, 13, sampling)
+    rollout.close()
+    batch, _ = build_batch(result.episodes, packing=packing, max_episode_length=4096)
+    assert int(batch["context_ids"].max()) == 3  # some episode played all three turns
+    batch["old_log_probs"], _ = actor.compute_log_probs(batch)
+    assert rollout_mismatch_metrics(batch)["training/rollout_probs_diff_max"] < 1e-4
+    whole = Batch({k: v for k, v in batch.tensors.items() if k != "context_ids"}, batch.meta)
+    whole["old_log_probs"], _ = actor.compute_log_probs(whole)  # one chat: later replies see earlier prompts
+    assert rollout_mismatch_metrics(whole)["training/rollout_probs_diff_max"] > 1e-2
+
+
 def test_left_truncation_shows_in_the_mismatch_metrics(cfg, actor):
     """The engine samples from a left-truncated prompt while the trainer scores the whole episode:
     the trained policy is then not the one that acted, and the metrics say so."""
