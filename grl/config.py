@@ -46,6 +46,22 @@ ALIASES = {
 }
 
 
+
+def _shorthands() -> dict[str, str]:
+    """GRL's top-level keys that feed exactly one nested key (`total_training_steps` ->
+    `trainer.total_training_steps`) -> that key. The nested key is what is read, so a value set
+    there is what the shorthand shows too. (A shorthand feeding several keys, such as
+    `micro_batch_size_per_gpu`, is only their common default.)"""
+    fed: dict[str, list[str]] = {}
+    for leaf in leaves(GRLConfig):
+        if isinstance(leaf.default, str) and leaf.default.startswith("${") and "." not in leaf.default:
+            fed.setdefault(leaf.default[2:-1], []).append(leaf.path)
+    return {short: keys[0] for short, keys in fed.items() if len(keys) == 1 and short not in ALIASES.values()}
+
+
+SHORTHANDS = _shorthands()
+
+
 # ---------------------------------------------------------------- checks
 
 def _all_keys(cfg: DictConfig, prefix: str = "") -> list[str]:
@@ -80,6 +96,10 @@ def _apply_aliases(cfg: DictConfig) -> None:
             r.env_workers = r[alias] or min(32, os.cpu_count() or 1)
     if cfg.trainer.resume_from_path is not None:
         cfg.trainer.resume_mode = cfg.trainer.resume_from_path
+    for shorthand, key in SHORTHANDS.items():
+        parent, _, leaf = key.rpartition(".")
+        if not OmegaConf.select(cfg, parent)._get_node(leaf)._is_interpolation():
+            OmegaConf.update(cfg, shorthand, "${" + key + "}")
 
 
 def _check_rules(cfg: DictConfig) -> None:

@@ -128,3 +128,14 @@ def test_critic_follows_the_estimator_and_preflight_only_reads(estimator, critic
     preflight.check_numbers(cfg)
     assert OmegaConf.to_yaml(cfg) == before
     assert ("update_critic" in plan(cfg).phases) is critic
+
+
+@pytest.mark.parametrize("shorthand,key,value", [("total_training_steps", "trainer.total_training_steps", 50),
+                                                 ("test_freq", "trainer.test_freq", 0),
+                                                 ("experiment_name", "trainer.experiment_name", "mine")])
+def test_a_one_to_one_shorthand_shows_the_value_its_nested_key_is_given(shorthand, key, value):
+    """The nested key is read; set there (over a preset that set the shorthand), both show it."""
+    cfg = load_config(["preset=cpu", f"{key}={value}"])
+    assert OmegaConf.select(cfg, key) == value and cfg[shorthand] == value
+    cfg = load_config(["preset=cpu", f"{shorthand}={value}"])
+    assert OmegaConf.select(cfg, key) == value and cfg[shorthand] == value
