@@ -31,14 +31,8 @@ An observation that is repaired (cut to size, NUL or lone surrogates
 replaced) keeps its episode and is counted in `<task>/env_warnings`. If more
 than `max_failed_agent_ratio` of the step's agents fail, `RolloutError` stops it.
 
-Use (the trainer's side):
-
-    rollout = MultiTurnRollout.from_config(cfg, engine, tokenizer)
-    train = rollout.run(task_specs(cfg), training_base_seed(cfg.rollout.seed, step), sampling)
-    scores = normalize_episode_scores(train.episodes, grouping, method)  # over all episodes, as RAGEN
-    kept, filter_metrics = filter_groups(train.episodes, ratio, kind)
-    batch, batch_metrics = build_batch(kept, ..., scores=<the kept episodes' scores>)
-    val = rollout.run(task_specs(cfg, validation=True), cfg.rollout.validation_seed, greedy)
+Use: `MultiTurnRollout.from_config(cfg, engine, tokenizer).run(task_specs(cfg), base_seed, sampling)`;
+the trainer shapes the episodes into a batch with grl/trainer/transforms.py (`shape_batch`).
 """
 
 from __future__ import annotations
