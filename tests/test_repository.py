@@ -1,5 +1,6 @@
 """The repository holds source and text only: no wheels, archives or other binary artefacts in git.
-The one exception is the figures the documentation shows (PNG files under docs/)."""
+The one exception is the figures the documentation shows (PNG files under docs/). And no module
+of the package is longer than one sitting's read."""
 
 import subprocess
 from pathlib import Path
@@ -13,3 +14,10 @@ def test_no_binary_files_are_tracked():
     binaries = [line.split("\t", 1)[1] for line in out.stdout.splitlines() if line.startswith("i/-text")]
     binaries = [path for path in binaries if not (path.startswith("docs/") and path.endswith(".png"))]
     assert binaries == [], f"binary files tracked in git: {binaries}"
+
+
+def test_no_module_of_the_package_is_over_400_lines():
+    """A newcomer reads any file of grl/ in one sitting; a longer one is two jobs to split."""
+    long = {str(p.relative_to(ROOT)): n for p in (ROOT / "grl").rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > 400}
+    assert not long, long
