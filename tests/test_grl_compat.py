@@ -1,13 +1,17 @@
 """GRL's own launch commands and tutorial knobs run unchanged: each exact override list
 (as GRL's scripts hand it to Hydra) passes `grl-train --cfg` and means what it means in GRL."""
 
+import os
 import subprocess
 import sys
 
 import pytest
 import yaml
 
-from grl.config import ConfigError, load_config
+from omegaconf import OmegaConf
+
+from grl import preflight
+from grl.config import ALIASES, NO_EFFECT, ConfigError, load_config
 
 TASKS_13 = ("simpleSokobanAgent,largeSokobanAgent,gsm8kAgent_single_turn,gsm8kAgent_5_turn,blocksworldAgent_text,"
             "blocksworldAgent_1d,blocksworldAgent_2d_sparse,tetrisAgent_type_1_dim_4,tetrisAgent_type_2_dim_3,"
@@ -52,6 +56,34 @@ def test_grl_override_lists_pass_grl_train_cfg(overrides):
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert yaml.safe_load(out.stdout)["trainer"]["total_training_steps"] > 0
+
+
+# What GRL reads each override as, where it is not the key itself: (the key read here, its value).
+SPECIAL_MEANINGS = {
+    "rollout.num_env_threads=0": ("rollout.env_workers", min(32, os.cpu_count() or 1)),  # 0: every core
+    "rollout.num_init_threads=0": ("rollout.env_workers", min(32, os.cpu_count() or 1)),
+    "model_path=tiny": ("actor_rollout_ref.model.path", "tiny"),
+    "system.CUDA_VISIBLE_DEVICES='0,1,2,3'": ("system.CUDA_VISIBLE_DEVICES", "0,1,2,3"),
+    "system.CUDA_VISIBLE_DEVICES=0": ("system.CUDA_VISIBLE_DEVICES", "0"),  # a device list, kept as text
+}
+
+
+@pytest.mark.parametrize("overrides,override", [(group, o) for group in (VERL_QUICK, SOKOBAN_7B, TUTORIAL, GRL_BASE_KEYS)
+                                                  for o in group])
+def test_each_grl_override_reaches_the_key_that_is_read(overrides, override):
+    """Every override of GRL's scripts, given with the rest of its command line, lands where this
+    trainer reads it (through an alias where it has a second spelling), or is named by preflight as
+    having no effect."""
+    key, _, text = override.partition("=")
+    read_key, want = SPECIAL_MEANINGS.get(override, (ALIASES.get(key, key), yaml.safe_load(text)))
+    cfg = load_config(overrides)
+    got = OmegaConf.select(cfg, read_key)
+    got = OmegaConf.to_container(got) if OmegaConf.is_config(got) else got
+    if key in NO_EFFECT:
+        notes = preflight.check_numbers(cfg)
+        assert (want == NO_EFFECT[key][0]) != any(n.startswith(f"{key}:") and "no effect" in n for n in notes)
+    else:
+        assert got == want, (override, read_key, got)
 
 
 def test_grl_script_keys_mean_the_same():
