@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from grl.algo import make_kl_controller
 from grl.config import uses_critic, uses_reference
 from grl.engines import sampling_from_config
+from grl.rng import rng_state, set_rng_state
 from grl.rollout import Batch, MultiTurnRollout, task_specs, training_base_seed
 from grl.tracking import Tracker, save_run_info
 from grl.trainer import RunAborted
@@ -270,7 +271,7 @@ class AgentTrainer:
             if self.critic is not None:
                 self.critic.save_checkpoint(str(tmp / "critic"))
 
-        state = {"global_step": self.global_step, "kl_coef": self.kl_ctrl.value, "rng": ckpt.rng_state()}
+        state = {"global_step": self.global_step, "kl_coef": self.kl_ctrl.value, "rng": rng_state()}
         with timer("save_checkpoint"):
             self.last_checkpoint = ckpt.write_checkpoint(cfg.default_local_dir, self.global_step, write_parts, state,
                                                          cfg.max_ckpt_to_keep)
@@ -298,7 +299,7 @@ class AgentTrainer:
             self.critic.load_checkpoint(str(path / "critic"))
         self.actor.sync_weights()  # the engine must sample from the resumed weights
         self.kl_ctrl.value = state["kl_coef"]
-        ckpt.set_rng_state(state["rng"])
+        set_rng_state(state["rng"])
         self.global_step = state["global_step"]
         self.last_checkpoint = path
         log.info("resumed from %s (step %d)", path, self.global_step)

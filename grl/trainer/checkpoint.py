@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import re
 import shutil
 from collections.abc import Callable
@@ -126,28 +125,3 @@ def prune(root: str | os.PathLike, max_to_keep: int | None) -> list[Path]:
 
 def read_state(path: str | os.PathLike) -> dict[str, Any]:
     return json.loads((Path(path) / STATE_FILE).read_text())
-
-
-def rng_state() -> dict[str, Any]:
-    """The driver's random states (python, numpy, torch) as JSON-able lists."""
-    import numpy as np
-    import torch
-
-    py = random.getstate()
-    np_state = np.random.get_state()
-    return {
-        "python": [py[0], list(py[1]), py[2]],
-        "numpy": [np_state[0], np_state[1].tolist(), *np_state[2:]],
-        "torch": torch.get_rng_state().tolist(),
-    }
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    import numpy as np
-    import torch
-
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    name, keys, *rest = state["numpy"]
-    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), *rest))
-    torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))

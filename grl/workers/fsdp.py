@@ -203,21 +203,6 @@ def non_finite_entries(state, prefix: str = "") -> list[str]:
     return bad
 
 
-def rng_state() -> dict:
-    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state()
-    return state
-
-
-def set_rng_state(state: dict) -> None:
-    torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
-    random.setstate(state["python"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])
-
-
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)

@@ -23,6 +23,7 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 from torch.distributed.tensor import DTensor
 
+from grl.rng import rng_state, set_rng_state
 from grl.workers import fsdp, lora
 
 SHARDS_DIR, STATE_FILE = "dcp", "state.pt"
@@ -70,7 +71,7 @@ def save(folder: str | Path, role: str, module, optimizer, adapter_only: bool, t
     dcp.save(state, checkpoint_id=folder / SHARDS_DIR)  # makes the folders; rank 0 writes .metadata last
     if dist.get_rank() == 0:
         torch.save(trainer_state, folder / STATE_FILE)
-    torch.save(fsdp.rng_state(), folder / rng_file(dist.get_rank()))
+    torch.save(rng_state(), folder / rng_file(dist.get_rank()))
     dist.barrier()  # the checkpoint is complete when every rank returns
 
 
@@ -113,7 +114,7 @@ def load(folder: str | Path, module, optimizer, adapter_only: bool, world_size: 
     dcp.load(state, checkpoint_id=folder / SHARDS_DIR, planner=meter)
     set_state_dict(module, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
                    options=StateDictOptions(full_state_dict=False, strict=not adapter_only))
-    fsdp.set_rng_state(torch.load(folder / rng_file(dist.get_rank()), weights_only=False))
+    set_rng_state(torch.load(folder / rng_file(dist.get_rank()), weights_only=False))
     return trainer_state, meter.bytes_read
 
 

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import torch
 
+from grl.rng import rng_state, set_rng_state
 from grl.trainer import checkpoint as ckpt
 
 
@@ -61,10 +62,10 @@ def test_max_to_keep_prunes_oldest(tmp_path):
 
 def test_rng_state_round_trips_through_json():
     random.seed(1), np.random.seed(1), torch.manual_seed(1)
-    state = json.loads(json.dumps(ckpt.rng_state()))
+    state = json.loads(json.dumps(rng_state()))
     expected = (random.random(), np.random.rand(), torch.rand(1).item())
     random.seed(2), np.random.seed(2), torch.manual_seed(2)
-    ckpt.set_rng_state(state)
+    set_rng_state(state)
     assert (random.random(), np.random.rand(), torch.rand(1).item()) == expected
 
 
@@ -79,3 +80,13 @@ def test_a_checkpoint_of_the_old_full_state_format_fails_with_one_line(tmp_path)
         with pytest.raises(ValueError, match="old full-state format") as err:
             ckpt.resume_path(mode, tmp_path)
         assert "\n" not in str(err.value) and str(path / "actor") in str(err.value)
+
+
+def test_rng_state_of_the_older_tensor_format_still_restores():
+    """Worker checkpoints written before the states were lists held tensors and tuples."""
+    random.seed(3), np.random.seed(3), torch.manual_seed(3)
+    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    expected = (random.random(), np.random.rand(), torch.rand(1).item())
+    random.seed(4), np.random.seed(4), torch.manual_seed(4)
+    set_rng_state(state)
+    assert (random.random(), np.random.rand(), torch.rand(1).item()) == expected
