@@ -16,7 +16,7 @@ _EXPORTS = {
                     "kl_loss", "make_kl_controller"),
     "grl.algo.losses": ("AGG_MODES", "agg_loss", "entropy_bonus", "entropy_from_logits", "episode_masks",
                         "log_probs_from_logits", "policy_loss", "truncated_is_weights", "value_loss"),
-    "grl.algo.masked": ("finite_episodes", "finite_rows", "masked_mean", "masked_sum", "masked_var", "masked_whiten"),
+    "grl.algo.masked": ("finite_rows", "masked_mean", "masked_sum", "masked_var", "masked_whiten"),
 }
 
 __all__ = sorted(name for names in _EXPORTS.values() for name in names)

@@ -60,20 +60,3 @@ def finite_rows(*tensors: torch.Tensor, loss_mask: torch.Tensor | None = None) -
             raise ValueError(f"finite_rows takes [batch] or [batch, tokens] tensors, got shape {tuple(x.shape)}")
         ok = ok & good
     return ok
-
-
-def finite_episodes(*tensors: torch.Tensor, loss_mask: torch.Tensor,
-                    segment_ids: torch.Tensor | None = None) -> torch.Tensor:
-    """Bool `[batch, tokens]`: True on the tokens of episodes whose loss tokens are finite in every
-    `[batch, tokens]` tensor. An episode is a row, or a `segment_ids` span of a packed row, so one
-    bad episode does not take the others packed beside it down with it."""
-    bad = torch.zeros(loss_mask.shape, dtype=torch.bool, device=loss_mask.device)
-    for x in tensors:
-        bad |= ~torch.isfinite(x)
-    bad &= loss_mask > 0
-    if segment_ids is None:
-        return ~bad.any(-1, keepdim=True).expand_as(bad)
-    n = int(segment_ids.max().item()) if segment_ids.numel() else 0
-    member = segment_ids.unsqueeze(-1) == torch.arange(1, n + 1, device=segment_ids.device)
-    bad_episode = (member & bad.unsqueeze(-1)).any(1)
-    return ~(member & bad_episode.unsqueeze(1)).any(-1)

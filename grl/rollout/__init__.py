@@ -8,7 +8,6 @@ from grl.rollout.batch import (
     episode_tokens,
     pack_rows,
     packed_attention_mask,
-    unpack,
 )
 from grl.rollout.multi_turn import (
     MultiTurnRollout,
@@ -29,4 +28,4 @@ from grl.rollout.types import Batch, Episode, Turn
 
 __all__ = ["Batch", "Episode", "MultiTurnRollout", "RolloutError", "RolloutResult", "TaskSpec", "Turn", "build_batch",
            "decodes_constrained", "episode_tokens", "filter_groups", "normalize", "normalize_episode_scores",
-           "pack_rows", "packed_attention_mask", "rollout_metrics", "task_specs", "training_base_seed", "unpack"]
+           "pack_rows", "packed_attention_mask", "rollout_metrics", "task_specs", "training_base_seed"]

@@ -7,28 +7,17 @@ to that reply's turn); rewards sit on the last sampled token of the turn that
 earned them (`use_turn_scores`) or, as the episode score, on the last sampled
 token of the episode. Turn rewards already include the format penalty.
 
-Layouts:
-- padded (default): one episode per row, right-padded; `position_ids` count
-  from 0 per row; padding has attention_mask 0 and turn_ids -1.
-- windowed (any episode with turns prompted afresh, `agent_config.max_context_window`):
-  either layout plus `context_ids` (1, 2, ... per turn prompt of an episode, 0 on
-  padding); `position_ids` restart at 0 with every turn prompt, and a token
-  attends only within its span of `attention_spans` (its episode and turn prompt).
-- packed: several episodes per row (first-fit decreasing into rows of
-  `max_episode_length` tokens). `position_ids` restart at 0 for every episode;
-  `segment_ids` numbers the episodes of a row 1, 2, ... (0 on padding) and
-  `seq_ids` gives the episode's index in the packed order (-1 on padding).
-  Meta entries are per row: each is the list of that row's episodes' values,
-  in segment order. What workers must do with a packed batch:
-    * keep attention within an episode: pass `packed_attention_mask(segment_ids)`
-      (a `[rows, 1, T, T]` boolean block-diagonal causal mask) to the model
-      instead of `attention_mask`, or use a varlen flash-attention kernel that
-      splits sequences where `position_ids` restart;
-    * treat each segment start like a row start: the log-prob/value of the first
-      token of an episode is 0 (it has no prefix in its episode); its
-      loss_mask is 0 anyway, as every episode starts with prompt ids;
-    * per-episode quantities (GRPO scores, group ids) come from the meta lists,
-      and `unpack` maps any `[rows, T]` tensor back to one row per episode.
+Layout: one episode per row, right-padded; `position_ids` count from 0 per row;
+padding has attention_mask 0 and turn_ids -1; meta holds one entry per row.
+A windowed episode (turns prompted afresh, `agent_config.max_context_window`) adds
+`context_ids` (1, 2, ... per turn prompt of an episode, 0 on padding): `position_ids`
+restart at 0 with every turn prompt, and a token attends only within its span of
+`attention_spans` (its turn prompt).
+
+Packing (`rollout.packing`) is the worker boundary's business (grl/workers/sharding.py):
+it lays several episode rows side by side (`pack_rows`), `segment_ids` numbering them
+1, 2, ... (0 on padding), and the ranks keep attention within an episode
+(`packed_attention_mask`, `attention_spans`).
 
 Constrained decoding: when any reply of the batch was decoded under a
 grammar, the batch also holds each token's allowed set, sparse:
@@ -110,7 +99,7 @@ def episode_tokens(ep: Episode, use_turn_scores: bool, score: float | None = Non
 
 
 def build_batch(episodes: list[Episode], *, use_turn_scores: bool = False, max_episode_length: int | None = None,
-                packing: bool = False, pad_token_id: int = 0,
+                pad_token_id: int = 0,
                 scores: list[float] | None = None) -> tuple[Batch, dict[str, float]]:
     """The training batch of `episodes` and the drop counts.
 
@@ -137,9 +126,6 @@ def build_batch(episodes: list[Episode], *, use_turn_scores: bool = False, max_e
     metrics = {"rollout/dropped_overlong": float(too_long), "rollout/dropped_empty": float(empty),
                "rollout/batch_episodes": float(len(kept))}
     windowed = any(t.context_ids[-1] > 1 for _, _, t in kept)
-    if packing:
-        capacity = max_episode_length or max((len(t.input_ids) for _, _, t in kept), default=1)
-        return _packed(kept, capacity, pad_token_id, windowed), metrics
     return _padded(kept, pad_token_id, windowed), metrics
 
 
@@ -152,7 +138,7 @@ def _tensors(rows: list[dict[str, list]], width: int, pad_token_id: int) -> dict
     import torch
 
     pads = {"input_ids": pad_token_id, "attention_mask": 0, "position_ids": 0, "loss_mask": 0.0, "turn_ids": -1,
-            "token_rewards": 0.0, "rollout_log_probs": 0.0, "segment_ids": 0, "seq_ids": -1, "context_ids": 0}
+            "token_rewards": 0.0, "rollout_log_probs": 0.0, "context_ids": 0}
     floats = ("loss_mask", "token_rewards", "rollout_log_probs")
     out = {}
     for key in rows[0] if rows else TENSOR_KEYS:
@@ -211,27 +197,6 @@ def pack_rows(lengths: list[int], capacity: int) -> list[list[int]]:
     return rows
 
 
-def _packed(kept, capacity: int, pad_token_id: int, windowed: bool) -> Batch:
-    layout = pack_rows([len(t.input_ids) for _, _, t in kept], capacity)
-    order = [i for row in layout for i in row]
-    seq_of = {i: n for n, i in enumerate(order)}
-    keys = TENSOR_KEYS + ("allowed",) + (("context_ids",) if windowed else ())
-    rows = []
-    for members in layout:
-        row: dict[str, list] = {key: [] for key in keys + ("segment_ids", "seq_ids")}
-        for segment, i in enumerate(members, start=1):
-            part = _row(kept[i][2], windowed)
-            for key in keys:
-                row[key] += part[key]
-            row["segment_ids"] += [segment] * len(part["input_ids"])
-            row["seq_ids"] += [seq_of[i]] * len(part["input_ids"])
-        rows.append(row)
-    width = max((len(r["input_ids"]) for r in rows), default=0)
-    meta = {k: [[_meta(kept[i][0], kept[i][1])[k] for i in members] for members in layout]
-            for k in META_KEYS}
-    return Batch(_tensors(rows, width, pad_token_id), meta)
-
-
 def packed_attention_mask(segment_ids):
     """`[rows, 1, T, T]` boolean mask: token i sees token j iff both belong to
     the same episode of the row and j <= i."""
@@ -255,36 +220,3 @@ def attention_spans(tensors: dict):
         return segments
     base = segments if segments is not None else tensors["attention_mask"].long()
     return torch.where(base > 0, base * (int(contexts.max()) + 1) + contexts, 0)
-
-
-def repack(tensors: dict, episodes: list[int]) -> dict:
-    """The `[rows, T]` tensors of a packed batch cut down to `episodes` (their `seq_ids`), packed
-    afresh (first-fit decreasing) into rows of the same width, renumbering `segment_ids`. Padding
-    is 0 (-1 in `seq_ids`): it sits outside every mask."""
-    import torch
-
-    seq_ids = tensors["seq_ids"]
-    pieces = [{k: v[seq_ids == e] for k, v in tensors.items()} for e in episodes]
-    layout = pack_rows([len(p["seq_ids"]) for p in pieces], seq_ids.shape[1])
-    width = max((sum(len(pieces[i]["seq_ids"]) for i in members) for members in layout), default=0)
-    out = {k: v.new_full((len(layout), width, *v.shape[2:]), -1 if k == "seq_ids" else 0) for k, v in tensors.items()}
-    for r, members in enumerate(layout):
-        start = 0
-        for segment, i in enumerate(members, start=1):
-            n = len(pieces[i]["seq_ids"])
-            for k in tensors:
-                out[k][r, start:start + n] = segment if k == "segment_ids" else pieces[i][k]
-            start += n
-    return out
-
-
-def unpack(values, seq_ids, pad=0):
-    """A `[rows, T]` tensor of a packed batch back to `[episodes, T_max]`
-    right-padded with `pad`, one row per episode in packed order (`seq_ids`)."""
-    n = int(seq_ids.max().item()) + 1 if seq_ids.numel() else 0
-    pieces = [values[seq_ids == k] for k in range(n)]
-    width = max((p.numel() for p in pieces), default=0)
-    out = values.new_full((n, width), pad)
-    for k, p in enumerate(pieces):
-        out[k, :p.numel()] = p
-    return out

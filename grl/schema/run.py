@@ -49,7 +49,7 @@ class Rollout:
                                    choices=("std", "std_rev"))
     reward_normalization: RewardNormalization = section(RewardNormalization)
     max_episode_length: int = key(4096, "tokens; a longer episode is dropped from the batch and counted", ge=1)
-    packing: bool = key(False, "pack episodes into rows instead of right-padding")
+    packing: bool = key(False, "the ranks compute on episodes packed into rows of max_episode_length tokens, not on padded rows")
     env_workers: int = key(16, "threads resetting and stepping envs", ge=1)
     env_step_timeout: float = key(60.0, "seconds before an env step counts as a failure", gt=0)
     env_error_penalty: Optional[float] = key(None, "reward of an episode whose env failed; null: the task's "

@@ -3,8 +3,8 @@
 Names follow GRL and verl where they have one (`critic/advantages/mean`,
 `response_length/mean`, `timing_s/gen`, `perf/throughput`), so W&B panels line
 up; task metrics are `train/<task>/<metric>` in training and
-`val-env/<task>/<metric>` in validation. Lengths count episodes, so a packed
-batch reports what the padded one would.
+`val-env/<task>/<metric>` in validation. The batch holds one episode per row (packing
+happens at the workers' boundary), so lengths and padding are the padded batch's.
 """
 
 from __future__ import annotations
@@ -68,14 +68,8 @@ def _stats(name: str, x: torch.Tensor) -> dict[str, float]:
 
 
 def episode_token_counts(batch: Batch, key: str) -> torch.Tensor:
-    """Per episode (not per row: a packed row holds several), the tokens where `batch[key] > 0`."""
-    from grl.algo import episode_masks
-
-    seg = batch.tensors.get("segment_ids")
-    if seg is None:
-        return (batch[key] > 0).sum(-1).float()
-    exists = episode_masks(batch["attention_mask"], seg).any(1)
-    return episode_masks(batch[key], seg).sum(1)[exists].float()
+    """Per episode (row), the tokens where `batch[key] > 0`."""
+    return (batch[key] > 0).sum(-1).float()
 
 
 def batch_metrics(batch: Batch) -> dict[str, float]:
@@ -95,8 +89,7 @@ def batch_metrics(batch: Batch) -> dict[str, float]:
     }
     scores = batch.meta.get("raw_score")
     if scores:
-        flat = [s for row in scores for s in row] if isinstance(scores[0], list) else scores
-        out.update(_stats("critic/score", torch.tensor(flat, dtype=torch.float64)))
+        out.update(_stats("critic/score", torch.tensor(scores, dtype=torch.float64)))
     for name, key in (("critic/advantages", "advantages"), ("critic/returns", "returns"),
                       ("critic/values", "values"), ("critic/rewards", "token_rewards")):
         if key in batch:

@@ -3,7 +3,9 @@
 A worker group is N Ray actors (ranks) of one role placed on the bundles of a
 placement group (one bundle per GPU, or per rank on CPU) and joined into one
 torch.distributed group. The driver splits a batch into equal shards, calls
-the same method on every rank and stitches the results back in row order.
+the same method on every rank and stitches the results back in row order; with
+`rollout.packing` the ranks get the rows packed (grl/workers/sharding.py) and the
+results come back one row per episode all the same.
 Actor and critic groups of the same size share one placement group, so on GPU
 rank i of each role lives on GPU i (colocated, as in verl).
 """
@@ -20,7 +22,7 @@ from grl.engines.base import Engine
 from grl.rollout.types import Batch
 from grl.workers.engine_proxy import EngineProxy
 from grl.workers.runtime import PRODUCT_ENV, REPO_ROOT, acquire_pool, init_ray, release_pool, resolve_device
-from grl.workers.sharding import equal_shards, minibatch_shards, pad_rows, pick
+from grl.workers.sharding import equal_shards, minibatch_shards, pack, pad_rows, pick, unpack
 
 log = logging.getLogger("grl.workers")
 
@@ -33,11 +35,10 @@ TEARDOWN_TIMEOUT_S = 10  # a rank stuck in a collective (a peer died) is killed 
 SHUFFLE_SEED_STRIDE = 1_000_003
 
 CONSTRAINT_KEYS = ("constraint_size", "constraint_ids")  # present when replies were decoded under a grammar
-ACTOR_KEYS = ("input_ids", "attention_mask", "position_ids", "segment_ids", "context_ids", "loss_mask", "advantages",
-              "old_log_probs", "ref_log_probs", "rollout_log_probs", "seq_ids", *CONSTRAINT_KEYS)
-CRITIC_KEYS = ("input_ids", "attention_mask", "position_ids", "segment_ids", "context_ids", "seq_ids", "loss_mask",
-               "values", "returns")
-SCORE_KEYS = ("input_ids", "attention_mask", "position_ids", "segment_ids", "context_ids")
+ACTOR_KEYS = ("input_ids", "attention_mask", "position_ids", "context_ids", "loss_mask", "advantages",
+              "old_log_probs", "ref_log_probs", "rollout_log_probs", *CONSTRAINT_KEYS)
+CRITIC_KEYS = ("input_ids", "attention_mask", "position_ids", "context_ids", "loss_mask", "values", "returns")
+SCORE_KEYS = ("input_ids", "attention_mask", "position_ids", "context_ids")
 POLICY_SCORE_KEYS = SCORE_KEYS + ("loss_mask",) + CONSTRAINT_KEYS  # log-probs are needed where loss_mask is
 
 
@@ -141,15 +142,28 @@ class _WorkerGroup:
         if self._closed:
             raise RuntimeError(f"the {self.role} group has been shut down")
 
-    def _scatter(self, method: str, tensors: dict[str, torch.Tensor], *args) -> tuple[list, int]:
+    def _packing_capacity(self) -> int | None:
+        """Tokens per packed row sent to the ranks (`rollout.packing`); None: one episode per row."""
+        rollout = self.cfg.rollout
+        return int(rollout.max_episode_length) if rollout.packing else None
+
+    def _score(self, method: str, tensors: dict[str, torch.Tensor], *args) -> list[torch.Tensor]:
+        """The per-token results of `method` (a tensor or a tuple of them per rank), each `[B, T]`
+        like the batch's rows, whether the ranks computed them on those rows or on packed ones."""
         if len(tensors["input_ids"]) == 0:
             raise ValueError(f"{self.role}.{method}: the batch has no rows")
-        padded, rows = pad_rows(tensors, self.size)
-        return self.call_sharded(method, equal_shards(padded, self.size), *args), rows
+        capacity = self._packing_capacity()
+        sent, where = pack(tensors, capacity) if capacity is not None else (tensors, None)
+        padded, rows = pad_rows(sent, self.size)
+        results = [r if isinstance(r, tuple) else (r,) for r in
+                   self.call_sharded(method, equal_shards(padded, self.size), *args)]
+        outs = [torch.cat([r[j] for r in results])[:rows] for j in range(len(results[0]))]
+        return outs if where is None else [unpack(o, where, tensors["input_ids"].shape[1]) for o in outs]
 
     def _update(self, batch: Batch, keys: tuple[str, ...], train_cfg, step: int) -> dict[str, float]:
         seed = int(self.cfg.trainer.seed) * SHUFFLE_SEED_STRIDE + step - 1
-        return self.call_sharded("update", minibatch_shards(pick(batch, keys), train_cfg, self.size, seed))[0]
+        shards = minibatch_shards(pick(batch, keys), train_cfg, self.size, seed, self._packing_capacity())
+        return self.call_sharded("update", shards)[0]
 
     # -- checkpoints
 
@@ -219,14 +233,13 @@ class ActorRolloutRefGroup(_WorkerGroup):
 
     def compute_log_probs(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """(old_log_probs, entropy), `[B, T]`, aligned with `loss_mask`."""
-        results, rows = self._scatter("compute_log_probs", pick(batch, POLICY_SCORE_KEYS), False)
-        return torch.cat([r[0] for r in results])[:rows], torch.cat([r[1] for r in results])[:rows]
+        log_probs, entropy = self._score("compute_log_probs", pick(batch, POLICY_SCORE_KEYS), False)
+        return log_probs, entropy
 
     def compute_ref_log_probs(self, batch: Batch) -> torch.Tensor:
         if not self.use_ref:
             raise RuntimeError("compute_ref_log_probs: the actor group was built with use_ref=False")
-        results, rows = self._scatter("compute_log_probs", pick(batch, POLICY_SCORE_KEYS), True)
-        return torch.cat([r[0] for r in results])[:rows]
+        return self._score("compute_log_probs", pick(batch, POLICY_SCORE_KEYS), True)[0]
 
     def update(self, batch: Batch, step: int) -> dict[str, float]:
         """PPO epochs over mini-batches (shuffled by the run's seed and `step`); needs advantages,
@@ -254,8 +267,7 @@ class CriticGroup(_WorkerGroup):
         super().__init__(CriticWorker, cfg, world_size)
 
     def compute_values(self, batch: Batch) -> torch.Tensor:
-        results, rows = self._scatter("compute_values", pick(batch, SCORE_KEYS))
-        return torch.cat(results)[:rows]
+        return self._score("compute_values", pick(batch, SCORE_KEYS))[0]
 
     def update(self, batch: Batch, step: int) -> dict[str, float]:
         """As the actor's; needs returns, values and loss_mask, all finite."""

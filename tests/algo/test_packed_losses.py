@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from grl.algo import AGG_MODES, agg_loss, finite_episodes, policy_loss, truncated_is_weights
-from grl.rollout.batch import repack, unpack
+from grl.algo import AGG_MODES, agg_loss, policy_loss, truncated_is_weights
+from grl.workers.sharding import pack, unpack
 from grl.workers.update import loss_units, split_rows
 
 LENGTHS = [5, 3, 6, 2]
@@ -55,24 +55,18 @@ def test_truncated_is_weights_cap_and_scale_the_policy_loss():
     assert weighted.item() == pytest.approx((-(adv * w)).mean().item()) and plain.item() == pytest.approx(-adv.mean().item())
 
 
-def test_a_non_finite_episode_drops_alone_from_its_packed_row():
-    (_, _), (p_loss, p_mask, seg, _) = padded_and_packed()
-    p_loss[0, 6] = math.nan  # episode 1 (second in row 0)
-    ok = finite_episodes(p_loss, loss_mask=p_mask, segment_ids=seg)
-    assert ok[0].tolist() == [True] * 5 + [False] * 3
-    assert ok[1].all()
-    assert not finite_episodes(p_loss, loss_mask=p_mask)[0].any()  # unpacked view: the whole row
-
-
-def test_repack_keeps_the_chosen_episodes_whole():
-    (loss, _), (p_loss, p_mask, seg, seq) = padded_and_packed()
-    tensors = {"loss": p_loss, "loss_mask": p_mask, "segment_ids": seg, "seq_ids": seq}
-    mini = repack(tensors, [3, 0])
-    assert sorted(set(mini["seq_ids"][mini["seq_ids"] >= 0].tolist())) == [0, 3]
-    restored = unpack(mini["loss"], torch.where(mini["seq_ids"] == 3, 1, torch.where(mini["seq_ids"] == 0, 0, -1)))
-    assert torch.equal(restored[0, :LENGTHS[0]], loss[0, :LENGTHS[0]])
-    assert torch.equal(restored[1, :LENGTHS[3]], loss[3, :LENGTHS[3]])
-    assert set(mini["segment_ids"].unique().tolist()) <= {0, 1, 2}
+def test_pack_lays_episodes_side_by_side_and_unpack_restores_them():
+    (loss, mask), (p_loss, p_mask, seg, _) = padded_and_packed()
+    lengths = torch.tensor(LENGTHS)
+    attention = (torch.arange(loss.shape[1]) < lengths[:, None]).long()
+    packed, where = pack({"loss": loss, "loss_mask": mask, "attention_mask": attention}, capacity=8)
+    assert where == [(1, 0, 5), (1, 5, 3), (0, 0, 6), (0, 6, 2)]  # first-fit decreasing: 6 + 2 and 5 + 3
+    assert packed["segment_ids"].tolist() == [[1] * 6 + [2] * 2, [1] * 5 + [2] * 3]
+    assert torch.equal(packed["loss"][1], torch.cat([loss[0, :5], loss[1, :3]]))
+    short, _ = pack({"loss": loss[:2], "attention_mask": attention[:2]}, capacity=8)  # 5 + 3 fill one row
+    assert packed["loss"].shape == (2, 8) and short["segment_ids"].tolist() == [[1] * 5 + [2] * 3]
+    assert torch.equal(unpack(packed["loss"], where, loss.shape[1]), loss * attention)
+    assert torch.equal(unpack(packed["loss_mask"], where, mask.shape[1]), mask)
 
 
 def test_micro_batches_count_episodes():

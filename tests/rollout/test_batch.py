@@ -1,10 +1,11 @@
-"""Episode -> Batch: token layout, masks, reward placement, drops and packing."""
+"""Episode -> Batch: token layout, masks, reward placement, drops; and the packed layout the workers' boundary makes of it."""
 
 import pytest
 import torch
 
-from grl.rollout.batch import build_batch, pack_rows, packed_attention_mask, unpack
+from grl.rollout.batch import build_batch, pack_rows, packed_attention_mask
 from grl.rollout.types import Episode, Turn
+from grl.workers.sharding import pack, unpack
 
 
 def two_turn_episode(group_id=0, member=0):
@@ -62,19 +63,17 @@ def test_pack_rows_first_fit_decreasing():
     assert all(sum([3, 7, 2, 2, 6, 1][i] for i in r) <= 8 for r in rows)
 
 
-def test_packed_batch_restarts_positions_and_unpacks():
+def test_packed_rows_restart_positions_and_unpack_to_the_padded_batch():
     eps = [two_turn_episode(0, 0), short_episode(), two_turn_episode(2, 1)]
     padded, _ = build_batch(eps)
-    packed, _ = build_batch(eps, packing=True, max_episode_length=12)
+    packed, where = pack(padded.tensors, capacity=12)
     # lengths 9, 3, 9 into rows of 12: [0, 1], [2]
     assert packed["input_ids"].shape == (2, 12)
     assert packed["position_ids"][0].tolist() == list(range(9)) + [0, 1, 2]
     assert packed["segment_ids"].tolist() == [[1] * 9 + [2] * 3, [1] * 9 + [0] * 3]
-    assert packed["seq_ids"][1].tolist() == [2] * 9 + [-1] * 3
-    assert packed.meta["task"] == [["taskA", "taskB"], ["taskA"]]
-    for key in ("input_ids", "loss_mask", "turn_ids", "token_rewards", "rollout_log_probs"):
-        pad = -1 if key == "turn_ids" else 0
-        assert torch.equal(unpack(packed[key], packed["seq_ids"], pad), padded[key]), key
+    assert where == [(0, 0, 9), (0, 9, 3), (1, 0, 9)]
+    for key in ("input_ids", "loss_mask", "token_rewards", "rollout_log_probs"):
+        assert torch.equal(unpack(packed[key], where, padded[key].shape[1]), padded[key]), key
 
 
 def test_packed_attention_mask_is_block_diagonal_causal():
@@ -86,12 +85,13 @@ def test_packed_forward_matches_separate_forwards(hf_engine):
     """The documented worker recipe gives each episode the logits it gets alone."""
     model = hf_engine.model
     eps = [two_turn_episode(), short_episode()]
-    packed, _ = build_batch(eps, packing=True, max_episode_length=16)
+    padded, _ = build_batch(eps)
+    packed, _ = pack(padded.tensors, capacity=16)
     with torch.no_grad():
         mask = packed_attention_mask(packed["segment_ids"])
         joint = model(input_ids=packed["input_ids"], attention_mask=mask, position_ids=packed["position_ids"]).logits
         for k, ep in enumerate(eps):
-            where = packed["seq_ids"][0] == k
+            where = packed["segment_ids"][0] == k + 1
             ids = packed["input_ids"][0][where][None]
             alone = model(input_ids=ids).logits[0]
             assert torch.allclose(joint[0][where], alone, atol=1e-4), k
@@ -124,15 +124,20 @@ def test_windowed_rows_score_each_turn_prompt_as_if_alone(hf_engine, packing):
 
     model = hf_engine.model
     eps = [windowed_episode(), two_turn_episode(), short_episode()]
-    batch, _ = build_batch(eps, packing=packing, max_episode_length=32)
-    spans = attention_spans(batch.tensors)
+    batch, _ = build_batch(eps, max_episode_length=32)
+    tensors, place = pack(batch.tensors, capacity=32) if packing else (batch.tensors, None)
+    if packing:  # the windowed episode shares its row, and keeps its context ids
+        assert tensors["segment_ids"][place[0][0]].max() > 1
+        assert torch.equal(unpack(tensors["context_ids"], place, batch["context_ids"].shape[1]), batch["context_ids"])
+    spans = attention_spans(tensors)
     with torch.no_grad():
-        scored, _ = TokenScorer(model, "policy")(batch["input_ids"], batch["attention_mask"], batch["position_ids"],
+        scored, _ = TokenScorer(model, "policy")(tensors["input_ids"], tensors["attention_mask"], tensors["position_ids"],
                                                  spans, chunk_size=4)
-        blind, _ = TokenScorer(model, "policy")(batch["input_ids"], batch["attention_mask"], batch["position_ids"],
-                                                batch.tensors.get("segment_ids"), chunk_size=4)
-    row = 0 if not packing else int((batch["seq_ids"] == 0).any(1).nonzero()[0])
-    where = batch["seq_ids"][row] == 0 if packing else torch.ones_like(batch["input_ids"][row], dtype=torch.bool)
+        blind, _ = TokenScorer(model, "policy")(tensors["input_ids"], tensors["attention_mask"], tensors["position_ids"],
+                                                tensors.get("segment_ids"), chunk_size=4)
+    if packing:
+        scored, blind = (unpack(x, place, batch["input_ids"].shape[1]) for x in (scored, blind))
+    row, where = 0, batch["attention_mask"][0] > 0
     got, mask = scored[row][where], batch["loss_mask"][row][where]
     start = 0
     for turn in eps[0].turns:

@@ -41,7 +41,7 @@ def test_config_rollout_to_shaped_batch(hf_engine, tokenizer):
     assert metrics["simpleSokobanAgent/kept_groups"] == 1 and metrics["gsm8kAgent_5_turn/kept_groups"] == 1
     score_of = dict(zip((e.uid for e in episodes), scores))
     batch, _ = build_batch(kept, use_turn_scores=r.use_turn_scores, max_episode_length=r.max_episode_length,
-                           packing=r.packing, pad_token_id=tokenizer.pad_token_id,
+                           pad_token_id=tokenizer.pad_token_id,
                            scores=[score_of[e.uid] for e in kept])
     assert sorted(batch.meta["task"]) == ["gsm8kAgent_5_turn"] * 3 + ["simpleSokobanAgent"] * 2
     assert batch.meta["episode_score"] == pytest.approx([score_of[u] for u in batch.meta["uid"]])

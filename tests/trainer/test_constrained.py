@@ -1,5 +1,5 @@
 """Valid-action decoding end to end: a constrained rollout of the real games through the actor
-group's engine, the token batch (padded and packed), and the trainer's log-probs of the same tokens.
+group's engine, the token batch, and the trainer's log-probs (the ranks scoring padded or packed rows) of the same tokens.
 The policy that is trained must be the policy that acted: same mask, same temperature."""
 
 from pathlib import Path
@@ -50,6 +50,14 @@ def actor(cfg):
     group.shutdown()
 
 
+@pytest.fixture(params=[False, True], ids=["padded", "packed"])
+def packing(request, actor):
+    """`rollout.packing` of the actor group: whether the ranks score packed rows."""
+    actor.cfg.rollout.packing = request.param
+    yield request.param
+    actor.cfg.rollout.packing = False
+
+
 @pytest.fixture(scope="module")
 def episodes(cfg, actor):
     from grl.models import load_tokenizer
@@ -68,9 +76,8 @@ def test_every_constrained_answer_parses_and_every_action_is_valid(episodes):
     assert all(t.response_allowed is not None for ep in episodes.episodes for t in ep.turns)
 
 
-@pytest.mark.parametrize("packing", [False, True])
 def test_trainer_log_probs_equal_the_engine_s(actor, episodes, packing):
-    batch, _ = build_batch(episodes.episodes, packing=packing, max_episode_length=4096)
+    batch, _ = build_batch(episodes.episodes, max_episode_length=4096)
     assert batch["constraint_ids"].dim() == 3 and batch["constraint_size"].shape == batch["input_ids"].shape
     batch["old_log_probs"], _ = actor.compute_log_probs(batch)
     mismatch = rollout_mismatch_metrics(batch)
@@ -81,7 +88,6 @@ def test_trainer_log_probs_equal_the_engine_s(actor, episodes, packing):
     assert rollout_mismatch_metrics(plain)["training/rollout_probs_diff_max"] > 1e-2
 
 
-@pytest.mark.parametrize("packing", [False, True])
 def test_with_a_context_window_the_trainer_scores_what_the_engine_saw(cfg, actor, packing):
     """agent_config.max_context_window=1: every turn is prompted afresh with the last turn and the
     current board; the actor group scores each reply from that prompt alone."""
@@ -94,7 +100,7 @@ def test_with_a_context_window_the_trainer_scores_what_the_engine_saw(cfg, actor
     sampling = sampling_from_config(cfg.actor_rollout_ref.rollout, validate=False, max_new_tokens=48)
     result = rollout.run(specs, 13, sampling)
     rollout.close()
-    batch, _ = build_batch(result.episodes, packing=packing, max_episode_length=4096)
+    batch, _ = build_batch(result.episodes, max_episode_length=4096)
     assert int(batch["context_ids"].max()) == 3  # some episode played all three turns
     batch["old_log_probs"], _ = actor.compute_log_probs(batch)
     assert rollout_mismatch_metrics(batch)["training/rollout_probs_diff_max"] < 1e-4

@@ -27,7 +27,7 @@ def episodes(num_groups=3, group_size=4, seed=0):
 
 
 def rollout_cfg(**over):
-    cfg = {"use_turn_scores": False, "max_episode_length": 4096, "packing": False, "rollout_filter_ratio": 1.0,
+    cfg = {"use_turn_scores": False, "max_episode_length": 4096, "rollout_filter_ratio": 1.0,
            "rollout_filter_type": "std", "reward_normalization": {"grouping": "state", "method": "identity"}}
     cfg.update(over)
     return OmegaConf.create(cfg)
@@ -50,34 +50,71 @@ def score(batch, seed=1):
     batch["ref_log_probs"] = batch["old_log_probs"] - 0.1 * batch["loss_mask"]
 
 
-def per_episode(batch, key):
-    """{uid: values on that episode's tokens} for padded or packed batches."""
-    out = {}
-    if "seq_ids" not in batch:
-        for row, uid in enumerate(batch.meta["uid"]):
-            out[uid] = batch[key][row][batch["attention_mask"][row] > 0]
-        return out
-    uids = [u for row in batch.meta["uid"] for u in row]
-    for k, uid in enumerate(uids):
-        out[uid] = batch[key][batch["seq_ids"] == k]
-    return out
+def recording(group, sent):
+    """`group.call_sharded` that notes, per call, whether the ranks were sent packed rows."""
+    real = group.call_sharded
+
+    def call(method, shards, *args):
+        first = shards[0][0] if method == "update" else shards[0]
+        sent.append((method, "segment_ids" in first))
+        return real(method, shards, *args)
+    return call
 
 
-@pytest.mark.parametrize("estimator", ["gae", "bi_level_gae", "grpo", "rloo", "reinforce_plus_plus", "gigpo", "rebn"])
-def test_packed_batch_gets_the_same_advantages_as_padded(estimator):
-    eps = episodes()
-    results = []
-    for packing in (False, True):
-        batch, _ = shape_batch(eps, rollout_cfg(packing=packing, max_episode_length=40), pad_token_id=0)
-        score(batch)
-        # values must match per token for the comparison: recompute them from (token, position)
-        add_advantages(batch, algo_cfg(estimator), make_kl_controller("fixed", 0.0))
-        results.append((per_episode(batch, "advantages"), per_episode(batch, "returns")))
-    (adv_a, ret_a), (adv_b, ret_b) = results
-    assert adv_a.keys() == adv_b.keys()
-    for uid in adv_a:
-        torch.testing.assert_close(adv_a[uid], adv_b[uid])
-        torch.testing.assert_close(ret_a[uid], ret_b[uid])
+@pytest.mark.slow
+def test_packing_at_the_workers_scores_and_trains_as_padded_rows(tmp_path, monkeypatch):
+    """The trainer's batch is one episode per row either way; with rollout.packing the groups send
+    the ranks packed rows and hand back the same log-probs, values and updates."""
+    ray = pytest.importorskip("ray")
+    from grl.config import compose
+    from grl.workers import ActorRolloutRefGroup, CriticGroup, init_ray
+
+    started = not ray.is_initialized()
+    init_ray(None, num_cpus=4, include_dashboard=False)
+    cfg = compose(["model_path=tiny", "n_gpus_per_node=2", "nnodes=1", "ppo_mini_batch_size=6",
+                   "micro_batch_size_per_gpu=2", "trainer.device=cpu", "actor_rollout_ref.rollout.name=hf",
+                   "actor_rollout_ref.actor.logits_chunk_size=5", "actor_rollout_ref.actor.use_kl_loss=true",
+                   "rollout.max_episode_length=40"])
+    actor = critic = None
+    try:
+        actor, critic = ActorRolloutRefGroup(cfg, world_size=2, use_ref=True), CriticGroup(cfg, world_size=2)
+        sent = []
+        for group in (actor, critic):
+            monkeypatch.setattr(group, "call_sharded", recording(group, sent))
+            group.save_checkpoint(tmp_path / group.role)
+        results = []
+        for packing in (False, True):
+            cfg.rollout.packing = packing
+            batch, _ = shape_batch(episodes(), rollout_cfg(max_episode_length=40), pad_token_id=0)
+            batch["old_log_probs"], batch["entropy"] = actor.compute_log_probs(batch)
+            batch["ref_log_probs"] = actor.compute_ref_log_probs(batch)
+            batch["values"] = critic.compute_values(batch)
+            add_advantages(batch, algo_cfg("gae"), make_kl_controller("fixed", 0.0))
+            metrics = {**critic.update(batch, step=1), **actor.update(batch, step=1)}
+            after = {"log_probs": actor.compute_log_probs(batch)[0], "values": critic.compute_values(batch)}
+            results.append((batch, metrics, after))
+            for group in (actor, critic):
+                group.load_checkpoint(tmp_path / group.role)
+        assert {packed for _, packed in sent} == {False, True}
+        assert all(packed == (i >= len(sent) // 2) for i, (_, packed) in enumerate(sent))
+        (padded, padded_m, padded_after), (packed, packed_m, packed_after) = results
+        assert len(packed) == len(padded) == 12 and packed.meta == padded.meta
+        for key in ("old_log_probs", "entropy", "ref_log_probs", "values", "advantages", "returns"):
+            torch.testing.assert_close(packed[key], padded[key], atol=1e-5, rtol=0)
+        assert padded["old_log_probs"].abs().max() > 0
+        for key in ("actor/pg_loss", "actor/entropy", "actor/kl_loss", "actor/grad_norm", "critic/vf_loss",
+                    "critic/grad_norm"):
+            assert packed_m[key] == pytest.approx(padded_m[key], abs=1e-5), key
+        for key, value in padded_after.items():  # the same steps: the same weights after them
+            torch.testing.assert_close(packed_after[key], value, atol=1e-5, rtol=0)
+            assert (value - padded[key if key == "values" else "old_log_probs"]).abs().max() > 1e-4, key
+    finally:
+        cfg.rollout.packing = False
+        for group in (actor, critic):
+            if group is not None:
+                group.shutdown()
+        if started:
+            ray.shutdown()
 
 
 def test_kl_in_reward_lowers_rewards_and_moves_the_adaptive_coefficient():

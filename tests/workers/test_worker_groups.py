@@ -3,6 +3,7 @@ the tiny model, checked against plain single-process torch."""
 
 import math
 import sys
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -125,22 +126,26 @@ def batch(actor):
     return b
 
 
-def pack_rows(b, rows_of_members):
-    """Packed layout (as grl.rollout.batch builds it): episodes side by side,
-    positions restarting, segment ids 1, 2, ... and 0 on padding."""
-    width = max(sum(int(b["attention_mask"][i].sum()) for i in members) for members in rows_of_members)
-    out = {k: torch.zeros(len(rows_of_members), width, dtype=torch.long)
-           for k in ("input_ids", "attention_mask", "position_ids", "segment_ids")}
-    for row, members in enumerate(rows_of_members):
-        start = 0
-        for segment, i in enumerate(members, start=1):
-            n = int(b["attention_mask"][i].sum())
-            out["input_ids"][row, start:start + n] = b["input_ids"][i, :n]
-            out["attention_mask"][row, start:start + n] = 1
-            out["position_ids"][row, start:start + n] = torch.arange(n)
-            out["segment_ids"][row, start:start + n] = segment
-            start += n
-    return Batch(out)
+@contextmanager
+def packing(group, capacity):
+    """The group sends its ranks packed rows of `capacity` tokens (`rollout.packing`); yields the
+    list of what each of its calls sent the ranks."""
+    rollout, sent, real = group.cfg.rollout, [], group.call_sharded
+    saved = rollout.packing, rollout.max_episode_length
+    rollout.packing, rollout.max_episode_length = True, capacity
+    group.call_sharded = lambda method, shards, *args: sent.append(shards) or real(method, shards, *args)
+    try:
+        yield sent
+    finally:
+        del group.call_sharded
+        rollout.packing, rollout.max_episode_length = saved
+
+
+def episodes_per_row(shard_lists) -> list[int]:
+    """Over everything sent to the ranks: the episodes of each row."""
+    flat = [s for shards in shard_lists for s in shards]
+    flat = [m for s in flat for m in (s if isinstance(s, list) else [s])]
+    return [n for s in flat for n in s["segment_ids"].amax(-1).tolist()]
 
 
 def policy_with(weights):
@@ -205,15 +210,12 @@ def test_log_probs_match_single_process(actor, batch):
     assert (actor.compute_ref_log_probs(batch) - ref_lp).abs().max() < 1e-5
     odd = batch.select([0, 1, 2])  # 3 rows over 2 ranks: one rank gets a filler row
     assert torch.equal(actor.compute_log_probs(odd)[0], log_probs[:3])
-    packed = pack_rows(batch, [[1, 3], [5, 2]])
-    packed_lp, _ = actor.compute_log_probs(packed)
-    for row, members in enumerate([[1, 3], [5, 2]]):
-        start = 0
-        for i in members:
-            n = int(batch["attention_mask"][i].sum())
-            sampled_i = batch["loss_mask"][i, :n] > 0  # the packed batch has no loss_mask: scored everywhere
-            assert (packed_lp[row, start:start + n] - log_probs[i, :n])[sampled_i].abs().max() < 1e-5
-            start += n
+    with packing(actor, 24) as sent:  # lengths 14, 9, 12, 7, 14, 10 in rows of 24: 14 + 10, 14 + 9, 12 + 7
+        packed_lp, packed_ent = actor.compute_log_probs(batch)
+        packed_ref = actor.compute_ref_log_probs(batch)
+    assert episodes_per_row(sent) == [2] * 8  # per call: 3 packed rows and a filler (a copy of row 0)
+    assert (packed_lp - log_probs).abs().max() < 1e-5 and (packed_ent - entropy).abs().max() < 1e-4
+    assert (packed_ref - ref_lp).abs().max() < 1e-5
 
 
 def test_update_matches_single_process_ppo_step(actor, batch):
@@ -259,16 +261,19 @@ def test_values_match_single_process_critic(critic, batch):
 
 def test_an_episode_dropped_on_the_driver_trains_as_if_absent_and_inf_gradient_skips_the_step(
         actor, batch, tmp_path):
-    """The trainer drops non-finite episodes once (a packed row keeps its other episode, its NaN
-    left in place under a zero loss mask); the ranks train as if the episode had never been there."""
+    """The trainer drops non-finite episodes once; the ranks, on packed rows, train as if the
+    episode had never been there."""
     from grl.trainer.transforms import drop_nonfinite_rows
 
     actor.save_checkpoint(tmp_path / "start")
-    packed = packed_like(batch, [[1, 3], [5, 2], [0], [4]])
-    packed["advantages"][1, int(batch["attention_mask"][5].sum()) + 6] = math.nan  # episode 2, a loss token
-    packed, dropped = drop_nonfinite_rows(packed)
+    bad = Batch(dict(batch.tensors), batch.meta)
+    bad["advantages"] = batch["advantages"].clone()
+    bad["advantages"][2, 6] = math.nan  # a loss token
+    bad, dropped = drop_nonfinite_rows(bad)
     assert dropped == 1
-    metrics = actor.update(packed, step=1)
+    with packing(actor, 24) as sent:
+        metrics = actor.update(bad, step=1)
+    assert max(episodes_per_row(sent)) == 2
     assert metrics["actor/skipped_steps"] == 0
     after_nan = actor.execute(_full_weights)[0]
     assert all(torch.isfinite(v).all() for v in after_nan.values())
@@ -341,40 +346,26 @@ def _optimizer_steps(worker):
     return worker.scheduler.last_epoch
 
 
-def packed_like(b, rows_of_members):
-    """Every per-token tensor of `b` in the packed layout; `seq_ids` keep the episode's row in `b`,
-    so the mini-batch plan draws the same episodes in both layouts."""
-    packed = pack_rows(b, rows_of_members)
-    width = packed["input_ids"].shape[1]
-    for key in ("loss_mask", "advantages", "old_log_probs", "ref_log_probs"):
-        packed[key] = torch.zeros(len(packed), width, dtype=b[key].dtype)
-    packed["seq_ids"] = torch.full((len(packed), width), -1, dtype=torch.long)
-    for row, members in enumerate(rows_of_members):
-        start = 0
-        for i in members:
-            n = int(b["attention_mask"][i].sum())
-            for key in ("loss_mask", "advantages", "old_log_probs", "ref_log_probs"):
-                packed[key][row, start:start + n] = b[key][i, :n]
-            packed["seq_ids"][row, start:start + n] = i
-            start += n
-    return packed
-
-
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"])
 def test_packed_and_padded_batches_train_alike(actor, batch, tmp_path, mode):
-    """Same episodes, two layouts: the same losses, optimizer steps and gradients (3 episodes per
-    mini-batch -> 2 steps; micro-batches of 1 episode, a packed row of 2 goes alone)."""
-    packed = packed_like(batch, [[1, 3], [5, 2], [0], [4]])
+    """Same episodes, the ranks on padded or packed rows: the same losses, optimizer steps and
+    gradients (3 episodes per mini-batch -> 2 steps; micro-batches of 1 episode, a packed row of 2
+    goes alone)."""
     actor.save_checkpoint(tmp_path / "start")
     section = actor.cfg.actor_rollout_ref.actor
     section.ppo_mini_batch_size = 3
     results = []
-    for layout in (batch, packed):
+    for packed in (False, True):
         actor.load_checkpoint(tmp_path / "start")
         actor.execute(_fresh_optimizer)
         actor.execute(_set_loss_agg_mode, mode)
         steps = actor.execute(_optimizer_steps)[0]
-        metrics = actor.update(layout, step=1)  # the same shuffle for both layouts
+        if packed:
+            with packing(actor, 24) as sent:
+                metrics = actor.update(batch, step=1)  # the same shuffle for both layouts
+            assert max(episodes_per_row(sent)) == 2
+        else:
+            metrics = actor.update(batch, step=1)
         results.append((metrics, actor.execute(_optimizer_steps)[0] - steps, actor.execute(_first_moments)[0]))
     actor.execute(_set_loss_agg_mode, "token-mean")
     section.ppo_mini_batch_size = 6
