@@ -13,8 +13,9 @@ wrong one, -0.1 more without <answer> tags), so the reward curves are comparable
 
 TRL lives in its own virtual environment, .bench-venvs/trl (gitignored), which this script builds on
 first use: the CPU torch 2.13.0 first (the local wheel in /opt/wheels when there is one), so that
-nothing pulls a CUDA torch, then trl==1.16.* with the transformers it asks for. When that environment
-cannot be built the script says so in one line and exits 0. No test imports TRL.
+nothing pulls a CUDA torch, then trl==1.16.* with the transformers it asks for (and omegaconf, which GRL's
+agent code reads). When that environment cannot be built the script says so in one line and exits 0. No
+test imports TRL.
 
 Settings, GRL key <-> TRL GRPOConfig field (read from trl 1.16.0's grpo_config.py / grpo_trainer.py):
   rollout.agent_group_num=[P]            <-> P prompts a step: per_device_train_batch_size = P * G,
@@ -121,12 +122,13 @@ def run_measured(cmd: list[str], env: dict, log: Path) -> tuple[int, float, floa
 def trl_python() -> Path | None:
     """The TRL venv's python, building the venv on first use; None (after one line) when it cannot be built."""
     python = VENV / "bin" / "python"
-    if python.exists() and subprocess.run([python, "-c", "import trl"], capture_output=True).returncode == 0:
+    if python.exists() and subprocess.run([python, "-c", "import trl, omegaconf"], capture_output=True).returncode == 0:
         return python
     wheels = sorted(TORCH_WHEEL_DIR.glob("torch-2.13.0*cpu*.whl")) if TORCH_WHEEL_DIR.is_dir() else []
     steps = [[sys.executable, "-m", "venv", str(VENV)],
              [python, "-m", "pip", "install", "-q", str(wheels[0]) if wheels else "torch==2.13.0"],
-             [python, "-m", "pip", "install", "-q", "trl==1.16.*"]]
+             # omegaconf: GRL's agent code, which prompts and scores for TRL too, reads its config schema
+             [python, "-m", "pip", "install", "-q", "trl==1.16.*", "omegaconf==2.3.1"]]
     print(f"bench_vs_trl: building {VENV.relative_to(REPO)} (torch 2.13.0 CPU, then trl 1.16) ...", flush=True)
     for step in steps:
         result = subprocess.run(step, capture_output=True, text=True)
