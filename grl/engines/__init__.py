@@ -41,7 +41,7 @@ register("vllm", "grl.engines.vllm_engine:build")
 
 def engine_names() -> tuple[str, ...]:
     """What `actor_rollout_ref.rollout.name` may be: a registered engine or `auto`."""
-    return (*ENGINES, "auto")
+    return ("auto", *ENGINES)
 
 
 def _cuda_available() -> bool:

@@ -30,13 +30,14 @@ from grl.trainer.metrics import (
     Timer,
     batch_metrics,
     mfu_inputs,
+    on_policy_mismatch,
     reward_metrics,
     rollout_mismatch_metrics,
     task_metrics,
     throughput_metrics,
     turn_length_metrics,
 )
-from grl.trainer.transforms import add_advantages, drop_nonfinite_rows, shape_batch
+from grl.trainer.transforms import add_advantages, drop_nonfinite_rows, needs_old_log_probs, shape_batch
 from grl.trainer.validation import validation_metrics
 from grl.workers import WorkerDiedError
 from grl.workers.group import TEARDOWN_TIMEOUT_S
@@ -174,9 +175,10 @@ class AgentTrainer:
                 self._sync_if(syncs)
                 return {**metrics, **timer.metrics()}, None
 
-            with phase("old_log_prob"), timer("old_log_prob"):
-                batch["old_log_probs"], batch["entropy"] = self.actor.compute_log_probs(batch)
-            metrics.update(rollout_mismatch_metrics(batch))
+            if needs_old_log_probs(self.cfg, len(batch)):  # else the update's own pass gives them
+                with phase("old_log_prob"), timer("old_log_prob"):
+                    batch["old_log_probs"], _ = self.actor.compute_log_probs(batch)
+                metrics.update(rollout_mismatch_metrics(batch))
             if self.use_ref:
                 with phase("ref"), timer("ref"):
                     batch["ref_log_probs"] = self.actor.compute_ref_log_probs(batch)
@@ -194,7 +196,7 @@ class AgentTrainer:
                     metrics.update(self.critic.update(batch, step))
             if len(batch) > 0 and syncs:
                 with phase("update_actor"), timer("update_actor"):
-                    metrics.update(self.actor.update(batch, step))
+                    metrics.update(on_policy_mismatch(self.actor.update(batch, step)))
             with phase("sync_weights"), timer("sync_weights"):
                 self._sync_if(syncs)
         if len(batch) > 0:

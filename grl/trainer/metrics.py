@@ -159,6 +159,12 @@ class Timer:
         return {f"timing_s/{phase}": seconds for phase, seconds in self.times.items()}
 
 
+def on_policy_mismatch(update_metrics: dict[str, float]) -> dict[str, float]:
+    """The actor's update metrics, with the engine/trainer mismatch that an on-policy update measured
+    (no old log-prob pass) under the names `rollout_mismatch_metrics` gives it."""
+    return {k.replace("actor/rollout_probs_diff_", "training/rollout_probs_diff_"): v for k, v in update_metrics.items()}
+
+
 def rollout_mismatch_metrics(batch) -> dict[str, float]:
     """verl's `training/rollout_probs_diff_*`: how far the engine's log-probs of the sampled tokens
     are from the trainer's (old) log-probs of the same tokens; near 0 when the trained policy is the

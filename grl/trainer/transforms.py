@@ -56,6 +56,15 @@ def turn_states(state_keys: list[list]) -> torch.Tensor:
                         dtype=torch.long).view(len(state_keys), width)
 
 
+def needs_old_log_probs(cfg: DictConfig, episodes: int) -> bool:
+    """Whether the step needs a scoring pass for the behaviour log-probs. An update of one epoch over
+    one mini-batch takes its single optimizer step at the weights that sampled, so the log-probs it
+    computes are the old ones (TRL's num_iterations=1); a second mini-batch or epoch, or a KL penalty
+    in the reward (applied before the update), needs them beforehand."""
+    actor = cfg.actor_rollout_ref.actor
+    return actor.ppo_epochs > 1 or episodes > actor.ppo_mini_batch_size or bool(cfg.algorithm.use_kl_in_reward)
+
+
 # What the updates read on a trained token: an episode with NaN/inf in any of them is trained on by
 # neither the actor nor the critic. The workers trust the batch they get, so this is the one drop.
 UPDATE_INPUTS = ("token_rewards", "advantages", "returns", "old_log_probs", "ref_log_probs", "values")

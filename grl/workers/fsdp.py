@@ -220,7 +220,8 @@ def all_reduce_sum(values: list[float]) -> list[float]:
     return t.tolist()
 
 
-def all_reduce_max(value: int) -> int:
-    t = torch.tensor([value], dtype=torch.int64, device=_scalar_device())
+def all_reduce_max(values: list[float]) -> list[float]:
+    """The largest of a few scalars over the ranks."""
+    t = torch.tensor(values, dtype=torch.float64, device=_scalar_device())
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return int(t.item())
+    return t.tolist()

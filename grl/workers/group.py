@@ -242,9 +242,10 @@ class ActorRolloutRefGroup(_WorkerGroup):
         return self._score("compute_log_probs", pick(batch, POLICY_SCORE_KEYS), True)[0]
 
     def update(self, batch: Batch, step: int) -> dict[str, float]:
-        """PPO epochs over mini-batches (shuffled by the run's seed and `step`); needs advantages,
-        old_log_probs and loss_mask (ref_log_probs too when use_kl_loss), all finite."""
-        for key in ("advantages", "old_log_probs", "loss_mask"):
+        """PPO epochs over mini-batches (shuffled by the run's seed and `step`); needs advantages and
+        loss_mask (ref_log_probs too when use_kl_loss), all finite, and old_log_probs unless the update
+        is one epoch over one mini-batch (then its own log-probs are the old ones)."""
+        for key in ("advantages", "loss_mask"):
             if key not in batch:
                 raise KeyError(f"actor update: the batch has no {key!r}")
         return self._update(batch, ACTOR_KEYS, self.cfg.actor_rollout_ref.actor, step)

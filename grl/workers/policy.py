@@ -33,9 +33,12 @@ class PolicyObjective:
 
         c = self.cfg
         log_probs, entropy = out
+        # Without old log-probs the update is on-policy (one mini-batch, one epoch: the trainer skips
+        # their pass), so the current ones are the behaviour policy's.
+        old = t["old_log_probs"] if "old_log_probs" in t else log_probs.detach()
         seg, cap = seg_of(t), float(c.tis_imp_ratio_cap)
-        tis = truncated_is_weights(t["old_log_probs"], t["rollout_log_probs"], cap) if cap > 0 else None
-        pg, m = policy_loss(log_probs, t["old_log_probs"], t["advantages"], t["loss_mask"],
+        tis = truncated_is_weights(old, t["rollout_log_probs"], cap) if cap > 0 else None
+        pg, m = policy_loss(log_probs, old, t["advantages"], t["loss_mask"],
                             clip_ratio_low=float(c.clip_ratio_low), clip_ratio_high=float(c.clip_ratio_high),
                             clip_ratio_c=float(c.clip_ratio_c), loss_agg_mode=mode, segment_ids=seg, is_weights=tis)
         coeff = float(c.entropy_coeff)
@@ -43,6 +46,11 @@ class PolicyObjective:
         loss = pg - coeff * ent
         stats = {"pg_loss": pg.detach().item(), "entropy": ent.detach().item(), "pg_clipfrac": float(m["pg_clipfrac"]),
                  "pg_clipfrac_lower": float(m["pg_clipfrac_lower"]), "ppo_kl": float(m["ppo_kl"])}
+        if "old_log_probs" not in t:  # the engine against the trainer, which the skipped pass would report
+            sampled = t["loss_mask"] > 0
+            diff = (t["rollout_log_probs"] - old).abs()[sampled]
+            if diff.numel():
+                stats["rollout_probs_diff_mean"], stats["rollout_probs_diff_max"] = diff.mean().item(), diff.max().item()
         if self.uses_kl_loss(t):
             kl = kl_loss(log_probs, t["ref_log_probs"], t["loss_mask"], kind=c.kl_loss_type, loss_agg_mode=mode,
                          segment_ids=seg)

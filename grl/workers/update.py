@@ -54,6 +54,11 @@ def aggregated_like_loss(stat: str) -> bool:
     return stat.endswith("loss") or stat == "entropy"
 
 
+def is_peak(stat: str) -> bool:
+    """Stats that are the largest over micro-batches, mini-batches and ranks, not a mean."""
+    return stat.endswith("_max")
+
+
 def seg_of(tensors: dict) -> torch.Tensor | None:
     """The episode numbering of a packed part (None for a padded one)."""
     return tensors.get("segment_ids")
@@ -126,7 +131,10 @@ class UpdateLoop:
                 # FSDP2 averages gradients over ranks; the loss is a share of a global sum, so undo it.
                 (loss * weight * self.world_size).backward()
                 for k, v in micro_stats.items():
-                    stats[k] = stats.get(k, 0.0) + v * (weight if aggregated_like_loss(k) else token_weight)
+                    if is_peak(k):
+                        stats[k] = max(stats.get(k, -math.inf), v)
+                    else:
+                        stats[k] = stats.get(k, 0.0) + v * (weight if aggregated_like_loss(k) else token_weight)
             if tokens == 0:  # a step would be pure weight decay and momentum
                 log.warning("%s rank %d: mini-batch without loss tokens; no optimizer step", self.role, self.rank)
                 self.optimizer.zero_grad(set_to_none=True)
@@ -138,12 +146,13 @@ class UpdateLoop:
             else:
                 skipped += 1
             for k, v in stats.items():
-                totals[k] = totals.get(k, 0.0) + v
+                totals[k] = max(totals.get(k, -math.inf), v) if is_peak(k) else totals.get(k, 0.0) + v
             steps += 1
-        keys = sorted(totals)
-        summed = fsdp.all_reduce_sum([totals[k] for k in keys])
+        means, peaks = sorted(k for k in totals if not is_peak(k)), sorted(k for k in totals if is_peak(k))
         p = self.objective.prefix
-        metrics = {f"{p}/{k}": v / max(steps, 1) for k, v in zip(keys, summed)}
+        metrics = {f"{p}/{k}": v / max(steps, 1) for k, v in zip(means, fsdp.all_reduce_sum([totals[k] for k in means]))}
+        if peaks:  # the same keys on every rank: one collective each
+            metrics.update({f"{p}/{k}": v for k, v in zip(peaks, fsdp.all_reduce_max([totals[k] for k in peaks]))})
         metrics[f"{p}/grad_norm"] = sum(grad_norms) / len(grad_norms) if grad_norms else float("nan")
         metrics[f"{p}/lr"] = lr
         metrics[f"{p}/skipped_steps"] = float(skipped)

@@ -125,7 +125,7 @@ class Worker(UpdateLoop):
     def _micro_batches(self, tensors: dict, size: int) -> list[dict]:
         """`split_rows` into as many micro-batches as the busiest rank needs: every FSDP2 pass
         gathers parameters from all ranks, so a rank with an extra pass would wait forever."""
-        return split_rows(tensors, size, fsdp.all_reduce_max(len(split_rows(tensors, size))))
+        return split_rows(tensors, size, int(fsdp.all_reduce_max([len(split_rows(tensors, size))])[0]))
 
     def _to_device(self, tensors: dict) -> dict:
         return {k: v.to(self.device) for k, v in tensors.items()}

@@ -69,5 +69,5 @@ def test_an_unregistered_engine_name_is_refused_by_the_config_naming_the_choices
     from grl.config import ConfigError, load_config
 
     assert "greedy_loop" not in engine_names()
-    with pytest.raises(ConfigError, match=r"actor_rollout_ref.rollout.name: .*greedy_loop.*hf, vllm, auto"):
+    with pytest.raises(ConfigError, match=r"actor_rollout_ref.rollout.name: .*greedy_loop.*auto, hf, vllm"):
         load_config(["actor_rollout_ref.rollout.name=greedy_loop"])

@@ -8,7 +8,7 @@ from omegaconf import OmegaConf
 
 from grl.algo import make_kl_controller
 from grl.rollout.types import Episode, Turn
-from grl.trainer.transforms import add_advantages, drop_nonfinite_rows, shape_batch
+from grl.trainer.transforms import add_advantages, drop_nonfinite_rows, needs_old_log_probs, shape_batch
 from grl.trainer.metrics import batch_metrics, reward_metrics, task_metrics
 
 
@@ -113,6 +113,50 @@ def test_packing_at_the_workers_scores_and_trains_as_padded_rows(tmp_path, monke
         for group in (actor, critic):
             if group is not None:
                 group.shutdown()
+        if started:
+            ray.shutdown()
+
+
+@pytest.mark.slow
+def test_an_on_policy_update_needs_no_old_log_prob_pass(tmp_path):
+    """One epoch over one mini-batch: the update's own log-probs are the behaviour policy's, so the
+    pass that computes them beforehand changes nothing (TRL's num_iterations=1); without it the
+    update reports the engine/trainer mismatch that the pass would have."""
+    ray = pytest.importorskip("ray")
+    from grl.config import compose
+    from grl.rollout.types import Batch
+    from grl.workers import ActorRolloutRefGroup, init_ray
+
+    started = not ray.is_initialized()
+    init_ray(None, num_cpus=4, include_dashboard=False)
+    cfg = compose(["model_path=tiny", "n_gpus_per_node=2", "ppo_mini_batch_size=12", "micro_batch_size_per_gpu=2",
+                   "trainer.device=cpu", "actor_rollout_ref.rollout.name=hf",
+                   "actor_rollout_ref.actor.logits_chunk_size=5"])
+    assert not needs_old_log_probs(cfg, 12)
+    assert needs_old_log_probs(cfg, 13)  # a second mini-batch trains on a moved policy
+    actor = None
+    try:
+        actor = ActorRolloutRefGroup(cfg, world_size=2, use_ref=False)
+        actor.save_checkpoint(tmp_path)
+        batch, _ = shape_batch(episodes(), rollout_cfg(), pad_token_id=0)
+        behaviour, _ = actor.compute_log_probs(batch)
+        batch["rollout_log_probs"] = behaviour - 0.01 * batch["loss_mask"]  # an engine a little off
+        add_advantages(batch, algo_cfg("grpo"), make_kl_controller("fixed", 0.0))
+        with_pass = actor.update(Batch({**batch.tensors, "old_log_probs": behaviour}, batch.meta), step=1)
+        after = actor.compute_log_probs(batch)[0]
+        actor.load_checkpoint(tmp_path)
+        without = actor.update(batch, step=1)
+        for key in ("actor/pg_loss", "actor/entropy", "actor/grad_norm", "actor/ppo_kl", "actor/pg_clipfrac"):
+            assert without[key] == pytest.approx(with_pass[key], abs=1e-6), key
+        assert with_pass["actor/grad_norm"] > 0
+        torch.testing.assert_close(actor.compute_log_probs(batch)[0], after, atol=1e-6, rtol=0)
+        assert (after - behaviour).abs().max() > 1e-4  # the step moved the policy
+        assert "actor/rollout_probs_diff_max" not in with_pass
+        assert without["actor/rollout_probs_diff_mean"] == pytest.approx(0.01, abs=1e-5)
+        assert without["actor/rollout_probs_diff_max"] == pytest.approx(0.01, abs=1e-5)
+    finally:
+        if actor is not None:
+            actor.shutdown()
         if started:
             ray.shutdown()
 
