@@ -47,10 +47,12 @@ class PolicyObjective:
         stats = {"pg_loss": pg.detach().item(), "entropy": ent.detach().item(), "pg_clipfrac": float(m["pg_clipfrac"]),
                  "pg_clipfrac_lower": float(m["pg_clipfrac_lower"]), "ppo_kl": float(m["ppo_kl"])}
         if "old_log_probs" not in t:  # the engine against the trainer, which the skipped pass would report
-            sampled = t["loss_mask"] > 0
-            diff = (t["rollout_log_probs"] - old).abs()[sampled]
-            if diff.numel():
-                stats["rollout_probs_diff_mean"], stats["rollout_probs_diff_max"] = diff.mean().item(), diff.max().item()
+            diff = (t["rollout_log_probs"] - old).abs()[t["loss_mask"] > 0]
+            # Present on every micro-batch, even one of padding rows only (its token weight is 0, and
+            # 0 is no peak): every rank must reduce the same keys.
+            empty = diff.numel() == 0
+            stats["rollout_probs_diff_mean"] = 0.0 if empty else diff.mean().item()
+            stats["rollout_probs_diff_max"] = 0.0 if empty else diff.max().item()
         if self.uses_kl_loss(t):
             kl = kl_loss(log_probs, t["ref_log_probs"], t["loss_mask"], kind=c.kl_loss_type, loss_agg_mode=mode,
                          segment_ids=seg)
