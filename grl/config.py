@@ -125,6 +125,13 @@ def _check_rules(cfg: DictConfig) -> None:
                           f"agent_group_size gives {episodes}; set it to {episodes} or null")
     if uses_critic(cfg) and not cfg.critic.enable:
         raise ConfigError(f"critic.enable: estimator {cfg.algorithm.adv_estimator} needs the critic")
+    if cfg.rollout.max_staleness > 0 and cfg.actor_rollout_ref.hybrid_engine:
+        raise ConfigError(f"rollout.max_staleness={cfg.rollout.max_staleness}: rollout then runs beside the update, "
+                          "so the engine needs a worker of its own; add actor_rollout_ref.hybrid_engine=false")
+    if cfg.rollout.max_staleness > 0 and cfg.actor_rollout_ref.actor.tis_imp_ratio_cap <= 0:
+        raise ConfigError(f"rollout.max_staleness={cfg.rollout.max_staleness}: episodes come from older weights than "
+                          "the update's, which the loss corrects for with truncated importance weights; set "
+                          "actor_rollout_ref.actor.tis_imp_ratio_cap (e.g. 2.0)")
     mode = cfg.trainer.resume_mode
     if mode not in ("auto", "disable") and not Path(mode).is_dir():
         raise ConfigError(f"trainer.resume_mode: {mode!r} is neither auto, disable nor an existing folder")

@@ -136,8 +136,13 @@ def _run_processes(marker: str) -> list[int]:
     return pids
 
 
-@pytest.mark.parametrize("wait_for", ["step 1", "update_actor"])
-def test_sigterm_ends_every_process_of_the_run(tmp_path, wait_for):
+ASYNC = ("actor_rollout_ref.hybrid_engine=false", "rollout.max_staleness=1",
+         "actor_rollout_ref.actor.tis_imp_ratio_cap=2")
+
+
+@pytest.mark.parametrize("wait_for, extra", [("step 1", ()), ("update_actor", ()), ("update_actor", ASYNC)],
+                         ids=["step 1", "update_actor", "update_actor with rollouts ahead"])
+def test_sigterm_ends_every_process_of_the_run(tmp_path, wait_for, extra):
     marker = f"GRL_SIGTERM_TEST={tmp_path.name}"
     # A user's shell, not this pytest process's environment (earlier tests' in-process Ray runs leave
     # RAY_* settings in it that change how Ray's agents end).
@@ -145,7 +150,7 @@ def test_sigterm_ends_every_process_of_the_run(tmp_path, wait_for):
     env = {**keep, "PYTHONPATH": str(REPO), marker.split("=")[0]: marker.split("=")[1]}
     cmd = [sys.executable, "-m", "grl.train", "preset=cpu", "model_path=tiny", "max_response_length=8",
            "total_training_steps=50", "trainer.val_before_train=false", "test_freq=-1", "save_freq=-1",
-           "trainer.export_hf=false", f"trainer.run_dir={tmp_path}/run", f"trainer.default_local_dir={tmp_path}/ck"]
+           "trainer.export_hf=false", f"trainer.run_dir={tmp_path}/run", f"trainer.default_local_dir={tmp_path}/ck", *extra]
     log = tmp_path / "out.log"
     with open(log, "w") as out:
         driver = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path)

@@ -41,6 +41,7 @@ class Episode:
     env_warnings: int = 0  # values of the env repaired during the episode (grl/envs/checks.py)
     member: int = 0  # position of the agent within its group
     messages: list[dict[str, str]] = field(default_factory=list)  # the chat as the agent saw it, for logging
+    policy_version: int = 0  # training steps behind the weights that sampled it (set by the trainer)
 
     @property
     def uid(self) -> str:

@@ -50,6 +50,12 @@ class Rollout:
     reward_normalization: RewardNormalization = section(RewardNormalization)
     max_episode_length: int = key(4096, "tokens; a longer episode is dropped from the batch and counted", ge=1)
     packing: bool = key(False, "the ranks compute on episodes packed into rows of max_episode_length tokens, not on padded rows")
+    max_staleness: int = key(0, "policy versions a trained episode may lag: k > 0 generates the next k steps' "
+                             "episodes while the trainer updates (needs actor_rollout_ref.hybrid_engine=false and "
+                             "actor_rollout_ref.actor.tis_imp_ratio_cap); 0: each step samples from the weights "
+                             "it trains", ge=0)
+    weight_sync_timeout: float = key(600.0, "seconds a separate rollout engine (hybrid_engine=false) may take to "
+                                     "load new weights before the run stops", gt=0)
     env_workers: int = key(16, "threads resetting and stepping envs", ge=1)
     env_step_timeout: float = key(60.0, "seconds before an env step counts as a failure", gt=0)
     env_error_penalty: Optional[float] = key(None, "reward of an episode whose env failed; null: the task's "

@@ -140,8 +140,9 @@ class RolloutEngine:
 
 @dataclass
 class ActorRolloutRef:
-    hybrid_engine: bool = key(True, "verl's colocation switch", no_effect="the rollout engine always lives with "
-                              "the actor's workers")
+    hybrid_engine: bool = key(True, "verl's colocation switch: true, the rollout engine lives in the actor's "
+                              "ranks; false, in a rollout worker of its own (on CPU with its own share of the cores, "
+                              "on GPU on a GPU of its own), as rollout.max_staleness > 0 needs")
     nccl_timeout: float = key(600, "seconds a collective may wait for its peers (torch.distributed timeout)", ge=1)
     model: Model = section(Model)
     actor: Actor = section(Actor)

@@ -12,7 +12,7 @@ import logging
 import os
 import shutil
 from collections.abc import Callable
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import replace
 from pathlib import Path
 
@@ -29,6 +29,7 @@ from grl.trainer import checkpoint as ckpt
 from grl.trainer.metrics import (
     Timer,
     batch_metrics,
+    importance_metrics,
     mfu_inputs,
     on_policy_mismatch,
     reward_metrics,
@@ -37,9 +38,18 @@ from grl.trainer.metrics import (
     throughput_metrics,
     turn_length_metrics,
 )
-from grl.trainer.transforms import add_advantages, drop_nonfinite_rows, needs_old_log_probs, shape_batch
+from grl.trainer.pipeline import RolloutAhead
+from grl.trainer.report import finish_report, run_postfix, start_report
+from grl.trainer.transforms import (
+    add_advantages,
+    drop_nonfinite_rows,
+    drop_stale_episodes,
+    needs_old_log_probs,
+    shape_batch,
+    staleness_metrics,
+)
 from grl.trainer.validation import validation_metrics
-from grl.workers import WorkerDiedError
+from grl.workers import WeightSyncTimeout, WorkerDiedError
 from grl.workers.group import TEARDOWN_TIMEOUT_S
 
 log = logging.getLogger("grl.trainer")
@@ -73,7 +83,8 @@ class AgentTrainer:
         self.show_progress = "console" in cfg.trainer.logger
         self.val_success: dict[str, list[tuple[int, float]]] = {}
         self._run_bar = None  # tqdm over the whole run, with its ETA
-        self._step_bar = None  # tqdm over the current step's phases, or over a validation  # task -> (step, validation success)
+        self._step_bar = None  # tqdm over the current step's phases, or over a validation
+        self.ahead: RolloutAhead | None = None  # rollouts ahead of the update (engine in a worker of its own)
 
     @classmethod
     def from_config(cls, cfg: DictConfig, hooks: list[StepHook] | None = None) -> AgentTrainer:
@@ -112,6 +123,11 @@ class AgentTrainer:
             if cfg.val_only:
                 self.tracker.log(self.validate(), self.global_step)
                 return
+            if getattr(self.actor, "separate", False):
+                self.ahead = RolloutAhead(self._rollout, self.actor.engine.load_weights,
+                                          max_staleness=int(self.cfg.rollout.max_staleness),
+                                          first_step=self.global_step + 1, last_step=cfg.total_training_steps,
+                                          version=self.global_step)
             self._run_bar = self._bar(total=cfg.total_training_steps, initial=self.global_step, desc="run",
                                       unit="step", position=0)
             if cfg.val_before_train and self.global_step == 0:
@@ -126,13 +142,17 @@ class AgentTrainer:
                     metrics.update(self.save_checkpoint())
                 self.tracker.log(metrics, step)
                 self._run_bar.update(1)
-                self._run_bar.set_postfix_str(_run_postfix(metrics), refresh=True)
+                self._run_bar.set_postfix_str(run_postfix(metrics), refresh=True)
                 for hook in self.hooks:
                     hook(self, step, metrics, batch)
             export = self.export_hf() if cfg.export_hf else None
             print(finish_report(self.val_success, self.last_checkpoint, export), flush=True)
         except WorkerDiedError as err:
             message = self._death_message(err)
+            log.error(message)
+            raise RunAborted(message) from err
+        except WeightSyncTimeout as err:
+            message = f"{err} during step {self.global_step}; {self._resume_hint()}"
             log.error(message)
             raise RunAborted(message) from err
         except KeyboardInterrupt:  # Ctrl-C, or SIGTERM turned into one by grl.train: stop the workers now
@@ -145,40 +165,55 @@ class AgentTrainer:
         """One PPO step: rollout -> batch -> shape -> score -> advantage -> update -> sync.
         Returns the step's metrics and the batch the update trained on (None if it was skipped)."""
         timer = Timer()
+        # The actor is updated and its weights synced this step (after the critic's warm-up).
+        syncs = step > self.cfg.trainer.critic_warmup
+        metrics: dict[str, float] = {}
         with self._progress(step) as phase, timer("step"):
-            with phase("rollout"), timer("gen"):
-                sampling = replace(self.sampling, seed=training_base_seed(self.cfg.trainer.seed, step))
-                result = self.rollout.run(self.train_tasks, training_base_seed(self.cfg.rollout.seed, step), sampling,
-                                          on_turn=self._show_turn)
-                # The actor is updated and its weights synced this step (after the critic's warm-up):
-                # the engine need not keep the ones it has.
-                syncs = step > self.cfg.trainer.critic_warmup
-                if self.cfg.actor_rollout_ref.rollout.free_cache_engine:
-                    # The engine's weights and KV cache leave the GPU for the update; the weight
-                    # sync and the next generate take them back.
-                    self.rollout.engine.sleep(discard_weights=syncs)
-            metrics = {**task_metrics(result.metrics, "train"), **reward_metrics(result.episodes),
-                       **turn_length_metrics(result.episodes, self.cfg.max_response_length, validation=False)}
+            with phase("rollout"):
+                if self.ahead is None:
+                    with timer("gen"):
+                        result = self._rollout(step)
+                        if self.cfg.actor_rollout_ref.rollout.free_cache_engine:
+                            # The engine's weights and KV cache leave the GPU for the update; the weight
+                            # sync and the next generate take them back (it need not keep weights it will get).
+                            self.rollout.engine.sleep(discard_weights=syncs)
+                else:
+                    ahead, timer.times["wait_prev_gen"] = self.ahead.take(step)
+                    result = ahead.result
+                    timer.times.update(gen=ahead.rollout_s, rollout_wait_weights=ahead.waited_for_weights_s,
+                                       rollout_load_weights=ahead.load_s)
+            for episode in result.episodes:
+                episode.policy_version = step - 1 if self.ahead is None else ahead.version
+            if self.ahead is not None:
+                metrics.update(staleness_metrics(result.episodes, step - 1))
+            episodes, stale = drop_stale_episodes(result.episodes, step - 1, int(self.cfg.rollout.max_staleness))
+            if stale:
+                log.error("step %d: %d episodes sampled more than rollout.max_staleness=%d versions ago were dropped",
+                          step, stale, self.cfg.rollout.max_staleness)
+            metrics.update({**task_metrics(result.metrics, "train"), **reward_metrics(result.episodes),
+                            **turn_length_metrics(result.episodes, self.cfg.max_response_length, validation=False),
+                            "training/dropped_stale_episodes": float(stale)})
             if self.cfg.actor_rollout_ref.actor.use_kl_loss:
                 metrics["actor/kl_coef"] = float(self.cfg.actor_rollout_ref.actor.kl_loss_coef)
-            failed = [ep for ep in result.episodes if ep.error is not None]
-            if failed and len(failed) == len(result.episodes):  # nothing but env-error penalties to learn from
+            failed = [ep for ep in episodes if ep.error is not None]
+            if failed and len(failed) == len(episodes):  # nothing but env-error penalties to learn from
                 log.warning("step %d: all %d episodes ended in env errors (first: task %s, seed %d: %s); update skipped",
                             step, len(failed), failed[0].task, failed[0].seed, failed[0].error.splitlines()[-1])
-                self._sync_if(syncs)
+                self._sync_if(syncs, step)
                 return {**metrics, **timer.metrics()}, None
 
-            batch, shape_metrics = shape_batch(result.episodes, self.cfg.rollout, self.rollout.tokenizer.pad_token_id)
+            batch, shape_metrics = shape_batch(episodes, self.cfg.rollout, self.rollout.tokenizer.pad_token_id)
             metrics.update(shape_metrics)
             if len(batch) == 0:
                 log.warning("step %d: no episode left to train on after filtering; update skipped", step)
-                self._sync_if(syncs)
+                self._sync_if(syncs, step)
                 return {**metrics, **timer.metrics()}, None
 
             if needs_old_log_probs(self.cfg, len(batch)):  # else the update's own pass gives them
                 with phase("old_log_prob"), timer("old_log_prob"):
                     batch["old_log_probs"], _ = self.actor.compute_log_probs(batch)
                 metrics.update(rollout_mismatch_metrics(batch))
+                metrics.update(importance_metrics(batch, float(self.cfg.actor_rollout_ref.actor.tis_imp_ratio_cap)))
             if self.use_ref:
                 with phase("ref"), timer("ref"):
                     batch["ref_log_probs"] = self.actor.compute_ref_log_probs(batch)
@@ -198,7 +233,7 @@ class AgentTrainer:
                 with phase("update_actor"), timer("update_actor"):
                     metrics.update(on_policy_mismatch(self.actor.update(batch, step)))
             with phase("sync_weights"), timer("sync_weights"):
-                self._sync_if(syncs)
+                self._sync_if(syncs, step)
         if len(batch) > 0:
             metrics.update(batch_metrics(batch))
             metrics.update(throughput_metrics(batch, timer.times,
@@ -208,10 +243,20 @@ class AgentTrainer:
         metrics.update(timer.metrics())
         return metrics, (batch if len(batch) > 0 else None)
 
-    def _sync_if(self, syncs: bool) -> None:
+    def _rollout(self, step: int):
+        """Every training task's episodes of `step`, sampled by the engine's current weights."""
+        sampling = replace(self.sampling, seed=training_base_seed(self.cfg.trainer.seed, step))
+        # A rollout ahead runs in a thread of its own: the step's progress bar is not its to move.
+        return self.rollout.run(self.train_tasks, training_base_seed(self.cfg.rollout.seed, step), sampling,
+                                on_turn=self._show_turn if self.ahead is None else None)
+
+    def _sync_if(self, syncs: bool, step: int) -> None:
         """The policy's weights into the engine, on the steps that promised it (see `sleep` above):
-        an engine that slept without its weights gets them back even when the update was skipped."""
-        if syncs:
+        an engine that slept without its weights gets them back even when the update was skipped.
+        With rollouts ahead every step publishes its version, updated or not: a rollout waits for it."""
+        if self.ahead is not None:
+            self.ahead.publish(step, self.actor.weights_handle())
+        elif syncs:
             self.actor.sync_weights()
 
     def validate(self) -> dict[str, float]:
@@ -220,7 +265,7 @@ class AgentTrainer:
         timer = Timer()
         runs = self.cfg.trainer.validation_steps
         self._step_bar = self._bar(total=None, desc=f"validation (step {self.global_step})", position=1, leave=False)
-        with timer("testing"):
+        with timer("testing"), (self.ahead.engine_at(self.global_step) if self.ahead else nullcontext()):
             try:
                 mean, episodes = validation_metrics(self.rollout, self._control_rollouts(), self.val_tasks,
                                                     self.cfg.rollout.validation_seed, runs, self.val_sampling,
@@ -243,24 +288,7 @@ class AgentTrainer:
         return self.controls
 
     def start_report(self) -> str:
-        """Where this run writes, on what it runs and what it trains on."""
-        from grl.tracking import METRICS_FILE
-
-        cfg, run_dir = self.cfg, Path(self.cfg.trainer.run_dir).absolute()
-        groups = zip(cfg.rollout.training, cfg.rollout.agent_group_num, cfg.rollout.agent_group_size)
-        val_groups = zip(cfg.rollout.validation, cfg.rollout.validation_agent_group_num,
-                         cfg.rollout.validation_agent_group_size)
-        return "\n".join([
-            f"grl-train: {cfg.trainer.project_name}/{cfg.trainer.experiment_name}, "
-            f"{cfg.trainer.total_training_steps} steps, estimator {cfg.algorithm.adv_estimator}",
-            f"  run folder   {run_dir}",
-            f"  metrics      {run_dir / METRICS_FILE}  (grl plot {run_dir})",
-            f"  checkpoints  {Path(cfg.trainer.default_local_dir).absolute()}",
-            f"  device       {self.actor.device} x {len(self.actor.workers)} rank(s), engine {cfg.actor_rollout_ref.rollout.name}, model {cfg.actor_rollout_ref.model.path}",
-            f"  worker logs  {os.environ.get('RAY_TMPDIR', '/tmp/ray')}/session_latest/logs",
-            "  training     " + ", ".join(f"{t} ({n}x{k})" for t, n, k in groups),
-            "  validation   " + ", ".join(f"{t} ({n}x{k})" for t, n, k in val_groups),
-        ])
+        return start_report(self.cfg, self.actor.device, len(self.actor.workers))
 
     # ------------------------------------------------------------ checkpoints
 
@@ -308,12 +336,13 @@ class AgentTrainer:
         return True
 
     def _death_message(self, err) -> str:
+        return f"worker {err.worker} died during step {self.global_step} ({err}); {self._resume_hint()}"
+
+    def _resume_hint(self) -> str:
         if self.last_checkpoint is not None:
-            where = (f"the last complete checkpoint is {self.last_checkpoint}; rerun with "
-                     f"trainer.resume_mode=auto to continue from step {ckpt.step_of(self.last_checkpoint)}")
-        else:
-            where = "no checkpoint was written yet, so a rerun starts from step 0"
-        return f"worker {err.worker} died during step {self.global_step} ({err}); {where}"
+            return (f"the last complete checkpoint is {self.last_checkpoint}; rerun with "
+                    f"trainer.resume_mode=auto to continue from step {ckpt.step_of(self.last_checkpoint)}")
+        return "no checkpoint was written yet, so a rerun starts from step 0"
 
     # ------------------------------------------------------------ plumbing
 
@@ -346,6 +375,8 @@ class AgentTrainer:
             bar.close()
 
     def close(self, teardown_timeout: float = TEARDOWN_TIMEOUT_S) -> None:
+        if self.ahead is not None:
+            self.ahead.close()  # a rollout in flight ends when the engine's worker is shut down below
         if self._run_bar is not None:
             self._run_bar.close()
             self._run_bar = None
@@ -357,27 +388,3 @@ class AgentTrainer:
         for group in (self.actor, self.critic):
             if group is not None:
                 group.shutdown(teardown_timeout)
-
-
-def _run_postfix(metrics: dict[str, float]) -> str:
-    """The few numbers worth seeing on the run bar."""
-    parts = [f"reward {metrics['reward/mean']:.3f}"] if "reward/mean" in metrics else []
-    parts += [f"{name.split('/')[1]} val {value:.2f}" for name, value in metrics.items()
-              if name.startswith("val-env/") and name.endswith("/success")]
-    return ", ".join(parts)
-
-
-def finish_report(val_success: dict[str, list[tuple[int, float]]], checkpoint: Path | None,
-                  export: Path | None) -> str:
-    """One "finished" line per validation task (first, best and last success), then where the model is."""
-    lines = []
-    for task, points in val_success.items():
-        (first_step, first), (last_step, last) = points[0], points[-1]
-        best_step, best = max(points, key=lambda p: (p[1], -p[0]))
-        lines.append(f"finished {task}: validation success {first:.3f} at step {first_step}, "
-                     f"best {best:.3f} at step {best_step}, last {last:.3f} at step {last_step}")
-    if not lines:
-        lines.append("finished: no validation ran (trainer.test_freq off and trainer.val_before_train=false)")
-    lines.append(f"checkpoint   {checkpoint.absolute() if checkpoint else 'none written'}")
-    lines.append(f"HF export    {export.absolute() if export else 'off (trainer.export_hf=false)'}")
-    return "\n".join(lines)

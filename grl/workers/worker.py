@@ -38,7 +38,10 @@ class Worker(UpdateLoop):
         # Ray gives a fractional-CPU actor one thread. On CPU the driver runs the phases of the roles
         # one after another, so the ranks of the working group may share every core; on GPU a rank
         # takes its GPU's share of the node's cores (offloaded optimizer steps run on them).
-        torch.set_num_threads(fsdp.cpu_threads(world_size if device == "cpu" else int(cfg.trainer.n_gpus_per_node)))
+        # A rollout worker generating beside the update (rollout.max_staleness > 0) keeps its share on CPU.
+        beside = device == "cpu" and int(cfg.rollout.max_staleness) > 0
+        torch.set_num_threads(fsdp.cpu_threads(world_size if device == "cpu" else int(cfg.trainer.n_gpus_per_node),
+                                               engine_beside=beside))
         self.peft_model = None  # set on a LoRA policy: the adapter's config and on/off switch
 
     # ------------------------------------------------------------ set-up

@@ -225,7 +225,7 @@ def test_metrics_of_a_step():
 
 
 def test_finish_report_names_first_best_and_last_validation(tmp_path):
-    from grl.trainer.agent_trainer import finish_report
+    from grl.trainer.report import finish_report
 
     text = finish_report({"gsm8k": [(0, 0.25), (2, 0.5), (4, 0.5), (6, 0.375)]}, tmp_path / "global_step_6",
                          tmp_path / "hf_actor")

