@@ -132,6 +132,9 @@ def _check_rules(cfg: DictConfig) -> None:
         raise ConfigError(f"rollout.max_staleness={cfg.rollout.max_staleness}: episodes come from older weights than "
                           "the update's, which the loss corrects for with truncated importance weights; set "
                           "actor_rollout_ref.actor.tis_imp_ratio_cap (e.g. 2.0)")
+    curriculum = cfg.rollout.curriculum
+    if curriculum.env_key is not None and not curriculum.levels:
+        raise ConfigError(f"rollout.curriculum.levels: name the values of {curriculum.env_key}, easiest first")
     mode = cfg.trainer.resume_mode
     if mode not in ("auto", "disable") and not Path(mode).is_dir():
         raise ConfigError(f"trainer.resume_mode: {mode!r} is neither auto, disable nor an existing folder")
@@ -165,6 +168,10 @@ def _check_tasks(cfg: DictConfig, tasks: dict[str, DictConfig]) -> dict[str, Dic
                 if accepted is not None and key not in accepted:
                     raise ConfigError(f"{name}.env_config.{key}: unknown key for env {env_type}"
                                       f"{did_you_mean(key, sorted(accepted))}")
+            stepped = cfg.rollout.curriculum.env_key
+            if list_key == "rollout.training" and stepped is not None and accepted is not None and stepped not in accepted:
+                raise ConfigError(f"rollout.curriculum.env_key: env {env_type} of {name} has no key {stepped!r}"
+                                  f"{did_you_mean(stepped, sorted(accepted))}")
     return typed
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 from omegaconf import II
 
@@ -31,6 +31,17 @@ class RewardNormalization:
 
 
 @dataclass
+class Curriculum:
+    env_key: Optional[str] = key(None, "env_config key of the training tasks that the curriculum sets (e.g. tetris "
+                             "dim_x, sokoban search_depth); null: no curriculum")
+    levels: list[Any] = key([], "the key's values, easiest first; training moves on to the next when it succeeds "
+                            "and stays at the last (validation always plays the task as its block sets it)")
+    promote_at: float = key(0.6, "training success, averaged over the last `window` steps of a stage, that moves "
+                            "to the next value", gt=0, le=1)
+    window: int = key(2, "steps a stage's success is averaged over (the fewest steps a stage lasts)", ge=1)
+
+
+@dataclass
 class Rollout:
     training: list[str] = key(["simpleSokobanAgent"], "training task instances (configs/agents.yaml)")
     agent_group_num: list[int] = key([8], "groups per training task; a group shares one seed", ge=1)
@@ -50,6 +61,7 @@ class Rollout:
     reward_normalization: RewardNormalization = section(RewardNormalization)
     max_episode_length: int = key(4096, "tokens; a longer episode is dropped from the batch and counted", ge=1)
     packing: bool = key(False, "the ranks compute on episodes packed into rows of max_episode_length tokens, not on padded rows")
+    curriculum: Curriculum = section(Curriculum)
     max_staleness: int = key(0, "policy versions a trained episode may lag: k > 0 generates the next k steps' "
                              "episodes while the trainer updates (needs actor_rollout_ref.hybrid_engine=false and "
                              "actor_rollout_ref.actor.tis_imp_ratio_cap); 0: each step samples from the weights "

@@ -26,6 +26,7 @@ from grl.rollout import Batch, MultiTurnRollout, task_specs, training_base_seed
 from grl.tracking import Tracker, save_run_info
 from grl.trainer import RunAborted
 from grl.trainer import checkpoint as ckpt
+from grl.trainer.curriculum import Curriculum
 from grl.trainer.metrics import (
     Timer,
     batch_metrics,
@@ -72,6 +73,7 @@ class AgentTrainer:
         self.kl_ctrl = make_kl_controller(algo.kl_ctrl.type, algo.kl_ctrl.kl_coef, algo.kl_ctrl.target_kl,
                                           algo.kl_ctrl.horizon)
         self.train_tasks = task_specs(cfg)
+        self.curriculum = Curriculum.from_config(cfg.rollout.curriculum)  # None: the tasks as their blocks set them
         self.val_tasks = task_specs(cfg, validation=True)
         engine_cfg = cfg.actor_rollout_ref.rollout
         self.sampling = sampling_from_config(engine_cfg, validate=False, max_new_tokens=cfg.max_response_length)
@@ -193,6 +195,11 @@ class AgentTrainer:
             metrics.update({**task_metrics(result.metrics, "train"), **reward_metrics(result.episodes),
                             **turn_length_metrics(result.episodes, self.cfg.max_response_length, validation=False),
                             "training/dropped_stale_episodes": float(stale)})
+            if self.curriculum is not None:  # before this step's weights are published: a rollout ahead reads it
+                metrics.update(self.curriculum.metrics(self._stage(step)))
+                if self.curriculum.record(step, result.episodes):
+                    log.info("step %d: curriculum moves to %s=%r", step, self.curriculum.key,
+                             self.curriculum.levels[self.curriculum.stage])
             if self.cfg.actor_rollout_ref.actor.use_kl_loss:
                 metrics["actor/kl_coef"] = float(self.cfg.actor_rollout_ref.actor.kl_loss_coef)
             failed = [ep for ep in episodes if ep.error is not None]
@@ -247,8 +254,12 @@ class AgentTrainer:
         """Every training task's episodes of `step`, sampled by the engine's current weights."""
         sampling = replace(self.sampling, seed=training_base_seed(self.cfg.trainer.seed, step))
         # A rollout ahead runs in a thread of its own: the step's progress bar is not its to move.
-        return self.rollout.run(self.train_tasks, training_base_seed(self.cfg.rollout.seed, step), sampling,
+        tasks = self.train_tasks if self.curriculum is None else self.curriculum.tasks(self.train_tasks, self._stage(step))
+        return self.rollout.run(tasks, training_base_seed(self.cfg.rollout.seed, step), sampling,
                                 on_turn=self._show_turn if self.ahead is None else None)
+
+    def _stage(self, step: int) -> int:
+        return self.curriculum.stage_for(step, int(self.cfg.rollout.max_staleness))
 
     def _sync_if(self, syncs: bool, step: int) -> None:
         """The policy's weights into the engine, on the steps that promised it (see `sleep` above):
@@ -301,7 +312,8 @@ class AgentTrainer:
             if self.critic is not None:
                 self.critic.save_checkpoint(str(tmp / "critic"))
 
-        state = {"global_step": self.global_step, "kl_coef": self.kl_ctrl.value, "rng": rng_state()}
+        state = {"global_step": self.global_step, "kl_coef": self.kl_ctrl.value, "rng": rng_state(),
+                 **({"curriculum": self.curriculum.state()} if self.curriculum is not None else {})}
         with timer("save_checkpoint"):
             self.last_checkpoint = ckpt.write_checkpoint(cfg.default_local_dir, self.global_step, write_parts, state,
                                                          cfg.max_ckpt_to_keep)
@@ -330,6 +342,8 @@ class AgentTrainer:
         self.actor.sync_weights()  # the engine must sample from the resumed weights
         self.kl_ctrl.value = state["kl_coef"]
         set_rng_state(state["rng"])
+        if self.curriculum is not None and "curriculum" in state:
+            self.curriculum.load_state(state["curriculum"])
         self.global_step = state["global_step"]
         self.last_checkpoint = path
         log.info("resumed from %s (step %d)", path, self.global_step)
