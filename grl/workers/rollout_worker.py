@@ -88,7 +88,12 @@ class SeparateEngine(Engine):
         options = {"num_cpus": 0, "runtime_env": {"env_vars": dict(PRODUCT_ENV, PYTHONPATH=os.pathsep.join(
             p for p in (REPO_ROOT, os.environ.get("PYTHONPATH")) if p))}}
         if device == "cuda":
+            if ray.available_resources().get("GPU", 0) < 1:  # the actor's placement group holds the rest
+                raise RuntimeError("actor_rollout_ref.hybrid_engine=false: the rollout engine needs a GPU of its own "
+                                   f"and the Ray cluster has none free ({ray.cluster_resources().get('GPU', 0):g} in "
+                                   "all); lower trainer.n_gpus_per_node by one")
             options["num_gpus"] = 1
+        self._worker = None
         self.timeout = float(cfg.rollout.weight_sync_timeout)
         self._worker = ray.remote(RolloutWorker).options(**options).remote(cfg, device)
         ready, _ = ray.wait([self._worker.ready.remote()], timeout=ENGINE_START_TIMEOUT_S)
