@@ -20,8 +20,15 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     greedy: bool = False
     seed: int | None = None  # request i of a batch uses seed + i, so equal prompts still differ
+    request_seeds: list[int] | None = None  # one seed per request instead (a batch gathered from whoever is ready)
     logprobs: bool = True  # return the sampled tokens' log-probs where cheap
     ignore_eos: bool = False  # keep going past eos (benchmarks that need a fixed length)
+
+    def seed_of(self, request: int) -> int | None:
+        """The seed of request `request` of a batch (None: the engine's own generator)."""
+        if self.request_seeds is not None:
+            return self.request_seeds[request]
+        return None if self.seed is None else self.seed + request
 
     @property
     def is_greedy(self) -> bool:

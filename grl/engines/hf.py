@@ -28,6 +28,9 @@ from grl.engines.base import Engine, GenerationOutput, NamedTensors, SamplingPar
 from grl.engines.constraint import ReplyGrammar, allowed_sets_tensors, constrain_logits
 from grl.engines.weights import check_named_tensors, weight_spec
 
+# Calls a cached sequence survives without being extended (its episode finished, or waits on its env).
+PREFIX_KEEP_CALLS = 8
+
 
 def filter_logits(logits, temperature: float, top_k: int, top_p: float):
     """Scale by temperature and mask (-inf) what top-k and top-p exclude.
@@ -87,6 +90,8 @@ class HFEngine(Engine):
         # token ids -> per-layer (keys, values) `[heads, len(ids), dim]` of the last call's sequences
         self._prefixes: dict[tuple[int, ...], list[tuple]] = {}
         self._reusable = self._prefixes
+        self._extended: set[tuple[int, ...]] = set()
+        self._prefix_ages: dict[tuple[int, ...], int] = {}  # calls a carried sequence has waited unextended
         self.reuse_prefixes = reuse_prefixes  # off: every prompt is prefilled whole (the benchmark's baseline)
 
     def _eos_ids(self) -> set[int]:
@@ -106,13 +111,13 @@ class HFEngine(Engine):
         if sampling.max_new_tokens <= 0:
             return [GenerationOutput([], [] if sampling.logprobs else None, "length") for _ in prompt_token_ids]
         generators = None
-        if sampling.seed is not None and not sampling.is_greedy:
-            generators = [torch.Generator(device=self.device).manual_seed(sampling.seed + i)
+        if sampling.seed_of(0) is not None and not sampling.is_greedy:
+            generators = [torch.Generator(device=self.device).manual_seed(sampling.seed_of(i))
                           for i in range(len(prompt_token_ids))]
         # Similar lengths share a chunk so that little compute goes to padding.
         order = sorted(range(len(prompt_token_ids)), key=lambda i: len(prompt_token_ids[i]))
         outputs: list[GenerationOutput | None] = [None] * len(prompt_token_ids)
-        self._reusable, self._prefixes = self._prefixes, {}
+        self._reusable, self._prefixes, self._extended = self._prefixes, {}, set()
         for start in range(0, len(order), self.max_batch_size):
             chunk = order[start:start + self.max_batch_size]
             chunk_generators = [generators[i] for i in chunk] if generators else None
@@ -120,7 +125,18 @@ class HFEngine(Engine):
                                            [constraints[i] for i in chunk])
             for i, result in zip(chunk, results):
                 outputs[i] = result
+        self._carry_unextended()
         return outputs
+
+    def _carry_unextended(self) -> None:
+        """Keep a cached sequence that this call did not extend for a few more calls: an episode whose
+        env step outlasted the call (a rollout without a turn barrier) still finds its cache next turn."""
+        ages = {}
+        for ids, kv in self._reusable.items():
+            age = self._prefix_ages.get(ids, 0) + 1
+            if ids not in self._extended and ids not in self._prefixes and age <= PREFIX_KEEP_CALLS:
+                self._prefixes[ids], ages[ids] = kv, age
+        self._prefix_ages = ages
 
     def _generate_chunk(self, prompts, sampling: SamplingParams, generators, constraints) -> list[GenerationOutput]:
         batch = len(prompts)
@@ -138,6 +154,7 @@ class HFEngine(Engine):
                     for row in range(batch)]
         prompts = [list(p) + t for p, t in zip(prompts, tokens)]
         cached = [self._cached_prefix(p) for p in prompts]
+        self._extended.update(cached)
         past = max(len(c) for c in cached)  # width of the cached-prefix area
         width = max(len(p) - len(c) for p, c in zip(prompts, cached))  # width of the new-token area
         input_ids = torch.full((batch, width), self.pad_token_id, dtype=torch.long)
@@ -283,7 +300,7 @@ class HFEngine(Engine):
 
     def update_weights(self, named_tensors: NamedTensors) -> None:
         checked = check_named_tensors(named_tensors, self.spec)
-        self._prefixes = {}  # computed with the old weights
+        self._prefixes, self._prefix_ages = {}, {}  # computed with the old weights
         if self.asleep:
             self.wake()
         params = self.model.state_dict(keep_vars=True)
@@ -298,6 +315,7 @@ class HFEngine(Engine):
         if self.asleep or not self.device.startswith("cuda"):
             return
         self._prefixes = self._reusable = {}
+        self._prefix_ages = {}
         self.model.to("cpu")
         torch.cuda.empty_cache()
         self.asleep = True

@@ -9,21 +9,13 @@ from grl.rollout.batch import (
     pack_rows,
     packed_attention_mask,
 )
-from grl.rollout.multi_turn import (
-    MultiTurnRollout,
-    RolloutError,
-    RolloutResult,
-    TaskSpec,
-    decodes_constrained,
-    rollout_metrics,
-    task_specs,
-    training_base_seed,
-)
+from grl.rollout.multi_turn import MultiTurnRollout, RolloutError, RolloutResult, rollout_metrics
 from grl.rollout.shaping import (
     filter_groups,
     normalize,
     normalize_episode_scores,
 )
+from grl.rollout.tasks import TaskSpec, decodes_constrained, task_specs, training_base_seed
 from grl.rollout.types import Batch, Episode, Turn
 
 __all__ = ["Batch", "Episode", "MultiTurnRollout", "RolloutError", "RolloutResult", "TaskSpec", "Turn", "build_batch",

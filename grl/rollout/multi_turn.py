@@ -1,4 +1,4 @@
-"""The multi-turn rollout: many agents, several tasks, synchronous turns.
+"""The multi-turn rollout: many agents, several tasks, turn by turn or each at its own pace.
 
 Per task, `num_groups` x `group_size` agents; the agents of a group share one
 seed (`base_seed + group_id`, group ids numbered across all tasks of the
@@ -6,7 +6,9 @@ call), so a group's episodes are attempts at the same puzzle. Every turn the
 prompts of the agents still playing go to the engine in one call per
 distinct token limit (finished agents leave the batch), the sampled ids are
 decoded for `agent.step`, and the env steps run in a thread pool under
-`env_step_timeout`.
+`env_step_timeout`. Without the turn barrier (`rollout.turn_barrier=false`) an
+agent asks for its next reply as soon as its own env step returns, and each
+engine call serves every agent waiting at that moment.
 
 Token bookkeeping (see grl/rollout/chat.py): an episode's ids are turn 1's
 prompt and reply, then for each later turn the template/env ids and the reply.
@@ -41,87 +43,33 @@ import json
 import logging
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from grl.engines.base import Engine, SamplingParams
 from grl.engines.constraint import GrammarError, ReplyGrammar, compile_reply_grammar
 from grl.envs.checks import EnvValueError, Repair
 from grl.rollout.chat import ChatTokens, truncate_prompt
-from grl.rollout.env_pool import CallResult, run_calls
+from grl.rollout.env_pool import CallPool, CallResult, run_calls
 from grl.rollout.episode_stats import rollout_metrics
+from grl.rollout.slot import Slot
+from grl.rollout.tasks import TaskSpec
 from grl.rollout.types import Episode, Turn
 
 log = logging.getLogger("grl.rollout")
 
-SEED_STRIDE = 100003  # training step s starts its groups at seed + s * SEED_STRIDE
+# Without the turn barrier, env steps that return within this many seconds of each other share an engine call.
+GATHER_S = 0.01
 
 
 class RolloutError(RuntimeError):
     """The step cannot produce a batch worth training on."""
 
 
-@dataclass(frozen=True)
-class TaskSpec:
-    name: str  # task instance, e.g. simpleSokobanAgent
-    config: Any  # its block of configs/agents.yaml: {agent_type, agent_config, env_config}
-    num_groups: int
-    group_size: int
-
-
 @dataclass
 class RolloutResult:
     episodes: list[Episode]
     metrics: dict[str, float]
-
-
-@dataclass
-class _Slot:
-    """One agent's state during a rollout."""
-
-    task: TaskSpec
-    key: tuple  # the agent cache key: task, its config, position among the task's agents
-    group_id: int
-    seed: int
-    member: int
-    agent: Any = None
-    ids: list[int] = field(default_factory=list)  # the episode's token ids so far
-    pending: list[int] = field(default_factory=list)  # ids added since the last reply
-    keep_prefix: int = 0  # system-prompt ids that truncation keeps
-    turns: list[Turn] = field(default_factory=list)
-    done: bool = False
-    error: str | None = None
-    error_kind: str | None = None  # exception | timeout | a kind of grl/envs/checks.py
-    env_warnings: int = 0  # values of the env that were repaired
-    hung: bool = False
-    truncated_turns: int = 0
-    new_context: bool = False  # `pending` is a whole prompt (the first, or a windowed one), not a continuation
-    grammar: ReplyGrammar | None = None  # this turn's valid-action grammar (None: free decoding)
-    output: Any = None  # this turn's GenerationOutput
-
-
-def task_specs(cfg, validation: bool = False) -> list[TaskSpec]:
-    """The training (or validation) task list of a composed GRL config."""
-    r = cfg.rollout
-    names = r.validation if validation else r.training
-    nums = r.validation_agent_group_num if validation else r.agent_group_num
-    sizes = r.validation_agent_group_size if validation else r.agent_group_size
-    from omegaconf import OmegaConf
-
-    return [TaskSpec(str(n), OmegaConf.to_container(cfg[n], resolve=True), int(g), int(s))
-            for n, g, s in zip(names, nums, sizes)]
-
-
-def decodes_constrained(cfg) -> bool:
-    """Whether any training or validation task of a run writes its replies from the env's valid
-    actions (`agent_config.action_decoding: constrained`): its engine must then take reply grammars."""
-    return any((spec.config.get("agent_config") or {}).get("action_decoding") == "constrained"
-               for validation in (False, True) for spec in task_specs(cfg, validation))
-
-
-def training_base_seed(seed: int, step: int) -> int:
-    """A fresh, deterministic base seed for training step `step`."""
-    return seed + step * SEED_STRIDE
 
 
 class MultiTurnRollout:
@@ -175,18 +123,23 @@ class MultiTurnRollout:
     # ------------------------------------------------------------ public
 
     def run(self, tasks: list[TaskSpec], base_seed: int, sampling: SamplingParams,
-            on_turn: Callable[[int, int, int], None] | None = None) -> RolloutResult:
+            on_turn: Callable[[int, int, int], None] | None = None, turn_barrier: bool = True) -> RolloutResult:
         """One rollout: every agent of every task plays one episode. `on_turn(turn,
-        playing, total)` is told before each turn how many agents still play."""
+        playing, total)` is told before each engine call how many agents still play.
+        `turn_barrier=False`: each agent asks for its next reply as soon as its env step returns,
+        and each engine call serves every agent that is waiting (see `_run_without_barrier`)."""
         slots = self._slots(tasks, base_seed)
         try:
             self._reset(slots)
-            turn = 0
-            while playing := sum(not s.done for s in slots):
-                if on_turn is not None:
-                    on_turn(turn, playing, len(slots))
-                self._turn(slots, turn, sampling)
-                turn += 1
+            if turn_barrier:
+                turn = 0
+                while playing := sum(not s.done for s in slots):
+                    if on_turn is not None:
+                        on_turn(turn, playing, len(slots))
+                    self._turn(slots, turn, sampling)
+                    turn += 1
+            else:
+                self._run_without_barrier(slots, sampling, on_turn)
             episodes = [self._episode(s) for s in slots]
         finally:
             self._retire_failed(slots)
@@ -198,14 +151,14 @@ class MultiTurnRollout:
 
     # ------------------------------------------------------------ steps
 
-    def _slots(self, tasks: list[TaskSpec], base_seed: int) -> list[_Slot]:
+    def _slots(self, tasks: list[TaskSpec], base_seed: int) -> list[Slot]:
         slots, group_id = [], 0
         for task in tasks:
             block = json.dumps(task.config, sort_keys=True, default=str)
             index = 0
             for _ in range(task.num_groups):
                 for member in range(task.group_size):
-                    slots.append(_Slot(task, (task.name, block, index), group_id, base_seed + group_id, member))
+                    slots.append(Slot(task, (task.name, block, index), group_id, base_seed + group_id, member))
                     index += 1
                 group_id += 1
         for s in slots:
@@ -214,7 +167,7 @@ class MultiTurnRollout:
             s.agent = self._agents[s.key]
         return slots
 
-    def _reset(self, slots: list[_Slot]) -> None:
+    def _reset(self, slots: list[Slot]) -> None:
         results = run_calls([lambda s=s: _reset_agent(s) for s in slots], self.env_workers, self.env_step_timeout)
         for s, result in zip(slots, results):
             if not result.ok:
@@ -227,24 +180,68 @@ class MultiTurnRollout:
             self._new_context(s, result.value)
         self._check_failures(slots)
 
-    def _turn(self, slots: list[_Slot], turn: int, sampling: SamplingParams) -> None:
-        by_limit: dict[int, list[_Slot]] = {}
-        for s in slots:
-            if s.done:
-                continue
+    def _turn(self, slots: list[Slot], turn: int, sampling: SamplingParams) -> None:
+        """One turn of every agent still playing: one engine call per token limit, then every env step."""
+        def params(call: int, limit: int, group: list[Slot]) -> SamplingParams:
+            return replace(sampling, max_new_tokens=limit,
+                           seed=None if sampling.seed is None else sampling.seed + 1009 * turn + call)
+        active, replies = self._generate(slots, [s for s in slots if not s.done], params)
+        results = run_calls([lambda s=s, r=r: s.agent.step(r) for s, r in zip(active, replies)],
+                            self.env_workers, self.env_step_timeout)
+        for s, result in zip(active, results):
+            self._after_step(s, result)
+        self._check_failures(slots)
+
+    def _run_without_barrier(self, slots: list[Slot], sampling: SamplingParams,
+                             on_turn: Callable[[int, int, int], None] | None) -> None:
+        """Every agent moves on when its own env step returns: an engine call serves all agents that
+        are waiting for a reply, whatever their turn, while the env steps of the others run. A request's
+        seed is its agent's and turn's (`seed + 1009 * turn + agent`), not its place in a batch, so the
+        replies do not depend on which agents happened to be waiting together."""
+        index = {id(s): i for i, s in enumerate(slots)}
+
+        def params(call: int, limit: int, group: list[Slot]) -> SamplingParams:
+            seeds = None if sampling.seed is None else [sampling.seed + 1009 * len(s.turns) + index[id(s)]
+                                                        for s in group]
+            return replace(sampling, max_new_tokens=limit, seed=None, request_seeds=seeds)
+        pool = CallPool(self.env_workers, self.env_step_timeout)
+        waiting = [s for s in slots if not s.done]
+        try:
+            while waiting or pool.pending:
+                if waiting:
+                    if on_turn is not None:
+                        on_turn(min(len(s.turns) for s in waiting), sum(not s.done for s in slots), len(slots))
+                    for s, reply in zip(*self._generate(slots, waiting, params)):
+                        pool.submit(index[id(s)], lambda s=s, r=reply: s.agent.step(r))
+                    waiting = []
+                returned = pool.collect(wait=1.0)
+                while returned and (more := pool.collect(wait=GATHER_S)):  # steps that end together share a call
+                    returned += more
+                for i, result in returned:
+                    self._after_step(slots[i], result)
+                    if not slots[i].done:
+                        waiting.append(slots[i])
+                self._check_failures(slots)
+        finally:
+            pool.close()
+
+    def _generate(self, slots: list[Slot], ready: list[Slot], params) -> tuple[list[Slot], list[str]]:
+        """The next reply of every agent in `ready`: one engine call per token limit, with
+        `params(call, limit, group)`; each reply becomes a Turn. -> (agents that got one, their texts)."""
+        by_limit: dict[int, list[Slot]] = {}
+        for s in ready:
             limit = min(self.max_response_length, s.agent.max_tokens)
             s.grammar = self._grammar(s, limit)
             if not s.done:  # the env may have failed to list its actions
                 by_limit.setdefault(limit, []).append(s)
         self._check_failures(slots)
-        active = [s for s in slots if not s.done]
+        active = [s for s in ready if not s.done]
         for call, (limit, group) in enumerate(sorted(by_limit.items())):
             prompts = [self._prompt(s) for s in group]
-            params = replace(sampling, max_new_tokens=limit,
-                             seed=None if sampling.seed is None else sampling.seed + 1009 * turn + call)
             constraints = [s.grammar for s in group]
             extra = {"constraints": constraints} if any(c is not None for c in constraints) else {}
-            for s, out in zip(group, self.engine.generate(prompts, params, **extra), strict=True):
+            outputs = self.engine.generate(prompts, params(call, limit, group), **extra)
+            for s, out in zip(group, outputs, strict=True):
                 s.output = out
         replies = []
         for s in active:
@@ -259,13 +256,9 @@ class MultiTurnRollout:
             s.ids.extend(ids)
             s.pending, s.new_context = [], False
             replies.append(self.tokenizer.decode(ids, skip_special_tokens=True))
-        results = run_calls([lambda s=s, r=r: s.agent.step(r) for s, r in zip(active, replies)],
-                            self.env_workers, self.env_step_timeout)
-        for s, result in zip(active, results):
-            self._after_step(s, result)
-        self._check_failures(slots)
+        return active, replies
 
-    def _grammar(self, s: _Slot, limit: int) -> ReplyGrammar | None:
+    def _grammar(self, s: Slot, limit: int) -> ReplyGrammar | None:
         """The grammar of the slot's next reply (None: free decoding); an env that cannot list its
         actions, or whose actions do not fit in `limit` tokens, ends the episode as a failure."""
         try:
@@ -293,7 +286,7 @@ class MultiTurnRollout:
             self._fail(s, traceback.format_exc(), False, "valid_actions")
         return None
 
-    def _prompt(self, s: _Slot) -> list[int]:
+    def _prompt(self, s: Slot) -> list[int]:
         if len(s.ids) > self.max_prompt_length:
             s.truncated_turns += 1
             if self.truncation == "error":
@@ -301,7 +294,7 @@ class MultiTurnRollout:
                                    f"max_prompt_length {self.max_prompt_length} (rollout.truncation=error)")
         return truncate_prompt(s.ids, self.max_prompt_length, s.keep_prefix, self.truncation)
 
-    def _after_step(self, s: _Slot, result: CallResult) -> None:
+    def _after_step(self, s: Slot, result: CallResult) -> None:
         turn = s.turns[-1]
         if not result.ok:
             self._fail(s, result.error, result.timed_out, "step")
@@ -325,14 +318,14 @@ class MultiTurnRollout:
         s.pending = self.chat.turn_delta(s.agent.messages, last)
         s.ids.extend(s.pending)
 
-    def _new_context(self, s: _Slot, messages: list[dict]) -> None:
+    def _new_context(self, s: Slot, messages: list[dict]) -> None:
         """The next reply is written to `messages` rendered afresh, not to the episode's ids so far."""
         s.pending = self.chat.first_prompt(messages)
         s.ids = list(s.pending)
         s.keep_prefix = self.chat.system_prefix_length(messages, s.pending)
         s.new_context = True
 
-    def _fail(self, s: _Slot, error: str | None, timed_out: bool, where: str, kind: str = "exception") -> None:
+    def _fail(self, s: Slot, error: str | None, timed_out: bool, where: str, kind: str = "exception") -> None:
         s.done = True
         s.hung = timed_out
         s.error = (error or "unknown env error").strip()
@@ -348,7 +341,7 @@ class MultiTurnRollout:
                       "further ones of this task and kind are only counted in %s/env_errors: %s", s.error_kind,
                       s.task.name, s.seed, s.group_id, s.member, penalty, s.task.name, s.error)
 
-    def _repaired(self, s: _Slot, repairs: list[Repair]) -> None:
+    def _repaired(self, s: Slot, repairs: list[Repair]) -> None:
         s.env_warnings += len(repairs)
         for repair in repairs:
             if self._first_of_kind(s.task.name, repair.kind):
@@ -361,7 +354,7 @@ class MultiTurnRollout:
         self._logged_env_values.add((task, kind))
         return not seen
 
-    def _check_failures(self, slots: list[_Slot]) -> None:
+    def _check_failures(self, slots: list[Slot]) -> None:
         failed = [s for s in slots if s.error is not None]
         if len(failed) > self.max_failed_agent_ratio * len(slots):
             first = failed[0]
@@ -370,7 +363,7 @@ class MultiTurnRollout:
                                f"{self.max_failed_agent_ratio:g}; first: task {first.task.name} seed {first.seed}: "
                                f"{last_line}")
 
-    def _episode(self, s: _Slot) -> Episode:
+    def _episode(self, s: Slot) -> Episode:
         metrics, messages = {}, []
         if s.error is None:  # a failed agent is not asked anything more
             metrics = {k: float(v) for k, v in s.agent.episode_metrics().items()}
@@ -379,7 +372,7 @@ class MultiTurnRollout:
                        score=sum(t.reward for t in s.turns), metrics=metrics, error=s.error, member=s.member,
                        messages=messages, error_kind=s.error_kind, env_warnings=s.env_warnings)
 
-    def _retire_failed(self, slots: list[_Slot]) -> None:
+    def _retire_failed(self, slots: list[Slot]) -> None:
         """Drop failed agents from the cache; close the ones that did not hang."""
         closable = []
         for s in slots:
@@ -391,7 +384,7 @@ class MultiTurnRollout:
         run_calls(closable, self.env_workers, self.env_step_timeout)
 
 
-def _reset_agent(s: _Slot):
+def _reset_agent(s: Slot):
     """The agent's first messages, or the EnvValueError of a bad reset observation: returned, not
     raised, so that its kind survives the pool (which keeps only a traceback)."""
     try:

@@ -61,6 +61,9 @@ class Rollout:
     reward_normalization: RewardNormalization = section(RewardNormalization)
     max_episode_length: int = key(4096, "tokens; a longer episode is dropped from the batch and counted", ge=1)
     packing: bool = key(False, "the ranks compute on episodes packed into rows of max_episode_length tokens, not on padded rows")
+    turn_barrier: bool = key(True, "true: every agent of a training rollout takes its turn together; false: an "
+                             "agent asks for its next reply when its own env step returns, and each engine call "
+                             "serves whoever waits (uneven env or tool times); validation keeps the barrier")
     curriculum: Curriculum = section(Curriculum)
     max_staleness: int = key(0, "policy versions a trained episode may lag: k > 0 generates the next k steps' "
                              "episodes while the trainer updates (needs actor_rollout_ref.hybrid_engine=false and "

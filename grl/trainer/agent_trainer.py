@@ -149,12 +149,8 @@ class AgentTrainer:
                     hook(self, step, metrics, batch)
             export = self.export_hf() if cfg.export_hf else None
             print(finish_report(self.val_success, self.last_checkpoint, export), flush=True)
-        except WorkerDiedError as err:
-            message = self._death_message(err)
-            log.error(message)
-            raise RunAborted(message) from err
-        except WeightSyncTimeout as err:
-            message = f"{err} during step {self.global_step}; {self._resume_hint()}"
+        except (WorkerDiedError, WeightSyncTimeout) as err:
+            message = self._abort_message(err)
             log.error(message)
             raise RunAborted(message) from err
         except KeyboardInterrupt:  # Ctrl-C, or SIGTERM turned into one by grl.train: stop the workers now
@@ -251,12 +247,12 @@ class AgentTrainer:
         return metrics, (batch if len(batch) > 0 else None)
 
     def _rollout(self, step: int):
-        """Every training task's episodes of `step`, sampled by the engine's current weights."""
+        """Every training task's episodes of `step`, sampled by the engine's current weights (a rollout
+        ahead runs in a thread of its own: the step's progress bar is not its to move)."""
         sampling = replace(self.sampling, seed=training_base_seed(self.cfg.trainer.seed, step))
-        # A rollout ahead runs in a thread of its own: the step's progress bar is not its to move.
         tasks = self.train_tasks if self.curriculum is None else self.curriculum.tasks(self.train_tasks, self._stage(step))
-        return self.rollout.run(tasks, training_base_seed(self.cfg.rollout.seed, step), sampling,
-                                on_turn=self._show_turn if self.ahead is None else None)
+        return self.rollout.run(tasks, training_base_seed(self.cfg.rollout.seed, step), sampling, turn_barrier=bool(
+            self.cfg.rollout.turn_barrier), on_turn=self._show_turn if self.ahead is None else None)
 
     def _stage(self, step: int) -> int:
         return self.curriculum.stage_for(step, int(self.cfg.rollout.max_staleness))
@@ -349,14 +345,14 @@ class AgentTrainer:
         log.info("resumed from %s (step %d)", path, self.global_step)
         return True
 
-    def _death_message(self, err) -> str:
-        return f"worker {err.worker} died during step {self.global_step} ({err}); {self._resume_hint()}"
-
-    def _resume_hint(self) -> str:
-        if self.last_checkpoint is not None:
-            return (f"the last complete checkpoint is {self.last_checkpoint}; rerun with "
-                    f"trainer.resume_mode=auto to continue from step {ckpt.step_of(self.last_checkpoint)}")
-        return "no checkpoint was written yet, so a rerun starts from step 0"
+    def _abort_message(self, err: WorkerDiedError | WeightSyncTimeout) -> str:
+        """One line: what stopped the run, and where a rerun continues from."""
+        what = (f"worker {err.worker} died during step {self.global_step} ({err})" if isinstance(err, WorkerDiedError)
+                else f"{err} during step {self.global_step}")
+        if self.last_checkpoint is None:
+            return f"{what}; no checkpoint was written yet, so a rerun starts from step 0"
+        return (f"{what}; the last complete checkpoint is {self.last_checkpoint}; rerun with trainer.resume_mode=auto "
+                f"to continue from step {ckpt.step_of(self.last_checkpoint)}")
 
     # ------------------------------------------------------------ plumbing
 

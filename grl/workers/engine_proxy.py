@@ -23,10 +23,9 @@ class EngineProxy(Engine):
         n, k = len(prompt_token_ids), len(self._ranks)
         bounds = [round(i * n / k) for i in range(k + 1)]
         busy = [i for i in range(k) if bounds[i + 1] > bounds[i]]
-        # Engines seed request j with seed + j; shift each piece so every prompt
-        # keeps the seed it would get from one engine (no two share a stream).
-        pieces = [(prompt_token_ids[bounds[i]:bounds[i + 1]],
-                   sampling if sampling.seed is None else replace(sampling, seed=sampling.seed + bounds[i]),
+        # Engines seed request j with seed + j (or its own of request_seeds); shift each piece so every
+        # prompt keeps the seed it would get from one engine (no two share a stream).
+        pieces = [(prompt_token_ids[bounds[i]:bounds[i + 1]], _piece(sampling, bounds[i], bounds[i + 1]),
                    None if constraints is None else constraints[bounds[i]:bounds[i + 1]])
                   for i in busy]
         results = self._group.call_ranks([self._ranks[i] for i in busy], "engine_generate", pieces)
@@ -45,3 +44,10 @@ class EngineProxy(Engine):
     def shutdown(self) -> None:
         if not self._group._closed:
             self._group.call_ranks(self._ranks, "engine_call", [("shutdown",)] * len(self._ranks))
+
+
+def _piece(sampling: SamplingParams, start: int, end: int) -> SamplingParams:
+    """The sampling of requests start..end of a batch, each keeping its seed."""
+    if sampling.request_seeds is not None:
+        return replace(sampling, request_seeds=sampling.request_seeds[start:end])
+    return sampling if sampling.seed is None else replace(sampling, seed=sampling.seed + start)

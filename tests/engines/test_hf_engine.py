@@ -73,6 +73,14 @@ def test_seed_i_goes_to_request_i(hf_tiny, prompts):
     assert pair[1].token_ids == second_alone[0].token_ids
 
 
+def test_request_seeds_give_each_request_its_own_seed_whatever_its_place(hf_tiny, prompts):
+    def alone(prompt, seed):
+        return hf_tiny.generate([prompt], SamplingParams(temperature=1.0, max_new_tokens=8, seed=seed))[0].token_ids
+    mixed = hf_tiny.generate([prompts[1], prompts[0]],
+                             SamplingParams(temperature=1.0, max_new_tokens=8, request_seeds=[40, 7]))
+    assert [o.token_ids for o in mixed] == [alone(prompts[1], 40), alone(prompts[0], 7)]
+
+
 def test_stop_token_ends_the_response_and_is_kept(hf_tiny, prompts):
     sampling = SamplingParams(temperature=1.0, max_new_tokens=16, seed=5, logprobs=False)
     full = hf_tiny.generate([prompts[1]], sampling)[0].token_ids

@@ -4,6 +4,7 @@ instances from configs/agents.yaml, and scripted envs that fail on purpose."""
 import copy
 import logging
 import threading
+import time
 from pathlib import Path
 from typing import ClassVar
 
@@ -28,15 +29,17 @@ DECODINGS = ("free", "constrained")
 
 class ScriptedEnv(Env):
     """An episode of `length` steps (default `seed % 3 + 1`), reward 1 per step.
-    With `fault`, the seeds in `fault_seeds` (all when empty) fail: `reset`
+    The seeds in `slow_seeds` take `delay` seconds a step. With `fault`, the seeds in `fault_seeds` (all when empty) fail: `reset`
     raises at reset, `raise` raises, `hang` blocks and `nan` returns a NaN reward
     on step `fault_step`."""
 
     instances: ClassVar[list["ScriptedEnv"]] = []
     release = threading.Event()
 
-    def __init__(self, fault: str = "none", fault_step: int = 3, fault_seeds: list | None = None, length: int = 0):
+    def __init__(self, fault: str = "none", fault_step: int = 3, fault_seeds: list | None = None, length: int = 0,
+                 slow_seeds: list | None = None, delay: float = 0.0):
         self.fault, self.fault_step, self.fault_seeds, self.length = fault, fault_step, fault_seeds or [], length
+        self.slow_seeds, self.delay = slow_seeds or [], delay
         self.resets = self.steps = 0
         ScriptedEnv.instances.append(self)
 
@@ -51,6 +54,8 @@ class ScriptedEnv(Env):
         return f"Square 0 of {self.end}."
 
     def step(self, action: str):
+        if self.seed in self.slow_seeds:
+            time.sleep(self.delay)
         self.t += 1
         self.steps += 1
         if self.t == self.fault_step and self._faulty(self.seed):
@@ -227,6 +232,36 @@ def test_finished_agents_leave_the_batch_and_prompts_keep_the_system(hf_engine, 
     batch, metrics = build_batch(episodes, max_episode_length=lengths[3])
     assert metrics["rollout/dropped_overlong"] == sum(n > lengths[3] for n in lengths) > 0
     assert len(batch) == 6 - metrics["rollout/dropped_overlong"]
+
+
+# ---------------------------------------------------------------- without the turn barrier
+
+
+def episode_signature(episodes):
+    return [(e.seed, e.score, e.error, [(t.prompt_ids, t.response_ids, t.reward) for t in e.turns]) for e in episodes]
+
+
+def test_without_the_turn_barrier_a_slow_env_holds_only_its_own_agent(hf_engine, tokenizer):
+    """Seed 1's env takes 2 s a step: the other agents play all their turns meanwhile, and every
+    episode is the one the barrier gives (greedy)."""
+    task = scripted(groups=3, size=1, length=3, slow_seeds=[1], delay=2.0)
+    engine = RecordingEngine(hf_engine)
+    free = rollout(engine, tokenizer).run([task], base_seed=0, sampling=GREEDY, turn_barrier=False).episodes
+    together = rollout(hf_engine, tokenizer).run([task], base_seed=0, sampling=GREEDY).episodes
+    assert episode_signature(free) == episode_signature(together)
+    # turn 1 together; the fast agents' turns 2 and 3 while the slow env steps; then the slow agent alone
+    assert [len(prompts) for prompts, _ in engine.calls] == [3, 2, 2, 1, 1]
+
+
+def test_without_the_turn_barrier_a_reply_depends_on_its_agent_and_turn_not_on_who_waited_with_it(
+        hf_engine, tokenizer):
+    tasks = [scripted(groups=2, size=2, length=3, slow_seeds=[5], delay=0.5)]
+    uneven = rollout(hf_engine, tokenizer).run(tasks, base_seed=5, sampling=SAMPLED, turn_barrier=False)
+    even = rollout(hf_engine, tokenizer).run([scripted(groups=2, size=2, length=3)], base_seed=5, sampling=SAMPLED,
+                                             turn_barrier=False)
+    assert episode_signature(uneven.episodes) == episode_signature(even.episodes)
+    replies = [tuple(t.response_ids) for e in even.episodes for t in e.turns]
+    assert len(set(replies)) > len(replies) // 2  # the agents of a group drew their own replies
 
 
 # ---------------------------------------------------------------- env faults
