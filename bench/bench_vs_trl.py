@@ -1,6 +1,6 @@
 """GRL against Hugging Face TRL's GRPOTrainer: one GRPO job, both trainers, the same cores.
 
-    .venv/bin/python bench/bench_vs_trl.py [--steps 3] [--prompts 2] [--generations 4] [--data DIR]
+    .venv/bin/python bench/bench_vs_trl.py [--steps 3] [--prompts 2] [--generations 4] [--data DIR] [--rounds 1]
 
 The job: the embedded SmolLM2-135M-Instruct learns GSM8K single-turn (`gsm8kAgent_single_turn`) from a
 local JSONL folder (`--data`, default /work/shared/data/gsm8k, else data/gsm8k). GRL runs first
@@ -39,6 +39,8 @@ Settings, GRL key <-> TRL GRPOConfig field (read from trl 1.16.0's grpo_config.p
   model.dtype float32 (auto on CPU)       <-> bf16=False, fp16=False (fp32 weights and compute)
   model.enable_gradient_checkpointing true <-> gradient_checkpointing True (both systems' default)
   rollout_filter_ratio 1.0 (keep all)     <-> (TRL keeps all)
+  rollout.packing true (share_prompts)    <-> (TRL pads the batch and runs each completion with its
+                                             prompt: G copies of a prompt, where GRL runs it once)
   critic.enable false                     <-> (TRL has none)
 Phases: GRL's timing_s/gen (generation and env scoring), old_log_prob + ref (scoring forward passes),
 adv, update_actor, sync_weights (engine weight refresh); TRL's `_generate` (generation),
@@ -161,6 +163,7 @@ def run_grl(args, workdir: Path, env: dict) -> dict:
            f"rollout.training=[{TASK}]", f"rollout.validation=[{TASK}]",
            f"rollout.agent_group_num=[{args.prompts}]", f"rollout.agent_group_size=[{args.generations}]",
            "rollout.validation_agent_group_num=[1]", "rollout.seed=0", "rollout.rollout_filter_ratio=1.0",
+           "rollout.packing=true",
            "trainer.val_before_train=false", "test_freq=-1", "trainer.export_hf=false", "resume_mode=disable",
            "algorithm.adv_estimator=grpo", "algorithm.norm_adv_by_std_in_grpo=true", "critic.enable=false",
            "actor_rollout_ref.rollout.name=hf", "trainer.device=cpu", "actor_rollout_ref.model.dtype=float32",
@@ -313,6 +316,8 @@ def main() -> None:
     parser.add_argument("--max-prompt", type=int, default=320)
     parser.add_argument("--lr", type=float, default=5e-6)
     parser.add_argument("--only", choices=["grl", "trl"], help="run one side only")
+    parser.add_argument("--rounds", type=int, default=1, help="run both sides this many times, alternating "
+                        "which goes first, and print each round's ratio and their median")
     parser.add_argument("--trl-worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.trl_worker:
@@ -327,23 +332,34 @@ def main() -> None:
     load = os.getloadavg()[0]
     print(f"bench_vs_trl: {args.steps} steps x {args.prompts} questions x {args.generations} completions, "
           f"<= {args.max_completion} tokens, lr {args.lr}, fp32, {cores} cores, load average {load:.1f} at start")
-    workdir = Path(tempfile.mkdtemp(prefix="bench_vs_trl_"))
     episodes = args.prompts * args.generations
-    results = {}
-    if args.only != "trl":
-        results["grl"] = summary("GRL", run_grl(args, workdir, env), episodes)
-    if args.only != "grl":
-        trl = run_trl(args, python, workdir, env)
-        print(f"bench_vs_trl: TRL side: {trl['versions']}")
-        results["trl"] = summary("TRL", trl, episodes)
-    if len(results) == 2:
-        g, t = results["grl"], results["trl"]
-        print("ratio GRL/TRL (speed, > 1 = GRL faster): " + ", ".join(
-            f"{phase} {t[phase] / max(g[phase], 1e-9):.2f}x" for phase in ("gen", "score", "update", "step"))
-            + f", episodes/h {g['episodes_per_hour'] / t['episodes_per_hour']:.2f}x (steps), "
-            f"{g['wall_episodes_per_hour'] / t['wall_episodes_per_hour']:.2f}x (wall), "
-            f"CPU seconds of the whole run {t['cpu_s'] / g['cpu_s']:.2f}x")
-    print(f"bench_vs_trl: logs in {workdir}; load average {os.getloadavg()[0]:.1f} at the end")
+    ratios = []
+    for round_ in range(args.rounds):
+        workdir = Path(tempfile.mkdtemp(prefix="bench_vs_trl_"))
+        # On shared cores the machine's speed drifts over minutes; alternating which side goes
+        # first spreads the drift over both.
+        order = [side for side in ("grl", "trl") if args.only in (None, side)]
+        results = {}
+        for side in (order if round_ % 2 == 0 else order[::-1]):
+            if side == "grl":
+                results["grl"] = summary("GRL", run_grl(args, workdir, env), episodes)
+            else:
+                trl = run_trl(args, python, workdir, env)
+                print(f"bench_vs_trl: TRL side: {trl['versions']}")
+                results["trl"] = summary("TRL", trl, episodes)
+        if len(results) == 2:
+            g, t = results["grl"], results["trl"]
+            ratios.append(g["episodes_per_hour"] / t["episodes_per_hour"])
+            print(f"round {round_ + 1}: ratio GRL/TRL (speed, > 1 = GRL faster): " + ", ".join(
+                f"{phase} {t[phase] / g[phase]:.2f}x" if g[phase] > 0 and t[phase] > 0 else f"{phase} -"
+                for phase in ("gen", "score", "update", "step"))
+                + f", episodes/h {ratios[-1]:.2f}x (steps), "
+                f"{g['wall_episodes_per_hour'] / t['wall_episodes_per_hour']:.2f}x (wall), "
+                f"CPU seconds of the whole run {t['cpu_s'] / g['cpu_s']:.2f}x")
+        print(f"bench_vs_trl: logs in {workdir}; load average {os.getloadavg()[0]:.1f} at the end")
+    if len(ratios) > 1:
+        print(f"episodes/h GRL/TRL by rounds: {' '.join(f'{r:.2f}x' for r in ratios)}; "
+              f"median {sorted(ratios)[(len(ratios) - 1) // 2]:.2f}x")
 
 
 if __name__ == "__main__":

@@ -16,10 +16,13 @@ and reply of turn k, so the engine keeps the KV cache of every sequence of the
 last call and, for a prompt that extends one of them, computes only the new
 tokens (the template and environment tokens of the turn). A row is laid out as
 [padding | cached prefix | padding | new tokens]; the attention mask and the
-position ids make the holes invisible. New weights drop the cache.
+position ids make the holes invisible. New weights drop the cache. Within a call,
+a prompt that several rows share (a GRPO group's) is run once and reused the same way.
 """
 
 from __future__ import annotations
+
+from collections import Counter
 
 import torch
 from transformers import DynamicCache
@@ -153,21 +156,11 @@ class HFEngine(Engine):
             return [GenerationOutput(tokens[row], log_probs[row] if sampling.logprobs else None, finish[row])
                     for row in range(batch)]
         prompts = [list(p) + t for p, t in zip(prompts, tokens)]
+        if self.reuse_prefixes:
+            self._prefill_shared(prompts)
         cached = [self._cached_prefix(p) for p in prompts]
         self._extended.update(cached)
-        past = max(len(c) for c in cached)  # width of the cached-prefix area
-        width = max(len(p) - len(c) for p, c in zip(prompts, cached))  # width of the new-token area
-        input_ids = torch.full((batch, width), self.pad_token_id, dtype=torch.long)
-        attention_mask = torch.zeros((batch, past + width), dtype=torch.long)
-        position_ids = torch.zeros((batch, width), dtype=torch.long)
-        for row, (prompt, prefix) in enumerate(zip(prompts, cached)):
-            new = prompt[len(prefix):]
-            input_ids[row, width - len(new):] = torch.tensor(new, dtype=torch.long)
-            attention_mask[row, past - len(prefix):past] = 1
-            attention_mask[row, past + width - len(new):] = 1
-            position_ids[row, width - len(new):] = torch.arange(len(prefix), len(prompt))
-        input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
-        position_ids = position_ids.to(self.device)
+        input_ids, attention_mask, position_ids, past, width = self._layout(prompts, cached)
 
         stop_ids = set(sampling.stop_token_ids) | (set() if sampling.ignore_eos else self.eos_token_ids)
         cache = self._prefill_cache(cached, past)
@@ -207,6 +200,41 @@ class HFEngine(Engine):
         return [GenerationOutput(tokens[row], log_probs[row] if sampling.logprobs else None,
                                  finish[row] or "length") for row in range(batch)]
 
+    def _layout(self, prompts: list[list[int]], cached: list[tuple[int, ...]]):
+        """-> (input_ids, attention_mask, position_ids, past, width): the rows' new tokens
+        left-padded to `width` columns, after `past` columns of cached prefixes."""
+        batch = len(prompts)
+        past = max(len(c) for c in cached)  # width of the cached-prefix area
+        width = max(len(p) - len(c) for p, c in zip(prompts, cached))  # width of the new-token area
+        input_ids = torch.full((batch, width), self.pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros((batch, past + width), dtype=torch.long)
+        position_ids = torch.zeros((batch, width), dtype=torch.long)
+        for row, (prompt, prefix) in enumerate(zip(prompts, cached)):
+            new = prompt[len(prefix):]
+            input_ids[row, width - len(new):] = torch.tensor(new, dtype=torch.long)
+            attention_mask[row, past - len(prefix):past] = 1
+            attention_mask[row, past + width - len(new):] = 1
+            position_ids[row, width - len(new):] = torch.arange(len(prefix), len(prompt))
+        return (input_ids.to(self.device), attention_mask.to(self.device), position_ids.to(self.device),
+                past, width)
+
+    def _prefill_shared(self, prompts: list[list[int]]) -> None:
+        """Run once what several rows begin with (a GRPO group asks G replies to one prompt): the
+        prompts but their last token, into the reusable cache, so each row then computes one token."""
+        counts = Counter(tuple(p[:-1]) for p in prompts)
+        shared = [list(ids) for ids, n in counts.items()
+                  if n > 1 and len(ids) - len(self._cached_prefix(list(ids) + [-1])) > 1]
+        if not shared:
+            return
+        cached = [self._cached_prefix(ids) for ids in shared]
+        self._extended.update(cached)
+        input_ids, attention_mask, position_ids, past, width = self._layout(shared, cached)
+        cache = self._prefill_cache(cached, past)
+        with torch.inference_mode():
+            self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                       past_key_values=cache, use_cache=True, logits_to_keep=1)
+        self._keep_prefixes(cache, shared, cached, [[] for _ in shared], past, width, self._reusable)
+
     def _cached_prefix(self, prompt: list[int]) -> tuple[int, ...]:
         """The longest sequence of the last call that `prompt` extends (at least one prompt token
         is left to run, for the next-token logits); () when there is none."""
@@ -233,13 +261,15 @@ class HFEngine(Engine):
             cache.update(k, v, layer)
         return cache
 
-    def _keep_prefixes(self, cache, prompts, cached, fed, past: int, width: int) -> None:
-        """Store every row's KV (its prompt and the reply tokens the model ran) for the next call."""
+    def _keep_prefixes(self, cache, prompts, cached, fed, past: int, width: int, into: dict | None = None) -> None:
+        """Store every row's KV (its prompt and the reply tokens the model ran) for the next call
+        (or, `into`, for this one)."""
+        into = self._prefixes if into is None else into
         for row, (prompt, prefix) in enumerate(zip(prompts, cached)):
             new = len(prompt) - len(prefix)
             columns = torch.cat([torch.arange(past - len(prefix), past),
                                  torch.arange(past + width - new, past + width + len(fed[row]))]).to(self.device)
-            self._prefixes[tuple(prompt + fed[row])] = [
+            into[tuple(prompt + fed[row])] = [
                 (layer.keys[row].index_select(1, columns), layer.values[row].index_select(1, columns))
                 for layer in cache.layers]
 

@@ -17,7 +17,9 @@ restart at 0 with every turn prompt, and a token attends only within its span of
 Packing (`rollout.packing`) is the worker boundary's business (grl/workers/sharding.py):
 it lays several episode rows side by side (`pack_rows`), `segment_ids` numbering them
 1, 2, ... (0 on padding), and the ranks keep attention within an episode
-(`packed_attention_mask`, `attention_spans`).
+(`packed_attention_mask`, `attention_spans`). Episodes that begin with the same prompt may hold
+it once (`rollout.share_prompts`): it becomes a segment of its own that the episodes' rests see
+through `parent_ids`.
 
 Constrained decoding: when any reply of the batch was decoded under a
 grammar, the batch also holds each token's allowed set, sparse:
@@ -197,12 +199,15 @@ def pack_rows(lengths: list[int], capacity: int) -> list[list[int]]:
     return rows
 
 
-def packed_attention_mask(segment_ids):
-    """`[rows, 1, T, T]` boolean mask: token i sees token j iff both belong to
-    the same episode of the row and j <= i."""
+def packed_attention_mask(segment_ids, parent_ids=None):
+    """`[rows, 1, T, T]` boolean mask: token i sees token j iff j <= i and j belongs to the same
+    episode of the row as i, or to the segment `parent_ids[i]` names (a prompt several episodes
+    share, grl/workers/sharding.py)."""
     import torch
 
     same = segment_ids.unsqueeze(-1) == segment_ids.unsqueeze(-2)
+    if parent_ids is not None:
+        same |= (parent_ids > 0).unsqueeze(-1) & (parent_ids.unsqueeze(-1) == segment_ids.unsqueeze(-2))
     real = (segment_ids > 0).unsqueeze(-1) & (segment_ids > 0).unsqueeze(-2)
     T = segment_ids.shape[-1]
     causal = torch.ones(T, T, dtype=torch.bool, device=segment_ids.device).tril()

@@ -144,8 +144,12 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
 
 
 def make_optimizer(params, optim_cfg) -> torch.optim.Optimizer:
+    params = list(params)
+    # On CPU (a CPU run, or FSDP2 offload) torch's fused kernel steps 135M parameters in 0.08 s where
+    # its default (foreach) takes 0.45 s on 2 cores; on GPU torch picks its own default.
+    fused = True if params and all(p.device.type == "cpu" for p in params) else None
     return torch.optim.AdamW(params, lr=float(optim_cfg.lr), betas=tuple(float(b) for b in optim_cfg.betas),
-                             weight_decay=float(optim_cfg.weight_decay))
+                             weight_decay=float(optim_cfg.weight_decay), fused=fused)
 
 
 def make_scheduler(optimizer: torch.optim.Optimizer, warmup_steps: int) -> torch.optim.lr_scheduler.LambdaLR:

@@ -38,8 +38,9 @@ CONSTRAINT_KEYS = ("constraint_size", "constraint_ids")  # present when replies 
 ACTOR_KEYS = ("input_ids", "attention_mask", "position_ids", "context_ids", "loss_mask", "advantages",
               "old_log_probs", "ref_log_probs", "rollout_log_probs", *CONSTRAINT_KEYS)
 CRITIC_KEYS = ("input_ids", "attention_mask", "position_ids", "context_ids", "loss_mask", "values", "returns")
-SCORE_KEYS = ("input_ids", "attention_mask", "position_ids", "context_ids")
-POLICY_SCORE_KEYS = SCORE_KEYS + ("loss_mask",) + CONSTRAINT_KEYS  # log-probs are needed where loss_mask is
+# loss_mask: log-probs are needed where it is, and packing finds a prompt's end by it (rollout.share_prompts)
+SCORE_KEYS = ("input_ids", "attention_mask", "position_ids", "context_ids", "loss_mask")
+POLICY_SCORE_KEYS = SCORE_KEYS + CONSTRAINT_KEYS
 
 
 class WorkerDiedError(RuntimeError):
@@ -147,13 +148,16 @@ class _WorkerGroup:
         rollout = self.cfg.rollout
         return int(rollout.max_episode_length) if rollout.packing else None
 
+    def _share_prompts(self) -> bool:
+        return bool(self.cfg.rollout.share_prompts)
+
     def _score(self, method: str, tensors: dict[str, torch.Tensor], *args) -> list[torch.Tensor]:
         """The per-token results of `method` (a tensor or a tuple of them per rank), each `[B, T]`
         like the batch's rows, whether the ranks computed them on those rows or on packed ones."""
         if len(tensors["input_ids"]) == 0:
             raise ValueError(f"{self.role}.{method}: the batch has no rows")
         capacity = self._packing_capacity()
-        sent, where = pack(tensors, capacity) if capacity is not None else (tensors, None)
+        sent, where = pack(tensors, capacity, self._share_prompts()) if capacity is not None else (tensors, None)
         padded, rows = pad_rows(sent, self.size)
         results = [r if isinstance(r, tuple) else (r,) for r in
                    self.call_sharded(method, equal_shards(padded, self.size), *args)]
@@ -162,7 +166,8 @@ class _WorkerGroup:
 
     def _update(self, batch: Batch, keys: tuple[str, ...], train_cfg, step: int) -> dict[str, float]:
         seed = int(self.cfg.trainer.seed) * SHUFFLE_SEED_STRIDE + step - 1
-        shards = minibatch_shards(pick(batch, keys), train_cfg, self.size, seed, self._packing_capacity())
+        shards = minibatch_shards(pick(batch, keys), train_cfg, self.size, seed, self._packing_capacity(),
+                                  self._share_prompts())
         return self.call_sharded("update", shards)[0]
 
     # -- checkpoints

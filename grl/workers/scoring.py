@@ -3,7 +3,8 @@
 `TokenScorer` wraps a Hugging Face model (causal LM or token classifier) and
 returns, for every position t, the log-prob (and entropy) of token t given
 tokens < t, or the value predicted from the state before t. Position 0, padding
-and the first token of every packed episode get 0.
+and the first token of every packed episode get 0. In a row whose episodes share
+a prompt (`parent_ids`), the token after the prompt is scored from its last token.
 
 The backbone runs once; the head (`lm_head`, or the tied input embedding) is
 then applied to `chunk_size` hidden states at a time, and in training each
@@ -27,24 +28,37 @@ from grl.engines.constraint import constrain_logits
 from grl.rollout.batch import packed_attention_mask
 
 
-def additive_packed_mask(segment_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def additive_packed_mask(segment_ids: torch.Tensor, dtype: torch.dtype,
+                         parent_ids: torch.Tensor | None = None) -> torch.Tensor:
     """`grl.rollout.packed_attention_mask` in the additive `[B, 1, T, T]` form the
     attention kernels take. Padding queries see themselves, so no softmax row is
     empty (an empty row is NaN in sdpa)."""
-    allowed = packed_attention_mask(segment_ids)
+    allowed = packed_attention_mask(segment_ids, parent_ids)
     allowed |= torch.eye(segment_ids.shape[1], dtype=torch.bool, device=segment_ids.device)
     return torch.zeros(allowed.shape, dtype=dtype, device=segment_ids.device).masked_fill_(~allowed, torch.finfo(dtype).min)
 
 
-def scored_positions(attention_mask: torch.Tensor, segment_ids: torch.Tensor | None) -> torch.Tensor:
-    """Bool `[B, T]`: positions t whose score comes from a real previous token
-    of the same episode."""
+def predecessors(attention_mask: torch.Tensor, segment_ids: torch.Tensor | None,
+                 parent_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """`[B, T]` column of the token each position is scored from (-1: not scored): t - 1 when
+    both are real tokens of one episode; for the first token after a shared prompt, the prompt's
+    last token (`parent_ids`)."""
     valid = attention_mask.bool()
+    T = valid.shape[1]
+    columns = torch.arange(T, device=valid.device).expand_as(valid)
     keep = torch.zeros_like(valid)
     keep[:, 1:] = valid[:, 1:] & valid[:, :-1]
     if segment_ids is not None:
         keep[:, 1:] &= segment_ids[:, 1:] == segment_ids[:, :-1]
-    return keep
+    prev = torch.where(keep, columns - 1, -1)
+    if parent_ids is not None:
+        last = torch.full((valid.shape[0], int(segment_ids.max()) + 1), -1, dtype=torch.long, device=valid.device)
+        last = last.scatter_reduce(1, segment_ids, columns, "amax")
+        starts = torch.ones_like(valid)
+        starts[:, 1:] = segment_ids[:, 1:] != segment_ids[:, :-1]
+        after_prompt = valid & starts & (parent_ids > 0)
+        prev = torch.where(after_prompt, last.gather(1, parent_ids), prev)
+    return prev
 
 
 def _log_prob_and_entropy(head: nn.Module, hidden: torch.Tensor, labels: torch.Tensor, temperature: float,
@@ -80,31 +94,32 @@ class TokenScorer(nn.Module):
         return self.model.get_output_embeddings() if self.kind == "policy" else self.model.score
 
     def forward(self, input_ids, attention_mask, position_ids, segment_ids=None, chunk_size: int = 1024,
-                temperature: float = 1.0, constraint_size=None, constraint_ids=None, loss_mask=None):
+                temperature: float = 1.0, constraint_size=None, constraint_ids=None, loss_mask=None,
+                parent_ids=None):
         """`loss_mask` (policy only): score just those positions; the vocabulary head is the
-        costliest part of a small model and a multi-turn episode samples few of its tokens."""
+        costliest part of a small model and a multi-turn episode samples few of its tokens.
+        `parent_ids`: the shared prompts of a packed row (grl/workers/sharding.py)."""
         backbone = self.model.base_model
         if segment_ids is not None:
-            mask = additive_packed_mask(segment_ids, self.compute_dtype)
+            mask = additive_packed_mask(segment_ids, self.compute_dtype, parent_ids)
         else:
             mask = attention_mask
         hidden = backbone(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
                           use_cache=False).last_hidden_state
         B, T, H = hidden.shape
-        keep = scored_positions(attention_mask, segment_ids)
+        prev = predecessors(attention_mask, segment_ids, parent_ids)
+        keep = prev >= 0
         if loss_mask is not None and self.kind == "policy" and bool((keep & (loss_mask > 0)).any()):
             # (With no loss token at all everything is scored, so the head still takes part in
             # backward, as FSDP2 ranks reducing gradients together need.)
             keep &= loss_mask > 0
-        # Position t is scored from the hidden state at t - 1; only scored
-        # positions go through the head (padding costs no vocab-sized work).
-        picked = keep[:, 1:].reshape(-1)
-        flat_hidden = hidden[:, :-1].reshape(-1, H)[picked]
-        flat_labels = input_ids[:, 1:].reshape(-1)[picked]
+        # Only scored positions go through the head (padding costs no vocab-sized work).
+        rows, columns = keep.nonzero(as_tuple=True)
+        flat_hidden = hidden[rows, prev[rows, columns]]
+        flat_labels = input_ids[rows, columns]
         sizes = ids = None
         if constraint_size is not None and self.kind == "policy":
-            sizes = constraint_size[:, 1:].reshape(-1)[picked]
-            ids = constraint_ids[:, 1:].reshape(-1, constraint_ids.shape[-1])[picked]
+            sizes, ids = constraint_size[rows, columns], constraint_ids[rows, columns]
         head = self.head()
         step = max(int(chunk_size), 1)
         recompute = torch.is_grad_enabled()
@@ -122,8 +137,7 @@ class TokenScorer(nn.Module):
 
         def assemble(parts):
             scores = torch.cat(parts) if parts else hidden.new_zeros(0, dtype=torch.float32)
-            full = torch.zeros(B * (T - 1), dtype=torch.float32, device=hidden.device).masked_scatter(picked, scores)
-            return torch.cat([full.new_zeros(B, 1), full.reshape(B, T - 1)], dim=1)
+            return torch.zeros(B, T, dtype=torch.float32, device=hidden.device).index_put((rows, columns), scores)
 
         if self.kind == "policy":
             return assemble([o[0] for o in outputs]), assemble([o[1] for o in outputs])

@@ -40,36 +40,94 @@ def equal_shards(tensors: dict[str, torch.Tensor], parts: int) -> list[dict[str,
     return [{k: v[i * size:(i + 1) * size] for k, v in tensors.items()} for i in range(parts)]
 
 
-def pack(tensors: dict[str, torch.Tensor], capacity: int) -> tuple[dict[str, torch.Tensor], list[tuple[int, int, int]]]:
+def _prompt_families(tensors: dict[str, torch.Tensor], lengths: list[int], capacity: int) -> list[tuple[list[int], int]]:
+    """The packing units: (episodes, shared prefix length). Episodes that begin with the same
+    prompt (every token before the first sampled one: a GRPO group's question, a game's first
+    board) form one unit holding the prompt once, split into several when they would not fit in
+    `capacity` tokens together; any other episode is a unit of its own (prefix 0)."""
+    by_prompt: dict[tuple[int, ...], list[int]] = {}
+    units: list[tuple[list[int], int]] = []
+    sampled = tensors["loss_mask"] > 0
+    for i, n in enumerate(lengths):
+        first = int(sampled[i].int().argmax()) if bool(sampled[i].any()) else 0
+        if first == 0:
+            units.append(([i], 0))
+        else:
+            by_prompt.setdefault(tuple(tensors["input_ids"][i, :first].tolist()), []).append(i)
+    for prompt, members in by_prompt.items():
+        p, chunk, size = len(prompt), [], len(prompt)
+        for i in members + [None]:
+            if i is None or (chunk and size + lengths[i] - p > capacity):
+                units.append((chunk, p) if len(chunk) > 1 else (chunk, 0))
+                chunk, size = [], p
+            if i is not None:
+                chunk.append(i)
+                size += lengths[i] - p
+    return units
+
+
+def pack(tensors: dict[str, torch.Tensor], capacity: int,
+         share_prompts: bool = False) -> tuple[dict[str, torch.Tensor], list[list[tuple[int, int, int]]]]:
     """Right-padded episode rows laid side by side, first-fit decreasing into rows of `capacity`
     tokens (a longer episode gets a row of its own), with `segment_ids` 1, 2, ... per episode of a
     row (0 on padding). Each episode's tokens keep their values, so its `position_ids` (and
     `context_ids`) restart where it starts. Padding is 0 everywhere: outside every mask.
-    -> (packed, where), `where[i]` = (row, start, length) of episode i."""
+
+    `share_prompts`: episodes that begin with the same prompt hold it once (`_prompt_families`):
+    the prompt is a segment of its own, followed by each episode's rest, whose `parent_ids` name
+    the prompt's segment (0 elsewhere); a token sees its own segment and its parent's, and the
+    first token after the prompt is scored from the prompt's last. Not with `context_ids`, whose
+    spans restart within an episode.
+    -> (packed, where), `where[i]` = episode i's pieces (row, start, length), in order."""
     lengths = [int(n) for n in tensors["attention_mask"].sum(-1).tolist()]
-    layout = pack_rows(lengths, capacity)
-    width = max((sum(lengths[i] for i in members) for members in layout), default=0)
+    if share_prompts and "context_ids" not in tensors and "loss_mask" in tensors:
+        units = _prompt_families(tensors, lengths, capacity)
+    else:
+        units = [([i], 0) for i in range(len(lengths))]
+    sizes = [p + sum(lengths[i] - p for i in members) for members, p in units]
+    layout = pack_rows(sizes, capacity)
+    width = max((sum(sizes[u] for u in row) for row in layout), default=0)
     out = {k: v.new_zeros((len(layout), width, *v.shape[2:])) for k, v in tensors.items()}
     out["segment_ids"] = torch.zeros(len(layout), width, dtype=torch.long)
-    where: list[tuple[int, int, int]] = [(0, 0, 0)] * len(lengths)
-    for r, members in enumerate(layout):
-        start = 0
-        for segment, i in enumerate(members, start=1):
-            n = lengths[i]
+    parents = torch.zeros(len(layout), width, dtype=torch.long)
+    where: list[list[tuple[int, int, int]]] = [[] for _ in lengths]
+
+    for r, row in enumerate(layout):
+        start, segment = 0, 0
+
+        def place(i: int, a: int, b: int, parent: int) -> None:
+            nonlocal start, segment
+            segment += 1
             for k, v in tensors.items():
-                out[k][r, start:start + n] = v[i, :n]
-            out["segment_ids"][r, start:start + n] = segment
-            where[i] = (r, start, n)
-            start += n
+                out[k][r, start:start + b - a] = v[i, a:b]
+            out["segment_ids"][r, start:start + b - a] = segment
+            parents[r, start:start + b - a] = parent
+            start += b - a
+
+        for u in row:
+            members, p = units[u]
+            prompt = []
+            if p:
+                prompt = [(r, start, p)]
+                place(members[0], 0, p, 0)
+            parent = segment if p else 0
+            for i in members:
+                where[i] = prompt + [(r, start, lengths[i] - p)]
+                place(i, p, lengths[i], parent)
+    if bool(parents.any()):
+        out["parent_ids"] = parents
     return out, where
 
 
-def unpack(values: torch.Tensor, where: list[tuple[int, int, int]], width: int) -> torch.Tensor:
+def unpack(values: torch.Tensor, where: list[list[tuple[int, int, int]]], width: int) -> torch.Tensor:
     """A per-token result of packed rows back to one right-padded row per episode (0 on padding,
-    as a padded row is scored), `width` wide."""
+    as a padded row is scored), `width` wide; a shared prompt's results go to each of its episodes."""
     out = values.new_zeros((len(where), width, *values.shape[2:]))
-    for i, (r, start, n) in enumerate(where):
-        out[i, :n] = values[r, start:start + n]
+    for i, pieces in enumerate(where):
+        at = 0
+        for r, start, n in pieces:
+            out[i, at:at + n] = values[r, start:start + n]
+            at += n
     return out
 
 
@@ -85,16 +143,17 @@ def plan_minibatches(rows: int, mini_batch_size: int, epochs: int, shuffle: bool
 
 
 def minibatch_shards(tensors: dict[str, torch.Tensor], train_cfg, ranks: int, seed: int,
-                     capacity: int | None = None) -> list[list[dict]]:
+                     capacity: int | None = None, share_prompts: bool = False) -> list[list[dict]]:
     """Each rank's share of every mini-batch, in order: `ppo_epochs` passes over mini-batches of
-    `ppo_mini_batch_size` episodes, each packed into rows of `capacity` tokens when one is given."""
+    `ppo_mini_batch_size` episodes, each packed into rows of `capacity` tokens when one is given
+    (`pack`'s `share_prompts`)."""
     plan = plan_minibatches(len(tensors["input_ids"]), int(train_cfg.ppo_mini_batch_size), int(train_cfg.ppo_epochs),
                             bool(train_cfg.get("shuffle", True)), seed)
     per_rank: list[list[dict]] = [[] for _ in range(ranks)]
     for picked in plan:
         chosen = {k: v[torch.tensor(picked)] for k, v in tensors.items()}
         if capacity is not None:
-            chosen, _ = pack(chosen, capacity)
+            chosen, _ = pack(chosen, capacity, share_prompts)
         mini, _ = pad_rows(chosen, ranks)
         for rank, shard in enumerate(equal_shards(mini, ranks)):
             per_rank[rank].append(shard)

@@ -39,13 +39,21 @@ def _row_spans(tensors: dict, size: int) -> list[tuple[int, int]]:
         bounds = list(range(0, n, size)) + [n]
     else:
         bounds, held = [0], 0
-        for i, count in enumerate(tensors["segment_ids"].amax(-1).clamp(min=1).tolist()):
+        for i, count in enumerate(episodes_per_row(tensors)):
             if i > bounds[-1] and held + count > size:
                 bounds.append(i)
                 held = 0
             held += count
         bounds.append(n)
     return [(a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
+
+
+def episodes_per_row(packed: dict) -> list[int]:
+    """Episodes in each packed row (at least 1): its segments, less the prompts its episodes share."""
+    counts = packed["segment_ids"].amax(-1).tolist()
+    if "parent_ids" in packed:
+        counts = [c - len(set(p.tolist()) - {0}) for c, p in zip(counts, packed["parent_ids"])]
+    return [max(c, 1) for c in counts]
 
 
 def aggregated_like_loss(stat: str) -> bool:

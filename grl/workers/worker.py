@@ -111,7 +111,8 @@ class Worker(UpdateLoop):
             out = scorer(trimmed["input_ids"], trimmed["attention_mask"], trimmed["position_ids"],
                          attention_spans(trimmed), chunk_size=self._chunk_size(),
                          temperature=self._sampling_temperature(), constraint_size=trimmed.get("constraint_size"),
-                         constraint_ids=trimmed.get("constraint_ids"), loss_mask=trimmed.get("loss_mask"))
+                         constraint_ids=trimmed.get("constraint_ids"), loss_mask=trimmed.get("loss_mask"),
+                         parent_ids=trimmed.get("parent_ids"))
         if grad:
             return out, trimmed
         return tuple(pad_width(o, width) for o in out) if isinstance(out, tuple) else pad_width(out, width)

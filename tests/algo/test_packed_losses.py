@@ -60,7 +60,7 @@ def test_pack_lays_episodes_side_by_side_and_unpack_restores_them():
     lengths = torch.tensor(LENGTHS)
     attention = (torch.arange(loss.shape[1]) < lengths[:, None]).long()
     packed, where = pack({"loss": loss, "loss_mask": mask, "attention_mask": attention}, capacity=8)
-    assert where == [(1, 0, 5), (1, 5, 3), (0, 0, 6), (0, 6, 2)]  # first-fit decreasing: 6 + 2 and 5 + 3
+    assert where == [[(1, 0, 5)], [(1, 5, 3)], [(0, 0, 6)], [(0, 6, 2)]]  # first-fit decreasing: 6 + 2 and 5 + 3
     assert packed["segment_ids"].tolist() == [[1] * 6 + [2] * 2, [1] * 5 + [2] * 3]
     assert torch.equal(packed["loss"][1], torch.cat([loss[0, :5], loss[1, :3]]))
     short, _ = pack({"loss": loss[:2], "attention_mask": attention[:2]}, capacity=8)  # 5 + 3 fill one row
@@ -73,3 +73,7 @@ def test_micro_batches_count_episodes():
     seg = torch.tensor([[1, 1, 2], [1, 2, 2], [1, 0, 0], [1, 1, 1]])
     parts = split_rows({"segment_ids": seg}, 3)
     assert [len(p["segment_ids"]) for p in parts] == [1, 2, 1]  # 2 | 2 + 1 | 1
+    shared = {"segment_ids": torch.tensor([[1, 2, 3, 4], [1, 2, 0, 0]]),  # row 0: a prompt (1) and 3 rests
+              "parent_ids": torch.tensor([[0, 1, 1, 1], [0, 0, 0, 0]])}
+    assert [len(p["segment_ids"]) for p in split_rows(shared, 3)] == [1, 1]  # 3 | 2: a shared prompt is no episode
+    assert [len(p["segment_ids"]) for p in split_rows(shared, 5)] == [2]

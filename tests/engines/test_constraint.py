@@ -170,6 +170,30 @@ def test_prefix_reuse_gives_what_a_fresh_prefill_gives(hf_tiny, tokenizer, promp
         assert max(abs(x - y) for x, y in zip(a.log_probs, b.log_probs)) < 1e-5
 
 
+def test_a_prompt_that_rows_share_is_run_once(tiny_path, prompts, monkeypatch):
+    """A GRPO group: G rows of one prompt. The engine runs the prompt once and each row's last
+    token on top of it; the replies and log-probs are those of an engine that runs every row whole."""
+    from grl.engines.hf import HFEngine
+
+    group = [prompts[1]] * 3 + [prompts[2]] * 2 + [prompts[0]]
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=8, seed=5)
+    results, prefilled = [], []
+    for reuse in (True, False):
+        engine = HFEngine(tiny_path, dtype="float32", device="cpu", reuse_prefixes=reuse)
+        forward = engine.model.forward
+        seen = []
+        monkeypatch.setattr(engine.model, "forward", lambda *a, **k: seen.append(k["input_ids"].shape) or forward(*a, **k))
+        results.append(engine.generate(group, sampling))
+        prefilled.append(sum(rows * width for rows, width in seen if width > 1))
+    shared, whole = results
+    assert [o.token_ids for o in shared] == [o.token_ids for o in whole]
+    for a, b in zip(shared, whole):
+        assert max(abs(x - y) for x, y in zip(a.log_probs, b.log_probs)) < 1e-5
+    # once: prompts 1 and 2 but their last tokens; then every row as wide as prompt 0, run whole (alone)
+    assert prefilled[0] == 2 * (max(len(prompts[1]), len(prompts[2])) - 1) + len(group) * len(prompts[0])
+    assert prefilled[1] == len(group) * max(len(p) for p in group)
+
+
 @pytest.mark.parametrize("reuse_first", [False, True])
 def test_hf_a_grammar_with_one_answer_is_written_without_a_model_call(hf_tiny, tokenizer, prompts, reuse_first):
     """One valid action forces the whole reply: every row finishes in the jump-forward, the model never

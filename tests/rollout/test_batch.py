@@ -71,9 +71,36 @@ def test_packed_rows_restart_positions_and_unpack_to_the_padded_batch():
     assert packed["input_ids"].shape == (2, 12)
     assert packed["position_ids"][0].tolist() == list(range(9)) + [0, 1, 2]
     assert packed["segment_ids"].tolist() == [[1] * 9 + [2] * 3, [1] * 9 + [0] * 3]
-    assert where == [(0, 0, 9), (0, 9, 3), (1, 0, 9)]
+    assert where == [[(0, 0, 9)], [(0, 9, 3)], [(1, 0, 9)]]
     for key in ("input_ids", "loss_mask", "token_rewards", "rollout_log_probs"):
         assert torch.equal(unpack(packed[key], where, padded[key].shape[1]), padded[key]), key
+
+
+def replied(episode, first_reply):
+    """`episode` with another first reply: a group member that saw the same prompt."""
+    first, *rest = episode.turns
+    turns = [Turn(first.prompt_ids, first_reply, None, first.reward), *rest]
+    return Episode(episode.task, episode.group_id, episode.seed, turns, episode.score, member=episode.member + 1)
+
+
+def test_episodes_that_share_a_prompt_hold_it_once():
+    a = two_turn_episode()  # prompt [10, 11, 12], then 6 more tokens
+    eps = [a, short_episode(), replied(a, [25]), replied(a, [26, 27, 28])]
+    padded, _ = build_batch(eps)
+    packed, where = pack(padded.tensors, capacity=21, share_prompts=True)
+    # row 0: the prompt (3 tokens) once, then the rests of episodes 0, 2, 3 (6, 5, 7); row 1: episode 1
+    assert packed["input_ids"][0].tolist() == [10, 11, 12, 20, 21, 13, 22, 23, 24, 25, 13, 22, 23, 24,
+                                               26, 27, 28, 13, 22, 23, 24]
+    assert packed["segment_ids"][0].tolist() == [1] * 3 + [2] * 6 + [3] * 5 + [4] * 7
+    assert packed["parent_ids"].tolist() == [[0] * 3 + [1] * 18, [0] * 21]
+    assert where == [[(0, 0, 3), (0, 3, 6)], [(1, 0, 3)], [(0, 0, 3), (0, 9, 5)], [(0, 0, 3), (0, 14, 7)]]
+    assert packed["position_ids"][0, 9:14].tolist() == [3, 4, 5, 6, 7]  # a rest goes on from the prompt
+    for key in ("input_ids", "loss_mask", "token_rewards", "rollout_log_probs", "position_ids"):
+        assert torch.equal(unpack(packed[key], where, padded[key].shape[1]), padded[key]), key
+    tight, where = pack(padded.tensors, capacity=20, share_prompts=True)
+    assert where[3] == [(1, 0, 10)]  # the prompt and three rests no longer fit: the last goes whole
+    alone, _ = pack(padded.tensors, capacity=20)
+    assert "parent_ids" not in alone  # without share_prompts: today's packing
 
 
 def test_packed_attention_mask_is_block_diagonal_causal():
@@ -127,7 +154,7 @@ def test_windowed_rows_score_each_turn_prompt_as_if_alone(hf_engine, packing):
     batch, _ = build_batch(eps, max_episode_length=32)
     tensors, place = pack(batch.tensors, capacity=32) if packing else (batch.tensors, None)
     if packing:  # the windowed episode shares its row, and keeps its context ids
-        assert tensors["segment_ids"][place[0][0]].max() > 1
+        assert tensors["segment_ids"][place[0][0][0]].max() > 1
         assert torch.equal(unpack(tensors["context_ids"], place, batch["context_ids"].shape[1]), batch["context_ids"])
     spans = attention_spans(tensors)
     with torch.no_grad():

@@ -12,12 +12,15 @@ from grl.trainer.transforms import add_advantages, drop_nonfinite_rows, needs_ol
 from grl.trainer.metrics import batch_metrics, reward_metrics, task_metrics
 
 
-def episodes(num_groups=3, group_size=4, seed=0):
+def episodes(num_groups=3, group_size=4, seed=0, shared_prompts=False):
+    """`shared_prompts`: a group's episodes begin with the same prompt, as a group's do in a run."""
     rng = random.Random(seed)
     out = []
     for g in range(num_groups):
+        first = [rng.randrange(1, 50) for _ in range(rng.randint(2, 6))] if shared_prompts else None
         for m in range(group_size):
-            turns = [Turn(prompt_ids=[rng.randrange(1, 50) for _ in range(rng.randint(2, 6))],
+            turns = [Turn(prompt_ids=list(first) if shared_prompts and k == 0 else
+                          [rng.randrange(1, 50) for _ in range(rng.randint(2, 6))],
                           response_ids=[rng.randrange(1, 50) for _ in range(rng.randint(1, 5))],
                           response_log_probs=None, reward=rng.choice([0.0, 1.0, -0.1]), state_key=f"s{(k + m) % 2}")
                      for k in range(rng.randint(1, 3))]
@@ -55,8 +58,8 @@ def recording(group, sent):
     real = group.call_sharded
 
     def call(method, shards, *args):
-        first = shards[0][0] if method == "update" else shards[0]
-        sent.append((method, "segment_ids" in first))
+        parts = [part for rank in shards for part in rank] if method == "update" else shards
+        sent.append((method, "segment_ids" in parts[0], any("parent_ids" in part for part in parts)))
         return real(method, shards, *args)
     return call
 
@@ -64,7 +67,8 @@ def recording(group, sent):
 @pytest.mark.slow
 def test_packing_at_the_workers_scores_and_trains_as_padded_rows(tmp_path, monkeypatch):
     """The trainer's batch is one episode per row either way; with rollout.packing the groups send
-    the ranks packed rows and hand back the same log-probs, values and updates."""
+    the ranks packed rows, each group's prompt held once (rollout.share_prompts), and hand back the
+    same log-probs, values and updates."""
     ray = pytest.importorskip("ray")
     from grl.config import compose
     from grl.workers import ActorRolloutRefGroup, CriticGroup, init_ray
@@ -85,7 +89,7 @@ def test_packing_at_the_workers_scores_and_trains_as_padded_rows(tmp_path, monke
         results = []
         for packing in (False, True):
             cfg.rollout.packing = packing
-            batch, _ = shape_batch(episodes(), rollout_cfg(max_episode_length=40), pad_token_id=0)
+            batch, _ = shape_batch(episodes(shared_prompts=True), rollout_cfg(max_episode_length=40), pad_token_id=0)
             batch["old_log_probs"], batch["entropy"] = actor.compute_log_probs(batch)
             batch["ref_log_probs"] = actor.compute_ref_log_probs(batch)
             batch["values"] = critic.compute_values(batch)
@@ -95,8 +99,8 @@ def test_packing_at_the_workers_scores_and_trains_as_padded_rows(tmp_path, monke
             results.append((batch, metrics, after))
             for group in (actor, critic):
                 group.load_checkpoint(tmp_path / group.role)
-        assert {packed for _, packed in sent} == {False, True}
-        assert all(packed == (i >= len(sent) // 2) for i, (_, packed) in enumerate(sent))
+        assert {packed for _, packed, _ in sent} == {False, True}
+        assert all(packed == shared == (i >= len(sent) // 2) for i, (_, packed, shared) in enumerate(sent))
         (padded, padded_m, padded_after), (packed, packed_m, packed_after) = results
         assert len(packed) == len(padded) == 12 and packed.meta == padded.meta
         for key in ("old_log_probs", "entropy", "ref_log_probs", "values", "advantages", "returns"):

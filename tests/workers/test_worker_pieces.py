@@ -79,6 +79,62 @@ def test_packed_row_scores_each_episode_as_if_alone(policy):
     assert lp[0, 6] == 0 and lp[0, 11:].abs().sum() == 0  # episode start and padding are not scored
 
 
+def group_rows(prompt_lengths=(7, 4), replies=((3, 5, 2), (6, 1)), seed=5):
+    """Right-padded rows of GRPO groups: each group's episodes share a prompt, then reply."""
+    g = torch.Generator().manual_seed(seed)
+    rows = []
+    for p, reply_lengths in zip(prompt_lengths, replies):
+        prompt = torch.randint(0, 2000, (p,), generator=g)
+        rows += [(prompt, torch.randint(0, 2000, (n,), generator=g)) for n in reply_lengths]
+    width = max(len(a) + len(b) for a, b in rows)
+    tensors = {k: torch.zeros(len(rows), width, dtype=torch.long) for k in ("input_ids", "attention_mask", "position_ids")}
+    tensors["loss_mask"] = torch.zeros(len(rows), width)
+    for i, (prompt, reply) in enumerate(rows):
+        n = len(prompt) + len(reply)
+        tensors["input_ids"][i, :n] = torch.cat([prompt, reply])
+        tensors["attention_mask"][i, :n] = 1
+        tensors["position_ids"][i, :n] = torch.arange(n)
+        tensors["loss_mask"][i, len(prompt):n] = 1
+    return tensors
+
+
+def score_rows(scorer, tensors, **extra):
+    return scorer(tensors["input_ids"], tensors["attention_mask"], tensors["position_ids"], chunk_size=4,
+                  segment_ids=tensors.get("segment_ids"), parent_ids=tensors.get("parent_ids"), **extra)
+
+
+@pytest.mark.parametrize("kind", ["policy", "value"])
+def test_a_shared_prompt_scores_and_trains_as_padded_rows(policy, kind):
+    """Episodes that begin with the same prompt hold it once in a packed row; each still gets the
+    log-probs (or values) and the gradient it gets alone in a padded row."""
+    from grl.workers.sharding import pack, unpack
+
+    model = policy if kind == "policy" else load_critic("tiny", dtype="float32")
+    if kind == "value":
+        with torch.no_grad():
+            model.score.weight.normal_()  # (a new critic's head starts at 0)
+    scorer = TokenScorer(model, kind)
+    padded = group_rows()
+    packed, where = pack(padded, capacity=40, share_prompts=True)
+    plain, _ = pack(padded, capacity=40)
+    assert packed["input_ids"].numel() < plain["input_ids"].numel()  # 7 + 3 + 5 + 2 and 4 + 6 + 1 tokens
+    assert int((packed["attention_mask"] > 0).sum()) == 7 + 10 + 4 + 7
+    results = []
+    for tensors in (padded, packed):
+        model.zero_grad()
+        out = score_rows(scorer, tensors, loss_mask=tensors["loss_mask"] if kind == "policy" else None)
+        out = out[0] if kind == "policy" else out
+        (out * tensors["loss_mask"]).sum().backward()
+        grad = model.model.layers[0].self_attn.q_proj.weight.grad.clone()
+        scores = out.detach() if tensors is padded else unpack(out.detach(), where, padded["input_ids"].shape[1])
+        results.append((scores * padded["loss_mask"], grad))
+    model.zero_grad()
+    (want, want_grad), (got, got_grad) = results
+    assert (want != 0).sum() == padded["loss_mask"].sum()  # every reply token, the first included
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    torch.testing.assert_close(got_grad, want_grad, atol=1e-5, rtol=1e-4)
+
+
 def test_packed_mask_is_block_diagonal_causal():
     seg = torch.tensor([[1, 1, 2, 2, 2, 0]])
     mask = additive_packed_mask(seg, torch.float32)[0, 0]
@@ -87,6 +143,14 @@ def test_packed_mask_is_block_diagonal_causal():
         for k in range(6):
             expected = (k <= q and seg[0, q] == seg[0, k] and q < 5) or q == k
             assert bool(allowed[q, k]) == expected, (q, k)
+
+
+def test_a_shared_prompt_is_seen_by_the_episodes_after_it_only():
+    seg = torch.tensor([[1, 1, 2, 2, 3, 3, 4, 0]])  # prompt 1 shared by episodes 2 and 3; 4 alone
+    parent = torch.tensor([[0, 0, 1, 1, 1, 1, 0, 0]])
+    allowed = additive_packed_mask(seg, torch.float32, parent)[0, 0] == 0
+    sees = {0: [0], 1: [0, 1], 2: [0, 1, 2], 3: [0, 1, 2, 3], 4: [0, 1, 4], 5: [0, 1, 4, 5], 6: [6], 7: [7]}
+    assert {q: allowed[q].nonzero().flatten().tolist() for q in range(8)} == sees
 
 
 def test_value_scorer_is_backbone_plus_head_shifted():
