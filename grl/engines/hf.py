@@ -222,11 +222,12 @@ class HFEngine(Engine):
         """Run once what several rows begin with (a GRPO group asks G replies to one prompt): the
         prompts but their last token, into the reusable cache, so each row then computes one token."""
         counts = Counter(tuple(p[:-1]) for p in prompts)
-        shared = [list(ids) for ids, n in counts.items()
-                  if n > 1 and len(ids) - len(self._cached_prefix(list(ids) + [-1])) > 1]
-        if not shared:
+        # (A cached sequence may equal the shared part itself: then there is nothing left to run.)
+        found = [(list(ids), self._cached_prefix(list(ids) + [-1])) for ids, n in counts.items() if n > 1]
+        found = [(ids, prefix) for ids, prefix in found if len(ids) - len(prefix) > 1]
+        if not found:
             return
-        cached = [self._cached_prefix(ids) for ids in shared]
+        shared, cached = [ids for ids, _ in found], [prefix for _, prefix in found]
         self._extended.update(cached)
         input_ids, attention_mask, position_ids, past, width = self._layout(shared, cached)
         cache = self._prefill_cache(cached, past)

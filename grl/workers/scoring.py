@@ -49,13 +49,14 @@ def predecessors(attention_mask: torch.Tensor, segment_ids: torch.Tensor | None,
     keep = torch.zeros_like(valid)
     keep[:, 1:] = valid[:, 1:] & valid[:, :-1]
     if segment_ids is not None:
-        keep[:, 1:] &= segment_ids[:, 1:] == segment_ids[:, :-1]
+        same_episode = segment_ids[:, 1:] == segment_ids[:, :-1]
+        keep[:, 1:] &= same_episode
     prev = torch.where(keep, columns - 1, -1)
     if parent_ids is not None:
         last = torch.full((valid.shape[0], int(segment_ids.max()) + 1), -1, dtype=torch.long, device=valid.device)
         last = last.scatter_reduce(1, segment_ids, columns, "amax")
         starts = torch.ones_like(valid)
-        starts[:, 1:] = segment_ids[:, 1:] != segment_ids[:, :-1]
+        starts[:, 1:] = ~same_episode
         after_prompt = valid & starts & (parent_ids > 0)
         prev = torch.where(after_prompt, last.gather(1, parent_ids), prev)
     return prev
