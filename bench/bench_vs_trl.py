@@ -1,15 +1,26 @@
 """GRL against Hugging Face TRL's GRPOTrainer: one GRPO job, both trainers, the same cores.
 
-    .venv/bin/python bench/bench_vs_trl.py [--steps 3] [--prompts 2] [--generations 4] [--data DIR] [--rounds 1]
+    .venv/bin/python bench/bench_vs_trl.py [--job gsm8k|tetris] [--steps 3] [--prompts 2] [--generations 4]
+                                           [--data DIR] [--rounds 1]
 
-The job: the embedded SmolLM2-135M-Instruct learns GSM8K single-turn (`gsm8kAgent_single_turn`) from a
-local JSONL folder (`--data`, default /work/shared/data/gsm8k, else data/gsm8k). GRL runs first
-(`grl-train` with overrides, hf engine, CPU), then TRL (`GRPOTrainer`, `use_vllm=False`, CPU), one after
-the other, each with OMP_NUM_THREADS = the machine's cores. Both see the same questions in the same
-order: GRL's group g of step s plays seed `s * 100003 + g`; TRL's dataset lists those seeds in that
-order and is not shuffled. Both build the prompt and the reward with GRL's own agent
-(grl.agents.make_agent: system prompt + task prompt + question, then 10 for the right number, -0.1 for a
-wrong one, -0.1 more without <answer> tags), so the reward curves are comparable number for number.
+Two jobs, both for the embedded SmolLM2-135M-Instruct:
+- `gsm8k` (default): GSM8K single-turn (`gsm8kAgent_single_turn`) from a local JSONL folder (`--data`,
+  default /work/shared/data/gsm8k, else data/gsm8k).
+- `tetris`: the multi-turn game of the CPU preset (`tetrisAgent_gap_dim_4`: move a piece Left or Right over
+  the gap, then Down; up to 5 turns), decoded freely on both sides (TRL has no valid-action decoding). TRL
+  plays it through its experimental `rollout_func`: turn by turn, every episode still playing gets its next
+  reply from one `generate` call over the whole conversation so far, GRL's agent steps the game, and the
+  episode's tokens are the first prompt, then each reply (env_mask 1) and the template and game tokens
+  between replies (env_mask 0), built with GRL's own grl.rollout.chat.ChatTokens, so both systems train on
+  the same token sequence. GRL's hf engine keeps each episode's KV cache between turns; TRL recomputes the
+  conversation each turn (it has no such cache).
+GRL runs first (`grl-train` with overrides, hf engine, CPU), then TRL (`GRPOTrainer`, `use_vllm=False`, CPU),
+one after the other, each with OMP_NUM_THREADS = the machine's cores. Both see the same questions or games in
+the same order: GRL's group g of step s plays seed `s * 100003 + g`; TRL's dataset lists those seeds in that
+order and is not shuffled. Both build the prompts and the rewards with GRL's own agent (grl.agents.make_agent:
+system prompt + task prompt + question or board; GSM8K: 10 for the right number, -0.1 for a wrong one, -0.1
+more without <answer> tags; the game: 10 for the row its piece completes (a win), -0.1 for a reply without
+a valid move, summed over the episode's turns), so the reward curves are comparable number for number.
 
 TRL lives in its own virtual environment, .bench-venvs/trl (gitignored), which this script builds on
 first use: the CPU torch 2.13.0 first (the local wheel in /opt/wheels when there is one), so that
@@ -23,7 +34,8 @@ Settings, GRL key <-> TRL GRPOConfig field (read from trl 1.16.0's grpo_config.p
                                              steps_per_generation = 1 (one generation batch per step)
   ppo_mini_batch_size = P * G             <-> one optimizer step per generation batch (as above)
   micro_batch_size_per_gpu = P * G        <-> per_device_train_batch_size: one forward/backward
-  max_response_length, agent max_tokens   <-> max_completion_length
+  max_response_length, agent max_tokens   <-> max_completion_length (tetris: the limit of each reply,
+                                             `max_new_tokens` of each turn's generate call)
   actor.optim.lr, betas (0.9, 0.999),     <-> learning_rate, adam_beta1/2, weight_decay=0.01,
     weight_decay 0.01, constant lr            lr_scheduler_type="constant", optim="adamw_torch"
   actor.grad_clip 1.0                     <-> max_grad_norm 1.0
@@ -48,12 +60,15 @@ adv, update_actor, sync_weights (engine weight refresh); TRL's `_generate` (gene
 the rest of the optimizer step (update). Peak memory is the largest summed RSS of the process tree
 (GRL's Ray workers included), sampled every 0.2 s.
 
-Not covered: the multi-turn game through TRL's experimental `rollout_func` (see docs/PERFORMANCE.md).
+The tetris job: TRL's `_generate` (its `rollout_func`: generation and the game's steps) is "gen+reward";
+no logprobs are returned from the rollout (TRL without vLLM computes none either: it uses the update's own
+log-probs as the old ones when num_iterations is 1).
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import subprocess
@@ -61,12 +76,29 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 VENV = REPO / ".bench-venvs" / "trl"
-TASK = "gsm8kAgent_single_turn"
 TORCH_WHEEL_DIR = Path("/opt/wheels")
+
+
+@dataclass(frozen=True)
+class Job:
+    task: str  # a task instance of configs/agents.yaml
+    max_completion: int  # tokens of a reply (each turn's, in a game)
+    max_prompt: int  # GRL's max_prompt_length: the whole conversation before a reply
+    agent_config: dict = field(default_factory=dict)  # overrides of the task's agent_config, both sides
+    uses_data: bool = False  # the task reads --data (env_config.data_path)
+    multi_turn: bool = False  # TRL plays it through its rollout_func
+
+
+JOBS = {
+    "gsm8k": Job("gsm8kAgent_single_turn", max_completion=64, max_prompt=320, uses_data=True),
+    "tetris": Job("tetrisAgent_gap_dim_4", max_completion=16, max_prompt=1024,
+                  agent_config={"action_decoding": "free"}, multi_turn=True),
+}
 
 
 # ------------------------------------------------------------------ measuring a process tree
@@ -148,19 +180,29 @@ def seeds(steps: int, prompts: int) -> list[int]:
     return [s * 100003 + g for s in range(steps) for g in range(prompts)]
 
 
-def task_config(data: str, max_tokens: int) -> dict:
+def task_overrides(job: Job, args) -> dict[str, object]:
+    """The job's changes to its task block, as dotted keys under it; the same for both sides."""
+    overrides = {f"agent_config.{k}": v for k, v in job.agent_config.items()}
+    overrides["agent_config.max_tokens"] = args.max_completion
+    if job.uses_data:
+        overrides["env_config.data_path"] = args.data
+    return overrides
+
+
+def task_config(job: Job, args) -> dict:
     from omegaconf import OmegaConf
 
-    cfg = OmegaConf.to_container(OmegaConf.load(REPO / "configs" / "agents.yaml")[TASK], resolve=False)
-    cfg["env_config"]["data_path"] = data
-    cfg["agent_config"]["max_tokens"] = max_tokens
-    return cfg
+    cfg = OmegaConf.load(REPO / "configs" / "agents.yaml")[job.task]
+    for key, value in task_overrides(job, args).items():
+        OmegaConf.update(cfg, key, value)
+    return OmegaConf.to_container(cfg, resolve=False)
 
 
 def run_grl(args, workdir: Path, env: dict) -> dict:
+    job = JOBS[args.job]
     batch = args.prompts * args.generations
     cmd = [str(REPO / ".venv" / "bin" / "grl-train"), "model_path=embedded",
-           f"rollout.training=[{TASK}]", f"rollout.validation=[{TASK}]",
+           f"rollout.training=[{job.task}]", f"rollout.validation=[{job.task}]",
            f"rollout.agent_group_num=[{args.prompts}]", f"rollout.agent_group_size=[{args.generations}]",
            "rollout.validation_agent_group_num=[1]", "rollout.seed=0", "rollout.rollout_filter_ratio=1.0",
            "rollout.packing=true",
@@ -169,7 +211,7 @@ def run_grl(args, workdir: Path, env: dict) -> dict:
            "actor_rollout_ref.rollout.name=hf", "trainer.device=cpu", "actor_rollout_ref.model.dtype=float32",
            "actor_rollout_ref.rollout.temperature=1.0", "actor_rollout_ref.rollout.top_p=1.0",
            f"max_response_length={args.max_completion}", f"max_prompt_length={args.max_prompt}",
-           f"{TASK}.agent_config.max_tokens={args.max_completion}", f"{TASK}.env_config.data_path={args.data}",
+           *(f"{job.task}.{key}={value}" for key, value in task_overrides(job, args).items()),
            f"ppo_mini_batch_size={batch}", f"micro_batch_size_per_gpu={batch}",
            "actor_rollout_ref.actor.ppo_epochs=1", "actor_rollout_ref.actor.entropy_coeff=0",
            "actor_rollout_ref.actor.use_kl_loss=false", "actor_rollout_ref.actor.loss_agg_mode=token-mean",
@@ -193,7 +235,8 @@ def run_grl(args, workdir: Path, env: dict) -> dict:
 def run_trl(args, python: Path, workdir: Path, env: dict) -> dict:
     spec = {"steps": args.steps, "prompts": args.prompts, "generations": args.generations,
             "max_completion": args.max_completion, "lr": args.lr, "seeds": seeds(args.steps, args.prompts),
-            "task": task_config(args.data, args.max_completion), "out": str(workdir / "trl.json"),
+            "task_name": JOBS[args.job].task, "task": task_config(JOBS[args.job], args),
+            "multi_turn": JOBS[args.job].multi_turn, "out": str(workdir / "trl.json"),
             "model": str(model_path())}
     (workdir / "trl_spec.json").write_text(json.dumps(spec))
     cmd = [str(python), str(Path(__file__).resolve()), "--trl-worker", str(workdir / "trl_spec.json")]
@@ -211,6 +254,75 @@ def model_path() -> Path:
 
 # ------------------------------------------------------------------ TRL side (runs in the TRL venv)
 
+def game_rollout(spec: dict, tokenizer):
+    """TRL's `rollout_func` for a multi-turn task: the episodes of one generation batch, played turn by
+    turn with the trainer's model the way TRL's own generation calls it, GRL's agents stepping the game.
+    TRL passes the batch's prompts, each repeated num_generations times in dataset order (not shuffled),
+    so the k-th call plays seeds[k * P:(k + 1) * P]; each prompt is checked against its seed's reset."""
+    import torch
+    from trl.models import unwrap_model_for_generation
+
+    from grl.agents import make_agent
+    from grl.rollout.chat import ChatTokens
+
+    chat = ChatTokens(tokenizer)
+    batch = spec["prompts"] * spec["generations"]
+    agents = [make_agent(spec["task_name"], spec["task"]) for _ in range(batch)]
+    seeds = iter([seed for seed in spec["seeds"] for _ in range(spec["generations"])])
+
+    def rollout(prompts, trainer):
+        if len(prompts) != batch:
+            raise ValueError(f"rollout_func got {len(prompts)} prompts, expected {batch}")
+        prompt_ids = []
+        for agent, prompt in zip(agents, prompts):
+            messages = agent.reset(next(seeds))
+            if messages != prompt:
+                raise RuntimeError("rollout_func: TRL's prompts are not the seeds' games in order")
+            prompt_ids.append(chat.first_prompt(messages))
+        completion_ids = [[] for _ in prompts]
+        env_mask = [[] for _ in prompts]
+        rewards = [0.0] * batch
+        playing = list(range(batch))
+        generation = copy.deepcopy(trainer.generation_config)
+        generation.max_new_tokens = spec["max_completion"]
+        for turn in range(max(agent.max_turns for agent in agents)):
+            if not playing:
+                break
+            contexts = [torch.tensor(prompt_ids[i] + completion_ids[i]) for i in playing]
+            width = max(len(c) for c in contexts)
+            input_ids = torch.full((len(contexts), width), tokenizer.pad_token_id)
+            attention_mask = torch.zeros((len(contexts), width), dtype=torch.long)
+            for row, context in enumerate(contexts):  # left padding, as TRL's generation pads
+                input_ids[row, width - len(context):] = context
+                attention_mask[row, width - len(context):] = 1
+            with (unwrap_model_for_generation(
+                    trainer.model_wrapped, trainer.accelerator, generation_kwargs=trainer.generation_kwargs,
+                    gradient_checkpointing_kwargs=trainer.args.gradient_checkpointing_kwargs) as model,
+                  torch.no_grad()):
+                output = model.generate(input_ids=input_ids, attention_mask=attention_mask,
+                                        generation_config=generation)
+            still = []
+            for row, i in enumerate(playing):
+                reply = output[row, width:].tolist()
+                ends = [k for k, token in enumerate(reply) if token in trainer.eos_token_ids]
+                reply = reply[:ends[0] + 1] if ends else reply
+                completion_ids[i] += reply
+                env_mask[i] += [1] * len(reply)
+                step = agents[i].step(tokenizer.decode(reply, skip_special_tokens=True))
+                rewards[i] += step.reward
+                if step.done or turn + 1 >= agents[i].max_turns:
+                    continue
+                between = chat.turn_delta(agents[i].messages, reply[-1] if reply else None)
+                completion_ids[i] += between
+                env_mask[i] += [0] * len(between)
+                still.append(i)
+            playing = still
+        return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": None,
+                "env_mask": env_mask, "episode_reward": rewards}
+
+    return rollout
+
+
 def trl_worker(spec_file: str) -> None:
     """One GRPOTrainer run as the spec says; writes per-step phase times and rewards to spec['out']."""
     sys.path.insert(0, str(REPO))  # GRL's agents (pure Python) build the prompts and score the replies
@@ -222,15 +334,20 @@ def trl_worker(spec_file: str) -> None:
     from grl.agents import make_agent
 
     spec = json.loads(Path(spec_file).read_text())
-    agent = make_agent(TASK, spec["task"])
+    agent = make_agent(spec["task_name"], spec["task"])
     rows = [{"prompt": agent.reset(seed), "seed": seed} for seed in spec["seeds"]]
+    model = AutoModelForCausalLM.from_pretrained(spec["model"], dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(spec["model"])
 
-    def grl_reward(prompts, completions, seed, **_):
+    def one_reply_reward(prompts, completions, seed, **_):
         rewards = []
         for completion, episode_seed in zip(completions, seed):
             agent.reset(episode_seed)
             rewards.append(agent.step(completion[-1]["content"]).reward)
         return rewards
+
+    def episode_reward(prompts, completions, episode_reward, **_):
+        return episode_reward
 
     batch = spec["prompts"] * spec["generations"]
     config = GRPOConfig(
@@ -243,10 +360,10 @@ def trl_worker(spec_file: str) -> None:
         epsilon=0.2, epsilon_high=0.28, loss_type="dapo", beta=0.0, scale_rewards="group",
         temperature=1.0, top_p=1.0, top_k=0, gradient_checkpointing=True, shuffle_dataset=False,
         dataloader_num_workers=0)
-    model = AutoModelForCausalLM.from_pretrained(spec["model"], dtype=torch.float32)
-    tokenizer = AutoTokenizer.from_pretrained(spec["model"])
-    trainer = GRPOTrainer(model=model, reward_funcs=grl_reward, args=config,
-                          train_dataset=Dataset.from_list(rows), processing_class=tokenizer)
+    multi_turn = spec["multi_turn"]
+    trainer = GRPOTrainer(model=model, reward_funcs=episode_reward if multi_turn else one_reply_reward,
+                          args=config, train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
+                          rollout_func=game_rollout(spec, tokenizer) if multi_turn else None)
 
     phases: dict[str, float] = {}
 
@@ -308,12 +425,14 @@ def summary(name: str, run: dict, episodes_per_step: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     default_data = "/work/shared/data/gsm8k" if Path("/work/shared/data/gsm8k").is_dir() else str(REPO / "data/gsm8k")
+    parser.add_argument("--job", choices=sorted(JOBS), default="gsm8k",
+                        help="gsm8k: single-turn questions; tetris: the CPU preset's multi-turn game")
     parser.add_argument("--data", default=default_data, help="a folder with train.jsonl (GSM8K)")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--prompts", type=int, default=2, help="questions a step")
     parser.add_argument("--generations", type=int, default=4, help="completions a question")
-    parser.add_argument("--max-completion", type=int, default=64)
-    parser.add_argument("--max-prompt", type=int, default=320)
+    parser.add_argument("--max-completion", type=int, help="tokens of a reply (default: the job's, 64 or 16)")
+    parser.add_argument("--max-prompt", type=int, help="GRL's max_prompt_length (default: the job's)")
     parser.add_argument("--lr", type=float, default=5e-6)
     parser.add_argument("--only", choices=["grl", "trl"], help="run one side only")
     parser.add_argument("--rounds", type=int, default=1, help="run both sides this many times, alternating "
@@ -322,7 +441,10 @@ def main() -> None:
     args = parser.parse_args()
     if args.trl_worker:
         return trl_worker(args.trl_worker)
-    if not (Path(args.data) / "train.jsonl").is_file():
+    job = JOBS[args.job]
+    args.max_completion = args.max_completion or job.max_completion
+    args.max_prompt = args.max_prompt or job.max_prompt
+    if job.uses_data and not (Path(args.data) / "train.jsonl").is_file():
         sys.exit(f"bench_vs_trl: --data {args.data}: no train.jsonl there (scripts/install_dataset.sh --gsm8k)")
     python = trl_python() if args.only != "grl" else None
     if python is None and args.only != "grl":
@@ -330,8 +452,8 @@ def main() -> None:
     cores = os.cpu_count() or 1
     env = {**os.environ, "OMP_NUM_THREADS": str(cores), "TOKENIZERS_PARALLELISM": "false"}
     load = os.getloadavg()[0]
-    print(f"bench_vs_trl: {args.steps} steps x {args.prompts} questions x {args.generations} completions, "
-          f"<= {args.max_completion} tokens, lr {args.lr}, fp32, {cores} cores, load average {load:.1f} at start")
+    print(f"bench_vs_trl: {args.job} ({job.task}): {args.steps} steps x {args.prompts} prompts x {args.generations} episodes, "
+          f"<= {args.max_completion} tokens a reply, lr {args.lr}, fp32, {cores} cores, load average {load:.1f} at start")
     episodes = args.prompts * args.generations
     ratios = []
     for round_ in range(args.rounds):

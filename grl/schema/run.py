@@ -60,7 +60,8 @@ class Rollout:
                                    choices=("std", "std_rev"))
     reward_normalization: RewardNormalization = section(RewardNormalization)
     max_episode_length: int = key(4096, "tokens; a longer episode is dropped from the batch and counted", ge=1)
-    packing: bool = key(False, "the ranks compute on episodes packed into rows of max_episode_length tokens, not on padded rows")
+    packing: bool = key(False, "the ranks compute on episodes packed into rows (of at most max_episode_length tokens and twice "
+                              "the batch's longest episode), not on padded rows")
     share_prompts: bool = key(True, "with packing, episodes that begin with the same prompt (a group's question or "
                               "first observation) hold it once in their row: it is computed once, not once an episode")
     turn_barrier: bool = key(True, "true: every agent of a training rollout takes its turn together; false: an "

@@ -22,7 +22,7 @@ from grl.engines.base import Engine
 from grl.rollout.types import Batch
 from grl.workers.engine_proxy import EngineProxy
 from grl.workers.runtime import PRODUCT_ENV, REPO_ROOT, acquire_pool, init_ray, release_pool, resolve_device
-from grl.workers.sharding import equal_shards, minibatch_shards, pack, pad_rows, pick, unpack
+from grl.workers.sharding import equal_shards, minibatch_shards, pack, pad_rows, pick, row_capacity, unpack
 
 log = logging.getLogger("grl.workers")
 
@@ -144,7 +144,8 @@ class _WorkerGroup:
             raise RuntimeError(f"the {self.role} group has been shut down")
 
     def _packing_capacity(self) -> int | None:
-        """Tokens per packed row sent to the ranks (`rollout.packing`); None: one episode per row."""
+        """The most tokens of a packed row sent to the ranks (`rollout.packing`; `row_capacity` caps it
+        by the batch); None: one episode per row."""
         rollout = self.cfg.rollout
         return int(rollout.max_episode_length) if rollout.packing else None
 
@@ -157,7 +158,8 @@ class _WorkerGroup:
         if len(tensors["input_ids"]) == 0:
             raise ValueError(f"{self.role}.{method}: the batch has no rows")
         capacity = self._packing_capacity()
-        sent, where = pack(tensors, capacity, self._share_prompts()) if capacity is not None else (tensors, None)
+        sent, where = (pack(tensors, row_capacity(tensors, capacity), self._share_prompts()) if capacity is not None
+                       else (tensors, None))
         padded, rows = pad_rows(sent, self.size)
         results = [r if isinstance(r, tuple) else (r,) for r in
                    self.call_sharded(method, equal_shards(padded, self.size), *args)]

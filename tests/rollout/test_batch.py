@@ -2,10 +2,11 @@
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 from grl.rollout.batch import build_batch, pack_rows, packed_attention_mask
 from grl.rollout.types import Episode, Turn
-from grl.workers.sharding import pack, unpack
+from grl.workers.sharding import minibatch_shards, pack, row_capacity, unpack
 
 
 def two_turn_episode(group_id=0, member=0):
@@ -101,6 +102,22 @@ def test_episodes_that_share_a_prompt_hold_it_once():
     assert where[3] == [(1, 0, 10)]  # the prompt and three rests no longer fit: the last goes whole
     alone, _ = pack(padded.tensors, capacity=20)
     assert "parent_ids" not in alone  # without share_prompts: today's packing
+
+
+def test_packed_rows_are_at_most_twice_the_longest_episode():
+    """A packed row's attention covers every pair of its tokens: the rows sent to the ranks stay
+    within twice the longest episode however large rollout.max_episode_length is."""
+    a = two_turn_episode()
+    eps = [a, short_episode(), replied(a, [25]), replied(a, [26, 27, 28])]  # lengths 9, 3, 8, 10
+    padded, _ = build_batch(eps)
+    assert row_capacity(padded.tensors, 4096) == 20
+    assert row_capacity(padded.tensors, 12) == 12
+    train = OmegaConf.create({"ppo_mini_batch_size": 4, "ppo_epochs": 1, "shuffle": False})
+    (shards,) = minibatch_shards(padded.tensors, train, ranks=1, seed=0, capacity=4096, share_prompts=True)
+    (mini,) = shards
+    assert mini["input_ids"].shape[1] <= 20
+    # every token is there; episodes 0 and 2 share the 3-token prompt (with 3 too the row would pass 20)
+    assert int(mini["attention_mask"].sum()) == 9 + 3 + 8 + 10 - 3
 
 
 def test_packed_attention_mask_is_block_diagonal_causal():
