@@ -1,12 +1,15 @@
 """Rollouts ahead of the update against the synchronous step: the CPU preset, both ways, one after the other.
 
-    .venv/bin/python bench/bench_async.py [--steps 4] [--staleness 1] [--seed 1] [--extra KEY=VALUE ...]
+    .venv/bin/python bench/bench_async.py [--steps 4] [--staleness 1] [--seed 1] [--old-log-probs engine]
+                                          [--extra KEY=VALUE ...]
 
 Arm A is `grl-train preset=cpu` as the README runs it (the engine in the actor's rank, every step samples
 from the weights it trains). Arm B is the same run with the engine in a rollout worker of its own that
 samples the next step's episodes while the actor trains (`actor_rollout_ref.hybrid_engine=false
 rollout.max_staleness=K actor_rollout_ref.actor.tis_imp_ratio_cap=2`); on CPU the engine then takes half
-the cores and the actor's rank the other half. Validation, checkpoints and the export are off, so each
+the cores and the actor's rank the other half. With `--old-log-probs engine` both arms skip the
+old-log-prob pass and clip around the engine's log-probs (`recompute_old_log_probs=false`; arm B then has
+no TIS, whose weight would be 1). Validation, checkpoints and the export are off, so each
 step is rollout + update. Printed: each arm's step times, the mean of each phase, training steps per hour
 (from the summed step times, and from the wall time of the whole command, Ray's start included), and B/A.
 
@@ -51,15 +54,19 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--staleness", type=int, default=1)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--old-log-probs", choices=("recompute", "engine"), default="recompute",
+                        help="PPO's old log-probs: a pass at the trained weights (arm B adds TIS), or the engine's")
     parser.add_argument("--extra", nargs="*", default=[], help="overrides given to both arms")
     args = parser.parse_args()
-    common = [f"total_training_steps={args.steps}", f"trainer.seed={args.seed}", *args.extra]
+    recompute = args.old_log_probs == "recompute"
+    common = [f"total_training_steps={args.steps}", f"trainer.seed={args.seed}", *args.extra,
+              f"actor_rollout_ref.actor.recompute_old_log_probs={recompute}"]
     ahead = ["actor_rollout_ref.hybrid_engine=false", f"rollout.max_staleness={args.staleness}",
-             "actor_rollout_ref.actor.tis_imp_ratio_cap=2"]
+             *(["actor_rollout_ref.actor.tis_imp_ratio_cap=2"] if recompute else [])]
     with tempfile.TemporaryDirectory(prefix="bench_async_") as tmp:
         arms = {"A synchronous": run_arm("sync", common, Path(tmp)),
                 f"B max_staleness={args.staleness}": run_arm("ahead", common + ahead, Path(tmp))}
-    print(f"preset=cpu, {args.steps} steps, seed {args.seed}, validation off")
+    print(f"preset=cpu, {args.steps} steps, seed {args.seed}, validation off, old log-probs: {args.old_log_probs}")
     print(f"{'arm':24} {'step times (s)':40} " + " ".join(f"{p:>12}" for p in PHASES))
     for name, arm in arms.items():
         print(f"{name:24} {' '.join(f'{s:.0f}' for s in arm['steps']):40} "

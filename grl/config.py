@@ -128,10 +128,15 @@ def _check_rules(cfg: DictConfig) -> None:
     if cfg.rollout.max_staleness > 0 and cfg.actor_rollout_ref.hybrid_engine:
         raise ConfigError(f"rollout.max_staleness={cfg.rollout.max_staleness}: rollout then runs beside the update, "
                           "so the engine needs a worker of its own; add actor_rollout_ref.hybrid_engine=false")
-    if cfg.rollout.max_staleness > 0 and cfg.actor_rollout_ref.actor.tis_imp_ratio_cap <= 0:
+    actor = cfg.actor_rollout_ref.actor
+    if cfg.rollout.max_staleness > 0 and actor.recompute_old_log_probs and actor.tis_imp_ratio_cap <= 0:
         raise ConfigError(f"rollout.max_staleness={cfg.rollout.max_staleness}: episodes come from older weights than "
                           "the update's, which the loss corrects for with truncated importance weights; set "
-                          "actor_rollout_ref.actor.tis_imp_ratio_cap (e.g. 2.0)")
+                          "actor_rollout_ref.actor.tis_imp_ratio_cap (e.g. 2.0), or clip around the sampling policy "
+                          "with actor_rollout_ref.actor.recompute_old_log_probs=false")
+    if not actor.recompute_old_log_probs and actor.tis_imp_ratio_cap > 0:
+        raise ConfigError("actor_rollout_ref.actor.tis_imp_ratio_cap: its weight pi_old / pi_engine is 1 when the "
+                          "engine's log-probs are the old ones (recompute_old_log_probs=false); set it to -1")
     curriculum = cfg.rollout.curriculum
     if curriculum.env_key is not None and not curriculum.levels:
         raise ConfigError(f"rollout.curriculum.levels: name the values of {curriculum.env_key}, easiest first")

@@ -51,6 +51,16 @@ def test_mistakes_name_the_key_in_one_line(override, key):
     assert message.startswith(key + ":"), message
 
 
+def test_rollouts_ahead_need_a_correction_and_without_the_old_pass_no_importance_weight_is_left():
+    ahead = ["actor_rollout_ref.hybrid_engine=false", "rollout.max_staleness=1"]
+    with pytest.raises(ConfigError, match=r"^rollout.max_staleness=1: .*tis_imp_ratio_cap .*recompute_old_log_probs"):
+        load_config(ahead)
+    load_config([*ahead, "actor_rollout_ref.actor.tis_imp_ratio_cap=2"])
+    load_config([*ahead, "actor_rollout_ref.actor.recompute_old_log_probs=false"])
+    with pytest.raises(ConfigError, match=r"^actor_rollout_ref.actor.tis_imp_ratio_cap: .* is 1 when"):
+        load_config(["actor_rollout_ref.actor.recompute_old_log_probs=false", "actor_rollout_ref.actor.tis_imp_ratio_cap=2"])
+
+
 def test_typo_suggests_the_known_key():
     with pytest.raises(ConfigError, match=r"did you mean rollout\.agent_group_num"):
         load_config(["rollout.agent_group_nmu=[2]"])

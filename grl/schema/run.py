@@ -70,8 +70,8 @@ class Rollout:
     curriculum: Curriculum = section(Curriculum)
     max_staleness: int = key(0, "policy versions a trained episode may lag: k > 0 generates the next k steps' "
                              "episodes while the trainer updates (needs actor_rollout_ref.hybrid_engine=false and "
-                             "actor_rollout_ref.actor.tis_imp_ratio_cap); 0: each step samples from the weights "
-                             "it trains", ge=0)
+                             "actor_rollout_ref.actor.tis_imp_ratio_cap, or recompute_old_log_probs=false); 0: each "
+                             "step samples from the weights it trains", ge=0)
     weight_sync_timeout: float = key(600.0, "seconds a separate rollout engine (hybrid_engine=false) may take to "
                                      "load new weights before the run stops", gt=0)
     env_workers: int = key(16, "threads resetting and stepping envs", ge=1)

@@ -73,6 +73,10 @@ class Actor:
     kl_loss_type: str = key("low_var_kl", "KL estimator of the KL loss", choices=KL_ESTIMATORS)
     tis_imp_ratio_cap: float = key(-1.0, "truncated importance sampling (verl's TIS): C > 0 weighs each token's "
                                    "policy loss by min(pi_old / pi_rollout, C) against engine/trainer mismatch; -1: off")
+    recompute_old_log_probs: bool = key(True, "score the batch with the weights about to be trained for PPO's old "
+                                        "log-probs; false: the engine's log-probs of the sampled tokens are the old "
+                                        "ones (verl's rollout_correction.bypass_mode), which saves that pass and, "
+                                        "with rollout.max_staleness > 0, clips around the policy that sampled")
     logits_chunk_size: int = key(1024, "tokens per chunk when turning hidden states into log-probs", ge=1)
     optim: Optim = section(Optim)
     fsdp_config: FSDPConfig = section(FSDPConfig)

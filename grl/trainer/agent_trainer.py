@@ -212,7 +212,9 @@ class AgentTrainer:
                 self._sync_if(syncs, step)
                 return {**metrics, **timer.metrics()}, None
 
-            if needs_old_log_probs(self.cfg, len(batch)):  # else the update's own pass gives them
+            if not self.cfg.actor_rollout_ref.actor.recompute_old_log_probs:
+                batch["old_log_probs"] = batch["rollout_log_probs"].clone()
+            elif needs_old_log_probs(self.cfg, len(batch)):  # else the update's own pass gives them
                 with phase("old_log_prob"), timer("old_log_prob"):
                     batch["old_log_probs"], _ = self.actor.compute_log_probs(batch)
                 metrics.update(rollout_mismatch_metrics(batch))

@@ -3,10 +3,12 @@
   - the engine apart at max_staleness=0 trains exactly as the engine in the actor's rank;
   - at max_staleness=1 every batch is at most one version old, the correction's statistics are
     reported, and validation in the middle of the run gets the engine holding the newest weights;
+  - without the old-log-prob pass, PPO's old log-probs are the engine's;
   - a weight transfer that hangs ends the run with one line.
 """
 
 import pytest
+import torch
 
 from grl.config import load_config
 from grl.rollout.types import Episode, Turn
@@ -88,6 +90,24 @@ def test_one_step_off_trains_on_episodes_at_most_one_version_old(tmp_path, ray_r
     # Step 1 is on-policy: only the engine/trainer numerics separate the two; later steps are a version apart.
     assert metrics[1]["training/rollout_probs_diff_max"] < 1e-2 < metrics[3]["training/rollout_probs_diff_max"]
     assert "val-env/tetrisAgent_gap_dim_4/success" in metrics[2] and "val-env/tetrisAgent_gap_dim_4/success" in metrics[4]
+
+
+@pytest.mark.slow
+def test_one_step_off_without_the_old_pass_clips_around_the_engines_log_probs(tmp_path, ray_runtime):
+    cfg = config(tmp_path, "bypass", test_freq=-1, **{
+        "actor_rollout_ref.hybrid_engine": False, "rollout.max_staleness": 1,
+        "actor_rollout_ref.actor.recompute_old_log_probs": False})
+    trained = {}
+
+    def record(trainer, step, step_metrics, batch):
+        trained[step] = (dict(step_metrics), batch["old_log_probs"].clone(), batch["rollout_log_probs"].clone())
+
+    AgentTrainer.from_config(cfg, hooks=[record]).fit()
+    assert [trained[s][0]["async/staleness_max"] for s in (1, 2, 3)] == [0, 1, 1]
+    for metrics, old, engine in trained.values():
+        assert "timing_s/old_log_prob" not in metrics and "training/is_ratio_mean" not in metrics
+        assert torch.equal(old, engine)
+        assert metrics["actor/pg_clipfrac"] >= 0 and metrics["timing_s/gen"] > 0
 
 
 @pytest.mark.slow
