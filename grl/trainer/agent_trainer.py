@@ -30,11 +30,10 @@ from grl.trainer.curriculum import Curriculum
 from grl.trainer.metrics import (
     Timer,
     batch_metrics,
-    importance_metrics,
     mfu_inputs,
+    old_log_prob_metrics,
     on_policy_mismatch,
     reward_metrics,
-    rollout_mismatch_metrics,
     task_metrics,
     throughput_metrics,
     turn_length_metrics,
@@ -217,8 +216,7 @@ class AgentTrainer:
             elif needs_old_log_probs(self.cfg, len(batch)):  # else the update's own pass gives them
                 with phase("old_log_prob"), timer("old_log_prob"):
                     batch["old_log_probs"], _ = self.actor.compute_log_probs(batch)
-                metrics.update(rollout_mismatch_metrics(batch))
-                metrics.update(importance_metrics(batch, float(self.cfg.actor_rollout_ref.actor.tis_imp_ratio_cap)))
+                metrics.update(old_log_prob_metrics(batch, float(self.cfg.actor_rollout_ref.actor.tis_imp_ratio_cap)))
             if self.use_ref:
                 with phase("ref"), timer("ref"):
                     batch["ref_log_probs"] = self.actor.compute_ref_log_probs(batch)

@@ -176,12 +176,14 @@ def rollout_mismatch_metrics(batch) -> dict[str, float]:
     return {"training/rollout_probs_diff_mean": diff.mean().item(), "training/rollout_probs_diff_max": diff.max().item()}
 
 
-def importance_metrics(batch, cap: float) -> dict[str, float]:
-    """The truncated importance weights pi_old / pi_engine of the sampled tokens (`tis_imp_ratio_cap`
-    C > 0): their mean and largest value before truncation, and the share truncated to C."""
+def old_log_prob_metrics(batch, cap: float) -> dict[str, float]:
+    """What the old-log-prob pass shows: the engine against the trainer (`rollout_mismatch_metrics`) and,
+    with truncated importance sampling (`tis_imp_ratio_cap` C > 0), the weights pi_old / pi_engine of the
+    sampled tokens: their mean and largest value before truncation, and the share truncated to C."""
     sampled = batch["loss_mask"] > 0
     if cap <= 0 or not bool(sampled.any()):
-        return {}
+        return rollout_mismatch_metrics(batch)
     ratio = (batch["old_log_probs"] - batch["rollout_log_probs"])[sampled].clamp(max=20.0).exp()
-    return {"training/is_ratio_mean": ratio.mean().item(), "training/is_ratio_max": ratio.max().item(),
+    return {**rollout_mismatch_metrics(batch), "training/is_ratio_mean": ratio.mean().item(),
+            "training/is_ratio_max": ratio.max().item(),
             "training/is_ratio_clipped_frac": (ratio > cap).float().mean().item()}
