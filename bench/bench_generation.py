@@ -37,7 +37,7 @@ def measure(name: str, model_path: str, batch_sizes, prompts, sampling) -> dict[
     from grl.engines import SamplingParams, make_engine
 
     start = time.perf_counter()
-    engine = make_engine(name, model_path, dtype="float32")
+    engine = make_engine(name, model_path, dtype="auto")  # bf16 where the CPU has it natively (grl.models)
     print(f"{name}: ready in {time.perf_counter() - start:.1f} s", flush=True)
     try:
         engine.generate(prompts[:2], SamplingParams(greedy=True, max_new_tokens=4))  # warm-up
@@ -56,7 +56,7 @@ def measure_generate(model_path: str, batch_sizes, prompts, new_tokens: int) -> 
 
     from grl.models import load_causal_lm, load_tokenizer
 
-    model, pad = load_causal_lm(model_path, "float32").eval(), load_tokenizer(model_path).pad_token_id
+    model, pad = load_causal_lm(model_path, "auto").eval(), load_tokenizer(model_path).pad_token_id
     rates = {}
     for batch in batch_sizes:
         rows = prompts[:batch]

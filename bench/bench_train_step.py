@@ -1,7 +1,7 @@
 """One CPU training step of the cpu preset: time per phase, peak memory, and the
 actor update's speed against a bare PyTorch loop on the same tokens.
 
-    .venv/bin/python bench/bench_train_step.py [hydra overrides ...]
+    .venv/bin/python bench/bench_train_step.py [--step-only] [hydra overrides ...]
 
 The step runs through the real stack (Ray workers, FSDP2, the rollout engine).
 The baseline then trains a fresh copy of the same model in this process on the
@@ -10,6 +10,7 @@ and row trimming: forward, log-softmax of the sampled tokens, a policy-gradient
 loss on the loss mask, backward, AdamW. It uses as many threads as one worker
 rank, so the ratio measures the trainer's overhead (sharding, chunked
 log-probs, the PPO loss terms, Ray transfers), not the thread count.
+`--step-only` skips the baseline: the phase times of one step, to compare levers.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import tempfile
 import threading
 import time
 
-PHASES = ("rollout", "old_log_prob", "ref", "values", "advantage", "update_critic", "update_actor", "sync_weights",
+PHASES = ("gen", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor", "sync_weights",
           "step")
 
 
@@ -64,12 +65,14 @@ def bare_update(model_path: str, batch, cfg, threads: int) -> float:
     """Seconds a plain PyTorch loop takes for the actor update's work on `batch`."""
     import torch
 
-    from grl.models import load_causal_lm
+    from grl.models import load_causal_lm, torch_dtype
     from grl.workers.scoring import trim_width
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)
+    # fp32 weights, computing in the dtype the actor computes in (bf16 autocast where `auto` picks bf16)
     model = load_causal_lm(model_path, "float32", "cpu").train()
+    compute = torch_dtype(cfg.actor_rollout_ref.model.dtype, "cpu")
     actor = cfg.actor_rollout_ref.actor
     optim = torch.optim.AdamW(model.parameters(), lr=actor.optim.lr, betas=tuple(actor.optim.betas),
                               weight_decay=actor.optim.weight_decay)
@@ -79,8 +82,9 @@ def bare_update(model_path: str, batch, cfg, threads: int) -> float:
 
     def micro_loss(part) -> torch.Tensor:
         part, _ = trim_width(part)
-        logits = model(input_ids=part["input_ids"], attention_mask=part["attention_mask"],
-                       position_ids=part["position_ids"]).logits[:, :-1].float()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=compute == torch.bfloat16):
+            logits = model(input_ids=part["input_ids"], attention_mask=part["attention_mask"],
+                           position_ids=part["position_ids"]).logits[:, :-1].float()
         log_probs = logits.log_softmax(-1).gather(-1, part["input_ids"][:, 1:, None])[..., 0]
         mask = part["loss_mask"][:, 1:]
         return -(log_probs * part["advantages"][:, 1:] * mask).sum() / mask.sum().clamp(min=1)
@@ -120,7 +124,8 @@ def main(argv: list[str]) -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from grl.models import resolve_model_path
 
-    cfg, trainer, startup = one_step_trainer(argv)
+    step_only = "--step-only" in argv
+    cfg, trainer, startup = one_step_trainer([a for a in argv if a != "--step-only"])
     try:
         with PeakRSS() as memory:
             metrics, batch = trainer.train_step(1)
@@ -140,6 +145,8 @@ def main(argv: list[str]) -> None:
           f"{memory.peak_one_worker / 2**30:.2f} GiB; driver "
           f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB")
 
+    if step_only:
+        return
     bare = bare_update(resolve_model_path(cfg.actor_rollout_ref.model.path), batch, cfg, threads)
     update = metrics["timing_s/update_actor"]
     print(f"actor update: {tokens / update:.0f} tokens/s; bare PyTorch loop on the same tokens "

@@ -48,7 +48,8 @@ Settings, GRL key <-> TRL GRPOConfig field (read from trl 1.16.0's grpo_config.p
   algorithm.adv_estimator grpo,           <-> scale_rewards "group" ((r - group mean) / group std)
     norm_adv_by_std_in_grpo true
   rollout.temperature 1.0, top_p 1, top_k -1 <-> temperature 1.0, top_p 1.0, top_k 0
-  model.dtype float32 (auto on CPU)       <-> bf16=False, fp16=False (fp32 weights and compute)
+  model.dtype auto (grl.models.cpu_compute) <-> bf16 by the same rule, fp16=False (fp32 weights; bf16
+                                             compute where the CPU has it natively, else fp32)
   model.enable_gradient_checkpointing true <-> gradient_checkpointing True (both systems' default)
   rollout_filter_ratio 1.0 (keep all)     <-> (TRL keeps all)
   rollout.packing true (share_prompts)    <-> (TRL pads the batch and runs each completion with its
@@ -208,7 +209,7 @@ def run_grl(args, workdir: Path, env: dict) -> dict:
            "rollout.packing=true",
            "trainer.val_before_train=false", "test_freq=-1", "trainer.export_hf=false", "resume_mode=disable",
            "algorithm.adv_estimator=grpo", "algorithm.norm_adv_by_std_in_grpo=true", "critic.enable=false",
-           "actor_rollout_ref.rollout.name=hf", "trainer.device=cpu", "actor_rollout_ref.model.dtype=float32",
+           "actor_rollout_ref.rollout.name=hf", "trainer.device=cpu", "actor_rollout_ref.model.dtype=auto",
            "actor_rollout_ref.rollout.temperature=1.0", "actor_rollout_ref.rollout.top_p=1.0",
            f"max_response_length={args.max_completion}", f"max_prompt_length={args.max_prompt}",
            *(f"{job.task}.{key}={value}" for key, value in task_overrides(job, args).items()),
@@ -332,6 +333,7 @@ def trl_worker(spec_file: str) -> None:
     from trl import GRPOConfig, GRPOTrainer
 
     from grl.agents import make_agent
+    from grl.models import cpu_compute
 
     spec = json.loads(Path(spec_file).read_text())
     agent = make_agent(spec["task_name"], spec["task"])
@@ -352,7 +354,7 @@ def trl_worker(spec_file: str) -> None:
     batch = spec["prompts"] * spec["generations"]
     config = GRPOConfig(
         output_dir=str(Path(spec["out"]).parent / "trl_out"), max_steps=spec["steps"], save_strategy="no",
-        report_to=[], logging_steps=1, seed=0, use_cpu=True, bf16=False, fp16=False, use_vllm=False,
+        report_to=[], logging_steps=1, seed=0, use_cpu=True, bf16=cpu_compute().native_bf16, fp16=False, use_vllm=False,
         per_device_train_batch_size=batch, gradient_accumulation_steps=1, steps_per_generation=1,
         num_generations=spec["generations"], max_completion_length=spec["max_completion"],
         learning_rate=spec["lr"], lr_scheduler_type="constant", warmup_steps=0, optim="adamw_torch",

@@ -36,6 +36,7 @@ def check(cfg: DictConfig, environ: os._Environ | dict | None = None) -> list[st
     check_resume(cfg)
     check_model(cfg, environ)
     notes += check_memory(cfg)
+    notes += check_dtype(cfg)
     check_tasks(cfg)
     return notes
 
@@ -222,6 +223,21 @@ def check_memory(cfg: DictConfig) -> list[str]:
     if problem:
         raise PreflightError(f"memory plan (grl plan): {problem}")
     return []
+
+
+def check_dtype(cfg: DictConfig) -> list[str]:
+    """bf16 set by hand on a CPU that only emulates it is a note: it runs, many times slower."""
+    from grl.config import uses_critic
+    from grl.models import bf16_on_cpu_note
+
+    device = cfg.trainer.device
+    if device == "auto":
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    keys = ["actor_rollout_ref.model.dtype"] + (["critic.model.dtype"] if uses_critic(cfg) else [])
+    notes = (bf16_on_cpu_note(key, str(OmegaConf.select(cfg, key)), device) for key in keys)
+    return [note for note in notes if note]
 
 
 # ---------------------------------------------------------------- tasks

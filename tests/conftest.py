@@ -10,5 +10,10 @@ os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# The suite computes in fp32 on every machine CI may land on, AMX or AVX2 alike: `dtype: auto` is bf16 only
+# where oneDNN may use bf16 instructions (grl.models.cpu_compute), and this cap, which Ray workers and engine
+# processes inherit, rules them out. The exactness tests (packed against padded rows, a resumed run against
+# an uninterrupted one) are written for fp32; the tests of the rule itself patch what torch reports.
+os.environ.setdefault("ONEDNN_MAX_CPU_ISA", "AVX512_CORE")
 
 SHARED_DATA = ROOT.parent / "shared" / "data"

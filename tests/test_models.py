@@ -63,3 +63,58 @@ def test_concurrent_conversions_leave_one_complete_folder(tmp_path):
     assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outputs]
     entries = sorted(x.name for x in tmp_path.iterdir())
     assert entries == ["smollm2-135m-instruct", "tiny-llama-2x64-h32"], entries  # no temp folders left behind
+
+
+@pytest.fixture
+def cpu_reports(monkeypatch):
+    """Make torch report a CPU of our choosing: its capability and which bf16 instructions it has."""
+    def report(capability: str, amx: bool = False, avx512_bf16: bool = False) -> None:
+        monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
+        monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    return report
+
+
+@pytest.mark.parametrize("capability, amx, avx512_bf16, expected", [
+    ("AVX2", False, False, torch.float32),          # most laptops, AMD before Zen 4
+    ("AVX512", False, False, torch.float32),        # Skylake-X: AVX-512 without bf16 instructions
+    ("AVX512", False, True, torch.bfloat16),        # Zen 4, Cooper Lake
+    ("AVX512", True, True, torch.bfloat16),         # Sapphire Rapids (AMX)
+    ("AVX2", True, True, torch.float32),            # ATEN_CPU_CAPABILITY=avx2 caps torch's kernels
+    ("DEFAULT", False, False, torch.float32),       # ARM, or a build without vector kernels
+])
+def test_auto_dtype_follows_what_torch_reports(cpu_reports, capability, amx, avx512_bf16, expected):
+    cpu_reports(capability, amx, avx512_bf16)
+    assert models.torch_dtype("auto", "cpu") == expected
+    assert models.torch_dtype("auto", "cuda") == torch.bfloat16
+    assert models.torch_dtype("float32", "cpu") == torch.float32 and models.torch_dtype("bf16", "cpu") == torch.bfloat16
+
+
+def test_capping_onednn_below_bf16_makes_auto_fp32(cpu_reports, monkeypatch):
+    cpu_reports("AVX512", amx=True, avx512_bf16=True)
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    assert models.torch_dtype("auto", "cpu") == torch.float32
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "avx512_core_amx")
+    assert models.torch_dtype("auto", "cpu") == torch.bfloat16
+
+
+def test_banner_and_preflight_say_what_the_cpu_computes_in(cpu_reports, tmp_path):
+    from grl import preflight
+    from grl.config import load_config
+    from grl.trainer.report import start_report
+
+    base = ["preset=cpu", "model_path=tiny", f"trainer.run_dir={tmp_path}/run"]
+    cpu_reports("AVX2")
+    banner = start_report(load_config(base), "cpu", 1)
+    assert "  compute      auto: AVX2 CPU, float32 (bf16 would be emulated" in banner
+    bf16 = load_config([*base, "actor_rollout_ref.model.dtype=bfloat16"])
+    notes = preflight.check_dtype(bf16)
+    assert len(notes) == 1 and notes[0].startswith("actor_rollout_ref.model.dtype: bfloat16 on an AVX2 CPU without")
+    assert "emulated" in start_report(bf16, "cpu", 1)
+    assert preflight.check_dtype(load_config(base)) == []
+
+    cpu_reports("AVX512", amx=True, avx512_bf16=True)
+    assert "  compute      auto: AVX512 CPU, bfloat16 (the CPU computes bf16 natively (AMX and AVX512-BF16))" in \
+        start_report(load_config(base), "cpu", 1)
+    assert preflight.check_dtype(bf16) == []

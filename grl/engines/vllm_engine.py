@@ -47,6 +47,20 @@ def engine_cpu_threads() -> str:
     return os.environ.get("OMP_NUM_THREADS") or str(max(1, cores // 2))
 
 
+def whole_prefills(path: str, max_model_len: int | None) -> dict:
+    """vLLM's scheduler options that prefill every prompt in one step, for CPU. A prompt split across steps
+    (chunked prefill) samples a token it throws away, and vLLM then rewinds that request's seeded generator
+    with `set_offset` (gpu_model_runner._bookkeeping_sync), which a CPU `torch.Generator` refuses ("CPU
+    Generator does not use offset"). Unchunked, the discard never happens and per-request seeds keep
+    working; a preempted request restarts its prefill whole too. A step's token budget must then hold the
+    longest prompt."""
+    import json
+    from pathlib import Path
+
+    context = max_model_len or json.loads((Path(path) / "config.json").read_text()).get("max_position_embeddings")
+    return {"enable_chunked_prefill": False, "max_num_batched_tokens": max(int(context or 0), 8192)}
+
+
 def _vllm_dtype(dtype: str, on_gpu: bool) -> str:
     from grl.models import torch_dtype
 
@@ -126,7 +140,8 @@ class VLLMEngine(Engine):
         args = dict(model=path, tokenizer=path, dtype=_vllm_dtype(dtype, on_gpu), seed=seed,
                     gpu_memory_utilization=gpu_memory_utilization, enforce_eager=enforce_eager,
                     max_model_len=max_model_len, tensor_parallel_size=tensor_model_parallel_size,
-                    enable_sleep_mode=self.sleep_mode, logprobs_mode="processed_logprobs")
+                    enable_sleep_mode=self.sleep_mode, logprobs_mode="processed_logprobs",
+                    **({} if on_gpu else whole_prefills(path, max_model_len)))
         self.llm = LLM(**args, logits_processors=grammar_processors(args, grammar))
         self.spec = meta_weight_spec(path)
         self.weights_asleep = self.cache_asleep = False

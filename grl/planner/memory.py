@@ -1,6 +1,7 @@
 """Memory planner: predicted memory per GPU (and per node's host) for each phase of a step.
 
-Pure arithmetic over the model's config.json and the run config: no torch, nothing allocated.
+Pure arithmetic over the model's config.json and the run config, nothing allocated (torch is asked only
+which dtype `auto` computes in on this CPU).
 `grl plan <overrides>` prints the table; preflight runs it before Ray starts and stops a config that
 does not fit with one line naming the phase and the key to change.
 
@@ -120,10 +121,10 @@ def format_plan(plan: Plan) -> str:
 # ---------------------------------------------------------------- formulas
 
 def element_bytes(dtype: str, device: str) -> int:
-    """Bytes of the compute dtype (`auto`: bf16 on GPU, fp32 on CPU, as grl.models.torch_dtype)."""
-    if dtype == "auto":
-        return 2 if device == "cuda" else 4
-    return 4 if dtype in ("float32", "fp32") else 2
+    """Bytes of the compute dtype, as the workers will resolve it (grl.models.torch_dtype)."""
+    from grl.models import torch_dtype
+
+    return torch_dtype(dtype, device).itemsize
 
 
 def layer_activations(shape: ModelShape, tokens: int, e: int) -> float:

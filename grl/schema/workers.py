@@ -17,7 +17,8 @@ KL_ESTIMATORS = ("kl", "abs", "mse", "low_var_kl")  # grl.algo.kl.kl_estimate
 @dataclass
 class Model:
     path: str = key(II("model_path"), "hub id, local folder, `embedded` or `tiny`")
-    dtype: str = key("auto", "auto: bfloat16 on GPU, float32 on CPU", choices=DTYPES)
+    dtype: str = key("auto", "auto: bfloat16 on GPU; on CPU bfloat16 where it is native (AMX, AVX512-BF16), "
+                     "else float32", choices=DTYPES)
     enable_gradient_checkpointing: bool = key(True, "recompute activations in the backward pass to save memory")
     trust_remote_code: bool = key(False, "verl's: let transformers run the model repository's own code",
                                   no_effect="models load with transformers' own classes only")
@@ -60,7 +61,8 @@ class Actor:
     ppo_micro_batch_size_per_gpu: int = key(II("micro_batch_size_per_gpu"),
                                             "episodes per forward/backward on one device", ge=1)
     ppo_epochs: int = key(1, "passes over each batch", ge=1)
-    shuffle: bool = key(True, "shuffle the episodes before splitting them into mini-batches")
+    shuffle: bool = key(True, "shuffle the episodes (with rollout.share_prompts: a prompt's episodes as one) before "
+                        "splitting them into mini-batches")
     grad_clip: float = key(1.0, "gradient norm clip", gt=0)
     clip_ratio_low: float = key(0.2, "PPO clips the ratio to 1 - low", gt=0, lt=1)
     clip_ratio_high: float = key(0.28, "PPO clips the ratio to 1 + high", gt=0)
@@ -163,6 +165,7 @@ class Critic:
     ppo_micro_batch_size_per_gpu: int = key(II("micro_batch_size_per_gpu"),
                                             "episodes per forward/backward on one device", ge=1)
     ppo_epochs: int = key(II("actor_rollout_ref.actor.ppo_epochs"), "passes over each batch", ge=1)
+    shuffle: bool = key(II("actor_rollout_ref.actor.shuffle"), "as the actor's")
     cliprange_value: float = key(0.5, "the value loss clips new values to old +- this", gt=0)
     grad_clip: float = key(1.0, "gradient norm clip", gt=0)
     optim: Optim = section(Optim, lr=1e-5)

@@ -1,8 +1,9 @@
 """`grl plot <run dir>`: the curves a researcher reads, from the run's metrics.jsonl.
 
-A grid of panels: success and reward per task (training solid, validation dashed, one colour per
-task in every panel), actor and critic losses, KL, entropy, grad norm, response length and the
-time per phase of a step. Training curves are smoothed (an exponential moving average, the raw
+A grid of panels: success and reward per task (training solid, validation dashed, validation shown a
+decoy board dotted, one colour per task in every panel), the validation answers' dependence on their
+input (input_mi), actor and critic losses, KL, entropy, grad norm, response length and the time per
+phase of a step; a panel with nothing logged is left out. Training curves are smoothed (an exponential moving average, the raw
 values drawn faintly behind); validation points are few and drawn as they are. The trainer
 redraws `curves.png` after every logged step.
 """
@@ -99,10 +100,19 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None, smoothing: floa
     for title, names in by_task.items():
         panels[f"{title} per task"] = [(n, n.rsplit("/", 1)[0], colour_of[n.split("/")[1]])
                                        for task_names in names.values() for n in task_names]
+    # The proof that the policy reads its input: success shown a decoy board stays low, and the answers
+    # carry information about the observation (RAGEN-2's input_mi).
+    for title, metric in (("success per task", "success_swapped"), ("input_mi (nats, validation)", "input_mi")):
+        panels.setdefault(title, []).extend(
+            (n, f"{n.rsplit('/', 1)[0]} decoy board" if metric == "success_swapped" else n.rsplit("/", 1)[0],
+             colour_of.get(n.split("/")[1])) for task_names in task_metrics(rows, metric).values() for n in task_names)
     for title, names in PANELS.items():
         panels[title] = [(n, n, None) for n in names if any(n in row for row in rows)]
     timing = sorted({n for row in rows for n in row if n.startswith(TIMING_PREFIXES)})
     panels["time per phase (s)"] = [(n, n.split("/", 1)[1], None) for n in timing]
+    # A panel with nothing logged (a critic-free run's critic loss) gives its place to the next.
+    panels = {title: curves for title, curves in panels.items()
+              if any(_series(rows, name)[0] for name, _, _ in curves)} or {"success per task": []}
 
     n_rows = math.ceil(len(panels) / COLUMNS)
     fig, axes = plt.subplots(n_rows, COLUMNS, figsize=(5.2 * COLUMNS, 3.4 * n_rows), squeeze=False)
@@ -112,7 +122,8 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None, smoothing: floa
             if not steps:
                 continue
             if name.startswith(VAL_PREFIX):
-                ax.plot(steps, values, "--", marker="o", markersize=3, color=colour, label=label)
+                style = ":" if name.endswith("_swapped") else "--"
+                ax.plot(steps, values, style, marker="o", markersize=3, color=colour, label=label)
                 continue
             line, = ax.plot(steps, smooth(values, smoothing), "-", color=colour, label=label)
             if smoothing > 0 and len(values) > 1:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from grl.models import compute_report
+
 
 def start_report(cfg, device: str, ranks: int) -> str:
     """Where this run writes, on what it runs and what it trains on."""
@@ -22,6 +24,7 @@ def start_report(cfg, device: str, ranks: int) -> str:
         f"  checkpoints  {Path(cfg.trainer.default_local_dir).absolute()}",
         f"  device       {device} x {ranks} rank(s), engine {cfg.actor_rollout_ref.rollout.name}{engine_place(cfg)}, "
         f"model {cfg.actor_rollout_ref.model.path}",
+        f"  compute      {compute_report(cfg.actor_rollout_ref.model.dtype, device)}",
         f"  worker logs  {os.environ.get('RAY_TMPDIR', '/tmp/ray')}/session_latest/logs",
         "  training     " + ", ".join(f"{t} ({n}x{k})" for t, n, k in groups),
         "  validation   " + ", ".join(f"{t} ({n}x{k})" for t, n, k in val_groups),

@@ -47,13 +47,11 @@ def _prompt_families(tensors: dict[str, torch.Tensor], lengths: list[int], capac
     `capacity` tokens together; any other episode is a unit of its own (prefix 0)."""
     by_prompt: dict[tuple[int, ...], list[int]] = {}
     units: list[tuple[list[int], int]] = []
-    sampled = tensors["loss_mask"] > 0
-    for i, n in enumerate(lengths):
-        first = int(sampled[i].int().argmax()) if bool(sampled[i].any()) else 0
-        if first == 0:
+    for i, prompt in enumerate(prompts_of(tensors)):
+        if not prompt:
             units.append(([i], 0))
         else:
-            by_prompt.setdefault(tuple(tensors["input_ids"][i, :first].tolist()), []).append(i)
+            by_prompt.setdefault(prompt, []).append(i)
     for prompt, members in by_prompt.items():
         p, chunk, size = len(prompt), [], len(prompt)
         for i in members + [None]:
@@ -64,6 +62,22 @@ def _prompt_families(tensors: dict[str, torch.Tensor], lengths: list[int], capac
                 chunk.append(i)
                 size += lengths[i] - p
     return units
+
+
+def prompts_of(tensors: dict[str, torch.Tensor]) -> list[tuple[int, ...]]:
+    """Each episode's prompt: its tokens before the first sampled one (empty if it sampled none)."""
+    sampled = tensors["loss_mask"] > 0
+    firsts = [int(row.int().argmax()) if bool(row.any()) else 0 for row in sampled]
+    return [tuple(tensors["input_ids"][i, :first].tolist()) for i, first in enumerate(firsts)]
+
+
+def prompt_groups(tensors: dict[str, torch.Tensor]) -> list[list[int]]:
+    """Episodes grouped by their prompt, in order of first appearance; an episode that sampled nothing
+    is a group of its own."""
+    groups: dict[tuple[int, ...] | int, list[int]] = {}
+    for i, prompt in enumerate(prompts_of(tensors)):
+        groups.setdefault(prompt or i, []).append(i)
+    return list(groups.values())
 
 
 def row_capacity(tensors: dict[str, torch.Tensor], max_tokens: int) -> int:
@@ -142,14 +156,19 @@ def unpack(values: torch.Tensor, where: list[list[tuple[int, int, int]]], width:
     return out
 
 
-def plan_minibatches(rows: int, mini_batch_size: int, epochs: int, shuffle: bool, seed: int) -> list[list[int]]:
+def plan_minibatches(rows: int, mini_batch_size: int, epochs: int, shuffle: bool, seed: int,
+                     groups: list[list[int]] | None = None) -> list[list[int]]:
     """Row indices of each mini-batch, epoch after epoch (a fresh permutation
-    per epoch when shuffling, seeded so a resumed run draws the same ones)."""
+    per epoch when shuffling, seeded so a resumed run draws the same ones).
+    `groups` (rows that share a prompt) are shuffled as wholes and kept side by side, so a
+    mini-batch holds whole groups where their sizes allow and computes each prompt once."""
     generator = torch.Generator().manual_seed(seed)
+    groups = groups or [[row] for row in range(rows)]
     plan = []
     for _ in range(epochs):
-        order = torch.randperm(rows, generator=generator) if shuffle else torch.arange(rows)
-        plan += [order[i:i + mini_batch_size].tolist() for i in range(0, rows, mini_batch_size)]
+        order = torch.randperm(len(groups), generator=generator).tolist() if shuffle else range(len(groups))
+        flat = [row for g in order for row in groups[g]]
+        plan += [flat[i:i + mini_batch_size] for i in range(0, rows, mini_batch_size)]
     return plan
 
 
@@ -157,9 +176,11 @@ def minibatch_shards(tensors: dict[str, torch.Tensor], train_cfg, ranks: int, se
                      capacity: int | None = None, share_prompts: bool = False) -> list[list[dict]]:
     """Each rank's share of every mini-batch, in order: `ppo_epochs` passes over mini-batches of
     `ppo_mini_batch_size` episodes, each packed into rows of at most `capacity` tokens when one is
-    given (`row_capacity`; `pack`'s `share_prompts`)."""
+    given (`row_capacity`; `pack`'s `share_prompts`, which also keeps a prompt's episodes in one
+    mini-batch where they fit: drawn one by one, a group of 4 in a batch of 8 groups would rarely meet)."""
+    shared = capacity is not None and share_prompts and "context_ids" not in tensors and "loss_mask" in tensors
     plan = plan_minibatches(len(tensors["input_ids"]), int(train_cfg.ppo_mini_batch_size), int(train_cfg.ppo_epochs),
-                            bool(train_cfg.get("shuffle", True)), seed)
+                            bool(train_cfg.get("shuffle", True)), seed, prompt_groups(tensors) if shared else None)
     per_rank: list[list[dict]] = [[] for _ in range(ranks)]
     for picked in plan:
         chosen = {k: v[torch.tensor(picked)] for k, v in tensors.items()}

@@ -150,3 +150,28 @@ def test_an_engine_built_without_the_grammar_refuses_one(vllm_embedded, tokenize
     with pytest.raises(ValueError, match="built with grammar=False"):
         vllm_embedded.generate(prompts[:2], GREEDY, [None, grammars_for(tokenizer, 1)[0]])
     assert len(vllm_embedded.generate(prompts[:2], GREEDY, [None, None])) == 2
+
+
+def test_sampled_multi_turn_with_prompts_longer_than_a_step_budget(vllm_tiny, tokenizer):
+    """Eight agents, two turns, ~600-token prompts: 4800 prompt tokens a turn, more than vLLM's default
+    2048-token step budget, which would split some prefills across steps. A split prefill discards a
+    sampled token and rewinds the request's seeded generator, which a CPU generator cannot do (the crash of
+    a vLLM CPU run's first training step); the engine keeps prefills whole, and seeds reproduce."""
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=6, seed=5)
+    boards = [" ".join(f"row{r} {'#' * (i + 1)}_{'.' * (r % 5)}" for r in range(120)) for i in range(8)]
+    first = [tokenizer.apply_chat_template([{"role": "user", "content": b}], add_generation_prompt=True, tokenize=True,
+                                           return_dict=False) for b in boards]
+    assert min(map(len, first)) > 500 and sum(map(len, first)) > 2048
+
+    def episode():
+        prompts, replies = [list(p) for p in first], []
+        for turn in range(2):
+            outputs = vllm_tiny.generate(prompts, SamplingParams(**{**vars(sampling), "seed": 5 + turn}))
+            replies.append([o.token_ids for o in outputs])
+            observation = tokenizer.encode(f" turn {turn} done, the board is unchanged.", add_special_tokens=False)
+            prompts = [p + o.token_ids + observation for p, o in zip(prompts, outputs)]
+        return replies
+
+    replies = episode()
+    assert replies == episode()
+    assert len({tuple(r) for r in replies[0]}) > 1

@@ -49,6 +49,31 @@ def test_panels_name_every_quantity(tmp_path, monkeypatch):
                       "grad norm", "response length (tokens)", "time per phase (s)"]
 
 
+def test_a_critic_free_run_with_a_decoy_control_draws_the_proof_in_place_of_the_critic(tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+
+    rows = [{"step": step, "actor/pg_loss": 0.1, "actor/entropy": 1.0, "train/tetris/success": step / 4,
+             "timing_s/rollout": 3.0} for step in range(5)]
+    for row in rows[::2]:
+        row.update({"val-env/tetris/success": row["step"] / 5, "val-env/tetris/success_swapped": 0.2,
+                    "val-env/tetris/input_mi": 0.1 * row["step"]})
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    panels = {}
+    real_savefig = plt.Figure.savefig
+
+    def keep_panels(fig, *args, **kwargs):
+        panels.update({ax.get_title(): [line.get_label() for line in ax.get_lines()]
+                       for ax in fig.axes if ax.get_visible()})
+        return real_savefig(fig, *args, **kwargs)
+
+    monkeypatch.setattr(plt.Figure, "savefig", keep_panels)
+    plot_run(tmp_path)
+    assert list(panels) == ["success per task", "input_mi (nats, validation)", "actor loss", "entropy",
+                            "time per phase (s)"]
+    assert {"val-env/tetris", "val-env/tetris decoy board", "train/tetris"} <= set(panels["success per task"])
+    assert "val-env/tetris" in panels["input_mi (nats, validation)"]
+
+
 def test_success_curves_pair_training_and_validation_per_task(tmp_path):
     write_run(tmp_path)
     from grl.tracking import read_jsonl

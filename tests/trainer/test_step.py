@@ -78,8 +78,8 @@ def test_packing_at_the_workers_scores_and_trains_as_padded_rows(tmp_path, monke
     cfg = compose(["model_path=tiny", "n_gpus_per_node=2", "nnodes=1", "ppo_mini_batch_size=6",
                    "micro_batch_size_per_gpu=2", "trainer.device=cpu", "actor_rollout_ref.rollout.name=hf",
                    "actor_rollout_ref.actor.logits_chunk_size=5", "actor_rollout_ref.actor.use_kl_loss=true",
-                   "rollout.max_episode_length=40"])
-    actor = critic = None
+                   "rollout.max_episode_length=40", "actor_rollout_ref.actor.shuffle=false"])
+    actor = critic = None  # unshuffled, the groups' mini-batches are the same rows packed or padded  # unshuffled, the groups' mini-batches are the same rows packed or padded
     try:
         actor, critic = ActorRolloutRefGroup(cfg, world_size=2, use_ref=True), CriticGroup(cfg, world_size=2)
         sent = []
@@ -104,7 +104,7 @@ def test_packing_at_the_workers_scores_and_trains_as_padded_rows(tmp_path, monke
         (padded, padded_m, padded_after), (packed, packed_m, packed_after) = results
         assert len(packed) == len(padded) == 12 and packed.meta == padded.meta
         for key in ("old_log_probs", "entropy", "ref_log_probs", "values", "advantages", "returns"):
-            torch.testing.assert_close(packed[key], padded[key], atol=1e-5, rtol=0)
+            torch.testing.assert_close(packed[key], padded[key], atol=1e-5, rtol=0, msg=key)
         assert padded["old_log_probs"].abs().max() > 0
         for key in ("actor/pg_loss", "actor/entropy", "actor/kl_loss", "actor/grad_norm", "critic/vf_loss",
                     "critic/grad_norm"):

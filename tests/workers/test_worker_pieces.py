@@ -196,6 +196,36 @@ def test_minibatch_plan_covers_every_row_once_per_epoch():
     assert plan_minibatches(5, 2, 1, shuffle=False, seed=0) == [[0, 1], [2, 3], [4]]
 
 
+def test_minibatches_keep_a_shared_prompts_episodes_together():
+    groups = [[0, 4, 8, 12], [1, 5, 9, 13], [2, 6, 10, 14], [3, 7, 11, 15]]  # as a rollout interleaves them
+    plan = plan_minibatches(16, 8, epochs=3, shuffle=True, seed=3, groups=groups)
+    for mini in plan:
+        assert len(mini) == 8 and sorted(len([r for r in mini if r in g]) for g in groups) == [0, 0, 4, 4]
+    assert len({tuple(m) for m in plan}) > 2  # each epoch draws the groups afresh
+    # without groups the plan is the one episodes always had
+    assert plan_minibatches(10, 4, 2, True, 3, groups=None) == plan_minibatches(10, 4, 2, True, 3)
+
+
+def test_minibatch_shards_group_episodes_by_prompt_when_sharing():
+    from omegaconf import OmegaConf
+
+    from grl.workers.sharding import minibatch_shards, prompt_groups
+
+    prompts = [[7, 8, 9], [5, 6], [1, 2, 3, 4]] * 3
+    ids = torch.zeros(9, 6, dtype=torch.long)
+    loss = torch.zeros(9, 6)
+    for i, p in enumerate(prompts):
+        ids[i, :len(p)] = torch.tensor(p)
+        ids[i, len(p):len(p) + 2] = 100 + i
+        loss[i, len(p):len(p) + 2] = 1
+    tensors = {"input_ids": ids, "loss_mask": loss, "attention_mask": (ids > 0).long()}
+    assert prompt_groups(tensors) == [[0, 3, 6], [1, 4, 7], [2, 5, 8]]
+    train = OmegaConf.create({"ppo_mini_batch_size": 3, "ppo_epochs": 2, "shuffle": True})
+    (shards,) = minibatch_shards(tensors, train, ranks=1, seed=0, capacity=64, share_prompts=True)
+    # every mini-batch is one group: its prompt laid once, then each episode's two sampled tokens
+    assert sorted(int(s["attention_mask"].sum()) for s in shards) == [8, 8, 9, 9, 10, 10]
+
+
 def test_padding_rows_never_carry_loss():
     tensors = {"loss_mask": torch.ones(5, 3), "input_ids": torch.arange(15).reshape(5, 3)}
     padded, rows = pad_rows(tensors, 4)
