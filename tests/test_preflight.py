@@ -137,7 +137,7 @@ def _run_processes(marker: str) -> list[int]:
 
 
 ASYNC = ("actor_rollout_ref.hybrid_engine=false", "rollout.max_staleness=1",
-         "actor_rollout_ref.actor.tis_imp_ratio_cap=2")
+         "actor_rollout_ref.actor.recompute_old_log_probs=true", "actor_rollout_ref.actor.tis_imp_ratio_cap=2")
 
 
 @pytest.mark.parametrize("wait_for, extra", [("step 1", ()), ("update_actor", ()), ("update_actor", ASYNC)],

@@ -30,6 +30,7 @@ def config(tmp_path, name, **over):
         "rollout.validation_agent_group_num": "[2]", "ppo_mini_batch_size": 2, "micro_batch_size_per_gpu": 2,
         "total_training_steps": 3, "test_freq": 2, "save_freq": -1, "trainer.logger": "[jsonl]",
         "trainer.export_hf": False, "trainer.validation_controls": "[]", "actor_rollout_ref.actor.optim.lr": 1e-3,
+        "actor_rollout_ref.actor.recompute_old_log_probs": True,  # the corrected path; the bypass test turns it off
         "trainer.run_dir": str(tmp_path / name / "run"), "trainer.default_local_dir": str(tmp_path / name / "ckpt"),
     }
     overrides.update(over)
