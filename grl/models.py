@@ -185,25 +185,26 @@ def cpu_compute(environ=None) -> CpuCompute:
 def compute_report(dtype: str, device: str) -> str:
     """One line for the start banner: the dtype a role computes in on `device`, and why."""
     if device.startswith("cuda"):
-        return f"{dtype if dtype != 'auto' else 'bfloat16'} on GPU"
+        return f"{dtype_name(dtype, device)} on GPU"
     cpu = cpu_compute()
     if dtype == "auto":
         return f"auto: {cpu.describe()}"
-    return f"{dtype} as set, on an {cpu.capability} CPU" + ("" if cpu.native_bf16 or not is_bf16(dtype) else
-                                                            " without native bf16 (emulated: slow)")
+    emulated = not cpu.native_bf16 and dtype_name(dtype, device) == "bfloat16"
+    return f"{dtype} as set, on an {cpu.capability} CPU" + (" without native bf16 (emulated: slow)" if emulated else "")
 
 
 def bf16_on_cpu_note(key: str, dtype: str, device: str) -> str | None:
     """A preflight note for bf16 asked for on a CPU that would emulate it."""
-    if device.startswith("cuda") or not is_bf16(dtype) or (cpu := cpu_compute()).native_bf16:
+    if device.startswith("cuda") or dtype_name(dtype, device) != "bfloat16" or (cpu := cpu_compute()).native_bf16:
         return None
     return (f"{key}: {dtype} on an {cpu.capability} CPU without native bf16 "
             f"(AMX or AVX512-BF16): bf16 is emulated there, many times slower than fp32 (bench/bench_dtype.py "
             f"measures it); set it to auto")
 
 
-def is_bf16(dtype: str) -> bool:
-    return dtype in ("bfloat16", "bf16")
+def dtype_name(dtype: str, device: str = "cpu") -> str:
+    """`torch_dtype`'s choice by name: float32, bfloat16 or float16."""
+    return str(torch_dtype(dtype, device)).removeprefix("torch.")
 
 
 def torch_dtype(dtype: str, device: str = "cpu"):

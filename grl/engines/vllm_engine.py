@@ -61,12 +61,6 @@ def whole_prefills(path: str, max_model_len: int | None) -> dict:
     return {"enable_chunked_prefill": False, "max_num_batched_tokens": max(int(context or 0), 8192)}
 
 
-def _vllm_dtype(dtype: str, on_gpu: bool) -> str:
-    from grl.models import torch_dtype
-
-    return str(torch_dtype(dtype, "cuda" if on_gpu else "cpu")).removeprefix("torch.")
-
-
 def to_vllm_sampling(sampling: SamplingParams, index: int, grammar=None):
     """Our SamplingParams for request `index` of a batch, as vLLM's."""
     from vllm import SamplingParams as VllmSamplingParams
@@ -130,14 +124,14 @@ class VLLMEngine(Engine):
         from vllm import LLM
 
         from grl.engines.vllm_grammar import grammar_processors
-        from grl.models import resolve_model_path
+        from grl.models import dtype_name, resolve_model_path
 
         path = resolve_model_path(model_path)
         on_gpu = device.startswith("cuda") if device else torch.cuda.is_available()
         # vLLM's CPU worker has no sleep mode (it logs and ignores the call).
         self.sleep_mode = bool(free_cache_engine and on_gpu)
         self.grammar = grammar
-        args = dict(model=path, tokenizer=path, dtype=_vllm_dtype(dtype, on_gpu), seed=seed,
+        args = dict(model=path, tokenizer=path, dtype=dtype_name(dtype, "cuda" if on_gpu else "cpu"), seed=seed,
                     gpu_memory_utilization=gpu_memory_utilization, enforce_eager=enforce_eager,
                     max_model_len=max_model_len, tensor_parallel_size=tensor_model_parallel_size,
                     enable_sleep_mode=self.sleep_mode, logprobs_mode="processed_logprobs",

@@ -45,15 +45,12 @@ def _prompt_families(tensors: dict[str, torch.Tensor], lengths: list[int], capac
     prompt (every token before the first sampled one: a GRPO group's question, a game's first
     board) form one unit holding the prompt once, split into several when they would not fit in
     `capacity` tokens together; any other episode is a unit of its own (prefix 0)."""
-    by_prompt: dict[tuple[int, ...], list[int]] = {}
-    units: list[tuple[list[int], int]] = []
-    for i, prompt in enumerate(prompts_of(tensors)):
-        if not prompt:
-            units.append(([i], 0))
-        else:
-            by_prompt.setdefault(prompt, []).append(i)
-    for prompt, members in by_prompt.items():
-        p, chunk, size = len(prompt), [], len(prompt)
+    prompts = prompts_of(tensors)
+    groups = prompt_groups(prompts)
+    units: list[tuple[list[int], int]] = [(members, 0) for members in groups if not prompts[members[0]]]
+    for members in (members for members in groups if prompts[members[0]]):
+        p = len(prompts[members[0]])
+        chunk, size = [], p
         for i in members + [None]:
             if i is None or (chunk and size + lengths[i] - p > capacity):
                 units.append((chunk, p) if len(chunk) > 1 else (chunk, 0))
@@ -71,11 +68,11 @@ def prompts_of(tensors: dict[str, torch.Tensor]) -> list[tuple[int, ...]]:
     return [tuple(tensors["input_ids"][i, :first].tolist()) for i, first in enumerate(firsts)]
 
 
-def prompt_groups(tensors: dict[str, torch.Tensor]) -> list[list[int]]:
-    """Episodes grouped by their prompt, in order of first appearance; an episode that sampled nothing
-    is a group of its own."""
+def prompt_groups(prompts: list[tuple[int, ...]]) -> list[list[int]]:
+    """Episodes grouped by their prompt (`prompts_of`), in order of first appearance; an episode that
+    sampled nothing is a group of its own."""
     groups: dict[tuple[int, ...] | int, list[int]] = {}
-    for i, prompt in enumerate(prompts_of(tensors)):
+    for i, prompt in enumerate(prompts):
         groups.setdefault(prompt or i, []).append(i)
     return list(groups.values())
 
@@ -180,7 +177,8 @@ def minibatch_shards(tensors: dict[str, torch.Tensor], train_cfg, ranks: int, se
     mini-batch where they fit: drawn one by one, a group of 4 in a batch of 8 groups would rarely meet)."""
     shared = capacity is not None and share_prompts and "context_ids" not in tensors and "loss_mask" in tensors
     plan = plan_minibatches(len(tensors["input_ids"]), int(train_cfg.ppo_mini_batch_size), int(train_cfg.ppo_epochs),
-                            bool(train_cfg.get("shuffle", True)), seed, prompt_groups(tensors) if shared else None)
+                            bool(train_cfg.get("shuffle", True)), seed,
+                            prompt_groups(prompts_of(tensors)) if shared else None)
     per_rank: list[list[dict]] = [[] for _ in range(ranks)]
     for picked in plan:
         chosen = {k: v[torch.tensor(picked)] for k, v in tensors.items()}

@@ -209,7 +209,7 @@ def test_minibatches_keep_a_shared_prompts_episodes_together():
 def test_minibatch_shards_group_episodes_by_prompt_when_sharing():
     from omegaconf import OmegaConf
 
-    from grl.workers.sharding import minibatch_shards, prompt_groups
+    from grl.workers.sharding import minibatch_shards, prompt_groups, prompts_of
 
     prompts = [[7, 8, 9], [5, 6], [1, 2, 3, 4]] * 3
     ids = torch.zeros(9, 6, dtype=torch.long)
@@ -219,7 +219,7 @@ def test_minibatch_shards_group_episodes_by_prompt_when_sharing():
         ids[i, len(p):len(p) + 2] = 100 + i
         loss[i, len(p):len(p) + 2] = 1
     tensors = {"input_ids": ids, "loss_mask": loss, "attention_mask": (ids > 0).long()}
-    assert prompt_groups(tensors) == [[0, 3, 6], [1, 4, 7], [2, 5, 8]]
+    assert prompt_groups(prompts_of(tensors)) == [[0, 3, 6], [1, 4, 7], [2, 5, 8]]
     train = OmegaConf.create({"ppo_mini_batch_size": 3, "ppo_epochs": 2, "shuffle": True})
     (shards,) = minibatch_shards(tensors, train, ranks=1, seed=0, capacity=64, share_prompts=True)
     # every mini-batch is one group: its prompt laid once, then each episode's two sampled tokens
