@@ -79,7 +79,7 @@ def test_packing_at_the_workers_scores_and_trains_as_padded_rows(tmp_path, monke
                    "micro_batch_size_per_gpu=2", "trainer.device=cpu", "actor_rollout_ref.rollout.name=hf",
                    "actor_rollout_ref.actor.logits_chunk_size=5", "actor_rollout_ref.actor.use_kl_loss=true",
                    "rollout.max_episode_length=40", "actor_rollout_ref.actor.shuffle=false"])
-    actor = critic = None  # unshuffled, the groups' mini-batches are the same rows packed or padded  # unshuffled, the groups' mini-batches are the same rows packed or padded
+    actor = critic = None  # unshuffled, the groups' mini-batches are the same rows packed or padded
     try:
         actor, critic = ActorRolloutRefGroup(cfg, world_size=2, use_ref=True), CriticGroup(cfg, world_size=2)
         sent = []
