@@ -176,7 +176,9 @@ class Agent:
         return context_window(self.messages, self.instructions(), self.settings.max_context_window)
 
     def _next_user_message(self, reward: float, feedback: str, observation: str) -> str:
-        parts = [f"Reward: {reward:g}", feedback, self._state_text(observation)]
+        # A zero reward is said by its absence: a game that pays only at its end would otherwise
+        # repeat "Reward: 0" every turn, tokens the model reads and the update computes on.
+        parts = [f"Reward: {reward:g}" if reward else "", feedback, self._state_text(observation)]
         return "\n".join(p for p in parts if p)
 
     # ------------------------------------------------------------ episode

@@ -23,8 +23,10 @@ class TaskHooks:
         return None
 
     def budget_text(self, actions_left: int, per_turn: int) -> str:
-        return f"You have {actions_left} action{'s' if actions_left != 1 else ''} left; " \
-               f"use at most {min(per_turn, actions_left)} in this answer."
+        left = f"You have {actions_left} action{'s' if actions_left != 1 else ''} left"
+        if per_turn == 1:  # the reply format already asks for one action: every turn's tokens count
+            return f"{left}."
+        return f"{left}; use at most {min(per_turn, actions_left)} in this answer."
 
     def episode_extras(self, env_infos: list[dict[str, Any]]) -> dict[str, float]:
         """Task metrics beyond the common ones, from the infos of the episode's env steps."""
