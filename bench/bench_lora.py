@@ -27,7 +27,6 @@ def one_step(overrides: list[str]) -> tuple[dict[str, float], int, float]:
 
 
 def main(argv: list[str]) -> None:
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     rank = next((int(a.split("=", 1)[1]) for a in argv if a.startswith("lora_rank=")), 16)
     common = [a for a in argv if not a.startswith("lora_rank=")]

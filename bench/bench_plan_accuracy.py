@@ -76,7 +76,6 @@ def step_shapes(trainer, batch) -> dict[str, int]:
 
 
 def main(argv: list[str]) -> int:
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from bench_train_step import one_step_trainer
 

@@ -61,7 +61,6 @@ def _model_bytes(worker) -> tuple[int, int]:
 
 
 def main(argv: list[str]) -> None:
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import ray
 

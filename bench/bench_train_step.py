@@ -120,7 +120,6 @@ def one_step_trainer(argv: list[str]):
 
 
 def main(argv: list[str]) -> None:
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from grl.models import resolve_model_path
 

@@ -5,9 +5,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-# Tests run offline and quietly: no W&B upload, no Ray token file, no tokenizer threads fighting pytest.
+# Tests run offline and quietly: no W&B upload, no tokenizer threads fighting pytest.
 os.environ.setdefault("WANDB_MODE", "offline")
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # The suite computes in fp32 on every machine CI may land on, AMX or AVX2 alike: `dtype: auto` is bf16 only

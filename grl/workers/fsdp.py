@@ -17,16 +17,30 @@ from torch import nn
 log = logging.getLogger("grl.workers")
 
 
+LOOPBACK = "127.0.0.1"
+
+
 def node_ip() -> str:
     import ray
 
     return ray.util.get_node_ip_address()
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
+def listen_for_peers(host: str) -> socket.socket:
+    """Rank 0's rendezvous socket, bound to `host` only and held until the store takes it over:
+    torch's TCPStore left to itself listens on every interface, and a port picked and then closed
+    can be taken by another process before the store binds it."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind((host, 0))
+    sock.listen(128)
+    return sock
+
+
+def loopback_interface() -> str | None:
+    import psutil
+
+    return next((name for name, addrs in psutil.net_if_addrs().items()
+                 if any(a.family == socket.AF_INET and a.address == LOOPBACK for a in addrs)), None)
 
 
 def process_group_backend(device: str) -> str:
@@ -45,15 +59,25 @@ def state_device(device: str, offload: bool) -> str:
 
 
 def init_process_group(rank: int, world_size: int, master_addr: str, master_port: int, device: str,
-                       timeout_s: float) -> None:
+                       timeout_s: float, listening: socket.socket | None = None) -> None:
+    """Join the group whose rank 0 listens at master_addr:master_port (`listening`: rank 0's socket,
+    from `listen_for_peers`). A group on one node talks over the loopback interface only: its
+    rendezvous store, gloo's and NCCL's sockets are not reachable from the network."""
     from datetime import timedelta
 
+    timeout = timedelta(seconds=float(timeout_s))
     os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(rank),
                       WORLD_SIZE=str(world_size), LOCAL_RANK="0")
+    if master_addr == LOOPBACK and (interface := loopback_interface()):
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", interface)
+        os.environ.setdefault("NCCL_SOCKET_IFNAME", interface)
     if device == "cuda":
         torch.cuda.set_device(0)  # Ray gives each rank one visible GPU
-    dist.init_process_group(process_group_backend(device), rank=rank, world_size=world_size,
-                            timeout=timedelta(seconds=float(timeout_s)))
+    fd = listening.detach() if listening is not None else None
+    store = dist.TCPStore(master_addr, master_port, world_size, is_master=rank == 0, timeout=timeout,
+                          master_listen_fd=fd)
+    dist.init_process_group(process_group_backend(device), store=store, rank=rank, world_size=world_size,
+                            timeout=timeout)
 
 
 def cpu_threads(ranks_on_node: int, engine_beside: bool = False) -> int:

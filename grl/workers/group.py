@@ -88,7 +88,8 @@ class _WorkerGroup:
                 strategy = PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=rank)
                 self.workers.append(remote.options(scheduling_strategy=strategy, **options).remote(
                     rank, size, cfg, self.device, *rank_args(rank)))
-            master_addr, master_port = self._gather([self.workers[0].address.remote()], [0])[0]
+            one_node = len(set(self._gather([w.node_id.remote() for w in self.workers], list(range(size))))) == 1
+            master_addr, master_port = self._gather([self.workers[0].listen.remote(one_node)], [0])[0]
             self.call("setup", master_addr, master_port)
         except BaseException:
             self.shutdown()

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import signal
 import threading
 from pathlib import Path
 
 log = logging.getLogger("grl.workers")
 
-PRODUCT_ENV = {"RAY_AUTH_MODE": "disabled", "TOKENIZERS_PARALLELISM": "false"}
+PRODUCT_ENV = {"TOKENIZERS_PARALLELISM": "false"}
 REPO_ROOT = str(Path(__file__).resolve().parents[2])
 PLACEMENT_TIMEOUT_S = 600
 
@@ -26,8 +27,9 @@ def init_ray(address: str | None = None, **ray_kwargs) -> None:
     address = address or os.environ.get("RAY_ADDRESS")
     on_sigterm = signal.getsignal(signal.SIGTERM)
     if address:
-        ray.init(address=address, **ray_kwargs)
+        ray.init(address=address, **ray_kwargs)  # the user's cluster, with its own authentication
     else:
+        require_token_locally()
         # "local" starts a fresh runtime; a bare ray.init() would join whatever cluster a leftover
         # session file in /tmp/ray names, and retry for minutes when that cluster is gone.
         ray_kwargs.setdefault("include_dashboard", False)
@@ -36,6 +38,24 @@ def init_ray(address: str | None = None, **ray_kwargs) -> None:
         # ray.init installs a crash handler for SIGTERM that ends the driver mid-teardown; the caller's
         # handler (grl-train's: unwind like Ctrl-C and shut every worker down) must stay in charge.
         signal.signal(signal.SIGTERM, on_sigterm)
+
+
+def require_token_locally() -> None:
+    """A runtime this process starts takes only clients that hold its token.
+
+    Ray 2.60 cannot be confined to the loopback address: its gRPC servers (GCS, raylet, every
+    worker's) listen on all interfaces, and ray.init swaps a loopback node address for the machine's
+    (ray/_private/services.py resolve_ip_for_localhost, called at ray/_private/worker.py:1844). What
+    keeps the network out is Ray's token authentication: a fresh random token per run, passed to the
+    runtime's processes in their environment (no token file is written), unless the user chose a
+    mode or a token. GRL's own sockets (the process group's) listen on the loopback address."""
+    import ray._raylet
+
+    os.environ.setdefault("RAY_AUTH_MODE", "token")
+    if os.environ["RAY_AUTH_MODE"] == "token" and not (os.environ.get("RAY_AUTH_TOKEN")
+                                                        or os.environ.get("RAY_AUTH_TOKEN_PATH")):
+        os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
+    ray._raylet.Config.initialize("")  # Ray read its mode when first imported: read it again
 
 
 def shutdown_local_ray(grace_s: float = 5.0) -> None:

@@ -46,12 +46,21 @@ class Worker(UpdateLoop):
 
     # ------------------------------------------------------------ set-up
 
-    def address(self) -> tuple[str, int]:
-        return fsdp.node_ip(), fsdp.free_port()
+    def node_id(self) -> str:
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
+    def listen(self, one_node: bool) -> tuple[str, int]:
+        """Rank 0: open the group's rendezvous (on the loopback address when every rank shares this
+        node) and return where the others find it."""
+        self._listening = fsdp.listen_for_peers(fsdp.LOOPBACK if one_node else fsdp.node_ip())
+        return self._listening.getsockname()[:2]
 
     def setup(self, master_addr: str, master_port: int) -> None:
         fsdp.init_process_group(self.rank, self.world_size, master_addr, master_port, self.device,
-                                timeout_s=float(self.cfg[self.section_key].nccl_timeout))
+                                timeout_s=float(self.cfg[self.section_key].nccl_timeout),
+                                listening=getattr(self, "_listening", None))
         fsdp.seed_everything(int(self.cfg.trainer.seed) + self.rank)
         self.build()
         self.optimizer = fsdp.make_optimizer([p for p in self.module.parameters() if p.requires_grad], self.train_cfg.optim)

@@ -9,6 +9,7 @@ import itertools
 import math
 import os
 import queue
+import socket
 import time
 import traceback
 from datetime import timedelta
@@ -52,12 +53,18 @@ def _rank_main(fn, rank, ports, args, results):
             dist.destroy_process_group()
 
 
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((fsdp.LOOPBACK, 0))
+        return s.getsockname()[1]
+
+
 def run_two_ranks(fn, *args, ports: int = 1) -> tuple[list, list[str]]:
     """`fn(rank, ports, *args)` in 2 spawned processes -> (results, errors) in rank order (None
     where a rank raised / returned). Ranks still running after the time limit fail the test."""
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    free = [fsdp.free_port() for _ in range(ports)]
+    free = [free_port() for _ in range(ports)]
     procs = [ctx.Process(target=_rank_main, args=(fn, rank, free, args, results)) for rank in range(2)]
     for p in procs:
         p.start()

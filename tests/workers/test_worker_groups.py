@@ -2,6 +2,8 @@
 the tiny model, checked against plain single-process torch."""
 
 import math
+import os
+import subprocess
 import sys
 from contextlib import contextmanager
 
@@ -69,6 +71,13 @@ def _inf_gradient(worker, on):
         worker.fault = worker.module.model.model.layers[0].register_forward_hook(poison)
     else:
         worker.fault.remove()
+
+
+def _listening(worker):
+    import psutil
+
+    return sorted({(c.laddr.ip, c.laddr.port) for c in psutil.Process().net_connections("inet")
+                   if c.status == psutil.CONN_LISTEN})
 
 
 def _poison_weights(worker):
@@ -194,6 +203,31 @@ def max_diff(a, b):
 
 
 # ---------------------------------------------------------------- tests
+
+def test_a_rank_listens_beyond_loopback_only_on_its_ray_port(actor):
+    """What a rank opens for the process group (the rendezvous store, gloo) listens on 127.0.0.1; the one
+    port reachable from the network is the rank's Ray core-worker server, which the run's token guards."""
+    from ray._private.state import actors
+
+    for handle, listening in zip(actor.workers, actor.execute(_listening)):
+        ray_port = actors(handle._actor_id.hex())["Address"]["Port"]
+        assert any(ip == "127.0.0.1" for ip, _ in listening), listening  # gloo's (and on rank 0 the store's)
+        assert [port for ip, port in listening if ip != "127.0.0.1"] == [ray_port], listening
+
+
+def test_the_local_runtime_refuses_clients_without_its_token(cfg):
+    gcs = ray.get_runtime_context().gcs_address
+    probe = f"import ray; ray.init(address={gcs!r}); print('joined')"
+    tries = {"its token": {}, "another token": {"RAY_AUTH_TOKEN": "not-this-runs-token"},
+             "no authentication": {"RAY_AUTH_MODE": "disabled", "RAY_AUTH_TOKEN": ""}}
+    joined = {}
+    for name, change in tries.items():
+        env = {**os.environ, **change}
+        out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=180)
+        joined[name] = "joined" in out.stdout
+    assert os.environ["RAY_AUTH_MODE"] == "token" and len(os.environ["RAY_AUTH_TOKEN"]) == 64
+    assert joined == {"its token": True, "another token": False, "no authentication": False}
+
 
 def test_log_probs_match_single_process(actor, batch):
     weights = actor.execute(_full_weights)[0]
