@@ -20,6 +20,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from grl.errors import first_line
+
 EMBEDDED = "embedded"
 TINY = "tiny"
 EMBEDDED_GGUF_NAME = "smollm2-135m-instruct.gguf"
@@ -133,13 +135,31 @@ def resolve_model_path(name: str | os.PathLike) -> str:
     return name  # a hub id; from_pretrained fetches or finds it in the HF cache
 
 
+MODEL_FILES = ["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "*.tiktoken"]
+
+
+def fetch_model(name: str | os.PathLike) -> str:
+    """The local folder of a model: `resolve_model_path`, with a hub id downloaded into (or found in)
+    the Hugging Face cache. A worker rank fetches before it joins its process group: a rank that
+    downloaded after joining kept the others waiting in their first collective, whose timeout a 7B
+    download can outlast."""
+    resolved = resolve_model_path(name)
+    if Path(resolved).is_dir():
+        return resolved
+    from huggingface_hub import snapshot_download
+
+    try:
+        return snapshot_download(resolved, allow_patterns=MODEL_FILES)
+    except Exception as err:  # noqa: BLE001 - offline, gated, missing: each means the same to the caller
+        raise ModelLoadError(f"cannot fetch model {name!r}: {first_line(err)}") from err
+
+
 def _from_pretrained(loader, name: str, **kwargs):
     resolved = resolve_model_path(name)
     try:
         return loader.from_pretrained(resolved, **kwargs)
     except (OSError, ValueError) as err:
-        first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ModelLoadError(f"cannot load model {name!r}: {first_line}") from err
+        raise ModelLoadError(f"cannot load model {name!r}: {first_line(err)}") from err
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from grl.algo.estimators import ESTIMATORS
 from grl.config import NO_EFFECT, ConfigError, task_instance
+from grl.errors import first_line
 
 
 class PreflightError(ConfigError):
@@ -125,7 +126,7 @@ def check_resume(cfg: DictConfig) -> None:
     try:
         resume_path(cfg.trainer.resume_mode, cfg.trainer.default_local_dir)
     except (ValueError, FileNotFoundError) as err:
-        raise PreflightError(f"trainer.resume_mode: {_first_line(err)}") from None
+        raise PreflightError(f"trainer.resume_mode: {first_line(err)}") from None
 
 
 def _unwritable(path: Path) -> str | None:
@@ -165,7 +166,7 @@ def check_model(cfg: DictConfig, environ) -> None:
         tokenizer = AutoTokenizer.from_pretrained(resolved)
         model_config = AutoConfig.from_pretrained(resolved)
     except (OSError, ValueError) as err:
-        raise PreflightError(f"{key}: cannot load {name!r}: {_first_line(err)}") from None
+        raise PreflightError(f"{key}: cannot load {name!r}: {first_line(err)}") from None
     if not getattr(tokenizer, "chat_template", None):
         raise PreflightError(f"{key}: the tokenizer of {name!r} has no chat template; use an instruct/chat model")
     context = getattr(model_config, "max_position_embeddings", None)
@@ -203,9 +204,6 @@ def _check_hub_id(key: str, name: str, environ) -> None:
                              "cached model") from None
 
 
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__
 
 
 # ---------------------------------------------------------------- memory
@@ -252,6 +250,6 @@ def check_tasks(cfg: DictConfig) -> None:
         try:
             agent = grl.agents.make_agent(name, task_instance(cfg, name))
         except Exception as err:  # noqa: BLE001 - any failure to build the task is the task's config
-            message = _first_line(err)
+            message = first_line(err)
             raise PreflightError(message if message.startswith(f"{name}") else f"{name}: {message}") from None
         agent.close()

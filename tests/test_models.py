@@ -2,6 +2,7 @@
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -118,3 +119,15 @@ def test_banner_and_preflight_say_what_the_cpu_computes_in(cpu_reports, tmp_path
     assert "  compute      auto: AVX512 CPU, bfloat16 (the CPU computes bf16 natively (AMX and AVX512-BF16))" in \
         start_report(load_config(base), "cpu", 1)
     assert preflight.check_dtype(bf16) == []
+
+
+def test_fetch_model_gives_a_local_folder_or_names_the_model(monkeypatch):
+    from grl.errors import first_line
+    from grl.models import ModelLoadError, fetch_model, resolve_model_path
+
+    assert fetch_model("tiny") == resolve_model_path("tiny") and (Path(fetch_model("tiny")) / "config.json").exists()
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ModelLoadError, match="cannot fetch model 'nobody-here/no-such-model'"):
+        fetch_model("nobody-here/no-such-model")
+    assert first_line(ValueError("\x1b[31m****\n  the reason  \nmore")) == "the reason"
+    assert first_line(KeyError(), with_type=True) == "KeyError"

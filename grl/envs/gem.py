@@ -33,6 +33,7 @@ from typing import Any, Callable
 import numpy as np
 
 from grl.envs.base import Env, step_info
+from grl.errors import first_line
 
 if importlib.util.find_spec("gem") is None:  # the registry reports the env unavailable, with this reason
     raise ImportError("No module named 'gem' (install the pinned gem-llm: bash env_setup.sh)")
@@ -64,12 +65,6 @@ def _boxed(action: str) -> str | None:
     GEM reads them as the same move."""
     found = _BOXED.findall(action)
     return " ".join(found[-1].split()).lower() if found else None
-
-
-def _first_line(err: BaseException) -> str:
-    text = re.sub(r"\x1b\[[0-9;]*m", "", str(err))  # nltk colours its messages
-    lines = [line.strip() for line in text.splitlines() if line.strip().strip("*").strip()]
-    return f"{type(err).__name__}: {lines[0]}" if lines else type(err).__name__
 
 
 # The moves a game accepts now, read from its state (GEM has no method for it). Keyed by class name.
@@ -120,7 +115,7 @@ class GemEnv(Env):
         try:
             self._game = self._call(gem.make, env_id, **kwargs)
         except Exception as err:  # noqa: BLE001 - a GEM id that cannot run here (hub, service, bad kwargs)
-            raise ValueError(f"gem: env_id {env_id!r} cannot be built here: {_first_line(err)}") from None
+            raise ValueError(f"gem: env_id {env_id!r} cannot be built here: {first_line(err, with_type=True)}") from None
         self._lister = LISTERS.get(type(self._game.unwrapped).__name__)
         self._over = True
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from grl.engines.base import Engine
+from grl.errors import first_line
 from grl.rollout.types import Batch
 from grl.workers.engine_proxy import EngineProxy
 from grl.workers.runtime import PRODUCT_ENV, REPO_ROOT, acquire_pool, init_ray, release_pool, resolve_device
@@ -52,11 +53,6 @@ class WorkerDiedError(RuntimeError):
 
 
 # ---------------------------------------------------------------- groups
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__
-
 
 class _WorkerGroup:
     """N ranks of one role; shared plumbing of the actor and critic groups."""
@@ -114,7 +110,7 @@ class _WorkerGroup:
             except RayActorError as err:
                 self._abandoned += pending
                 name = f"{self.role} rank {ranks[i]}"
-                raise WorkerDiedError(f"{name} died: {_first_line(err)}", worker=name) from err
+                raise WorkerDiedError(f"{name} died: {first_line(err)}", worker=name) from err
             except BaseException:
                 self._abandoned += pending
                 raise
@@ -214,7 +210,7 @@ class _WorkerGroup:
                 try:
                     ray.get(ref, timeout=timeout)
                 except Exception as err:  # noqa: BLE001
-                    log.debug("abandoned call: %s", _first_line(err))
+                    log.debug("abandoned call: %s", first_line(err))
         self.workers, self._abandoned = [], []
         if ray.is_initialized():
             release_pool(*self._pool)

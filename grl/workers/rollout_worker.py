@@ -19,6 +19,7 @@ import os
 import torch
 
 from grl.engines.base import Engine, GenerationOutput, NamedTensors, SamplingParams
+from grl.errors import first_line
 from grl.workers.runtime import PRODUCT_ENV, REPO_ROOT
 
 log = logging.getLogger("grl.workers")
@@ -107,12 +108,12 @@ class SeparateEngine(Engine):
         import ray
         from ray.exceptions import RayActorError
 
-        from grl.workers.group import WorkerDiedError, _first_line
+        from grl.workers.group import WorkerDiedError
 
         try:
             return ray.get(ref, timeout=timeout)
         except RayActorError as err:
-            raise WorkerDiedError(f"rollout worker died: {_first_line(err)}", worker="rollout worker") from err
+            raise WorkerDiedError(f"rollout worker died: {first_line(err)}", worker="rollout worker") from err
 
     def generate(self, prompt_token_ids: list[list[int]], sampling: SamplingParams,
                  constraints: list | None = None) -> list[GenerationOutput]:

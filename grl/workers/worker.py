@@ -58,6 +58,9 @@ class Worker(UpdateLoop):
         return self._listening.getsockname()[:2]
 
     def setup(self, master_addr: str, master_port: int) -> None:
+        from grl.models import fetch_model
+
+        fetch_model(self.cfg[self.section_key].model.path)
         fsdp.init_process_group(self.rank, self.world_size, master_addr, master_port, self.device,
                                 timeout_s=float(self.cfg[self.section_key].nccl_timeout),
                                 listening=getattr(self, "_listening", None))
