@@ -103,7 +103,11 @@ def _apply_aliases(cfg: DictConfig) -> None:
 
 
 def _check_rules(cfg: DictConfig) -> None:
-    """What no single key's declaration can say: keys that must agree with each other."""
+    """What no single key's declaration can say: keys that must agree with each other, and names that
+    live in a registry users add to (the advantage estimators)."""
+    if cfg.algorithm.adv_estimator not in ESTIMATORS:
+        raise ConfigError(f"algorithm.adv_estimator: {cfg.algorithm.adv_estimator!r} is not one of "
+                          f"{', '.join(ESTIMATORS)}")
     groups = [("rollout.training", "rollout.agent_group_num", "rollout.agent_group_size"),
               ("rollout.validation", "rollout.validation_agent_group_num", "rollout.validation_agent_group_size")]
     for names_key, num_key, size_key in groups:

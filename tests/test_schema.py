@@ -133,3 +133,33 @@ def test_consumers_take_checked_values_without_judging_them():
     policy_loss(ones, ones, ones, ones, clip_ratio_c=0.5)
     AdaptiveKLController(0.1, target_kl=0.0, horizon=0)
     assert filter_groups([], ratio=2.0, kind="std")[0] == []
+
+
+def test_the_schema_is_the_floor_and_its_literal_choices_match_the_registries():
+    """grl.schema imports nothing of GRL's (no cycle can run through it), so the names the other layers
+    register are written there as literals: each must be exactly its registry."""
+    import subprocess
+    import sys
+
+    import grl.agents.controls
+    import grl.algo.kl
+    import grl.algo.losses
+    import grl.engines
+    import grl.tools
+    from grl.schema import run, tasks, workers
+
+    code = "import sys, grl.schema; print(sorted(m for m in sys.modules if m.startswith('grl.') and " \
+           "not m.startswith('grl.schema')))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+    assert run.VALIDATION_CONTROLS == tuple(grl.agents.controls.VALIDATION_CONTROLS)
+    assert tasks.TOOL_NAMES == tuple(grl.tools.tool_names())
+    assert workers.ENGINE_NAMES == grl.engines.engine_names()
+    assert workers.KL_ESTIMATORS == grl.algo.kl.KL_ESTIMATORS and workers.AGG_MODES == grl.algo.losses.AGG_MODES
+
+
+def test_an_unregistered_advantage_estimator_is_one_line_before_anything_runs():
+    from grl.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=r"^algorithm.adv_estimator: 'ppo2' is not one of gae, .*grpo"):
+        load_config(["algorithm.adv_estimator=ppo2"])

@@ -13,7 +13,7 @@ import torch
 from grl.algo.losses import agg_loss
 from grl.algo.masked import masked_mean
 
-from grl.schema.workers import KL_ESTIMATORS
+KL_ESTIMATORS = ("kl", "abs", "mse", "low_var_kl")
 
 
 def kl_estimate(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, kind: str) -> torch.Tensor:

@@ -9,7 +9,7 @@ import torch
 
 from grl.algo.masked import masked_mean
 
-from grl.schema.workers import AGG_MODES  # noqa: F401 - grl.algo's export; the config schema declares them
+AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")  # what agg_loss computes
 
 
 def _clean(x: torch.Tensor, gen: torch.Tensor) -> torch.Tensor:

@@ -11,16 +11,7 @@ from grl.schema.keys import key, section
 from grl.schema.workers import KL_ESTIMATORS, ActorRolloutRef, Critic
 
 
-def _estimators():
-    from grl.algo.estimators import ESTIMATORS
-
-    return ESTIMATORS  # the live registry: an estimator registered later is a choice
-
-
-def _validation_controls():
-    from grl.agents.controls import VALIDATION_CONTROLS
-
-    return VALIDATION_CONTROLS
+VALIDATION_CONTROLS = ("swap",)  # grl.agents.controls.VALIDATION_CONTROLS
 
 
 @dataclass
@@ -98,7 +89,7 @@ class KLControl:
 
 @dataclass
 class Algorithm:
-    adv_estimator: str = key("gae", "a name registered in grl/algo/estimators.py", choices=_estimators)
+    adv_estimator: str = key("gae", "a name registered in grl/algo/estimators.py (grl.config checks it)")
     gamma: float = key(1.0, "token discount; gigpo and rebn discount their per-turn returns with it", ge=0, le=1)
     lam: float = key(1.0, "GAE lambda", ge=0, le=1)
     high_level_gamma: float = key(0.95, "turn-level discount of bi_level_gae / weighted_gae", ge=0, le=1)
@@ -130,7 +121,7 @@ class Trainer:
     val_only: bool = key(False, "validate once (after resuming, if any) and exit")
     validation_steps: int = key(1, "validation rollouts per validation; rollout i uses validation_seed + i", ge=1)
     validation_controls: list[str] = key([], "[swap]: also validate with each agent shown a decoy game "
-                                         "(success_swapped)", choices=_validation_controls)
+                                         "(success_swapped)", choices=VALIDATION_CONTROLS)
     resume_mode: str = key(II("resume_mode"), "auto, disable or a global_step_N folder")
     resume_from_path: Optional[str] = key(None, "verl's key: a global_step_N folder; when set it replaces "
                                           "resume_mode")

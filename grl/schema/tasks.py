@@ -10,10 +10,7 @@ from omegaconf import MISSING
 from grl.schema.keys import key, section
 
 
-def _tool_names() -> tuple[str, ...]:
-    import grl.tools
-
-    return tuple(grl.tools.tool_names())
+TOOL_NAMES = ("python",)  # grl.tools.TOOLS (tests/test_schema.py holds them equal)
 
 
 @dataclass
@@ -38,7 +35,7 @@ class AgentConfig:
                                "(grl/engines/constraint.py); envs without a list (GSM8K, BIRD) decode freely",
                                choices=("free", "constrained"))
     tools: list[str] = key([], "tools the model may call inside an episode (grl/tools), e.g. [python]",
-                           choices=_tool_names)
+                           choices=TOOL_NAMES)
     max_tool_calls_per_turn: int = key(1, "tool calls run from one reply", ge=1)
     max_tool_calls: int = key(4, "tool calls per episode", ge=1)
     max_tool_output_chars: int = key(2000, "longer tool output is cut, and the message says so", ge=1)

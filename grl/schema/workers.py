@@ -10,8 +10,11 @@ from omegaconf import II
 from grl.schema.keys import key, section
 
 DTYPES = ("auto", "float32", "bfloat16", "float16", "fp32", "bf16", "fp16")
-AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")  # grl.algo.losses.agg_loss
-KL_ESTIMATORS = ("kl", "abs", "mse", "low_var_kl")  # grl.algo.kl.kl_estimate
+# The schema is the package's floor: it imports nothing of GRL's, so the names other layers register are
+# written here as literals, and tests/test_schema.py holds each against its registry.
+AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")  # grl.algo.losses.AGG_MODES
+KL_ESTIMATORS = ("kl", "abs", "mse", "low_var_kl")  # grl.algo.kl.KL_ESTIMATORS
+ENGINE_NAMES = ("auto", "hf", "vllm")  # grl.engines.engine_names()
 
 
 @dataclass
@@ -91,12 +94,6 @@ class Ref:
     fsdp_config: FSDPConfig = section(FSDPConfig)
 
 
-def _engine_names() -> tuple[str, ...]:
-    from grl.engines import engine_names
-
-    return engine_names()
-
-
 # vLLM's rules (SamplingParams), so that what the config accepts every engine runs.
 def _temperature(default: float) -> Any:
     return key(default, "sampling temperature; 0 is greedy", ge=0)
@@ -120,7 +117,7 @@ class SamplingOverrides:
 
 @dataclass
 class RolloutEngine:
-    name: str = key("auto", "auto: vllm where it imports and works, else hf", choices=_engine_names)
+    name: str = key("auto", "auto: vllm where it imports and works, else hf", choices=ENGINE_NAMES)
     temperature: float = _temperature(1.0)
     top_p: float = _top_p(1.0)
     top_k: int = _top_k(-1)
