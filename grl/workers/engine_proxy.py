@@ -3,19 +3,24 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from grl.engines.base import Engine, NamedTensors, SamplingParams
 
-if TYPE_CHECKING:
-    from grl.workers.group import ActorRolloutRefGroup
+
+class Ranks(Protocol):
+    """What the proxy needs of its worker group (an ActorRolloutRefGroup, which builds the proxy)."""
+
+    _closed: bool
+
+    def call_ranks(self, ranks: list[int], method: str, per_rank_args: list[tuple]) -> list: ...
 
 
 class EngineProxy(Engine):
     """The rollout engine as the driver sees it. Generation runs inside the
     actor ranks that hold an engine; prompts are split over them in order."""
 
-    def __init__(self, group: ActorRolloutRefGroup, ranks: list[int]):
+    def __init__(self, group: Ranks, ranks: list[int]):
         self._group, self._ranks = group, ranks
 
     def generate(self, prompt_token_ids: list[list[int]], sampling: SamplingParams,
