@@ -1,8 +1,8 @@
 """The records a rollout produces and the batch the trainer consumes.
 
 `Turn` and `Episode` are plain Python (token ids as lists); `Batch` holds
-`[rows, tokens]` tensors plus per-row metadata, and knows how to be split
-into shards and mini-batches and put back together.
+`[rows, tokens]` tensors plus per-row metadata, one episode per row, and can
+`select` rows (the driver cuts shards and mini-batches in grl/workers/sharding.py).
 """
 
 from __future__ import annotations

@@ -26,7 +26,9 @@ class Curriculum:
     window: int
     stage: int = 0
     successes: list[float] = field(default_factory=list)  # this stage's, step by step
-    stage_after: dict[int, int] = field(default_factory=dict)  # step -> stage reached after it
+    # step -> stage reached after it, kept where the stage changed: a rollout any number of steps ahead
+    # (rollout.max_staleness) finds its stage, and the record stays as small as the number of stages
+    stage_after: dict[int, int] = field(default_factory=dict)
 
     @classmethod
     def from_config(cls, c) -> Curriculum | None:
@@ -50,9 +52,8 @@ class Curriculum:
                     and fmean(recent) >= self.promote_at)
         if promoted:
             self.stage, self.successes = self.stage + 1, []
-        self.stage_after[step] = self.stage
-        for old in [s for s in self.stage_after if s < step - 64]:  # a rollout looks back max_staleness steps
-            del self.stage_after[old]
+        if not self.stage_after or self.stage_after[max(self.stage_after)] != self.stage:
+            self.stage_after[step] = self.stage
         return promoted
 
     def metrics(self, stage: int) -> dict[str, float]:

@@ -49,3 +49,11 @@ def test_a_stage_sets_the_env_key_of_every_training_task_and_the_env_plays_it():
 def test_a_curriculum_the_tasks_cannot_play_stops_before_the_run(overrides, message):
     with pytest.raises(ConfigError, match=message):
         load_config(["preset=cpu", *overrides])
+
+
+def test_a_rollout_any_number_of_steps_ahead_finds_its_stage():
+    c = Curriculum("dim_x", [3, 4], promote_at=1.0, window=1)
+    for step in range(1, 1001):
+        c.record(step, played([1.0 if step == 500 else 0.0]))
+    assert c.stage_after == {1: 0, 500: 1}  # the changes, not a step-by-step history
+    assert [c.stage_for(1001, max_staleness=k) for k in (0, 500, 501, 999)] == [1, 1, 0, 0]
