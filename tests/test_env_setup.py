@@ -89,6 +89,7 @@ def test_a_new_driver_gets_the_cuda13_builds_from_pypi(repo, tmp_path):
     assert lines["pins"] == "requirements/constraints-cuda.txt"
     assert lines["venv"] == ".venv (absent: would be created)"
     assert "flash-attn not installed: PyPI publishes it as source only (no wheels)" in lines["extras"]
+    assert "FlashInfer's precompiled kernels (vllm download-kernels)" in lines["extras"]
     assert "note" not in lines
     assert "--query-gpu=driver_version,name --format=csv,noheader" in (fake / "calls").read_text()
 
