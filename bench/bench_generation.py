@@ -1,7 +1,8 @@
 """Generation throughput: the hf engine (baseline) against transformers' own `generate` and vllm,
 same run.
 
-All three load the same model in fp32 and generate exactly --new-tokens tokens per prompt (eos
+All three load the same model in the same dtype (`auto`: fp32 or bf16 by what the CPU computes natively,
+bf16 on GPU), on the same device, and generate exactly --new-tokens tokens per prompt (eos
 ignored) for chat prompts at each batch size; the table gives generated tokens per second and the
 ratios to the hf engine. `generate` is what TRL's GRPOTrainer samples with (use_vllm=False), so its
 column says whether our decoding loop (per-request generators, log-probs, grammars, prefix reuse)
@@ -50,24 +51,31 @@ def measure(name: str, model_path: str, batch_sizes, prompts, sampling) -> dict[
         engine.shutdown()
 
 
-def measure_generate(model_path: str, batch_sizes, prompts, new_tokens: int) -> dict[int, float]:
-    """transformers' `model.generate`, greedy, on left-padded prompts."""
+def measure_generate(model_path: str, batch_sizes, prompts, new_tokens: int, device: str) -> dict[int, float]:
+    """transformers' `model.generate`, greedy, on left-padded prompts, on the device the hf engine uses."""
     import torch
 
     from grl.models import load_causal_lm, load_tokenizer
 
-    model, pad = load_causal_lm(model_path, "auto").eval(), load_tokenizer(model_path).pad_token_id
+    model = load_causal_lm(model_path, "auto", device).to(device).eval()
+    pad = load_tokenizer(model_path).pad_token_id
+
+    def generate(rows, tokens):
+        width = max(map(len, rows))
+        ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in rows], device=device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in rows], device=device)
+        with torch.inference_mode():
+            out = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=tokens,
+                                 min_new_tokens=tokens, pad_token_id=pad)
+        if device == "cuda":
+            torch.cuda.synchronize()  # the clock stops when the GPU is done, not when the last kernel is queued
+        return out.shape[1] - width
+
+    generate(prompts[:2], 4)  # warm-up, as the engines get (CUDA context, kernels)
     rates = {}
     for batch in batch_sizes:
-        rows = prompts[:batch]
-        width = max(map(len, rows))
-        ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in rows])
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in rows])
         start = time.perf_counter()
-        with torch.inference_mode():
-            out = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=new_tokens,
-                                 min_new_tokens=new_tokens, pad_token_id=pad)
-        rates[batch] = (out.shape[1] - width) * batch / (time.perf_counter() - start)
+        rates[batch] = generate(prompts[:batch], new_tokens) * batch / (time.perf_counter() - start)
         print(f"generate: batch {batch:>3}: {rates[batch]:8.1f} tok/s", flush=True)
     return rates
 
@@ -87,7 +95,7 @@ def main() -> None:
 
     from grl.engines import SamplingParams
     from grl.engines.vllm_engine import engine_cpu_threads
-    from grl.models import load_tokenizer, resolve_model_path
+    from grl.models import dtype_name, load_tokenizer, resolve_model_path
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if args.hf_threads or device == "cpu":
@@ -95,12 +103,12 @@ def main() -> None:
     model_path = resolve_model_path(args.model)
     prompts = chat_prompts(load_tokenizer(model_path), max(args.batch_sizes))
     sampling = SamplingParams(greedy=True, max_new_tokens=args.new_tokens, ignore_eos=True, logprobs=True)
-    print(f"model {args.model}, fp32, {device}, {args.new_tokens} new tokens per prompt, {os.cpu_count()} cores, "
+    print(f"model {args.model}, {dtype_name('auto', device)}, {device}, {args.new_tokens} new tokens per prompt, {os.cpu_count()} cores, "
           f"threads: hf {torch.get_num_threads()}, vllm {engine_cpu_threads() if device == 'cpu' else '-'}",
           flush=True)
 
     hf = measure("hf", model_path, args.batch_sizes, prompts, sampling)
-    generate = measure_generate(model_path, args.batch_sizes, prompts, args.new_tokens)
+    generate = measure_generate(model_path, args.batch_sizes, prompts, args.new_tokens, device)
     vllm = measure("vllm", model_path, args.batch_sizes, prompts, sampling) if not args.skip_vllm else {}
 
     print(f"\n{'batch':>5} {'hf tok/s':>10} {'generate':>10} {'generate/hf':>12} {'vllm tok/s':>11} {'vllm/hf':>8}")

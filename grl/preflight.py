@@ -61,6 +61,10 @@ def check_numbers(cfg: DictConfig) -> list[str]:
         mini = OmegaConf.select(cfg, f"{section}.ppo_mini_batch_size")
         _need(cfg, f"{section}.ppo_micro_batch_size_per_gpu", lambda v, mini=mini: v <= mini,
               f"is larger than {section}.ppo_mini_batch_size ({mini})")
+    # A colocated engine lives in one actor rank and the rollout worker of hybrid_engine=false asks
+    # for one GPU: Ray shows either one GPU, and vLLM refuses a larger world only once the actor is up.
+    _need(cfg, "actor_rollout_ref.rollout.tensor_model_parallel_size", lambda v: v == 1,
+          "needs as many GPUs per engine, but each rollout engine sees one", "set it to 1")
     if estimator.group_based:
         _need(cfg, "rollout.agent_group_size", lambda v: min(v) >= 2, f"has a group of 1 agent, which "
               f"{estimator.name} (it compares the agents of a group) has nothing to compare with",

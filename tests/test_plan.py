@@ -149,3 +149,82 @@ def test_lora_parameter_count_matches_peft():
     model = get_peft_model(load_causal_lm("tiny", "float32"), LoraConfig(r=8, target_modules="all-linear"))
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     assert model_shape("tiny").lora_params(8) == trainable
+
+
+def test_unsharded_root_gradients_are_charged_to_the_update():
+    shape = ModelShape(**KNOWN_MODELS["Qwen2.5-7B-Instruct"])
+    full = _rows(plan(load_config(["preset=h200_4x_7b"]), gpu_memory_gib=139.8), "update_actor")
+    # Embedding, final norm and untied head, bf16 gradients and their fp32 reduce-scatter copy: 6.1 GiB.
+    assert full["unsharded root gradients"] == (2 * shape.vocab * shape.hidden + shape.hidden) * (2 + 4)
+    lora = plan(load_config(["preset=h200_4x_7b", "actor_rollout_ref.model.lora_rank=8"]), gpu_memory_gib=139.8)
+    assert not _rows(lora, "update_actor").get("unsharded root gradients")  # frozen under LoRA
+
+
+def test_a_separate_engine_is_charged_to_its_own_gpu_not_the_actors():
+    # The engine on a GPU of its own may take most of it; on the actor's GPU that would not fit.
+    big = ["preset=h200_4x_7b", "gpu_memory_utilization=0.7"]
+    colocated = plan(load_config(big), gpu_memory_gib=139.8)
+    assert colocated.overflow().startswith("rollout: ")
+    separate = plan(load_config(big + ["actor_rollout_ref.hybrid_engine=false"]), gpu_memory_gib=139.8)
+    assert separate.overflow() is None, format_plan(separate)
+    assert not any(name.startswith("engine") for name in separate.device)
+    # Rank 0 alone collects the weights for the rollout worker, on the host.
+    shape = ModelShape(**KNOWN_MODELS["Qwen2.5-7B-Instruct"])
+    assert separate.host["weights for the rollout worker (rank 0)"] == {"weight_sync": shape.params * 2}
+
+
+def test_ref_offload_follows_the_workers_rule():
+    on = ["preset=h200_4x_7b", "actor_rollout_ref.ref.fsdp_config.optimizer_offload=true"]
+    assert "ref weights" in plan(load_config(on[:1]), gpu_memory_gib=139.8).device
+    offloaded = plan(load_config(on), gpu_memory_gib=139.8)
+    assert "ref weights" not in offloaded.device and "ref weights" in offloaded.host
+
+
+def test_critic_runs_beside_what_the_actors_process_keeps_cached():
+    memory = plan(load_config(["preset=h200_4x_7b"]), gpu_memory_gib=139.8)
+    actor_pass = sum(_rows(memory, "old_log_prob")[name] for name in ("gathered weights", "activations",
+                                                                       "log-prob chunk"))
+    for phase in ("values", "update_critic"):
+        assert _rows(memory, phase)["cached by the actor's process"] == pytest.approx(actor_pass)
+    assert not any(_rows(memory, phase).get("cached by the actor's process")
+                   for phase in ("rollout", "old_log_prob", "ref", "update_actor", "weight_sync"))
+
+
+@pytest.fixture
+def process_group_env(monkeypatch):
+    """A worker joins a process group in this process: its environment and threads are put back after."""
+    for key in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "GLOO_SOCKET_IFNAME",
+                "NCCL_SOCKET_IFNAME"):
+        monkeypatch.setenv(key, "")  # records the value before, which undoing the next line cannot
+        monkeypatch.delenv(key)
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_planner_sizes_what_the_worker_builds(process_group_env, caplog):
+    """One config through both paths: the master weights' dtype (fp16 on CPU is not mixed precision)
+    and the reference's offload (optimizer_offload alone turns it on)."""
+    import logging
+
+    from grl.config import uses_reference
+    from grl.workers.policy import PolicyWorker
+
+    overrides = ["model_path=tiny", "n_gpus_per_node=1", "actor_rollout_ref.model.dtype=float16",
+                 "algorithm.use_kl_in_reward=true", "actor_rollout_ref.ref.fsdp_config.optimizer_offload=true"]
+    cfg = load_config(overrides + ["trainer.device=cpu"])
+    worker = PolicyWorker(0, 1, cfg, "cpu", use_ref=uses_reference(cfg))
+    try:
+        with caplog.at_level(logging.INFO, logger="grl.workers"):
+            worker.setup(*worker.listen(True))
+        built = next(worker.module.parameters()).dtype.itemsize
+    finally:
+        worker.teardown()
+    # On CPU offload changes no placement; the worker says it would have offloaded (grl/workers/fsdp.py, shard).
+    ref_offloaded = any(r.getMessage().startswith("actor (ref): parameter/optimizer offload") for r in caplog.records)
+
+    master = plan(cfg).device["actor weights (master)"]["update_actor"] / model_shape("tiny").params
+    assert master == built == 2
+    # Where offload shows in a plan: the same config on a GPU puts the reference in host memory.
+    on_gpu = plan(load_config(overrides + ["trainer.device=cuda"]), gpu_memory_gib=80.0)
+    assert ref_offloaded and "ref weights" in on_gpu.host

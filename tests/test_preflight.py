@@ -52,6 +52,7 @@ BAD = [  # (override, the key the message must name)
     ("algorithm.adv_estimator=grpo rollout.agent_group_size=[1]", "rollout.agent_group_size"),
     ("max_prompt_length=8000", "max_prompt_length + max_response_length"),
     ("actor_rollout_ref.rollout.max_model_len=64", "actor_rollout_ref.rollout.max_model_len"),
+    ("actor_rollout_ref.rollout.tensor_model_parallel_size=2", "actor_rollout_ref.rollout.tensor_model_parallel_size"),
     ("model_path=/nonexistent/model", "actor_rollout_ref.model.path"),
     ("model_path={tmp}", "actor_rollout_ref.model.path"),  # a folder without config.json
     ("trainer.run_dir=/proc/grl/run", "trainer.run_dir"),  # unwritable even for root

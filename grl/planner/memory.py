@@ -1,7 +1,8 @@
 """Memory planner: predicted memory per GPU (and per node's host) for each phase of a step.
 
 Pure arithmetic over the model's config.json and the run config, nothing allocated (torch is asked only
-which dtype `auto` computes in on this CPU).
+which dtype `auto` computes in on this CPU). What the workers decide from the config (mixed precision,
+offload) the planner asks their own functions (grl/workers/fsdp.py), so the two cannot disagree.
 `grl plan <overrides>` prints the table; preflight runs it before Ray starts and stops a config that
 does not fit with one line naming the phase and the key to change.
 
@@ -13,9 +14,11 @@ tokens per episode; n = b x s tokens in a micro-batch.
   weights      actor P*m/W (FSDP2 shards), ref P*e/W, critic Pc*m/W (Pc: the backbone and a 1-wide head)
   optimizer    AdamW m and v: 2*P*m/W, from the first update on; the fp32 master weights are the shards above
                (a LoRA policy: 2*A*m/W and gradients A*m/W for its adapter's A parameters, all-linear)
-  gradients    P*m/W, during the role's update only
-  offload      (fsdp_config.optimizer_offload / param_offload) moves weights, gradients and optimizer state
-               to pinned host memory; each forward then gathers onto the GPU what it needs
+  gradients    P*m/W, during the role's update only; and the FSDP2 root's (embedding, final norm, head:
+               R parameters) unsharded until the backward ends, R*(c+m) with c the compute dtype's
+               bytes: FSDP2 reduce-scatters the root last, from a copy in the reduce dtype
+  offload      (fsdp_config.optimizer_offload or param_offload, for the ref too) moves weights, gradients
+               and optimizer state to pinned host memory; each forward then gathers onto the GPU what it needs
   gathered     a forward holds the FSDP root (embedding, head: V*h*e each) and two decoder layers
                (the current and the prefetched one) unsharded in the compute dtype
   activations  with gradient checkpointing L*n*h*e (each layer's input) plus one layer's saved tensors;
@@ -29,9 +32,17 @@ tokens per episode; n = b x s tokens in a micro-batch.
                enforce_eager is false), its weights P*e go to host, and they come back for the weight sync.
                The hf engine holds P*e and a KV cache of agents x c x L x 2*kv*e, c = min(s, prompt +
                response length), three times: the previous turn's prefixes, this turn's cache and the
-               prefixes it keeps for the next turn
+               prefixes it keeps for the next turn. With hybrid_engine=false the engine is a rollout worker
+               of its own: on a GPU of its own (nothing on the actor's), on CPU a process on the host
   weight sync  the actor streams its weights one parameter at a time in the engine's dtype: twice the
-               largest parameter (the embedding, V*h*e) is alive at once
+               largest parameter (the embedding, V*h*e) is alive at once. To a rollout worker of its own
+               rank 0 alone collects them, P*e on its host, and puts them in Ray's object store (P*e)
+  cached       the actor's and the critic's ranks are two processes on one GPU, each with its own caching
+               allocator. The actor hands its blocks back after its update and when its engine sleeps;
+               while the critic scores and trains, the actor's process still holds the blocks of its
+               largest pass since (gathered weights, activations, log-prob chunk, sync buffers). A colocated
+               vLLM's own forward buffers are inside gpu_memory_utilization while it is awake, and its
+               sleep hands them back
   runtime      CUDA_CONTEXT_GIB per process on a GPU (actor with its engine, critic); on CPU each worker
                process's interpreter, torch, transformers and Ray (CPU_RUNTIME_GIB, measured)
 
@@ -66,10 +77,13 @@ class Plan:
     device: dict[str, dict[str, float]] = field(default_factory=dict)
     host: dict[str, dict[str, float]] = field(default_factory=dict)
     fixes: dict[str, str] = field(default_factory=dict)  # component -> the key=value that shrinks it
+    cached: set[str] = field(default_factory=set)  # components a pass frees into its process's allocator cache
 
-    def add(self, where: str, component: str, nbytes: float, phases=None, fix: str = "") -> None:
+    def add(self, where: str, component: str, nbytes: float, phases=None, fix: str = "", cached: bool = False) -> None:
         if nbytes <= 0:
             return
+        if cached:
+            self.cached.add(component)
         table = self.device if where == "device" else self.host
         row = table.setdefault(component, {})
         for phase in self.phases if phases is None else [p for p in phases if p in self.phases]:
@@ -149,6 +163,16 @@ def logit_bytes(shape: ModelShape, rows: int, copies: int) -> float:
     return rows * shape.vocab * 4 * copies
 
 
+def root_gradient_bytes(shape: ModelShape, mixed: bool, e: int, value_head: bool = False) -> float:
+    """The FSDP2 root's gradients at the end of a backward. The root's inputs (token ids) need no
+    gradient, so torch 2.13 runs its post-backward in the final callback (_fully_shard/_fsdp_state.py,
+    _root_post_backward_final_callback): its gradients stay unsharded in the compute dtype (bf16
+    under mixed precision) until then, and foreach_reduce (_fsdp_collectives.py) copies them into a
+    reduce-scatter buffer of the reduce dtype (fp32 under mixed precision) before freeing them."""
+    compute, reduce = (2, 4) if mixed else (e, e)
+    return shape.root_params(value_head) * (compute + reduce)
+
+
 def gathered_bytes(shape: ModelShape, e: int, value_head: bool = False) -> float:
     """The FSDP2 root (embedding and head) and two decoder layers, unsharded in the compute dtype."""
     root = shape.embedding * (1 if shape.tied or value_head else 2)
@@ -175,6 +199,9 @@ def plan(cfg, seq_len: int | None = None, sampled_tokens: int | None = None, rol
     """Predict every phase's memory for a validated config. `seq_len` (default rollout.max_episode_length),
     `sampled_tokens` per episode and `rollout_agents` default to the config's worst case; `gpu_memory_gib`
     to trainer.gpu_memory_gb."""
+    # The workers' own decisions, here and not at the top: importing grl.workers imports torch.
+    from grl.workers import fsdp as fsdp_rules
+
     arr, critic_cfg, trainer = cfg.actor_rollout_ref, cfg.critic, cfg.trainer
     shape = shape or model_shape(str(arr.model.path))
     gpu_memory_gib = gpu_memory_gib if gpu_memory_gib is not None else trainer.get("gpu_memory_gb")
@@ -192,8 +219,9 @@ def plan(cfg, seq_len: int | None = None, sampled_tokens: int | None = None, rol
     phases = tuple(p for p in PHASES if (p != "ref" or use_ref) and (p not in ("values", "update_critic") or use_critic))
     capacity = gpu_memory_gib * GIB if on_gpu and gpu_memory_gib else _host_share(per_node) if not on_gpu else None
     what = f"{world} x {'GPU' if on_gpu else 'CPU rank'}"
+    where = " on a GPU of its own" if on_gpu and not arr.hybrid_engine else ""
     title = (f"memory plan: {arr.model.path} ({shape.params / 1e9:.2f} B parameters), {what}, micro-batch "
-             f"{arr.actor.ppo_micro_batch_size_per_gpu} x {s} tokens ({sampled} sampled), engine {engine}")
+             f"{arr.actor.ppo_micro_batch_size_per_gpu} x {s} tokens ({sampled} sampled), engine {engine}{where}")
     p = Plan(title, phases, capacity, "GPU" if on_gpu else "CPU rank")
 
     # One table row per place: on a GPU machine offloaded state is host memory, for all ranks of the node.
@@ -212,29 +240,34 @@ def plan(cfg, seq_len: int | None = None, sampled_tokens: int | None = None, rol
     # Actor: master weights, AdamW state, gradients; what its passes gather and keep.
     e = element_bytes(arr.model.dtype, device)
     fsdp = arr.actor.fsdp_config
-    m = 4 if fsdp.mixed_precision and (on_gpu or e == 2) else e
-    offload = bool(fsdp.param_offload or fsdp.optimizer_offload)
+    mixed = fsdp_rules.mixed_precision(fsdp, arr.model.dtype, device)
+    m = 4 if mixed else e
+    offload = fsdp_rules.offloaded(fsdp)
     fix = "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true" if not offload else f"n_gpus_per_node={2 * per_node}"
     state("actor weights (master)", shape.params * m / world, offload, fix=fix)
     # A LoRA policy trains (and keeps AdamW state for) its adapter only.
     trained = shape.lora_params(int(arr.model.lora_rank)) if int(arr.model.lora_rank) > 0 else shape.params
     state("actor optimizer (AdamW m, v)", 2 * trained * m / world, offload, fix=fix)
     state("actor gradients", trained * m / world, offload, ["update_actor"], fix=fix)
+    if int(arr.model.lora_rank) == 0:  # a LoRA policy's root is frozen
+        p.add("device", "unsharded root gradients", root_gradient_bytes(shape, mixed, e), ["update_actor"], cached=True)
     if use_ref:
-        ref_offload = bool(arr.ref.fsdp_config.param_offload)
-        state("ref weights", shape.params * e / world, ref_offload,
+        state("ref weights", shape.params * e / world, fsdp_rules.offloaded(arr.ref.fsdp_config),
               fix="actor_rollout_ref.ref.fsdp_config.param_offload=true")
     if use_critic:
         cf = critic_cfg.fsdp_config
         ce = element_bytes(critic_cfg.model.dtype, device)
-        cm = 4 if cf.mixed_precision and (on_gpu or ce == 2) else ce
-        c_offload = bool(cf.param_offload or cf.optimizer_offload)
+        c_mixed = fsdp_rules.mixed_precision(cf, critic_cfg.model.dtype, device)
+        cm = 4 if c_mixed else ce
+        c_offload = fsdp_rules.offloaded(cf)
         cfix = "critic.fsdp_config.optimizer_offload=true" if not c_offload else f"n_gpus_per_node={2 * per_node}"
         state("critic weights (master)", shape.value_params * cm / world, c_offload, fix=cfix)
         state("critic optimizer (AdamW m, v)", 2 * shape.value_params * cm / world, c_offload, fix=cfix)
         state("critic gradients", shape.value_params * cm / world, c_offload, ["update_critic"], fix=cfix)
+        p.add("device", "unsharded root gradients", root_gradient_bytes(shape, c_mixed, ce, value_head=True),
+              ["update_critic"])
         p.add("device", "gathered weights", gathered_bytes(shape, ce, value_head=True), ["values", "update_critic"])
-    p.add("device", "gathered weights", gathered_bytes(shape, e), ["old_log_prob", "ref", "update_actor"])
+    p.add("device", "gathered weights", gathered_bytes(shape, e), ["old_log_prob", "ref", "update_actor"], cached=True)
 
     # Activations and the vocabulary-sized log-prob chunk of each pass.
     b_train, b_score = int(arr.actor.ppo_micro_batch_size_per_gpu), int(arr.rollout.log_prob_micro_batch_size_per_gpu)
@@ -242,9 +275,10 @@ def plan(cfg, seq_len: int | None = None, sampled_tokens: int | None = None, rol
     checkpointing = bool(arr.model.enable_gradient_checkpointing)
     act_fix = ("actor_rollout_ref.model.enable_gradient_checkpointing=true" if not checkpointing
                else f"micro_batch_size_per_gpu={max(b_train // 2, 1)}")
-    p.add("device", "activations", forward_activations(shape, b_score, s, e), ["old_log_prob"], act_fix)
-    p.add("device", "activations", forward_activations(shape, b_ref, s, e), ["ref"])
-    p.add("device", "activations", training_activations(shape, b_train, s, e, checkpointing), ["update_actor"])
+    p.add("device", "activations", forward_activations(shape, b_score, s, e), ["old_log_prob"], act_fix, cached=True)
+    p.add("device", "activations", forward_activations(shape, b_ref, s, e), ["ref"], cached=True)
+    p.add("device", "activations", training_activations(shape, b_train, s, e, checkpointing), ["update_actor"],
+          cached=True)
     if use_critic:
         p.add("device", "activations", forward_activations(shape, b_critic, s, e), ["values"])
         p.add("device", "activations", training_activations(shape, b_critic, s, e,
@@ -254,23 +288,39 @@ def plan(cfg, seq_len: int | None = None, sampled_tokens: int | None = None, rol
     chunk_fix = f"actor_rollout_ref.actor.logits_chunk_size={max(chunk // 2, 1)}"
     for phase, b, copies in (("old_log_prob", b_score, SCORE_LOGIT_COPIES), ("ref", b_ref, SCORE_LOGIT_COPIES),
                              ("update_actor", b_train, TRAIN_LOGIT_COPIES)):
-        p.add("device", "log-prob chunk", logit_bytes(shape, min(chunk, b * sampled), copies), [phase], chunk_fix)
+        p.add("device", "log-prob chunk", logit_bytes(shape, min(chunk, b * sampled), copies), [phase], chunk_fix,
+              cached=True)
 
-    _engine(p, cfg, shape, engine, on_gpu, per_node, e, agents, s)
+    separate = not arr.hybrid_engine
+    _engine(p, cfg, shape, engine, on_gpu, per_node, e, agents, s, separate)
 
     # Weight sync: a stream (grl/workers/streaming.py) gathers one parameter at a time, cast to the
     # engine's dtype first; the gathered tensor and the engine's copy of it are alive together.
     p.add("device", "sync buffers (largest parameter, twice)", 2 * shape.largest_param * e,
-          ["weight_sync"])
+          ["weight_sync"], cached=True)
+    if on_gpu and use_critic:
+        # The engine's sleep empties the actor's cache after the rollout (vLLM's CuMemAllocator.sleep,
+        # the hf engine's sleep); a process without an engine keeps the sync's blocks too.
+        emptied = bool(arr.rollout.free_cache_engine) and not separate
+        passes = [x for x in ("old_log_prob", "ref", *(() if emptied else ("weight_sync",))) if x in p.phases]
+        held = max(sum(p.device.get(name, {}).get(x, 0.0) for name in p.cached) for x in passes)
+        p.add("device", "cached by the actor's process", held, ["values", "update_critic"])
     return p
 
 
 def _engine(p: Plan, cfg, shape: ModelShape, engine: str, on_gpu: bool, per_node: int, e: int, agents: int,
-            s: int) -> None:
+            s: int, separate: bool) -> None:
     rollout = cfg.actor_rollout_ref.rollout
     asleep = bool(rollout.free_cache_engine)
     awake_phases = ("rollout", "weight_sync") if asleep else None
-    weights = shape.params * e / int(rollout.tensor_model_parallel_size)
+    weights = shape.params * e  # each engine holds the whole model (preflight refuses tensor parallelism)
+    if separate:
+        # grl/workers/policy.py, engine_weights: rank 0 alone collects the weights, in its host memory
+        # (its process's on CPU), and puts them in Ray's object store for the rollout worker.
+        p.add("host" if on_gpu else "device", "weights for the rollout worker (rank 0)", weights, ["weight_sync"])
+        p.add("host", "weights for the rollout worker (Ray object store)", weights)
+        if on_gpu:
+            return  # the rollout worker asks Ray for a GPU of its own (grl/workers/rollout_worker.py)
     if engine == "vllm" and on_gpu:
         util = float(rollout.gpu_memory_utilization)
         p.add("device", "engine (gpu_memory_utilization)", util * p.capacity if p.capacity else 0.0,
@@ -291,8 +341,10 @@ def _engine(p: Plan, cfg, shape: ModelShape, engine: str, on_gpu: bool, per_node
     else:
         context = min(s, int(cfg.max_prompt_length) + int(cfg.max_response_length))
         kv = agents * context * shape.layers * 2 * shape.kv * e * 3
-        p.add("device", "engine weights (hf)", weights, awake_phases if on_gpu else None)
-        p.add("device", "engine KV cache (hf)", kv, ["rollout"], "rollout.agent_group_num=<fewer groups>")
+        # A rollout worker of its own is a process on the host that generates beside the update.
+        place, phases = ("host", None) if separate else ("device", ["rollout"])
+        p.add(place, "engine weights (hf)", weights, awake_phases if on_gpu else None)
+        p.add(place, "engine KV cache (hf)", kv, phases, "rollout.agent_group_num=<fewer groups>")
         if asleep and on_gpu:
             p.add("host", "engine weights asleep", weights * per_node, [x for x in p.phases if x not in awake_phases])
 

@@ -62,6 +62,10 @@ class ModelShape:
     def params(self) -> int:
         return self.layers * self.layer_params + self.embedding * (1 if self.tied else 2) + self.hidden
 
+    def root_params(self, value_head: bool = False) -> int:
+        """What FSDP2's root group holds, all but the decoder layers: embedding, final norm, head."""
+        return (self.value_params if value_head else self.params) - self.layers * self.layer_params
+
     def lora_params(self, rank: int) -> int:
         """Adapter weights of rank `rank` on every linear layer (peft's all-linear): rank x (in + out) each."""
         h, q, kv, i = self.hidden, self.q, self.kv, self.intermediate

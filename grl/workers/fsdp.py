@@ -58,6 +58,23 @@ def state_device(device: str, offload: bool) -> str:
     return "cpu" if offload else device
 
 
+def mixed_precision(fsdp_cfg, model_dtype: str, device: str) -> bool:
+    """Whether a trained model keeps fp32 master weights and computes in bf16: always on GPU, and
+    on CPU when the model dtype asks for bf16 (fp32 CPU runs, the tests' among them, stay exact).
+    The workers build by it and the memory planner (grl/planner/memory.py) sizes by it."""
+    from grl.models import torch_dtype
+
+    return bool(fsdp_cfg.get("mixed_precision", True)) and (
+        device == "cuda" or torch_dtype(model_dtype, device) == torch.bfloat16)
+
+
+def offloaded(fsdp_cfg) -> bool:
+    """Whether a model's shards live in host memory (`state_device`). FSDP2 has one switch,
+    CPUOffloadPolicy, for parameters, gradients and optimizer state together, so either key turns
+    it on, for the frozen reference as for a trained model."""
+    return bool(fsdp_cfg.param_offload) or bool(fsdp_cfg.get("optimizer_offload", False))
+
+
 def init_process_group(rank: int, world_size: int, master_addr: str, master_port: int, device: str,
                        timeout_s: float, listening: socket.socket | None = None) -> None:
     """Join the group whose rank 0 listens at master_addr:master_port (`listening`: rank 0's socket,

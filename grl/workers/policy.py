@@ -156,11 +156,20 @@ class PolicyWorker(Worker):
         the weights themselves."""
         import ray
 
+        items = self.host_weights()
+        return (None,) if items is None else (ray.put(items),)
+
+    def host_weights(self) -> list | None:
+        """Collective: rank 0 gets the full weights in the engine's dtype as host tensors, the other
+        ranks None. Every rank joins each gather, but only rank 0 sends the weights on, so the others
+        drop each tensor as it comes (at 7B, 15 GB of host memory per rank that nobody reads)."""
         from grl.models import torch_dtype
 
         stream = self._policy_tensors(hf_names(self.module.state_dict()), torch_dtype(self.model_cfg.dtype, self.device))
-        items = [(name, tensor.cpu()) for name, tensor in stream]
-        return (ray.put(items),) if self.rank == 0 else (None,)
+        if self.rank != 0:
+            stream.drain()
+            return None
+        return [(name, tensor.cpu()) for name, tensor in stream]
 
     def engine_generate(self, prompts: list[list[int]], sampling, constraints=None) -> list:
         return self.engine.generate(prompts, sampling, constraints)

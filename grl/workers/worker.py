@@ -75,10 +75,7 @@ class Worker(UpdateLoop):
     def _build(self, model_cfg, fsdp_cfg, kind: str, trainable: bool) -> TokenScorer:
         from grl.models import load_causal_lm, load_critic, torch_dtype
 
-        # Mixed precision keeps fp32 master weights and computes in bf16: always on GPU, and on CPU
-        # when the model dtype asks for bf16 (fp32 CPU runs, the tests' among them, stay exact).
-        mixed = bool(fsdp_cfg.get("mixed_precision", True)) and (
-            self.device == "cuda" or torch_dtype(model_cfg.dtype, self.device) == torch.bfloat16)
+        mixed = fsdp.mixed_precision(fsdp_cfg, model_cfg.dtype, self.device)
         dtype = "float32" if (trainable and mixed) else model_cfg.dtype
         # Rank 0 reads the weights into host memory; every rank shards an empty (meta) copy and
         # receives its shards from rank 0: no device ever holds the full model, and the host one
@@ -102,7 +99,7 @@ class Worker(UpdateLoop):
             model.eval()
             model.requires_grad_(False)
         scorer = TokenScorer(model, kind)
-        offload = bool(fsdp_cfg.param_offload) or bool(fsdp_cfg.get("optimizer_offload", False))
+        offload = fsdp.offloaded(fsdp_cfg)
         if trainable and fsdp_cfg.get("optimizer_offload", False) and not fsdp_cfg.param_offload:
             log.info("%s: FSDP2 offloads the optimizer together with the parameters; param offload is on too", self.role)
         name = f"{self.role}{'' if trainable else ' (ref)'}"
