@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import chain
 
 SLOT = "{text}"  # a free-text slot inside a valid action, e.g. WebShop's "search[{text}]"
 SLOT_ROOM = 8  # tokens a slot keeps for its text, however long the think part ran
@@ -237,15 +238,17 @@ def compile_reply_grammar(encode: Callable[[str], list[int]], end_ids: Sequence[
 
 def allowed_sets_tensors(sets: Sequence[AllowedSet]):
     """Per-position allowed sets -> (sizes `[N]` long, ids `[N, K]` long, zero-padded)."""
+    import numpy as np
     import torch
 
-    width = max((len(ids) for _, ids in sets), default=0)
-    sizes = torch.tensor([size for size, _ in sets], dtype=torch.long)
-    ids = torch.zeros((len(sets), max(width, 1)), dtype=torch.long)
-    for row, (_, members) in enumerate(sets):
-        if members:
-            ids[row, :len(members)] = torch.tensor(members, dtype=torch.long)
-    return sizes, ids
+    # Filled in numpy and wrapped once: a tensor per row costs more than the row's few ids.
+    counts = np.fromiter((len(members) for _, members in sets), np.int64, len(sets))
+    width = int(counts.max()) if len(sets) else 0
+    sizes = np.fromiter((size for size, _ in sets), np.int64, len(sets))
+    ids = np.zeros((len(sets), max(width, 1)), np.int64)
+    listed = np.arange(ids.shape[1])[None, :] < counts[:, None]  # row-major, as the ids are chained
+    ids[listed] = np.fromiter(chain.from_iterable(members for _, members in sets), np.int64, int(counts.sum()))
+    return torch.from_numpy(sizes), torch.from_numpy(ids)
 
 
 def constrain_logits(logits, sizes, ids):

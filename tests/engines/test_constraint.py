@@ -118,6 +118,23 @@ def test_constrain_logits_matches_a_python_loop():
         assert abs(float(got[row].sum()) - 1.0) < 1e-6
 
 
+
+def test_allowed_sets_tensors_lays_each_set_out_in_its_row():
+    """Each row holds its set's ids first, then zeros; the sizes keep their signs. An empty list
+    and a list of unconstrained sets still give one id column."""
+    rng = random.Random(0)
+    drawn = [(rng.choice([1, -1]), tuple(rng.sample(range(1, 1000), rng.randint(1, 9)))) for _ in range(40)]
+    sets = [(0, ())] + [(sign * len(ids), ids) for sign, ids in drawn]
+    rng.shuffle(sets)
+    sizes, ids = allowed_sets_tensors(sets)
+    assert sizes.dtype == ids.dtype == torch.long and ids.shape == (len(sets), max(len(m) for _, m in sets))
+    for row, (size, members) in enumerate(sets):
+        assert int(sizes[row]) == size
+        assert ids[row].tolist() == list(members) + [0] * (ids.shape[1] - len(members))
+    for empty in ([], [(0, ()), (0, ())]):
+        sizes, ids = allowed_sets_tensors(empty)
+        assert sizes.shape == (len(empty),) and ids.shape == (len(empty), 1) and not ids.any()
+
 def grammars_for(tokenizer, n):
     """A mix of grammars: Sokoban moves, BlocksWorld moves, and moves after free think text."""
     kinds = [make_grammar(tokenizer, SOKOBAN), make_grammar(tokenizer, BLOCKS),

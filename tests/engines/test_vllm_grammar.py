@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from grl.engines.constraint import allowed_sets_tensors, compile_reply_grammar, constrain_logits
+from grl.engines.constraint import ReplyGrammar, allowed_sets_tensors, compile_reply_grammar, constrain_logits
 
 pytest.importorskip("vllm")
 
@@ -245,3 +245,134 @@ def test_v2_apply_masks_exactly_the_grammars_allowed_sets(vllm_config, request_s
                 free.append(slot)
     print(f"\nV2 grammar processor: {seen}")
     assert all(count > 0 for count in seen.values()), seen
+
+
+# ---------------------------------------------------------------------------- against a reference
+
+
+def reference_mask(row: torch.Tensor, allowed) -> torch.Tensor:
+    """The slow, obvious masking: token by token, -inf unless the allowed set admits it."""
+    size, ids = allowed
+    members = set(ids)
+    values = row.tolist()
+    return torch.tensor([value if size == 0 or (token in members) == (size > 0) else float("-inf")
+                         for token, value in enumerate(values)], dtype=row.dtype)
+
+
+def test_mask_rows_matches_the_reference():
+    """The V1 path's masking, and the index form both runners use, on hand-made sets: allowed,
+    denied (free text), unconstrained, one forced token, an id at either end of the vocabulary."""
+    from grl.engines.vllm_grammar import mask_rows, pack_masks
+
+    vocab = 50
+    logits = torch.randn(7, vocab, generator=torch.Generator().manual_seed(0))
+    sets = [(3, (4, 9, 17)), (-2, (0, 49)), (1, (7,)), (-1, (3,)), (2, (48, 1)), (1, (49,)), (-3, (5, 6, 0))]
+    rows = [0, 1, 3, 4, 5, 2, 6]  # not in row order; row 6 twice the work of a small set
+    got = logits.clone()
+    mask_rows(got, rows, sets)
+    want = logits.clone()
+    for row, allowed in zip(rows, sets):
+        want[row] = reference_mask(logits[row], allowed)
+    assert torch.equal(got, want)
+    untouched = logits.clone()
+    mask_rows(untouched, [2], [(0, ())])  # unconstrained: nothing to do
+    assert torch.equal(untouched, logits)
+    short = np.empty(3, np.int64)  # too small: a new array comes back, the short one untouched
+    packed, p, q, f = pack_masks(rows, sets, short)
+    assert packed is not short and (p, q, f) == (7, 6, 4) and len(packed) >= 2 * (p + q) + f
+
+
+def walk_to(grammar, outputs):
+    """The hf engine's walk over `outputs`, asking for the allowed set before each token."""
+    walker = grammar.walker()
+    for token in outputs:
+        walker.allowed()
+        walker.advance(token)
+    return walker
+
+
+def random_reply(grammar, rng: random.Random, vocab: int, extra: int) -> list[int]:
+    """A reply sampled inside the grammar to its end, then `extra` tokens past it (what an
+    engine that schedules a step ahead may still commit for a finished request)."""
+    walker, reply = grammar.walker(), []
+    while not walker.done:
+        size, ids = walker.allowed()
+        token = rng.choice(ids) if size > 0 else rng.randrange(vocab)
+        while size < 0 and token in ids:
+            token = rng.randrange(vocab)
+        reply.append(token)
+        walker.advance(token)
+    return reply + [rng.randrange(vocab) for _ in range(extra)]
+
+
+def test_v2_apply_matches_the_reference_on_random_states(vllm_config, tokenizer, prompts):
+    """Random states of a 12-slot batch, round after round (some cut short, their slots refilled
+    mid-reply, as after an abort): requests with and without a grammar,
+    some admitted with part of their reply already written (a resumed request: several tokens to
+    catch up on at once), the rest sampling one token a step; rows finish their reply, some get
+    tokens past its end; a random subset of the requests is in each step's batch, in random order.
+    Every row must come out as the reference masks it from the allowed set of its grammar walk."""
+    from vllm.v1.worker.gpu import buffer_utils
+    from vllm.v1.worker.gpu.states import RequestState
+
+    slots, vocab = 12, len(tokenizer)
+    with mock.patch.object(buffer_utils, "is_uva_available", lambda: False):
+        state = RequestState(slots, 512, 512, 0, vocab, torch.device("cpu"), use_dense_all_token_ids=True)
+    processor = build_custom_logits_processors(vllm_config, state, False, [V2_PROCESSOR])[0]
+    # One answer among 500 single tokens: a step with a few of these outgrows the index buffer
+    # the processor starts with.
+    wide = ReplyGrammar([{token: 1 for token in range(100, 600)}, {tokenizer.eos_token_id: 2}, {}], 8)
+    grammars = real_grammars(tokenizer) + [wide]
+    rng, generator = random.Random(1), torch.Generator().manual_seed(1)
+    seen = dict.fromkeys(["no grammar", "finished", "past the end", "forced", "choice", "free text",
+                          "caught up", "left out of a step", "refilled mid-reply", "refilled without a grammar"], 0)
+    unfinished = set()  # slots left mid-reply by the last round
+    for _ in range(8):
+        replies, ends, active = {}, {}, {}
+        for slot in range(slots):
+            grammar = None if rng.random() < 0.3 else rng.choice(grammars)
+            seen["refilled mid-reply"] += slot in unfinished
+            seen["refilled without a grammar"] += slot in unfinished and grammar is None
+            extra = rng.choice([0, 0, 2])
+            reply = (random_reply(grammar, rng, vocab, extra) if grammar is not None
+                     else [rng.randrange(vocab) for _ in range(rng.randint(1, 6))])
+            ends[slot] = len(reply) - extra  # where the grammar's reply ends
+            written = rng.choice([0, 0, rng.randint(0, len(reply))])
+            request = Request(grammar, prompts[rng.randrange(len(prompts))], len(reply), reply[:written])
+            admit(state, slot, request)
+            assert processor.add_request(slot, params(grammar)) == (grammar is not None)
+            seen["caught up"] += grammar is not None and written > 1
+            replies[slot], active[slot] = reply, request
+        steps = rng.choice([4, 1000])  # a short round leaves replies unfinished: the next refills their slots
+        for _ in range(steps):
+            if not active:
+                break
+            order = [slot for slot in active if rng.random() < 0.8]
+            seen["left out of a step"] += len(active) - len(order)
+            if not order:
+                continue
+            rng.shuffle(order)
+            logits = torch.randn(len(order), vocab, generator=generator)
+            masked = processor.apply(logits.clone(), context(state, order))
+            for row, slot in enumerate(order):
+                request = active[slot]
+                allowed = (0, ()) if request.grammar is None else walk_to(request.grammar, request.outputs).allowed()
+                assert torch.equal(masked[row], reference_mask(logits[row], allowed)), (slot, request.outputs)
+                size = allowed[0]
+                if request.grammar is None:
+                    seen["no grammar"] += 1
+                elif walk_to(request.grammar, request.outputs).done:
+                    seen["finished" if len(request.outputs) == ends[slot] else "past the end"] += 1
+                else:
+                    seen["forced" if size == 1 else "choice" if size > 1 else "free text"] += 1
+                if len(request.outputs) == len(replies[slot]):
+                    del active[slot]
+                    continue
+                token = replies[slot][len(request.outputs)]
+                request.outputs.append(token)
+                commit(state, slot, token)
+        unfinished = {slot for slot, request in active.items()
+                      if request.grammar is not None and not walk_to(request.grammar, request.outputs).done}
+    print(f"\nV2 grammar processor against the reference: {seen}")
+    assert all(count > 0 for count in seen.values()), seen
+    assert len(processor._index_host) > 32 * slots  # the buffer grew, and the steps after used it
