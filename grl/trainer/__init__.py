@@ -21,15 +21,17 @@ def run(cfg: DictConfig) -> None:
     import ray
 
     from grl.trainer.agent_trainer import AgentTrainer
-    from grl.workers.runtime import shutdown_local_ray
+    from grl.workers.runtime import leave_ray
 
     started_ray = not ray.is_initialized()
     try:
         trainer = AgentTrainer.from_config(cfg)
         trainer.fit()
     finally:
-        if started_ray and ray.is_initialized():
-            shutdown_local_ray()  # a local runtime's raylet, agents and workers end with the driver
+        if started_ray:
+            # A local runtime's raylet, agents and workers end with the driver; a cluster the run joined
+            # ($RAY_ADDRESS) keeps running, without the run's actors and placement groups.
+            leave_ray()
 
 
 __all__ = ["RunAborted", "run"]

@@ -14,6 +14,11 @@ log = logging.getLogger("grl.workers")
 PRODUCT_ENV = {"TOKENIZERS_PARALLELISM": "false"}
 REPO_ROOT = str(Path(__file__).resolve().parents[2])
 PLACEMENT_TIMEOUT_S = 600
+# Every Ray node carries its id under this label (ray/util/placement_group.py NODE_ID_LABEL_KEY); a
+# bundle whose label selector names it can only be placed on that node.
+NODE_ID_LABEL = "ray.io/node-id"
+
+_started: set[str] = set()  # GCS addresses of the runtimes init_ray started (not joined) in this process
 
 
 def init_ray(address: str | None = None, **ray_kwargs) -> None:
@@ -34,6 +39,7 @@ def init_ray(address: str | None = None, **ray_kwargs) -> None:
         # session file in /tmp/ray names, and retry for minutes when that cluster is gone.
         ray_kwargs.setdefault("include_dashboard", False)
         ray.init(address="local", **ray_kwargs)
+        _started.add(ray.get_runtime_context().gcs_address)
     if callable(on_sigterm) and threading.current_thread() is threading.main_thread():
         # ray.init installs a crash handler for SIGTERM that ends the driver mid-teardown; the caller's
         # handler (grl-train's: unwind like Ctrl-C and shut every worker down) must stay in charge.
@@ -56,6 +62,21 @@ def require_token_locally() -> None:
                                                         or os.environ.get("RAY_AUTH_TOKEN_PATH")):
         os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
     ray._raylet.Config.initialize("")  # Ray read its mode when first imported: read it again
+
+
+def leave_ray() -> None:
+    """End this process's part in Ray: a runtime init_ray started ends with every process it spawned
+    (shutdown_local_ray); a cluster it joined is only disconnected from and keeps running. The groups
+    have removed their actors and placement groups by then, and Ray removes whatever a driver that
+    disconnects leaves of its job (actors and placement groups are not detached)."""
+    import ray
+
+    if not ray.is_initialized():
+        return
+    if ray.get_runtime_context().gcs_address in _started:
+        shutdown_local_ray()
+    else:
+        ray.shutdown()
 
 
 def shutdown_local_ray(grace_s: float = 5.0) -> None:
@@ -85,6 +106,16 @@ def shutdown_local_ray(grace_s: float = 5.0) -> None:
     psutil.wait_procs(alive, timeout=grace_s)
 
 
+def node_death_wait_s() -> float:
+    """The longest Ray takes to mark a node dead once it stops answering: its health check fails
+    `health_check_failure_threshold` times in a row, each a period plus at most a timeout (65 s with
+    Ray's defaults; about 15 s when the node's raylet is gone and its port refuses at once)."""
+    from ray._raylet import Config
+
+    per_check_ms = Config.health_check_period_ms() + Config.health_check_timeout_ms()
+    return Config.health_check_failure_threshold() * per_check_ms / 1000 + 5.0
+
+
 def world_size(cfg) -> int:
     """Ranks per role: trainer.n_gpus_per_node x trainer.nnodes (processes on CPU too)."""
     return int(cfg.trainer.n_gpus_per_node) * int(cfg.trainer.nnodes)
@@ -103,43 +134,86 @@ def resolve_device(requested: str) -> str:
 
 # ---------------------------------------------------------------- placement
 
-# (Ray job, world size, device) -> [placement group, users]; the job id keeps
+# (Ray job, world size, device, nodes) -> [placement group, users]; the job id keeps
 # a pool from outliving the Ray runtime it was made in.
-_pools: dict[tuple[str, int, str], list] = {}
+_pools: dict[tuple[str, int, str, int], list] = {}
 
 
-def _pool_key(size: int, device: str) -> tuple[str, int, str]:
+def _pool_key(size: int, device: str, nnodes: int) -> tuple[str, int, str, int]:
     import ray
 
-    return ray.get_runtime_context().get_job_id(), size, device
+    return ray.get_runtime_context().get_job_id(), size, device, nnodes
 
 
-def acquire_pool(size: int, device: str):
+def acquire_pool(size: int, device: str, nnodes: int = 1):
+    """The placement group of `size` ranks: bundle r holds rank r. On one node (nnodes=1) Ray packs the
+    bundles where they fit; on nnodes > 1 bundle r is pinned to node r // (size / nnodes) of
+    `nodes_for`, so each node holds size / nnodes ranks in rank order."""
     import ray
     from ray.util.placement_group import placement_group
 
-    key = _pool_key(size, device)
+    key = _pool_key(size, device, nnodes)
     if key in _pools and _pools[key][1] > 0:
         _pools[key][1] += 1
         return _pools[key][0]
-    total_cpu = ray.cluster_resources().get("CPU", 1)
-    bundle = {"CPU": min(2.0, total_cpu / size)}
-    if device == "cuda":
-        bundle["GPU"] = 1.0
-    pg = placement_group([dict(bundle) for _ in range(size)], strategy="PACK")
+    if nnodes > 1:
+        if size % nnodes:
+            raise ValueError(f"{size} ranks do not divide evenly over trainer.nnodes={nnodes} nodes")
+        per_node = size // nnodes
+        nodes = nodes_for(nnodes, per_node, device)
+        bundle = _bundle(min(n["Resources"]["CPU"] for n in nodes) / per_node, device)
+        where = [{NODE_ID_LABEL: n["NodeID"]} for n in nodes for _ in range(per_node)]
+        # Each bundle's selector is a hard constraint that names its node, which leaves PACK no choice to make.
+        pg = placement_group([dict(bundle) for _ in range(size)], strategy="PACK", bundle_label_selector=where)
+        wanted = f"{per_node} worker rank(s) with {bundle} each on each of the nodes " + ", ".join(
+            f"{n['NodeManagerAddress']} ({n['NodeID']})" for n in nodes)
+    else:
+        bundle = _bundle(ray.cluster_resources().get("CPU", 1) / size, device)
+        pg = placement_group([dict(bundle) for _ in range(size)], strategy="PACK")
+        wanted = f"{size} worker ranks with {bundle} each"
     ready, _ = ray.wait([pg.ready()], timeout=PLACEMENT_TIMEOUT_S)
     if not ready:
         ray.util.remove_placement_group(pg)
-        raise RuntimeError(f"cannot place {size} worker ranks with {bundle} each; the cluster has "
-                           f"{ray.cluster_resources()}")
+        raise RuntimeError(f"cannot place {wanted}; the cluster has {ray.cluster_resources()}")
     _pools[key] = [pg, 1]
     return pg
 
 
-def release_pool(size: int, device: str) -> None:
+def _bundle(cpus: float, device: str) -> dict[str, float]:
+    bundle = {"CPU": min(2.0, cpus)}
+    if device == "cuda":
+        bundle["GPU"] = 1.0
+    return bundle
+
+
+def nodes_for(nnodes: int, per_node: int, device: str) -> list[dict]:
+    """`nnodes` live nodes (ray.nodes() entries) that can each hold `per_node` ranks: `per_node` GPUs on
+    cuda, some CPU on cpu (a head node started with --num-cpus=0 takes no ranks). The driver's node comes
+    first when it qualifies (rank 0 opens the rendezvous, and on CPU hosts the rollout engine the driver
+    talks to most), then the others by address and id, so the same cluster gives the same placement."""
     import ray
 
-    key = _pool_key(size, device)
+    here = ray.get_runtime_context().get_node_id()
+
+    def fits(node: dict) -> bool:
+        res = node["Resources"]
+        return res.get("CPU", 0) > 0 and (device != "cuda" or res.get("GPU", 0) >= per_node)
+
+    alive = [n for n in ray.nodes() if n["Alive"]]
+    fit = sorted((n for n in alive if fits(n)),
+                 key=lambda n: (n["NodeID"] != here, n["NodeManagerAddress"], n["NodeID"]))
+    if len(fit) < nnodes:
+        need = f"{per_node} GPU(s) and some CPU" if device == "cuda" else "some CPU"
+        raise RuntimeError(f"trainer.nnodes={nnodes} needs {nnodes} Ray nodes with {need} each, but the cluster "
+                           f"has {len(fit)} of {len(alive)} live node(s) that do; start more nodes "
+                           f"(`ray start --address=...`) or lower trainer.nnodes")
+    return fit[:nnodes]
+
+
+def release_pool(size: int, device: str, nnodes: int = 1) -> None:
+    import ray
+
+    key = _pool_key(size, device, nnodes)
     entry = _pools.get(key)
     if entry is None:
         return
