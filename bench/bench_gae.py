@@ -92,7 +92,8 @@ def main():
     print(f"batch {args.batch} x {args.tokens} tokens, {int(mask.sum())} generated ({mask.mean():.0%}), "
           f"device {device}, torch threads {torch.get_num_threads()}")
 
-    t_loop, (ref_adv, ref_ret) = best_time(lambda: python_loop_gae(rewards, values, mask, gamma, lam), args.repeat, torch.device("cpu"))
+    t_loop, (ref_adv, ref_ret) = best_time(lambda: python_loop_gae(rewards, values, mask, gamma, lam), args.repeat,
+                                           torch.device("cpu"))
     print(f"per-sample python loop   : {t_loop * 1e3:8.1f} ms   (baseline)")
     on = [x.to(device) for x in (rewards, values, mask, turn_ids)]
     t_col, (adv, _) = best_time(lambda: column_loop_gae(*on[:3], gamma, lam), args.repeat, device)
@@ -105,8 +106,9 @@ def main():
     on32 = [x.float() for x in on[:3]]
     t32, _ = best_time(lambda: compute_gae(*on32, gamma, lam), args.repeat, device)
     print(f"compute_gae (float32)    : {t32 * 1e3:8.1f} ms   speed-up x{t_loop / t32:.1f}")
-    t_bi, _ = best_time(lambda: compute_advantage("bi_level_gae", token_rewards=on[0], values=on[1], loss_mask=on[2], turn_ids=on[3],
-                                                  gamma=gamma, lam=lam, high_level_gamma=0.95), args.repeat, device)
+    t_bi, _ = best_time(lambda: compute_advantage("bi_level_gae", token_rewards=on[0], values=on[1], loss_mask=on[2],
+                                                  turn_ids=on[3], gamma=gamma, lam=lam, high_level_gamma=0.95),
+                        args.repeat, device)
     print(f"bi_level_gae (float64)   : {t_bi * 1e3:8.1f} ms   speed-up x{t_loop / t_bi:.1f}")
 
 

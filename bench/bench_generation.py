@@ -103,7 +103,8 @@ def main() -> None:
     model_path = resolve_model_path(args.model)
     prompts = chat_prompts(load_tokenizer(model_path), max(args.batch_sizes))
     sampling = SamplingParams(greedy=True, max_new_tokens=args.new_tokens, ignore_eos=True, logprobs=True)
-    print(f"model {args.model}, {dtype_name('auto', device)}, {device}, {args.new_tokens} new tokens per prompt, {os.cpu_count()} cores, "
+    print(f"model {args.model}, {dtype_name('auto', device)}, {device}, {args.new_tokens} new tokens per prompt, "
+          f"{os.cpu_count()} cores, "
           f"threads: hf {torch.get_num_threads()}, vllm {engine_cpu_threads() if device == 'cpu' else '-'}",
           flush=True)
 

@@ -419,7 +419,8 @@ def summary(name: str, run: dict, episodes_per_step: int) -> dict:
     print(f"{name:>4}: steps {' '.join(format(s['step'], '.0f') for s in steps)}s; median after the first "
           f"{row['step']:.1f}s = gen+reward {row['gen']:6.1f}s, scoring {row['score']:6.1f}s, "
           f"update {row['update']:6.1f}s | {row['episodes_per_hour']:6.0f} episodes/h (steps), "
-          f"{row['wall_episodes_per_hour']:6.0f} episodes/h (wall {run['wall_s']:.0f}s, CPU {run['cpu_s']:.0f}s) | peak {run['peak_gib']:.2f} GiB"
+          f"{row['wall_episodes_per_hour']:6.0f} episodes/h (wall {run['wall_s']:.0f}s, CPU {run['cpu_s']:.0f}s) "
+          f"| peak {run['peak_gib']:.2f} GiB"
           f" | reward {' '.join('-' if s['reward'] is None else format(s['reward'], '.2f') for s in steps)}")
     return row
 

@@ -113,7 +113,9 @@ def test_the_trainer_reads_freq_zero_as_off(freq, tests, saves, tmp_path, monkey
 @pytest.mark.parametrize("key", list(NO_EFFECT))
 def test_keys_nothing_reads_are_accepted_with_a_note(key):
     behaves_as, why = NO_EFFECT[key]
-    other = {True: "false", False: "true", "fsdp2": "fsdp", 0: "8", 16.0: "32", "all-linear": "[q_proj]"}[behaves_as]
+    # a list, not a dict: 0 == False, and a dict would give the bool keys the int's value
+    others = [(True, "false"), (False, "true"), ("fsdp2", "fsdp"), (0, "8"), (16.0, "32"), ("all-linear", "[q_proj]")]
+    other = next(o for value, o in others if type(value) is type(behaves_as) and value == behaves_as)
     cfg = load_config([f"{key}={other}"])
     assert f"{key}: {OmegaConf.select(cfg, key)!r} has no effect (GRL compatibility): {why}" in preflight.check_numbers(cfg)
     assert not any(note.startswith(key) for note in preflight.check_numbers(load_config([])))

@@ -1,8 +1,9 @@
 """The repository holds source and text only: no wheels, archives or other binary artefacts in git.
 The one exception is the figures the documentation shows (PNG files under docs/). And no module
-of the package is longer than one sitting's read."""
+of the package is longer than one sitting's read, and ruff's lint (pyproject.toml) finds nothing."""
 
 import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -21,3 +22,9 @@ def test_no_module_of_the_package_is_over_400_lines():
     long = {str(p.relative_to(ROOT)): n for p in (ROOT / "grl").rglob("*.py")
             if (n := len(p.read_text().splitlines())) > 400}
     assert not long, long
+
+
+def test_ruff_lint_passes_on_the_tree():
+    out = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "--output-format", "concise", "."],
+                         cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-1000:]

@@ -44,7 +44,8 @@ class _Packing:
             S = int(seg.max()) + 1 if gen.numel() else 1
             seq = torch.arange(B, device=gen.device)[:, None] * S + seg
             # each segment's first rank; non-generated tokens report to a dump slot
-            start = rank.new_full((B * S + 1,), T).scatter_reduce(0, torch.where(gen, seq, B * S).flatten(), rank.flatten(), "amin")
+            start = rank.new_full((B * S + 1,), T).scatter_reduce(0, torch.where(gen, seq, B * S).flatten(), rank.flatten(),
+                                                                  "amin")
             in_seq = rank - start[seq]
         n = int(torch.where(gen, in_seq, -1).max()) + 1 if gen.numel() else 0
         self.gen, self.shape = gen, (B * S, n)
@@ -100,7 +101,8 @@ def _packed_gae(token_rewards, values, gen, gamma, lam, segments=None):
     return advantages, torch.where(gen, advantages + values, _zero(values))
 
 
-def compute_gae(token_rewards: torch.Tensor, values: torch.Tensor, loss_mask: torch.Tensor, gamma: float, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+def compute_gae(token_rewards: torch.Tensor, values: torch.Tensor, loss_mask: torch.Tensor, gamma: float,
+                lam: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Masked multi-turn GAE -> (advantages, returns).
 
     Over generated tokens only: delta_t = r_t + gamma * V(next generated token) - V_t, where the
@@ -167,7 +169,8 @@ def compute_turn_gae(token_rewards: torch.Tensor, values: torch.Tensor, loss_mas
     gen = loss_mask > 0
     tid, first, last, has_turn, K = _turn_layout(turn_ids, gen)
     B, T = gen.shape
-    turn_rewards = token_rewards.new_zeros(B, K + 1).scatter_add(1, tid, torch.where(gen, token_rewards, _zero(token_rewards)))[:, :K]
+    per_token = torch.where(gen, token_rewards, _zero(token_rewards))
+    turn_rewards = token_rewards.new_zeros(B, K + 1).scatter_add(1, tid, per_token)[:, :K]
     turn_values = torch.where(has_turn, values.gather(1, first.clamp(max=T - 1)), _zero(values))
     turn_adv, turn_ret = compute_gae(turn_rewards, turn_values, has_turn.to(values.dtype), high_level_gamma, high_level_lam)
     return TurnGAE(turn_adv, turn_ret, has_turn, last, tid)
@@ -194,7 +197,8 @@ def compute_bi_level_gae(token_rewards: torch.Tensor, values: torch.Tensor, loss
 
 
 def compute_weighted_gae(token_rewards: torch.Tensor, values: torch.Tensor, loss_mask: torch.Tensor, turn_ids: torch.Tensor,
-                         gamma: float, lam: float, high_level_gamma: float, turn_weight: float, high_level_lam: float | None = None):
+                         gamma: float, lam: float, high_level_gamma: float, turn_weight: float,
+                         high_level_lam: float | None = None):
     """Token + turn advantage -> (advantages, returns).
 
     A = A_token + turn_weight * A_turn, where A_token is `compute_gae` (multi-turn, env tokens
@@ -257,7 +261,8 @@ def _turn_returns(token_rewards: torch.Tensor, gen: torch.Tensor, turn_ids: torc
     """Each turn's discounted return G_k = R_k + gamma * G_{k+1} over a row's turns, R_k the turn's summed
     token rewards; turns without generated tokens are skipped. -> (tid, has_turn, returns `[batch, K]`)."""
     tid, _, _, has_turn, K = _turn_layout(turn_ids, gen)
-    turn_rewards = token_rewards.new_zeros(gen.shape[0], K + 1).scatter_add(1, tid, torch.where(gen, token_rewards, _zero(token_rewards)))[:, :K]
+    per_token = torch.where(gen, token_rewards, _zero(token_rewards))
+    turn_rewards = token_rewards.new_zeros(gen.shape[0], K + 1).scatter_add(1, tid, per_token)[:, :K]
     packing = _Packing(has_turn)  # turns of a row packed left, so the discount skips empty turns
     return tid, has_turn, packing.unpack(_discounted_reverse_sum(packing.pack(turn_rewards), gamma))
 

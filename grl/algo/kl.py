@@ -43,7 +43,8 @@ def apply_kl_penalty(token_rewards: torch.Tensor, log_probs: torch.Tensor, ref_l
     left out); feed it to the KL controller's `update`.
     """
     gen = loss_mask > 0
-    kld = torch.where(gen, kl_estimate(log_probs, ref_log_probs, kl_penalty), torch.zeros((), dtype=token_rewards.dtype, device=token_rewards.device))
+    zero = torch.zeros((), dtype=token_rewards.dtype, device=token_rewards.device)
+    kld = torch.where(gen, kl_estimate(log_probs, ref_log_probs, kl_penalty), zero)
     new_rewards = token_rewards - kl_coef * kld
     has_tokens = gen.any(-1)
     mean_kl = masked_mean(masked_mean(kld, loss_mask, dim=-1), has_tokens)

@@ -239,7 +239,8 @@ class BirdEnv(Env):
         self.records, self._order = load_questions(dataset_path.replace("{split}", split), split)
         self.db_root = resolve_data_path(db_root.replace("{split}", split))
         if not self.db_root.is_dir():
-            raise FileNotFoundError(f"bird: db_root {str(self.db_root)!r} is not a directory (run scripts/install_dataset.sh --bird)")
+            raise FileNotFoundError(f"bird: db_root {str(self.db_root)!r} is not a directory "
+                                    "(run scripts/install_dataset.sh --bird)")
         self.max_tries = max_tries
         self.no_fence_penalty = no_fence_penalty
         self.step_timeout_seconds = step_timeout_seconds

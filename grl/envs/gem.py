@@ -8,7 +8,8 @@ How GEM's conventions map onto GRL's:
 - One GEM env per GRL env, stepped directly. GEM's vector env resets an env in the very step that ends it
   (same-step auto-reset), so its last observation would be the next episode's first; it is not used.
 - The observation is composed as GEM's ObservationWrapper composes it: `info["prefix"]`, the env's text
-  ending in a newline, `info["suffix"]` (a game's suffix is its board and the request for a move). `done` is `terminated or truncated`; both are in `info`, with GEM's raw observation.
+  ending in a newline, `info["suffix"]` (a game's suffix is its board and the request for a move). `done` is
+  `terminated or truncated`; both are in `info`, with GEM's raw observation.
 - GEM's games draw from the global `random` and `numpy.random` (seeded in `reset`, drawn again in `step`:
   2048's new tiles, Minesweeper's mines). Each GemEnv keeps its own state of both generators and swaps
   it in around every call to GEM, under one lock, so envs stepped on rollout threads stay independent

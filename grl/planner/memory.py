@@ -55,7 +55,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from grl.config import uses_critic, uses_reference
-from grl.planner.shapes import ModelShape, PlanError, model_shape
+from grl.planner.shapes import ModelShape, model_shape
 
 GIB = 2**30
 CUDA_CONTEXT_GIB = 0.5  # CUDA context, cuBLAS and NCCL workspaces of one process

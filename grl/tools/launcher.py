@@ -48,9 +48,12 @@ def _check(result: int, what: str) -> None:
         raise SetupError(f"{what}: {os.strerror(errno)}")
 
 
+def _encoded(text: str | None) -> bytes | None:
+    return None if text is None else text.encode()
+
+
 def _mount(source, target, fstype, flags, data, what):
-    enc = (lambda s: None if s is None else s.encode())
-    _check(libc.mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)), what)
+    _check(libc.mount(_encoded(source), _encoded(target), _encoded(fstype), ctypes.c_ulong(flags), _encoded(data)), what)
 
 
 def _status(settings: dict, line: str) -> None:

@@ -170,7 +170,8 @@ def test_long_episodes_span_many_scan_chunks():
         ref_adv, ref_ret = ref_gae(batch, gamma, lam)
         close(adv, ref_adv)
         close(ret, ref_ret)
-    adv, ret = compute_bi_level_gae(batch["token_rewards"], batch["values"], batch["loss_mask"], batch["turn_ids"], 0.99, 0.95, 0.9, 0.8)
+    adv, ret = compute_bi_level_gae(batch["token_rewards"], batch["values"], batch["loss_mask"], batch["turn_ids"],
+                                    0.99, 0.95, 0.9, 0.8)
     ref_adv, ref_ret = ref_bi_level(batch, 0.99, 0.95, 0.9, 0.8)
     close(adv, ref_adv)
     close(ret, ref_ret)
@@ -196,7 +197,8 @@ def test_gae_by_hand():
 def test_bi_level_gae_matches_reference(seed):
     batch = random_episode_batch(16, 100 + seed)
     gamma, lam, hgamma, hlam = [(1.0, 1.0, 0.95, 1.0), (0.99, 0.95, 0.9, 0.8), (0.9, 0.5, 1.0, 0.0)][seed % 3]
-    adv, ret = compute_bi_level_gae(batch["token_rewards"], batch["values"], batch["loss_mask"], batch["turn_ids"], gamma, lam, hgamma, hlam)
+    adv, ret = compute_bi_level_gae(batch["token_rewards"], batch["values"], batch["loss_mask"], batch["turn_ids"],
+                                    gamma, lam, hgamma, hlam)
     ref_adv, ref_ret = ref_bi_level(batch, gamma, lam, hgamma, hlam)
     close(adv, ref_adv)
     close(ret, ref_ret)
@@ -218,7 +220,8 @@ def test_turn_gae_matches_reference():
 def test_weighted_gae_matches_reference(seed):
     batch = random_episode_batch(16, 200 + seed)
     gamma, lam, hgamma, hlam, w = 0.99, 0.9, 0.95, 0.7, [0.0, 0.5, 2.0][seed % 3]
-    adv, ret = compute_weighted_gae(batch["token_rewards"], batch["values"], batch["loss_mask"], batch["turn_ids"], gamma, lam, hgamma, w, hlam)
+    adv, ret = compute_weighted_gae(batch["token_rewards"], batch["values"], batch["loss_mask"], batch["turn_ids"],
+                                    gamma, lam, hgamma, w, hlam)
     ref_adv, ref_ret = ref_weighted(batch, gamma, lam, hgamma, hlam, w)
     close(adv, ref_adv)
     close(ret, ref_ret)
@@ -326,7 +329,8 @@ def test_gigpo_with_distinct_states_is_grpo():
     for norm in (True, False):
         adv, _ = compute_gigpo(batch["token_rewards"], batch["loss_mask"], batch["turn_ids"], states, groups, 0.9, 3.0,
                                norm_by_std=norm)
-        grpo, _ = compute_grpo(torch.where(batch["loss_mask"] > 0, batch["token_rewards"], 0).sum(-1), batch["loss_mask"], groups, norm)
+        scores = torch.where(batch["loss_mask"] > 0, batch["token_rewards"], 0).sum(-1)
+        grpo, _ = compute_grpo(scores, batch["loss_mask"], groups, norm)
         close(adv, grpo)
 
 
@@ -460,6 +464,6 @@ def test_empty_batch_rows():
     m = torch.zeros(3, 5, dtype=torch.float64)
     x = torch.randn(3, 5, dtype=torch.float64)
     for est in ESTIMATORS:
-        adv, ret = compute_advantage(est, token_rewards=x, values=x, loss_mask=m, turn_ids=torch.full((3, 5), -1), group_ids=[0, 0, 1],
-                                     turn_states=torch.zeros(3, 1, dtype=torch.long))
+        adv, ret = compute_advantage(est, token_rewards=x, values=x, loss_mask=m, turn_ids=torch.full((3, 5), -1),
+                                     group_ids=[0, 0, 1], turn_states=torch.zeros(3, 1, dtype=torch.long))
         assert (adv == 0).all() and (ret == 0).all(), est

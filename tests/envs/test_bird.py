@@ -362,7 +362,8 @@ def test_bird_task_instances_pass_sql_with_concatenation_whole(tmp_path):
                 "db_id": "department_store"}]
     dataset, db_root = write_bird_layout(tmp_path, records=records)
     paths = {"dataset_path": str(dataset), "db_root": str(db_root)}
-    reply = "<think>join with ||</think><answer>```sql\nSELECT product_name || ' - ' || product_type_code FROM Products\n```</answer>"
+    reply = ("<think>join with ||</think><answer>```sql\nSELECT product_name || ' - ' || product_type_code "
+             "FROM Products\n```</answer>")
 
     single = grl.agents.make_agent("birdAgent", task_block("birdAgent", **paths))
     single.reset(0)

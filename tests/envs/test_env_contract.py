@@ -1,5 +1,5 @@
-"""The env contract, checked on every env that needs no dataset (and on `math` over a small file): any string is a valid input to `step`
-(never a crash), `info` carries the contract's keys, an invalid action leaves the state as it was, and
+"""The env contract, checked on every env that needs no dataset (and on `math` over a small file): any string is a
+valid input to `step` (never a crash), `info` carries the contract's keys, an invalid action leaves the state as it was, and
 the same seed gives the same episode."""
 
 import json

@@ -114,7 +114,8 @@ def test_missing_file_and_bad_rows(tmp_path):
 def test_unreachable_hub_id_fails_with_one_clear_error():
     # Offline mode makes the (unreachable) hub fail at once instead of after retries.
     code = ("from grl.envs.gsm8k import GSM8KEnv\n"
-            "try:\n    GSM8KEnv(data_path='hf:openai/gsm8k')\nexcept Exception as e:\n    print(type(e).__name__ + '|' + str(e))\n")
+            "try:\n    GSM8KEnv(data_path='hf:openai/gsm8k')\n"
+            "except Exception as e:\n    print(type(e).__name__ + '|' + str(e))\n")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     kind, message = out.stdout.strip().split("|", 1)

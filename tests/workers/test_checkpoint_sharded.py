@@ -65,7 +65,7 @@ def _break_engine_spec(worker, broken):
 
 
 @pytest.fixture(scope="module")
-def actor(cfg):
+def actor(cfg):  # noqa: F811 - the imported fixture, requested by name
     group = ActorRolloutRefGroup(compose(OVERRIDES), world_size=2, use_ref=False)
     yield group
     group.shutdown()

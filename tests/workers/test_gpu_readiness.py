@@ -254,7 +254,8 @@ def _build_score_and_train(rank, ports, cfg):
 
     # One optimizer step on all six episodes, padded then packed, from the same weights.
     g = torch.Generator().manual_seed(1)
-    old = [lp + 0.3 * torch.randn(lp.shape, generator=g) for lp in all_episodes(by_episode(PADDED[rank], out["padded_log_probs"]))]
+    scored = all_episodes(by_episode(PADDED[rank], out["padded_log_probs"]))
+    old = [lp + 0.3 * torch.randn(lp.shape, generator=g) for lp in scored]
     for name, rows, part in (("padded", PADDED[rank], padded), ("packed", PACKED[rank], packed)):
         part["old_log_probs"] = layout(rows, {"old_log_probs": old})["old_log_probs"]
         load_full_state(actor.module, None, start, None)

@@ -24,7 +24,7 @@ LORA = [f"actor_rollout_ref.model.lora_rank={RANK}", f"actor_rollout_ref.model.l
 
 
 @pytest.fixture(scope="module")
-def lora_cfg(cfg):
+def lora_cfg(cfg):  # noqa: F811 - the imported fixture, requested by name
     return compose(OVERRIDES + LORA)
 
 
