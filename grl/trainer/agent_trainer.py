@@ -14,6 +14,7 @@ import shutil
 from collections.abc import Callable
 from contextlib import contextmanager, nullcontext
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -31,22 +32,19 @@ from grl.trainer.metrics import (
     Timer,
     batch_metrics,
     mfu_inputs,
-    old_log_prob_metrics,
     on_policy_mismatch,
     reward_metrics,
     task_metrics,
     throughput_metrics,
     turn_length_metrics,
 )
-from grl.trainer.pipeline import RolloutAhead
+from grl.trainer.pipeline import RolloutAhead, SynchronousRollout, old_log_probs_from
 from grl.trainer.report import finish_report, run_postfix, start_report
 from grl.trainer.transforms import (
     add_advantages,
     drop_nonfinite_rows,
     drop_stale_episodes,
-    needs_old_log_probs,
     shape_batch,
-    staleness_metrics,
 )
 from grl.trainer.validation import validation_metrics
 from grl.workers import WeightSyncTimeout, WorkerDiedError
@@ -85,7 +83,10 @@ class AgentTrainer:
         self.val_success: dict[str, list[tuple[int, float]]] = {}
         self._run_bar = None  # tqdm over the whole run, with its ETA
         self._step_bar = None  # tqdm over the current step's phases, or over a validation
-        self.ahead: RolloutAhead | None = None  # rollouts ahead of the update (engine in a worker of its own)
+        # Where each step's episodes and old log-probs come from (grl/trainer/pipeline.py): the step reads
+        # the same in every mode. The rollout source starts with the first step, after any resume.
+        self._source: SynchronousRollout | RolloutAhead | None = None
+        self.old_log_probs = old_log_probs_from(cfg)
 
     @classmethod
     def from_config(cls, cfg: DictConfig, hooks: list[StepHook] | None = None) -> AgentTrainer:
@@ -124,11 +125,6 @@ class AgentTrainer:
             if cfg.val_only:
                 self.tracker.log(self.validate(), self.global_step)
                 return
-            if getattr(self.actor, "separate", False):
-                self.ahead = RolloutAhead(self._rollout, self.actor.engine.load_weights,
-                                          max_staleness=int(self.cfg.rollout.max_staleness),
-                                          first_step=self.global_step + 1, last_step=cfg.total_training_steps,
-                                          version=self.global_step)
             self._run_bar = self._bar(total=cfg.total_training_steps, initial=self.global_step, desc="run",
                                       unit="step", position=0)
             if cfg.val_before_train and self.global_step == 0:
@@ -167,22 +163,10 @@ class AgentTrainer:
         metrics: dict[str, float] = {}
         with self._progress(step) as phase, timer("step"):
             with phase("rollout"):
-                if self.ahead is None:
-                    with timer("gen"):
-                        result = self._rollout(step)
-                        if self.cfg.actor_rollout_ref.rollout.free_cache_engine:
-                            # The engine's weights and KV cache leave the GPU for the update; the weight
-                            # sync and the next generate take them back (it need not keep weights it will get).
-                            self.rollout.engine.sleep(discard_weights=syncs)
-                else:
-                    ahead, timer.times["wait_prev_gen"] = self.ahead.take(step)
-                    result = ahead.result
-                    timer.times.update(gen=ahead.rollout_s, rollout_wait_weights=ahead.waited_for_weights_s,
-                                       rollout_load_weights=ahead.load_s)
-            for episode in result.episodes:
-                episode.policy_version = step - 1 if self.ahead is None else ahead.version
-            if self.ahead is not None:
-                metrics.update(staleness_metrics(result.episodes, step - 1))
+                sampled = self._source_from(step).take(step, syncs)
+            result = sampled.result
+            timer.times.update(sampled.times)
+            metrics.update(sampled.metrics)
             episodes, stale = drop_stale_episodes(result.episodes, step - 1, int(self.cfg.rollout.max_staleness))
             if stale:
                 log.error("step %d: %d episodes sampled more than rollout.max_staleness=%d versions ago were dropped",
@@ -201,22 +185,18 @@ class AgentTrainer:
             if failed and len(failed) == len(episodes):  # nothing but env-error penalties to learn from
                 log.warning("step %d: all %d episodes ended in env errors (first: task %s, seed %d: %s); update skipped",
                             step, len(failed), failed[0].task, failed[0].seed, failed[0].error.splitlines()[-1])
-                self._sync_if(syncs, step)
+                self._source.publish(step, syncs)
                 return {**metrics, **timer.metrics()}, None
 
             batch, shape_metrics = shape_batch(episodes, self.cfg.rollout, self.rollout.tokenizer.pad_token_id)
             metrics.update(shape_metrics)
             if len(batch) == 0:
                 log.warning("step %d: no episode left to train on after filtering; update skipped", step)
-                self._sync_if(syncs, step)
+                self._source.publish(step, syncs)
                 return {**metrics, **timer.metrics()}, None
 
-            if not self.cfg.actor_rollout_ref.actor.recompute_old_log_probs:
-                batch["old_log_probs"] = batch["rollout_log_probs"].clone()
-            elif needs_old_log_probs(self.cfg, len(batch)):  # else the update's own pass gives them
-                with phase("old_log_prob"), timer("old_log_prob"):
-                    batch["old_log_probs"], _ = self.actor.compute_log_probs(batch)
-                metrics.update(old_log_prob_metrics(batch, float(self.cfg.actor_rollout_ref.actor.tis_imp_ratio_cap)))
+            with phase("old_log_prob"):
+                metrics.update(self.old_log_probs.fill(batch, self.actor, timer))
             if self.use_ref:
                 with phase("ref"), timer("ref"):
                     batch["ref_log_probs"] = self.actor.compute_ref_log_probs(batch)
@@ -236,7 +216,7 @@ class AgentTrainer:
                 with phase("update_actor"), timer("update_actor"):
                     metrics.update(on_policy_mismatch(self.actor.update(batch, step)))
             with phase("sync_weights"), timer("sync_weights"):
-                self._sync_if(syncs, step)
+                self._source.publish(step, syncs)
         if len(batch) > 0:
             metrics.update(batch_metrics(batch))
             metrics.update(throughput_metrics(batch, timer.times,
@@ -246,25 +226,32 @@ class AgentTrainer:
         metrics.update(timer.metrics())
         return metrics, (batch if len(batch) > 0 else None)
 
-    def _rollout(self, step: int):
-        """Every training task's episodes of `step`, sampled by the engine's current weights (a rollout
-        ahead runs in a thread of its own: the step's progress bar is not its to move)."""
+    def _source_from(self, step: int) -> SynchronousRollout | RolloutAhead:
+        """The rollout source, started by the first step this trainer runs (after any resume)."""
+        if self._source is None:
+            self._source = self._rollout_source(first_step=step)
+        return self._source
+
+    def _rollout_source(self, first_step: int) -> SynchronousRollout | RolloutAhead:
+        """Rollouts ahead of the update where the engine has a worker of its own (hybrid_engine=false),
+        which grl.config requires of max_staleness > 0; otherwise each step samples, then trains."""
+        if getattr(self.actor, "separate", False):  # its thread's rollouts move no progress bar
+            return RolloutAhead(partial(self._rollout, on_turn=None), self.actor.engine.load_weights,
+                                self.actor.weights_handle,
+                                max_staleness=int(self.cfg.rollout.max_staleness), first_step=first_step,
+                                last_step=self.cfg.trainer.total_training_steps, version=first_step - 1)
+        return SynchronousRollout(partial(self._rollout, on_turn=self._show_turn), self.rollout.engine, self.actor,
+                                  bool(self.cfg.actor_rollout_ref.rollout.free_cache_engine))
+
+    def _rollout(self, step: int, on_turn: Callable | None):
+        """Every training task's episodes of `step`, sampled by the engine's current weights."""
         sampling = replace(self.sampling, seed=training_base_seed(self.cfg.trainer.seed, step))
         tasks = self.train_tasks if self.curriculum is None else self.curriculum.tasks(self.train_tasks, self._stage(step))
         return self.rollout.run(tasks, training_base_seed(self.cfg.rollout.seed, step), sampling, turn_barrier=bool(
-            self.cfg.rollout.turn_barrier), on_turn=self._show_turn if self.ahead is None else None)
+            self.cfg.rollout.turn_barrier), on_turn=on_turn)
 
     def _stage(self, step: int) -> int:
         return self.curriculum.stage_for(step, int(self.cfg.rollout.max_staleness))
-
-    def _sync_if(self, syncs: bool, step: int) -> None:
-        """The policy's weights into the engine, on the steps that promised it (see `sleep` above):
-        an engine that slept without its weights gets them back even when the update was skipped.
-        With rollouts ahead every step publishes its version, updated or not: a rollout waits for it."""
-        if self.ahead is not None:
-            self.ahead.publish(step, self.actor.weights_handle())
-        elif syncs:
-            self.actor.sync_weights()
 
     def validate(self) -> dict[str, float]:
         """Every validation task in one batched greedy rollout, `trainer.validation_steps`
@@ -272,7 +259,7 @@ class AgentTrainer:
         timer = Timer()
         runs = self.cfg.trainer.validation_steps
         self._step_bar = self._bar(total=None, desc=f"validation (step {self.global_step})", position=1, leave=False)
-        with timer("testing"), (self.ahead.engine_at(self.global_step) if self.ahead else nullcontext()):
+        with timer("testing"), (self._source.engine_at(self.global_step) if self._source else nullcontext()):
             try:
                 mean, episodes = validation_metrics(self.rollout, self._control_rollouts(), self.val_tasks,
                                                     self.cfg.rollout.validation_seed, runs, self.val_sampling,
@@ -385,8 +372,8 @@ class AgentTrainer:
             bar.close()
 
     def close(self, teardown_timeout: float = TEARDOWN_TIMEOUT_S) -> None:
-        if self.ahead is not None:
-            self.ahead.close()  # a rollout in flight ends when the engine's worker is shut down below
+        if self._source is not None:
+            self._source.close()  # a rollout ahead in flight ends when the engine's worker is shut down below
         if self._run_bar is not None:
             self._run_bar.close()
             self._run_bar = None

@@ -1,4 +1,8 @@
-"""Rollouts that run ahead of the update, at most `rollout.max_staleness` policy versions behind.
+"""Where a training step's inputs come from, chosen once when the run starts: the step's episodes
+(`SynchronousRollout`, or `RolloutAhead`) and PPO's old log-probs (`EngineLogProbs`, `ScoredLogProbs`).
+`AgentTrainer.train_step` calls them the same way in every mode.
+
+Rollouts that run ahead of the update, at most `rollout.max_staleness` policy versions behind.
 
 Policy version v is the actor after v training steps. With max_staleness k, the episodes of step t
 are sampled by version max(first, t - 1 - k), where `first` is the version the run started from:
@@ -18,11 +22,52 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
 from typing import Any
 
+from grl.trainer.metrics import old_log_prob_metrics
+from grl.trainer.transforms import needs_old_log_probs, staleness_metrics
+
 log = logging.getLogger("grl.trainer")
+
+
+@dataclass
+class Sampled:
+    """A step's rollout as the update receives it."""
+
+    result: Any  # the RolloutResult
+    version: int  # the policy version that sampled it
+    times: dict[str, float]  # timing_s/* of the rollout's phases
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+class SynchronousRollout:
+    """Each step samples with the weights it then trains (version step - 1). An engine that shares the
+    device with the update (`free_cache_engine`) sleeps through it, without its weights on the steps
+    whose update it gets afterwards; `publish` syncs them."""
+
+    def __init__(self, produce: Callable[[int], Any], engine, actor, free_cache_engine: bool):
+        self._produce, self._engine, self._actor, self._free = produce, engine, actor, free_cache_engine
+
+    def take(self, step: int, syncs: bool) -> Sampled:
+        start = time.perf_counter()
+        result = self._produce(step)
+        if self._free:
+            self._engine.sleep(discard_weights=syncs)
+        for episode in result.episodes:
+            episode.policy_version = step - 1
+        return Sampled(result, step - 1, {"gen": time.perf_counter() - start})
+
+    def publish(self, step: int, syncs: bool) -> None:
+        if syncs:
+            self._actor.sync_weights()
+
+    def engine_at(self, version: int):
+        return nullcontext()  # the engine holds the latest weights, the ones a validation asks for
+
+    def close(self) -> None:
+        pass
 
 
 @dataclass
@@ -38,9 +83,10 @@ class RolloutAhead:
     """`produce(step)` -> the step's RolloutResult, run by a thread of its own; `load(handle,
     version)` puts published weights into the engine."""
 
-    def __init__(self, produce: Callable[[int], Any], load: Callable[[Any, int], None], *, max_staleness: int,
-                 first_step: int, last_step: int, version: int):
-        self._produce, self._load, self.max_staleness = produce, load, max_staleness
+    def __init__(self, produce: Callable[[int], Any], load: Callable[[Any, int], None], weights: Callable[[], Any], *,
+                 max_staleness: int, first_step: int, last_step: int, version: int):
+        self._produce, self._load, self._current_weights = produce, load, weights
+        self.max_staleness = max_staleness
         self._first_version = version
         self._engine_version = version  # the engine starts with the weights the run starts from
         self._weights: dict[int, Any] = {}  # version -> handle, for the versions rollouts may still need
@@ -59,9 +105,9 @@ class RolloutAhead:
 
     # ------------------------------------------------------------ the trainer's side
 
-    def take(self, step: int) -> tuple[AheadResult, float]:
-        """The rollout of `step` (waiting for it if need be) and the seconds waited. A failure of the
-        rollout thread is raised here, in the trainer's thread."""
+    def take(self, step: int, syncs: bool) -> Sampled:
+        """The rollout of `step`, waiting for it if need be. A failure of the rollout thread is raised
+        here, in the trainer's thread."""
         start = time.perf_counter()
         with self._changed:
             while step not in self._results and self._error is None:
@@ -69,10 +115,18 @@ class RolloutAhead:
             if step not in self._results:
                 raise self._error
             ahead = self._results.pop(step)
-        return ahead, time.perf_counter() - start
+        times = {"wait_prev_gen": time.perf_counter() - start, "gen": ahead.rollout_s,
+                 "rollout_wait_weights": ahead.waited_for_weights_s, "rollout_load_weights": ahead.load_s}
+        for episode in ahead.result.episodes:
+            episode.policy_version = ahead.version
+        return Sampled(ahead.result, ahead.version, times, staleness_metrics(ahead.result.episodes, step - 1))
 
-    def publish(self, version: int, handle) -> None:
-        """The weights of `version` (after that many steps) for the rollouts that need them."""
+    def publish(self, step: int, syncs: bool) -> None:
+        """The actor's weights after `step` steps, for the rollouts that need them: every step publishes
+        its version, updated or not, since a rollout waits for it."""
+        self._publish(step, self._current_weights())
+
+    def _publish(self, version: int, handle) -> None:
         with self._changed:
             self._weights[version] = handle
             oldest_needed = min(self.version_for(self._next), self._engine_version)
@@ -128,3 +182,31 @@ class RolloutAhead:
             handle = self._weights[version]
         self._load(handle, version)
         self._engine_version = version
+
+
+class EngineLogProbs:
+    """PPO's old log-probs are the engine's, of the tokens it sampled (`recompute_old_log_probs=false`):
+    no pass recomputes them."""
+
+    def fill(self, batch, actor, timer) -> dict[str, float]:
+        batch["old_log_probs"] = batch["rollout_log_probs"].clone()
+        return {}
+
+
+class ScoredLogProbs:
+    """PPO's old log-probs scored by the weights about to be trained, in a pass of their own when the
+    update needs them beforehand (`needs_old_log_probs`); otherwise the update's first pass gives them."""
+
+    def __init__(self, cfg):
+        self._cfg, self._tis_cap = cfg, float(cfg.actor_rollout_ref.actor.tis_imp_ratio_cap)
+
+    def fill(self, batch, actor, timer) -> dict[str, float]:
+        if not needs_old_log_probs(self._cfg, len(batch)):
+            return {}
+        with timer("old_log_prob"):
+            batch["old_log_probs"], _ = actor.compute_log_probs(batch)
+        return old_log_prob_metrics(batch, self._tis_cap)
+
+
+def old_log_probs_from(cfg) -> EngineLogProbs | ScoredLogProbs:
+    return ScoredLogProbs(cfg) if cfg.actor_rollout_ref.actor.recompute_old_log_probs else EngineLogProbs()
