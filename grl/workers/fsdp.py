@@ -36,11 +36,12 @@ def listen_for_peers(host: str) -> socket.socket:
     return sock
 
 
-def loopback_interface() -> str | None:
+def interface_of(ip: str) -> str | None:
+    """The network interface that holds `ip` on this machine."""
     import psutil
 
     return next((name for name, addrs in psutil.net_if_addrs().items()
-                 if any(a.family == socket.AF_INET and a.address == LOOPBACK for a in addrs)), None)
+                 if any(a.family == socket.AF_INET and a.address == ip for a in addrs)), None)
 
 
 def process_group_backend(device: str) -> str:
@@ -85,7 +86,9 @@ def init_process_group(rank: int, world_size: int, master_addr: str, master_port
     timeout = timedelta(seconds=float(timeout_s))
     os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(rank),
                       WORLD_SIZE=str(world_size), LOCAL_RANK="0")
-    if master_addr == LOOPBACK and (interface := loopback_interface()):
+    # gloo and NCCL's bootstrap otherwise pick an interface from the hostname, which may resolve to the
+    # loopback address on a machine of a cluster, or to the network on a machine running alone.
+    if interface := interface_of(LOOPBACK if master_addr == LOOPBACK else node_ip()):
         os.environ.setdefault("GLOO_SOCKET_IFNAME", interface)
         os.environ.setdefault("NCCL_SOCKET_IFNAME", interface)
     if device == "cuda":

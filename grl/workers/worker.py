@@ -40,8 +40,8 @@ class Worker(UpdateLoop):
         # takes its GPU's share of the node's cores (offloaded optimizer steps run on them).
         # A rollout worker generating beside the update (rollout.max_staleness > 0) keeps its share on CPU.
         beside = device == "cpu" and int(cfg.rollout.max_staleness) > 0
-        torch.set_num_threads(fsdp.cpu_threads(world_size if device == "cpu" else int(cfg.trainer.n_gpus_per_node),
-                                               engine_beside=beside))
+        # n_gpus_per_node is the ranks a node holds, on CPU too (world_size on one node).
+        torch.set_num_threads(fsdp.cpu_threads(int(cfg.trainer.n_gpus_per_node), engine_beside=beside))
         self.peft_model = None  # set on a LoRA policy: the adapter's config and on/off switch
 
     # ------------------------------------------------------------ set-up
