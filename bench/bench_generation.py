@@ -94,18 +94,18 @@ def main() -> None:
     import torch
 
     from grl.engines import SamplingParams
-    from grl.engines.vllm_engine import engine_cpu_threads
+    from grl.engines.vllm_engine import engine_omp_threads
     from grl.models import dtype_name, load_tokenizer, resolve_model_path
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if args.hf_threads or device == "cpu":
-        torch.set_num_threads(args.hf_threads or int(engine_cpu_threads()))
+        torch.set_num_threads(args.hf_threads or int(engine_omp_threads()))
     model_path = resolve_model_path(args.model)
     prompts = chat_prompts(load_tokenizer(model_path), max(args.batch_sizes))
     sampling = SamplingParams(greedy=True, max_new_tokens=args.new_tokens, ignore_eos=True, logprobs=True)
     print(f"model {args.model}, {dtype_name('auto', device)}, {device}, {args.new_tokens} new tokens per prompt, "
           f"{os.cpu_count()} cores, "
-          f"threads: hf {torch.get_num_threads()}, vllm {engine_cpu_threads() if device == 'cpu' else '-'}",
+          f"threads: hf {torch.get_num_threads()}, vllm {engine_omp_threads() if device == 'cpu' else '-'}",
           flush=True)
 
     hf = measure("hf", model_path, args.batch_sizes, prompts, sampling)

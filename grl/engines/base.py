@@ -6,6 +6,8 @@ exactly the tokens the engine sampled.
 
 from __future__ import annotations
 
+import os
+
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -69,3 +71,11 @@ class Engine:
 
     def shutdown(self) -> None:
         """Release the engine's processes and memory."""
+
+
+def engine_cpu_threads(cores: int | None = None) -> int:
+    """Threads of a CPU engine that runs beside the update: half of `cores` (this process's, by default),
+    at least one; the update's ranks keep the rest."""
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, cores // 2)

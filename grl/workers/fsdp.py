@@ -104,7 +104,7 @@ def cpu_threads(ranks_on_node: int, engine_beside: bool = False) -> int:
     """This rank's share of the node's cores (less the rollout engine's, when it runs at the same
     time). Ray sets OMP_NUM_THREADS=1 in a fractional-CPU actor, which would leave an offloaded
     optimizer step (AdamW over the host shards) one core."""
-    from grl.workers.rollout_worker import engine_cpu_threads
+    from grl.engines.base import engine_cpu_threads
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     if engine_beside:

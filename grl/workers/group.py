@@ -23,7 +23,8 @@ from grl.engines.base import Engine
 from grl.errors import first_line
 from grl.rollout.types import Batch
 from grl.workers.engine_proxy import EngineProxy
-from grl.workers.runtime import PRODUCT_ENV, REPO_ROOT, acquire_pool, init_ray, release_pool, resolve_device
+from grl.workers.runtime import (PRODUCT_ENV, REPO_ROOT, WorkerDiedError, acquire_pool, init_ray, release_pool,
+                                 resolve_device)
 from grl.workers.sharding import equal_shards, minibatch_shards, pack, pad_rows, pick, row_capacity, unpack
 
 log = logging.getLogger("grl.workers")
@@ -46,16 +47,6 @@ CRITIC_KEYS = ("input_ids", "attention_mask", "position_ids", "context_ids", "lo
 # loss_mask: log-probs are needed where it is, and packing finds a prompt's end by it (rollout.share_prompts)
 SCORE_KEYS = ("input_ids", "attention_mask", "position_ids", "context_ids", "loss_mask")
 POLICY_SCORE_KEYS = SCORE_KEYS + CONSTRAINT_KEYS
-
-
-class WorkerDiedError(RuntimeError):
-    """A worker process died (Ray reported its actor dead); `worker` names it, e.g. "actor rank 1";
-    `node` is (IP, node id) of the node it ran on, when that node died with it."""
-
-    def __init__(self, message: str, worker: str, node: tuple[str, str] | None = None):
-        super().__init__(message)
-        self.worker = worker
-        self.node = node
 
 
 # ---------------------------------------------------------------- groups

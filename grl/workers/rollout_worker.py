@@ -18,9 +18,9 @@ import os
 
 import torch
 
-from grl.engines.base import Engine, GenerationOutput, NamedTensors, SamplingParams
+from grl.engines.base import Engine, GenerationOutput, NamedTensors, SamplingParams, engine_cpu_threads
 from grl.errors import first_line
-from grl.workers.runtime import PRODUCT_ENV, REPO_ROOT
+from grl.workers.runtime import PRODUCT_ENV, REPO_ROOT, WorkerDiedError
 
 log = logging.getLogger("grl.workers")
 
@@ -29,11 +29,6 @@ ENGINE_START_TIMEOUT_S = 900  # a vLLM engine compiles and profiles memory befor
 
 class WeightSyncTimeout(RuntimeError):
     """The rollout engine did not take new weights within `rollout.weight_sync_timeout`."""
-
-
-def engine_cpu_threads(cores: int) -> int:
-    """Threads of a CPU engine that runs beside the update: half the cores (at least one)."""
-    return max(1, cores // 2)
 
 
 def build_engine(cfg, name: str, device: str, seed: int) -> Engine:
@@ -108,7 +103,6 @@ class SeparateEngine(Engine):
         import ray
         from ray.exceptions import RayActorError
 
-        from grl.workers.group import WorkerDiedError
 
         try:
             return ray.get(ref, timeout=timeout)

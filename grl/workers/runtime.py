@@ -21,6 +21,16 @@ NODE_ID_LABEL = "ray.io/node-id"
 _started: set[str] = set()  # GCS addresses of the runtimes init_ray started (not joined) in this process
 
 
+class WorkerDiedError(RuntimeError):
+    """A worker process died (Ray reported its actor dead); `worker` names it, e.g. "actor rank 1";
+    `node` is (IP, node id) of the node it ran on, when that node died with it."""
+
+    def __init__(self, message: str, worker: str, node: tuple[str, str] | None = None):
+        super().__init__(message)
+        self.worker = worker
+        self.node = node
+
+
 def init_ray(address: str | None = None, **ray_kwargs) -> None:
     """Start (or join) Ray: `address`, else $RAY_ADDRESS, else a local runtime."""
     for key, value in PRODUCT_ENV.items():
