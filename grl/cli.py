@@ -8,6 +8,8 @@
         plot logged curves (grl.tracking.plot)
     grl plan [key=value ...] [--seq-len N] [--config-dir DIR]
         predicted memory per GPU and phase (grl.planner); exits 2 with one line when it does not fit
+    grl serve <model or checkpoint folder> [--port N] [--host 127.0.0.1] [--engine auto|hf|vllm] [--dtype auto]
+        an OpenAI-compatible chat endpoint (/v1/models, /v1/chat/completions) for the model (grl.gateway)
 
 Training itself is `grl-train` / `python -m grl.train`.
 """
@@ -169,7 +171,37 @@ def _plan_main(argv: list[str]) -> int:
     return 0
 
 
-COMMANDS = {"play": _play_main, "plot": _plot_main, "plan": _plan_main}
+def _serve_main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="grl serve", description="An OpenAI-compatible chat endpoint for a model.")
+    parser.add_argument("model", help="hub id, local folder (a checkpoint's hf_actor export), `embedded` or `tiny`")
+    parser.add_argument("--host", default="127.0.0.1", help="the address to listen on (default: this machine only)")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--engine", default="auto", help="auto, hf or vllm")
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--max-tokens", type=int, default=1024, help="reply tokens when a request names none")
+    args = parser.parse_args(argv)
+    from grl.gateway import Gateway, build_app
+    from grl.models import ModelLoadError, load_tokenizer
+
+    try:
+        tokenizer = load_tokenizer(args.model)
+    except ModelLoadError as err:
+        print(f"grl serve: {err}", file=sys.stderr)
+        return 2
+    import uvicorn
+
+    from grl.engines import make_engine
+
+    engine = make_engine(args.engine, args.model, dtype=args.dtype, grammar=True)
+    context = int(getattr(tokenizer, "model_max_length", 0) or 0)
+    gateway = Gateway(engine, tokenizer, args.model, max_tokens=args.max_tokens,
+                      context=context if 0 < context < 10**7 else 32768)
+    print(f"grl serve: {args.model} at http://{args.host}:{args.port}/v1", flush=True)
+    uvicorn.run(build_app(gateway), host=args.host, port=args.port, log_level="warning")
+    return 0
+
+
+COMMANDS = {"play": _play_main, "plot": _plot_main, "plan": _plan_main, "serve": _serve_main}
 
 
 def main(argv: list[str] | None = None) -> int:
