@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from grl.algo.estimators import ESTIMATORS
+from grl.engines import engine_names
 from grl.schema import AgentConfig, ConfigError, GRLConfig, TaskInstance, check_values, leaves, merge_typed
 from grl.schema.keys import defaults, did_you_mean, one_line
 
@@ -108,6 +109,9 @@ def _check_rules(cfg: DictConfig) -> None:
     if cfg.algorithm.adv_estimator not in ESTIMATORS:
         raise ConfigError(f"algorithm.adv_estimator: {cfg.algorithm.adv_estimator!r} is not one of "
                           f"{', '.join(ESTIMATORS)}")
+    if cfg.actor_rollout_ref.rollout.name not in engine_names():
+        raise ConfigError(f"actor_rollout_ref.rollout.name: {cfg.actor_rollout_ref.rollout.name!r} is not one of "
+                          f"{', '.join(engine_names())}")
     groups = [("rollout.training", "rollout.agent_group_num", "rollout.agent_group_size"),
               ("rollout.validation", "rollout.validation_agent_group_num", "rollout.validation_agent_group_size")]
     for names_key, num_key, size_key in groups:

@@ -10,11 +10,11 @@ from omegaconf import II
 from grl.schema.keys import key, section
 
 DTYPES = ("auto", "float32", "bfloat16", "float16", "fp32", "bf16", "fp16")
-# The schema is the package's floor: it imports nothing of GRL's, so the names other layers register are
-# written here as literals, and tests/test_schema.py holds each against its registry.
+# The schema is the package's floor: it imports nothing of GRL's, so the names other layers define are
+# written here as literals, and tests/test_schema.py holds each against its registry. Names users register
+# (engines, advantage estimators) are checked by grl.config against the live registries instead.
 AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")  # grl.algo.losses.AGG_MODES
 KL_ESTIMATORS = ("kl", "abs", "mse", "low_var_kl")  # grl.algo.kl.KL_ESTIMATORS
-ENGINE_NAMES = ("auto", "hf", "vllm")  # grl.engines.engine_names()
 
 
 @dataclass
@@ -117,7 +117,8 @@ class SamplingOverrides:
 
 @dataclass
 class RolloutEngine:
-    name: str = key("auto", "auto: vllm where it imports and works, else hf", choices=ENGINE_NAMES)
+    name: str = key("auto", "auto: vllm where it imports and works, else hf; or an engine registered in "
+                    "grl/engines (grl.config checks it)")
     temperature: float = _temperature(1.0)
     top_p: float = _top_p(1.0)
     top_k: int = _top_k(-1)
