@@ -159,7 +159,7 @@ class Agent:
         actions_left = self.settings.max_actions_all_turns - self._actions_used
         per_turn = 1 if self.constrained else self.settings.max_actions_per_turn
         return (f"Turn {self._turn + 1}. State:\n{observation}\n"
-                f"{self.hooks.budget_text(actions_left, per_turn)}")
+                f"{self.hooks.budget_text(actions_left, per_turn, self.settings.brief_turns)}")
 
     def instructions(self) -> str:
         """The task, the legend, the actions and the reply format: the first message before its state."""
@@ -176,9 +176,10 @@ class Agent:
         return context_window(self.messages, self.instructions(), self.settings.max_context_window)
 
     def _next_user_message(self, reward: float, feedback: str, observation: str) -> str:
-        # A zero reward is said by its absence: a game that pays only at its end would otherwise
-        # repeat "Reward: 0" every turn, tokens the model reads and the update computes on.
-        parts = [f"Reward: {reward:g}" if reward else "", feedback, self._state_text(observation)]
+        # brief_turns: a zero reward is said by its absence (a game that pays only at its end would
+        # otherwise repeat "Reward: 0" every turn, tokens the model reads and the update computes on).
+        shown = reward or not self.settings.brief_turns
+        parts = [f"Reward: {reward:g}" if shown else "", feedback, self._state_text(observation)]
         return "\n".join(p for p in parts if p)
 
     # ------------------------------------------------------------ episode

@@ -22,9 +22,9 @@ class TaskHooks:
         """What to act on when a reply has no usable answer (it is still penalised)."""
         return None
 
-    def budget_text(self, actions_left: int, per_turn: int) -> str:
+    def budget_text(self, actions_left: int, per_turn: int, brief: bool = False) -> str:
         left = f"You have {actions_left} action{'s' if actions_left != 1 else ''} left"
-        if per_turn == 1:  # the reply format already asks for one action: every turn's tokens count
+        if brief and per_turn == 1:  # the reply format already asks for one action
             return f"{left}."
         return f"{left}; use at most {min(per_turn, actions_left)} in this answer."
 
@@ -43,7 +43,7 @@ class AnswerHooks(TaskHooks):
     def fallback_answer(self, reply: str) -> str | None:
         return reply if isinstance(reply, str) and reply.strip() else None
 
-    def budget_text(self, actions_left: int, per_turn: int) -> str:
+    def budget_text(self, actions_left: int, per_turn: int, brief: bool = False) -> str:
         return f"Attempts left: {actions_left}."
 
 
@@ -53,7 +53,7 @@ class SQLHooks(TaskHooks):
     def actions(self, answer: str | None, separator: str | None) -> list[str]:
         return split_actions(answer, None)
 
-    def budget_text(self, actions_left: int, per_turn: int) -> str:
+    def budget_text(self, actions_left: int, per_turn: int, brief: bool = False) -> str:
         return f"Queries left: {actions_left}."
 
 
@@ -70,7 +70,7 @@ class TextWorldHooks(TaskHooks):
     def actions(self, answer: str | None, separator: str | None) -> list[str]:
         return split_actions(answer, None)
 
-    def budget_text(self, actions_left: int, per_turn: int) -> str:
+    def budget_text(self, actions_left: int, per_turn: int, brief: bool = False) -> str:
         return f"Commands left: {actions_left}."
 
 
@@ -78,7 +78,7 @@ class GemHooks(AnswerHooks):
     """GEM's games read the move from the last \\boxed{} of whatever they are given: the whole answer is one
     move, and a reply without tags is passed whole, as GEM's own trainers pass the reply."""
 
-    def budget_text(self, actions_left: int, per_turn: int) -> str:
+    def budget_text(self, actions_left: int, per_turn: int, brief: bool = False) -> str:
         return f"Moves left: {actions_left}."
 
 

@@ -43,6 +43,8 @@ class AgentConfig:
     # state), so a turn costs the same at turn 10 as at turn 1 (RAGEN's max_context_window).
     max_context_window: int = key(-1, "past turns the prompt shows before the current state; -1: the whole "
                                       "episode", ge=-1)
+    brief_turns: bool = key(False, "a later turn's message leaves out a zero reward and the per-answer action cap "
+                            "when it is one (the reply format already asks for one action): fewer tokens a turn")
 
 
 @dataclass

@@ -72,6 +72,7 @@ def require_token_locally() -> None:
                                                         or os.environ.get("RAY_AUTH_TOKEN_PATH")):
         os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
     ray._raylet.Config.initialize("")  # Ray read its mode when first imported: read it again
+    ray._raylet.AuthenticationTokenLoader.instance().reset_cache()  # and keeps the first token it loaded
 
 
 def leave_ray() -> None:

@@ -274,15 +274,20 @@ def test_context_window_before_tool_output_gives_the_instructions_a_message():
         grl.agents.settings_from_mapping({"max_context_window": -2}, "t.agent_config")
 
 
-def test_one_move_turns_say_only_what_changed(task):
-    """The one-gap Tetris of the CPU preset pays only at its end and takes one constrained move a turn:
-    a later turn's message is the board and the budget, without "Reward: 0" or a per-answer cap."""
+def test_brief_turns_say_only_what_changed(task):
+    """The one-gap Tetris of the CPU preset pays only at its end and takes one constrained move a turn; with
+    brief_turns (its block sets it) a later turn's message is the board and the budget, without "Reward: 0"
+    or a per-answer cap. Without it, every turn says both."""
     agent = make_agent("tetrisAgent_gap_dim_4", task("tetrisAgent_gap_dim_4"))
     agent.reset(3)
     assert not agent.step("<answer>Left</answer>").done
     follow_up = agent.messages[-1]["content"]
     assert follow_up.startswith("Turn 2. State:\n") and "Reward" not in follow_up
     assert follow_up.rstrip().endswith("You have 4 actions left.") and "at most" not in follow_up
+    full = make_agent("tetrisAgent_gap_dim_4", task("tetrisAgent_gap_dim_4", agent={"brief_turns": False}))
+    full.reset(3)
+    full.step("<answer>Left</answer>")
+    assert full.messages[-1]["content"] == "Reward: 0\n" + follow_up.rstrip()[:-1] + "; use at most 1 in this answer."
     agent.reset(3)
     dropped = agent.step("<answer>Down</answer>")  # never over the gap at the start: a loss
     assert dropped.done and not dropped.info["success"]

@@ -138,6 +138,7 @@ def cluster():
         # The driver holds the cluster's token like its nodes; Ray reads the mode when first imported.
         os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=env["RAY_AUTH_TOKEN"])
         ray._raylet.Config.initialize("")
+        ray._raylet.AuthenticationTokenLoader.instance().reset_cache()  # an earlier runtime's token was cached
         address = f"127.0.0.1:{port}"
         init_ray(address, log_to_driver=False)
         head_id = ray.get_runtime_context().get_node_id()
@@ -154,6 +155,7 @@ def cluster():
             else:
                 os.environ[key] = value
         ray._raylet.Config.initialize("")
+        ray._raylet.AuthenticationTokenLoader.instance().reset_cache()
         shutil.rmtree(temp, ignore_errors=True)
 
 
