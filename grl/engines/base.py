@@ -73,9 +73,12 @@ class Engine:
         """Release the engine's processes and memory."""
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity, where the OS reports one)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def engine_cpu_threads(cores: int | None = None) -> int:
     """Threads of a CPU engine that runs beside the update: half of `cores` (this process's, by default),
     at least one; the update's ranks keep the rest."""
-    if cores is None:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, cores // 2)
+    return max(1, (usable_cores() if cores is None else cores) // 2)

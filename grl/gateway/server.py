@@ -96,8 +96,6 @@ class Gateway:
         self.episodes: dict[str, EpisodeLog] = {}
         self._engine_lock = threading.Lock()
         self._episodes_lock = threading.Lock()
-        eos = tokenizer.eos_token_id
-        self._end_ids = [eos] + sorted(set(getattr(tokenizer, "all_special_ids", [])) - {eos})
 
     def models(self) -> dict:
         return {"object": "list", "data": [{"id": self.model_name, "object": "model", "owned_by": "grl"}]}
@@ -139,7 +137,7 @@ class Gateway:
         if len(prompt) + max_new > self.context:
             raise BadRequest(f"messages: {len(prompt)} prompt tokens + max_tokens {max_new} exceed the context of "
                              f"{self.context}")
-        constraints = self._constraints(body.get("allowed_replies"), max_new, n)
+        constraints = self._constraints(body.get("allowed_replies"), chat, max_new, n)
         with self._engine_lock:
             outputs = self.engine.generate([prompt] * n, sampling, constraints)
         choices = []
@@ -160,14 +158,13 @@ class Gateway:
                 "grl": {"prompt_token_ids": prompt, "completion_token_ids": [out.token_ids for out in outputs],
                         "log_probs": [out.log_probs for out in outputs]}}
 
-    def _constraints(self, allowed, max_new: int, n: int) -> list | None:
+    def _constraints(self, allowed, chat: ChatTokens, max_new: int, n: int) -> list | None:
         if allowed is None:
             return None
         if not isinstance(allowed, list) or not allowed or not all(isinstance(a, str) and a.strip() for a in allowed):
             raise BadRequest("allowed_replies: a non-empty list of non-empty strings")
         try:
-            grammar = compile_reply_grammar(lambda text: list(self.tokenizer(text, add_special_tokens=False)["input_ids"]),
-                                            self._end_ids, allowed, False, max_new)
+            grammar = compile_reply_grammar(chat.encode, chat.end_ids(), allowed, False, max_new)
         except GrammarError as err:
             raise BadRequest(f"allowed_replies: {err}") from None
         return [grammar] * n

@@ -23,6 +23,12 @@ class ChatTokens:
         self.template_kwargs = dict(chat_template_kwargs or {})
         self._tool_role: bool | None = None  # whether the template renders a `tool` message (tool output)
 
+    def end_ids(self) -> list[int]:
+        """The end-of-turn token first, then every other special token: what closes a constrained reply,
+        and what its free text may not hold."""
+        eos = self.tokenizer.eos_token_id
+        return [eos] + sorted(set(getattr(self.tokenizer, "all_special_ids", [])) - {eos})
+
     def encode(self, text: str) -> list[int]:
         # Templates write their own special tokens (BOS included) as text.
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])

@@ -100,9 +100,7 @@ class MultiTurnRollout:
         self._grammars: dict[tuple, ReplyGrammar] = {}
         self._warned_left_out: set[str] = set()
         self._logged_env_values: set[tuple[str, str]] = set()  # (task, kind) of bad env values already logged
-        # The end-of-turn token closes a constrained reply; no special token may appear in its free text.
-        eos = tokenizer.eos_token_id
-        self._end_ids = [eos] + sorted(set(getattr(tokenizer, "all_special_ids", [])) - {eos})
+        self._end_ids = self.chat.end_ids()
 
     @classmethod
     def from_config(cls, cfg, engine: Engine, tokenizer, control: str | None = None) -> MultiTurnRollout:

@@ -104,9 +104,9 @@ def cpu_threads(ranks_on_node: int, engine_beside: bool = False) -> int:
     """This rank's share of the node's cores (less the rollout engine's, when it runs at the same
     time). Ray sets OMP_NUM_THREADS=1 in a fractional-CPU actor, which would leave an offloaded
     optimizer step (AdamW over the host shards) one core."""
-    from grl.engines.base import engine_cpu_threads
+    from grl.engines.base import engine_cpu_threads, usable_cores
 
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = usable_cores()
     if engine_beside:
         cores = max(1, cores - engine_cpu_threads(cores))
     return max(1, cores // max(int(ranks_on_node), 1))

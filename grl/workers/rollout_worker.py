@@ -18,7 +18,7 @@ import os
 
 import torch
 
-from grl.engines.base import Engine, GenerationOutput, NamedTensors, SamplingParams, engine_cpu_threads
+from grl.engines.base import Engine, GenerationOutput, NamedTensors, SamplingParams, engine_cpu_threads, usable_cores
 from grl.errors import first_line
 from grl.workers.runtime import PRODUCT_ENV, REPO_ROOT, WorkerDiedError
 
@@ -52,7 +52,7 @@ class RolloutWorker:
     def __init__(self, cfg, device: str):
         logging.basicConfig(level=logging.INFO, format="%(asctime)s rollout %(message)s")
         if device == "cpu":
-            cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+            cores = usable_cores()
             beside = int(cfg.rollout.max_staleness) > 0  # generating while the actor trains
             torch.set_num_threads(engine_cpu_threads(cores) if beside else cores)
         # The seed of the colocated engine in rank 0, so that a run with the engine apart samples as one with it in.
