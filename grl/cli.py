@@ -180,7 +180,7 @@ def _serve_main(argv: list[str]) -> int:
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--max-tokens", type=int, default=1024, help="reply tokens when a request names none")
     args = parser.parse_args(argv)
-    from grl.gateway import Gateway, build_app
+    from grl.gateway import Gateway, SerialEngine, build_app
     from grl.models import ModelLoadError, load_tokenizer
 
     try:
@@ -194,7 +194,7 @@ def _serve_main(argv: list[str]) -> int:
 
     engine = make_engine(args.engine, args.model, dtype=args.dtype, grammar=True)
     context = int(getattr(tokenizer, "model_max_length", 0) or 0)
-    gateway = Gateway(engine, tokenizer, args.model, max_tokens=args.max_tokens,
+    gateway = Gateway(SerialEngine(engine), tokenizer, args.model, max_tokens=args.max_tokens,
                       context=context if 0 < context < 10**7 else 32768)
     print(f"grl serve: {args.model} at http://{args.host}:{args.port}/v1", flush=True)
     uvicorn.run(build_app(gateway), host=args.host, port=args.port, log_level="warning")

@@ -19,7 +19,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from grl.algo.estimators import ESTIMATORS
 from grl.engines import engine_names
-from grl.schema import AgentConfig, ConfigError, GRLConfig, TaskInstance, check_values, leaves, merge_typed
+from grl.schema import PROGRAM, AgentConfig, ConfigError, GRLConfig, TaskInstance, check_values, leaves, merge_typed
 from grl.schema.keys import defaults, did_you_mean, one_line
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
@@ -162,6 +162,11 @@ def _check_tasks(cfg: DictConfig, tasks: dict[str, DictConfig]) -> dict[str, Dic
     for name, block in tasks.items():
         typed[name] = merge_typed(TaskInstance, block, f"{name}.")
         check_values(AgentConfig, typed[name].agent_config, f"{name}.agent_config.")
+        if (typed[name].agent_type == PROGRAM) != bool(typed[name].agent_config.program):
+            raise ConfigError(f"{name}: a task played by an agent program has agent_type: {PROGRAM} and "
+                              "agent_config.program: 'package.module:function'; the one needs the other")
+        if typed[name].agent_type == PROGRAM:
+            continue
         try:
             grl.agents.env_name(typed[name].agent_type)
         except KeyError as err:
@@ -172,6 +177,8 @@ def _check_tasks(cfg: DictConfig, tasks: dict[str, DictConfig]) -> dict[str, Dic
                 known = sorted(typed)
                 hint = did_you_mean(name, known) or f" (known: {', '.join(known)})"
                 raise ConfigError(f"{list_key}: no task instance named {name!r}{hint}")
+            if typed[name].agent_type == PROGRAM:
+                continue
             env_type = grl.agents.env_name(typed[name].agent_type)
             try:
                 accepted = grl.envs.config_keys(env_type)

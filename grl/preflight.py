@@ -251,9 +251,16 @@ def check_tasks(cfg: DictConfig) -> None:
 
     names = list(dict.fromkeys([*cfg.rollout.training, *cfg.rollout.validation]))
     for name in names:
+        program = cfg[name].agent_config.get("program")
         try:
+            if program:  # an agent program plays it: its function must import
+                from grl.gateway.programs import load_program
+
+                load_program(program)
+                continue
             agent = grl.agents.make_agent(name, task_instance(cfg, name))
         except Exception as err:  # noqa: BLE001 - any failure to build the task is the task's config
             message = first_line(err)
-            raise PreflightError(message if message.startswith(f"{name}") else f"{name}: {message}") from None
+            named = message.startswith((f"{name}:", f"{name}.", f"{name} "))
+            raise PreflightError(message if named else f"{name}: {message}") from None
         agent.close()

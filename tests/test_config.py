@@ -1,5 +1,6 @@
 """The config is composed, typed and checked before anything starts."""
 
+import re
 import subprocess
 import sys
 import time
@@ -99,3 +100,16 @@ def test_an_agent_config_key_the_task_block_leaves_out_is_added_with_plus():
     assert cfg.tetrisAgent_gap_dim_4.agent_config.max_context_window == 0
     with pytest.raises(ConfigError, match="tetrisAgent_gap_dim_4.agent_config.max_context_window"):
         load_config(["+tetrisAgent_gap_dim_4.agent_config.max_context_window=-3"])
+
+
+@pytest.mark.parametrize("overrides, says", [
+    (["+prog.agent_type=program"], "prog: a task played by an agent program has agent_type: program"),
+    (["+prog.agent_type=tetris", "+prog.agent_config.program=tests.gateway.programs:one_call"],
+     "prog: a task played by an agent program has agent_type: program"),
+])
+def test_a_program_task_names_its_program(overrides, says):
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        load_config(overrides)
+    good = ["+prog.agent_type=program", "+prog.agent_config.program=tests.gateway.programs:one_call",
+            "rollout.training=[prog]", "+prog.env_config.anything=1"]
+    assert load_config(good).prog.agent_config.program == "tests.gateway.programs:one_call"

@@ -204,3 +204,59 @@ def test_ppo_learns_under_valid_action_decoding(tmp_path, monkeypatch, sign):
                for s in history if s > 0)
     assert before == 0.0
     assert (after >= 0.5) == (sign > 0), (before, after, train)
+
+
+# ---------------------------------------------------------------- an agent program through the gateway
+
+def program_fruit_task(wanted: str) -> dict:
+    """The fruit game written as an OpenAI-client program (tests/gateway/programs.py: fruit_picker)."""
+    return {"agent_type": "program", "agent_config": {"program": "tests.gateway.programs:fruit_picker",
+                                                      "max_tokens": 12, "max_turns": 3},
+            "env_config": {"wanted": wanted}}
+
+
+def program_greedy_choice() -> str:
+    """The fruit the untrained tiny model picks greedily in round 1 of the program's conversation."""
+    from grl.engines import SamplingParams, make_engine
+    from grl.gateway.programs import ProgramRunner
+    from grl.rollout import TaskSpec
+
+    engine = make_engine("hf", "tiny", device="cpu", grammar=True)
+    runner = ProgramRunner(engine, engine.tokenizer, context=1024, max_response_length=12)
+    try:
+        [episode], _ = runner.run([TaskSpec("fruitProgram", program_fruit_task("plum"), 1, 1)], 0, 0,
+                                  SamplingParams(greedy=True))
+    finally:
+        runner.close()
+        engine.shutdown()
+    first_reply = next(m for m in episode.messages if m["role"] == "assistant")["content"]
+    return re.sub(r"</?answer>", "", first_reply).strip()
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0], ids=["as_is", "advantage_sign_flipped"])
+def test_ppo_learns_through_the_gateway_the_fruit_game_written_as_a_program(tmp_path, monkeypatch, sign):
+    """The valid-action test above with its agent written against the `openai` client: the trainer
+    starts the gateway, the program's calls are its episodes, and the same run learns (and, with the
+    advantages negated, does not)."""
+    import grl.trainer.transforms as transforms
+    from grl.trainer.agent_trainer import AgentTrainer
+    from grl.workers import init_ray
+
+    estimate = transforms.compute_advantage
+    monkeypatch.setattr(transforms, "compute_advantage",
+                        lambda *a, **k: tuple(sign * x if i == 0 else x for i, x in enumerate(estimate(*a, **k))))
+    wanted = next(f for f in FRUITS if f != program_greedy_choice())
+    cfg = small_run_config(
+        tmp_path, "fruitProgram", program_fruit_task(wanted), max_response_length=12, validation_groups=8,
+        **{"algorithm.adv_estimator": "grpo", "critic.enable": False, "ppo_mini_batch_size": 16,
+           "micro_batch_size_per_gpu": 16, "total_training_steps": 8, "test_freq": 8})
+    init_ray(None, num_cpus=2)
+    AgentTrainer.from_config(cfg).fit()
+    history = {r["step"]: r for r in read_jsonl(tmp_path / "run" / METRICS_FILE)}
+    before, after = history[0]["val-env/fruitProgram/success"], history[8]["val-env/fruitProgram/success"]
+    train = [round(history[s]["train/fruitProgram/success"], 2) for s in sorted(history) if s > 0]
+    print(f"sign {sign:+.0f}: greedy validation success {before:.3f} -> {after:.3f}; training success {train}")
+    assert all(history[s]["gateway/calls"] == 48 and history[s]["gateway/prefix_breaks"] == 0
+               for s in history if s > 0)
+    assert before == 0.0
+    assert (after >= 0.5) == (sign > 0), (before, after, train)

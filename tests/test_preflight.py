@@ -62,6 +62,8 @@ BAD = [  # (override, the key the message must name)
      "rollout.validation_agent_group_size=[1] birdAgent.env_config.dataset_path={tmp}/none.jsonl", "birdAgent"),
     ("simpleSokobanAgent.env_config.dim_room=[2,2]", "simpleSokobanAgent"),
     ("trainer.resume_mode={tmp}", "trainer.resume_mode"),  # a folder that holds no checkpoint
+    ("+prog.agent_type=program +prog.agent_config.program=no_such_module:play rollout.training=[prog] "
+     "rollout.agent_group_num=[1] rollout.agent_group_size=[2]", "prog: program 'no_such_module:play': cannot import"),
 ]
 
 

@@ -1,20 +1,23 @@
 """What an agent program's calls become for training: token ids the engine sampled, never re-tokenised.
 
-A program talks in chat messages; the trainer needs one row of token ids per episode with the sampled
-tokens marked. Each call of an episode is recorded with the prompt ids the engine saw and the ids it
-sampled. When a call sends the conversation back as the gateway left it (the earlier messages as they
-were, then the assistant message exactly as the gateway returned it, then new user or tool messages), its
-prompt is built by token arithmetic: the previous prompt, the sampled ids, then only the ids the chat
-template puts between that reply and the next (`ChatTokens.turn_delta`). The episode stays one row.
-When the program edited its history, the call's prompt is rendered whole and starts a new row: a
-prefix break, counted.
+A program talks in chat messages; the trainer needs the token ids of each episode with the sampled tokens
+marked (`EpisodeLog.turns`: the `Turn`s GRL's own agents produce). Each call of an episode is recorded
+with the prompt ids the engine saw and the ids it sampled. When a call sends the conversation back as the
+gateway left it (the earlier messages as they were, then the assistant message exactly as the gateway
+returned it, then new user or tool messages), its prompt is built by token arithmetic: the previous
+prompt, the sampled ids, then only the ids the chat template puts between that reply and the next
+(`ChatTokens.turn_delta`). The episode stays one sequence. When the program edited its history, the
+call's prompt is rendered whole and starts a sequence of its own: a prefix break, counted.
 """
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 
+from grl.engines.base import SamplingParams
 from grl.rollout.chat import ChatTokens
+from grl.rollout.types import Turn
 
 
 @dataclass
@@ -25,20 +28,24 @@ class Call:
     completion_ids: list[int]
     log_probs: list[float]
     continues: bool  # the prompt extends the previous call's prompt and completion token for token
-
-
-@dataclass
-class Row:
-    """One training row: `ids`, and for each id whether the engine sampled it (and its log-prob)."""
-
-    ids: list[int]
-    sampled: list[bool]
-    log_probs: list[float | None]
+    allowed: list | None = None  # under `allowed_replies`: each sampled token's allowed set (ReplyGrammar.trace)
+    finish_reason: str = ""
 
 
 @dataclass
 class EpisodeLog:
+    """The calls of one episode. An episode the trainer opened (grl/gateway/programs.py) samples with the
+    rollout's `sampling`, whatever the request asks, since the update scores the tokens under that very
+    distribution; `seed` seeds its k-th call with `seed + k`; after `max_calls` calls, or once `closed`
+    (the program ran out of time), calls are refused and counted in `refused`."""
+
     calls: list[Call] = field(default_factory=list)
+    sampling: SamplingParams | None = None
+    seed: int | None = None
+    max_calls: int | None = None
+    closed: bool = False
+    refused: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)  # one call at a time
 
     @property
     def prefix_breaks(self) -> int:
@@ -60,23 +67,19 @@ class EpisodeLog:
     def record(self, call: Call) -> None:
         self.calls.append(call)
 
-    def rows(self) -> list[Row]:
-        """One row per run of calls that extend each other; the sampled ids marked."""
-        rows: list[Row] = []
-        for call in self.calls:
-            if not (call.continues and rows):
-                rows.append(Row(list(call.prompt_ids), [False] * len(call.prompt_ids), [None] * len(call.prompt_ids)))
-            else:
-                row = rows[-1]
-                between = call.prompt_ids[len(row.ids):]
-                row.ids += between
-                row.sampled += [False] * len(between)
-                row.log_probs += [None] * len(between)
-            row = rows[-1]
-            row.ids += call.completion_ids
-            row.sampled += [True] * len(call.completion_ids)
-            row.log_probs += list(call.log_probs)
-        return rows
+    def turns(self) -> list[Turn]:
+        """The calls as the turns of one training episode: a call that extends the one before adds only
+        its new prompt ids; one that does not is a whole prompt of its own (`Turn.new_context`: the batch
+        restarts its positions and lets it attend only to itself, as a separate row would)."""
+        turns: list[Turn] = []
+        for before, call in zip([None, *self.calls], self.calls):
+            continues = call.continues and before is not None
+            seen = len(before.prompt_ids) + len(before.completion_ids) if continues else 0
+            turns.append(Turn(prompt_ids=list(call.prompt_ids[seen:]), response_ids=list(call.completion_ids),
+                              response_log_probs=list(call.log_probs) if call.log_probs else None, reward=0.0,
+                              finish_reason=call.finish_reason, response_allowed=call.allowed,
+                              new_context=bool(turns) and not continues))
+        return turns
 
 
 def _extends(messages: list[dict], last: Call) -> bool:

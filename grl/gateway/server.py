@@ -7,8 +7,9 @@ prompt and completion ids, log-probs). Under `/episodes/<id>/v1/...` the calls o
 recorded for training (grl/gateway/episodes.py). A request may name the replies it allows
 (`allowed_replies`): the engine then decodes with the reply grammar GRL's agents use.
 
-Bad requests get HTTP 400 with one line; the engine runs one request at a time (the hf engine is
-not thread-safe).
+Bad requests get HTTP 400 with one line. The engine is used only through `engine.generate`: `grl serve`
+gives a `SerialEngine` (the hf engine is not thread-safe), the trainer a `BatchingEngine`
+(grl/gateway/programs.py) whose owner serves the concurrent calls of many programs in batches.
 """
 
 
@@ -17,6 +18,7 @@ import re
 import threading
 import time
 import uuid
+from dataclasses import replace
 from typing import Any
 
 from grl.engines.base import Engine, SamplingParams
@@ -26,6 +28,7 @@ from grl.rollout.chat import ChatTokens
 
 ROLES = ("system", "user", "assistant", "tool")
 MAX_N = 16
+MAX_WAITING_CALLS = 256  # calls answered at once (each waits on a thread for its generation)
 _TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 
 
@@ -87,24 +90,67 @@ def _number(body: dict, key: str, default, low, high, kind=float):
     return kind(value)
 
 
-class Gateway:
-    """The endpoint's logic, apart from HTTP: `models()`, `complete(body, episode)`."""
+class SerialEngine:
+    """An engine that serves one `generate` at a time, whichever thread calls."""
 
-    def __init__(self, engine: Engine, tokenizer, model_name: str, max_tokens: int = 1024, context: int = 32768):
+    def __init__(self, engine: Engine):
+        self.engine, self._lock = engine, threading.Lock()
+
+    def generate(self, prompts, sampling, constraints=None):
+        with self._lock:
+            return self.engine.generate(prompts, sampling, constraints)
+
+
+class Gateway:
+    """The endpoint's logic, apart from HTTP: `models()`, `complete(body, episode)`.
+
+    `open_episodes`: a call under an episode id nobody opened starts that episode (`grl serve`); the
+    trainer opens its episodes itself (`open_episode`) and refuses the others."""
+
+    def __init__(self, engine, tokenizer, model_name: str, max_tokens: int = 1024, context: int = 32768,
+                 open_episodes: bool = True):
         self.engine, self.tokenizer, self.model_name = engine, tokenizer, model_name
-        self.max_tokens, self.context = max_tokens, context
+        self.max_tokens, self.context, self.open_episodes = max_tokens, context, open_episodes
         self.episodes: dict[str, EpisodeLog] = {}
-        self._engine_lock = threading.Lock()
         self._episodes_lock = threading.Lock()
 
     def models(self) -> dict:
         return {"object": "list", "data": [{"id": self.model_name, "object": "model", "owned_by": "grl"}]}
 
+    def open_episode(self, name: str, log: EpisodeLog) -> None:
+        with self._episodes_lock:
+            self.episodes[name] = log
+
+    def close_episode(self, name: str) -> EpisodeLog | None:
+        """Stop recording `name` (later calls are refused; one in flight is recorded first) and hand back its log."""
+        with self._episodes_lock:
+            log = self.episodes.pop(name, None)
+        if log is not None:
+            with log.lock:
+                log.closed = True
+        return log
+
     def episode(self, name: str) -> EpisodeLog:
         with self._episodes_lock:
-            return self.episodes.setdefault(name, EpisodeLog())
+            if self.open_episodes:
+                return self.episodes.setdefault(name, EpisodeLog())
+            if name not in self.episodes:
+                raise BadRequest(f"episode {name!r}: not open (it ended, or the trainer never started it)")
+            return self.episodes[name]
 
     def complete(self, body: Any, episode: str | None = None) -> dict:
+        log = self.episode(episode) if episode is not None else None
+        if log is None:
+            return self._complete(body, None)
+        with log.lock:  # a call extends the one before it, so an episode's calls go one after another
+            if log.closed:
+                raise BadRequest(f"episode {episode!r}: ended")
+            if log.max_calls is not None and len(log.calls) >= log.max_calls:
+                log.refused += 1
+                raise BadRequest(f"episode {episode!r}: its {log.max_calls} calls are spent (agent_config.max_turns)")
+            return self._complete(body, log)
+
+    def _complete(self, body: Any, log: EpisodeLog | None) -> dict:
         if not isinstance(body, dict):
             raise BadRequest("the body must be a JSON object")
         if body.get("stream"):
@@ -126,20 +172,21 @@ class Gateway:
         sampling = SamplingParams(temperature=temperature, top_p=_number(body, "top_p", 1.0, 1e-9, 1.0),
                                   max_new_tokens=max_new, stop=stop, greedy=temperature == 0,
                                   seed=_number(body, "seed", None, 0, 2**63 - 1, int))
+        if log is not None and log.sampling is not None:
+            sampling = replace(log.sampling, max_new_tokens=min(max_new, log.sampling.max_new_tokens), stop=stop,
+                               seed=None if log.seed is None else log.seed + len(log.calls))
         chat = ChatTokens(self.tokenizer, {"tools": tools} if tools and body.get("tool_choice") != "none" else None)
-        log = self.episode(episode) if episode is not None else None
         if log is not None and n != 1:
             raise BadRequest("n: a call of a recorded episode samples one reply")
         try:
             prompt, continues = log.prompt_for(messages, chat) if log is not None else (chat.first_prompt(messages), False)
         except Exception as err:  # noqa: BLE001 - templates refuse conversations in many ways
             raise BadRequest(f"messages: the chat template cannot render them: {err}") from None
-        if len(prompt) + max_new > self.context:
-            raise BadRequest(f"messages: {len(prompt)} prompt tokens + max_tokens {max_new} exceed the context of "
-                             f"{self.context}")
-        constraints = self._constraints(body.get("allowed_replies"), chat, max_new, n)
-        with self._engine_lock:
-            outputs = self.engine.generate([prompt] * n, sampling, constraints)
+        if len(prompt) + sampling.max_new_tokens > self.context:
+            raise BadRequest(f"messages: {len(prompt)} prompt tokens + max_tokens {sampling.max_new_tokens} exceed "
+                             f"the context of {self.context}")
+        constraints = self._constraints(body.get("allowed_replies"), chat, sampling.max_new_tokens, n)
+        outputs = self.engine.generate([prompt] * n, sampling, constraints)
         choices = []
         for i, out in enumerate(outputs):
             text = self.tokenizer.decode(out.token_ids, skip_special_tokens=True)
@@ -148,8 +195,9 @@ class Gateway:
             reason = "tool_calls" if calls else out.finish_reason
             choices.append({"index": i, "message": message, "finish_reason": reason, "logprobs": None})
             if log is not None:
+                allowed = constraints[i].trace(out.token_ids) if constraints else None
                 log.record(Call(messages, message, list(prompt), list(out.token_ids), list(out.log_probs or []),
-                                continues))
+                                continues, allowed, out.finish_reason))
         sampled = sum(len(out.token_ids) for out in outputs)
         return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
                 "model": self.model_name, "choices": choices,
@@ -176,6 +224,7 @@ def build_app(gateway: Gateway):
     from fastapi.responses import JSONResponse
 
     app = FastAPI(title="GRL gateway")
+    threads = []  # the limiter of the threads that wait for the engine, made in the event loop on first use
 
     def refused(err: BadRequest) -> JSONResponse:
         return JSONResponse({"error": {"message": str(err), "type": "invalid_request_error"}}, status_code=400)
@@ -203,8 +252,10 @@ def build_app(gateway: Gateway):
         import anyio
 
         body = await body_of(request)
+        if not threads:  # anyio's default of 40 would cap how many programs' calls share an engine batch
+            threads.append(anyio.CapacityLimiter(MAX_WAITING_CALLS))
         try:  # off the event loop: generation blocks for seconds
-            return await anyio.to_thread.run_sync(gateway.complete, body, episode)
+            return await anyio.to_thread.run_sync(gateway.complete, body, episode, limiter=threads[0])
         except BadRequest as err:
             return refused(err)
 

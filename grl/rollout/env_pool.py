@@ -33,8 +33,9 @@ class CallPool:
     """Calls submitted one at a time, each under the time limit, whose results are collected as they
     finish: what a rollout without a turn barrier needs (an agent moves on when its own call returns)."""
 
-    def __init__(self, workers: int, timeout: float | None):
+    def __init__(self, workers: int, timeout: float | None, limit_key: str = "env_step_timeout"):
         self.limit = timeout if timeout and timeout > 0 else None
+        self._limit_key = limit_key  # the config key an overrun names
         self._workers = max(1, workers)
         self._todo: queue.SimpleQueue = queue.SimpleQueue()
         self._finished: queue.SimpleQueue = queue.SimpleQueue()
@@ -73,7 +74,7 @@ class CallPool:
                 overdue = [k for k, t in self._started.items() if k in self._open and now - t > self.limit]
             for key in overdue:
                 self._open.discard(key)
-                results.append((key, CallResult(error=f"timed out after {self.limit:g} s (env_step_timeout)",
+                results.append((key, CallResult(error=f"timed out after {self.limit:g} s ({self._limit_key})",
                                                 timed_out=True)))
                 self._spawn()  # replaces the thread stuck in that call
         return results

@@ -19,19 +19,13 @@ the agent's windowed chat (the instructions, the last k turns, the current
 state): that turn's `prompt_ids` are the whole prompt (`Turn.new_context`), and
 the batch lets each turn attend only to its own prompt.
 
-Env faults: an env that raises (in `reset` or `step`) or overruns the time
-limit ends that agent's episode with reward `env_error_penalty` (default: the
-task's format penalty) on the failed turn; the error is logged once with task,
-seed and traceback, counted in `<task>/env_errors`, and the agent is thrown
-away (a hung one is never touched again). So does an env that returns a
-value breaking the contract (grl/envs/checks.py: a non-finite or non-numeric
-reward, an observation that is not text, a malformed step result, `done` or
-`info`, an empty or malformed `valid_actions()`): it is logged once per task
-and kind with the seed, the value's type and a short repr, and counted in
-`<task>/env_errors` (non-finite rewards also in `<task>/nonfinite_rewards`).
-An observation that is repaired (cut to size, NUL or lone surrogates
-replaced) keeps its episode and is counted in `<task>/env_warnings`. If more
-than `max_failed_agent_ratio` of the step's agents fail, `RolloutError` stops it.
+Env faults: an env that raises (in `reset` or `step`), overruns `env_step_timeout` or returns a value
+breaking the contract (grl/envs/checks.py) ends that agent's episode with reward `env_error_penalty`
+(default: the task's format penalty) on the failed turn; it is logged (once per task and kind for bad
+values) with task and seed, counted in `<task>/env_errors` (non-finite rewards also in
+`<task>/nonfinite_rewards`), and the agent is thrown away (a hung one is never touched again). A repaired
+observation keeps its episode and is counted in `<task>/env_warnings`. If more than
+`max_failed_agent_ratio` of the step's agents fail, `RolloutError` stops it.
 
 Use: `MultiTurnRollout.from_config(cfg, engine, tokenizer).run(task_specs(cfg), base_seed, sampling)`;
 the trainer shapes the episodes into a batch with grl/trainer/transforms.py (`shape_batch`).
@@ -53,7 +47,7 @@ from grl.rollout.chat import ChatTokens, truncate_prompt
 from grl.rollout.env_pool import CallPool, CallResult, run_calls
 from grl.rollout.episode_stats import rollout_metrics
 from grl.rollout.slot import Slot
-from grl.rollout.tasks import TaskSpec
+from grl.rollout.tasks import TaskSpec, is_program_task
 from grl.rollout.types import Episode, Turn
 
 log = logging.getLogger("grl.rollout")
@@ -76,14 +70,17 @@ class MultiTurnRollout:
     """Runs agents of several tasks through their episodes against one engine.
 
     Agents are built once per (task block, position) and reused across calls
-    (an env may load a dataset); a failed agent is replaced by a fresh one.
+    (an env may load a dataset); a failed agent is replaced by a fresh one. `programs` plays the tasks
+    an agent program plays (grl.gateway.ProgramRunner, built by the trainer over the same engine).
     """
 
     def __init__(self, engine: Engine, tokenizer, *, max_prompt_length: int, max_response_length: int,
                  truncation: str = "left", env_workers: int = 16, env_step_timeout: float | None = 60.0,
                  env_error_penalty: float | None = None, max_failed_agent_ratio: float = 0.5,
-                 chat_template_kwargs: dict | None = None, agent_factory: Callable | None = None):
+                 chat_template_kwargs: dict | None = None, agent_factory: Callable | None = None,
+                 programs=None):
         self.engine = engine
+        self.programs = programs
         self.tokenizer = tokenizer
         self.chat = ChatTokens(tokenizer, chat_template_kwargs)
         self.max_prompt_length = max_prompt_length
@@ -103,7 +100,8 @@ class MultiTurnRollout:
         self._end_ids = self.chat.end_ids()
 
     @classmethod
-    def from_config(cls, cfg, engine: Engine, tokenizer, control: str | None = None) -> MultiTurnRollout:
+    def from_config(cls, cfg, engine: Engine, tokenizer, control: str | None = None,
+                    programs=None) -> MultiTurnRollout:
         """`control`: a validation control of grl/agents/controls.py (e.g. `swap`) that builds the agents."""
         from grl.agents import make_agent
         from grl.agents.controls import VALIDATION_CONTROLS
@@ -116,7 +114,7 @@ class MultiTurnRollout:
                    env_workers=r.env_workers, env_step_timeout=r.env_step_timeout,
                    env_error_penalty=r.env_error_penalty, max_failed_agent_ratio=r.max_failed_agent_ratio,
                    agent_factory=lambda name, block: (VALIDATION_CONTROLS[control] if control else make_agent)(
-                       name, block, sandbox))
+                       name, block, sandbox), programs=programs)
 
     # ------------------------------------------------------------ public
 
@@ -125,8 +123,13 @@ class MultiTurnRollout:
         """One rollout: every agent of every task plays one episode. `on_turn(turn,
         playing, total)` is told before each engine call how many agents still play.
         `turn_barrier=False`: each agent asks for its next reply as soon as its env step returns,
-        and each engine call serves every agent that is waiting (see `_run_without_barrier`)."""
-        slots = self._slots(tasks, base_seed)
+        and each engine call serves every agent that is waiting (see `_run_without_barrier`).
+        Program tasks (`agent_config.program`) are played after the others by `programs`."""
+        programs = [task for task in tasks if is_program_task(task)]
+        if programs and self.programs is None:
+            raise RolloutError(f"{programs[0].name}: agent programs play through the trainer's gateway (none given)")
+        native = [task for task in tasks if not is_program_task(task)]
+        slots = self._slots(native, base_seed)
         try:
             self._reset(slots)
             if turn_barrier:
@@ -141,9 +144,15 @@ class MultiTurnRollout:
             episodes = [self._episode(s) for s in slots]
         finally:
             self._retire_failed(slots)
-        return RolloutResult(episodes, rollout_metrics(episodes, [s.truncated_turns for s in slots]))
+        extra: dict[str, float] = {}
+        if programs:
+            played, extra = self.programs.run(programs, base_seed, sum(t.num_groups for t in native), sampling, on_turn)
+            episodes += played
+        return RolloutResult(episodes, {**rollout_metrics(episodes, [s.truncated_turns for s in slots]), **extra})
 
     def close(self) -> None:
+        if self.programs is not None:
+            self.programs.close()
         agents, self._agents = list(self._agents.values()), {}
         run_calls([a.close for a in agents], self.env_workers, self.env_step_timeout)
 

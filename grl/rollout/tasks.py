@@ -28,10 +28,16 @@ def task_specs(cfg, validation: bool = False) -> list[TaskSpec]:
             for n, g, s in zip(names, nums, sizes)]
 
 
+def is_program_task(task: TaskSpec) -> bool:
+    """A task whose episodes an agent program plays through the gateway (`agent_config.program`)."""
+    return bool((task.config.get("agent_config") or {}).get("program"))
+
+
 def decodes_constrained(cfg) -> bool:
     """Whether any training or validation task of a run writes its replies from the env's valid
-    actions (`agent_config.action_decoding: constrained`): its engine must then take reply grammars."""
-    return any((spec.config.get("agent_config") or {}).get("action_decoding") == "constrained"
+    actions (`agent_config.action_decoding: constrained`), or is an agent program (which may ask for
+    `allowed_replies`): its engine must then take reply grammars."""
+    return any((spec.config.get("agent_config") or {}).get("action_decoding") == "constrained" or is_program_task(spec)
                for validation in (False, True) for spec in task_specs(cfg, validation))
 
 

@@ -10,6 +10,7 @@ from omegaconf import MISSING
 from grl.schema.keys import key, section
 
 
+PROGRAM = "program"  # the agent_type of a task an agent program plays (agent_config.program)
 TOOL_NAMES = ("python",)  # grl.tools.TOOLS (tests/test_schema.py holds them equal)
 
 
@@ -43,6 +44,11 @@ class AgentConfig:
     # state), so a turn costs the same at turn 10 as at turn 1 (RAGEN's max_context_window).
     max_context_window: int = key(-1, "past turns the prompt shows before the current state; -1: the whole "
                                       "episode", ge=-1)
+    program: Optional[str] = key(None, "'package.module:function': an agent program plays the task through an "
+                                 "OpenAI-compatible client (agent_type: program; grl/gateway/programs.py); "
+                                 "max_turns caps its calls, max_tokens each reply")
+    program_timeout: float = key(300.0, "seconds an agent program may take for one episode", gt=0)
+    program_workers: int = key(64, "agent programs running at once", ge=1)
     brief_turns: bool = key(False, "a later turn's message leaves out a zero reward and the per-answer action cap "
                             "when it is one (the reply format already asks for one action): fewer tokens a turn")
 

@@ -24,6 +24,7 @@ from grl.config import uses_critic, uses_reference
 from grl.engines import sampling_from_config
 from grl.rng import rng_state, set_rng_state
 from grl.rollout import Batch, MultiTurnRollout, task_specs, training_base_seed
+from grl.rollout.tasks import is_program_task
 from grl.tracking import Tracker, save_run_info
 from grl.trainer import RunAborted
 from grl.trainer import checkpoint as ckpt
@@ -105,7 +106,12 @@ class AgentTrainer:
             actor.shutdown()
             raise
         tokenizer = load_tokenizer(cfg.actor_rollout_ref.model.path)
-        rollout = MultiTurnRollout.from_config(cfg, actor.engine, tokenizer)
+        programs = None
+        if any(is_program_task(task) for validation in (False, True) for task in task_specs(cfg, validation)):
+            from grl.gateway.programs import ProgramRunner
+
+            programs = ProgramRunner.from_config(cfg, actor.engine, tokenizer)
+        rollout = MultiTurnRollout.from_config(cfg, actor.engine, tokenizer, programs=programs)
         return cls(cfg, actor, critic, rollout, hooks)
 
     # ------------------------------------------------------------------ loop

@@ -22,11 +22,11 @@ from grl.rollout.types import Batch, Episode
 
 def task_metrics(rollout_metrics: dict[str, float], prefix: str) -> dict[str, float]:
     """The rollout's per-task metrics (`<task>/<metric>`) under `prefix/`
-    (`train` in training, `val-env` in validation); its `rollout/...` counters
-    keep their names in training and go under `val-rollout/` in validation."""
+    (`train` in training, `val-env` in validation); its `rollout/...` and `gateway/...` counters
+    keep their names in training and go under `val-rollout/`, `val-gateway/` in validation."""
     out = {}
     for name, value in rollout_metrics.items():
-        if name.startswith("rollout/"):
+        if name.startswith(("rollout/", "gateway/")):
             name = name if prefix == "train" else "val-" + name
         else:
             name = f"{prefix}/{name}"

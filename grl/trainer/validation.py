@@ -4,7 +4,8 @@
 the per-task metrics (`val-env/<task>/<metric>`); RAGEN-2's input-dependence measures
 (grl/rollout/diagnostics.py) come from the same episodes. Each control rollout (grl/agents/controls.py,
 `trainer.validation_controls`) replays the same games with its own agents and reports only its
-success, as `val-env/<task>/success_swapped` for `swap`.
+success, as `val-env/<task>/success_swapped` for `swap`; a task an agent program plays has no agent to
+replace and is left out of them.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from statistics import fmean
 
 from grl.agents.controls import CONTROL_METRIC
 from grl.rollout.diagnostics import input_dependence_metrics
+from grl.rollout.tasks import is_program_task
 
 
 def _mean_metrics(results) -> dict[str, float]:
@@ -25,10 +27,11 @@ def validation_metrics(rollout, controls: dict, tasks, first_seed: int, runs: in
     results = [rollout.run(tasks, first_seed + i, sampling, on_turn=on_turn) for i in range(runs)]
     episodes = [ep for r in results for ep in r.episodes]
     metrics = {**_mean_metrics(results), **input_dependence_metrics(episodes)}
-    for name, control_rollout in controls.items():
-        mean = _mean_metrics([control_rollout.run(tasks, first_seed + i, sampling, on_turn=on_turn)
+    native = [task for task in tasks if not is_program_task(task)]
+    for name, control_rollout in controls.items() if native else ():
+        mean = _mean_metrics([control_rollout.run(native, first_seed + i, sampling, on_turn=on_turn)
                               for i in range(runs)])
-        for task in {t.name for t in tasks}:
+        for task in {t.name for t in native}:
             if f"{task}/success" in mean:
                 metrics[f"{task}/{CONTROL_METRIC[name]}"] = mean[f"{task}/success"]
     return metrics, episodes

@@ -17,9 +17,11 @@ import pytest
 
 from grl.engines import make_engine
 from grl.engines.base import SamplingParams
-from grl.gateway import Gateway, build_app, tool_calls_of
+from grl.gateway import Gateway, SerialEngine, build_app, tool_calls_of
 from grl.models import load_tokenizer
+from grl.rollout.batch import episode_tokens
 from grl.rollout.chat import ChatTokens
+from grl.rollout.types import Episode
 
 openai = pytest.importorskip("openai")
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,7 +40,7 @@ def served():
 
     tokenizer = load_tokenizer("tiny")
     engine = make_engine("hf", "tiny", dtype="float32", device="cpu")
-    gateway = Gateway(engine, tokenizer, "tiny", max_tokens=16, context=2048)
+    gateway = Gateway(SerialEngine(engine), tokenizer, "tiny", max_tokens=16, context=2048)
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(build_app(gateway), host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
@@ -58,6 +60,11 @@ def client(base: str, path: str = "/v1"):
 
 def grl_ids(response) -> dict:
     return response.model_extra["grl"]
+
+
+def trained_row(log):
+    """The episode's tokens as the trainer flattens them (grl/rollout/batch.py)."""
+    return episode_tokens(Episode("program", 0, 0, log.turns(), score=0.0), use_turn_scores=False)
 
 
 def test_models_names_the_served_model(served):
@@ -92,11 +99,13 @@ def test_a_program_that_continues_its_conversation_trains_on_one_row_of_the_samp
         one["prompt_token_ids"] + sampled_first
     between = two["prompt_token_ids"][len(one["prompt_token_ids"]) + len(sampled_first):]
     assert "And 3 + 4?" in gateway.tokenizer.decode(between)
-    [row] = log.rows()
-    assert row.ids == two["prompt_token_ids"] + two["completion_token_ids"][0]
-    trained = [t for t, s in zip(row.ids, row.sampled) if s]
+    row = trained_row(log)
+    assert row.input_ids == two["prompt_token_ids"] + two["completion_token_ids"][0]
+    assert set(row.context_ids) == {1}  # one sequence: the second call attends to the first
+    trained = [t for t, m in zip(row.input_ids, row.loss_mask) if m]
     assert trained == sampled_first + two["completion_token_ids"][0]
-    assert [p for p, s in zip(row.log_probs, row.sampled) if s] == pytest.approx(one["log_probs"][0] + two["log_probs"][0])
+    assert [p for p, m in zip(row.rollout_log_probs, row.loss_mask) if m] == \
+        pytest.approx(one["log_probs"][0] + two["log_probs"][0])
 
 
 def test_an_edited_history_starts_a_row_of_its_own_and_is_counted(served):
@@ -107,8 +116,12 @@ def test_an_edited_history_starts_a_row_of_its_own_and_is_counted(served):
                          {"role": "user", "content": "Again?"}]
     second = talk.chat.completions.create(model="tiny", messages=edited, max_tokens=6, temperature=0)
     log = gateway.episodes["edited"]
-    assert log.prefix_breaks == 1 and len(log.rows()) == 2
-    assert log.rows()[1].ids == grl_ids(second)["prompt_token_ids"] + grl_ids(second)["completion_token_ids"][0]
+    assert log.prefix_breaks == 1
+    row = trained_row(log)
+    second_ids = grl_ids(second)["prompt_token_ids"] + grl_ids(second)["completion_token_ids"][0]
+    # The second call is a sequence of its own: its positions restart and it attends only to itself.
+    assert [t for t, c in zip(row.input_ids, row.context_ids) if c == 2] == second_ids
+    assert row.position_ids[-len(second_ids):] == list(range(len(second_ids)))
     assert grl_ids(second)["prompt_token_ids"] == ChatTokens(gateway.tokenizer).first_prompt(edited)
 
 
