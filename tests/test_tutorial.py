@@ -93,3 +93,46 @@ def test_the_tutorial_env_trains_for_a_step(tmp_path):
     assert step[f"train/{TASK}/num_actions"] >= 0 and f"val-env/{TASK}/success" in step
     for name in ("actor/pg_loss", "critic/vf_loss", "actor/grad_norm"):
         assert step[name] is not None, name  # the update ran and gave finite numbers
+
+
+def test_the_tutorials_program_plays_through_the_gateway_and_a_perfect_player_wins():
+    """docs/TUTORIAL.md's agent program (grl/gateway/examples.py) through the gateway with the tiny model,
+    and the same program against a client that answers by binary search: it always wins in time."""
+    import types
+
+    from grl.engines import SamplingParams, make_engine
+    from grl.gateway.examples import guess_number
+    from grl.gateway.programs import ProgramRunner, ProgramTask
+    from grl.rollout import TaskSpec
+
+    cfg = load_config(["rollout.training=[guessNumberProgram]", "rollout.validation=[guessNumberProgram]"])
+    block = task_instance(cfg, "guessNumberProgram")
+    engine = make_engine("hf", "tiny", device="cpu", grammar=True)
+    runner = ProgramRunner(engine, engine.tokenizer, context=2048, max_response_length=16)
+    try:
+        episodes, metrics = runner.run([TaskSpec("guessNumberProgram", block, 2, 2)], 0, 0,
+                                       SamplingParams(temperature=1.0, seed=0))
+    finally:
+        runner.close()
+        engine.shutdown()
+    assert metrics["gateway/program_errors"] == 0 and metrics["gateway/prefix_breaks"] == 0
+    assert all(e.error is None and 1 <= len(e.turns) <= 7 and "guesses" in e.metrics for e in episodes)
+
+    class BinarySearch:  # the `openai` client's shape, answering from the program's own feedback
+        def __init__(self):
+            self.low, self.high = 1, 100
+            self.chat = types.SimpleNamespace(completions=types.SimpleNamespace(create=self.create))
+
+        def create(self, model, messages, max_tokens):
+            last = messages[-1]["content"]
+            if last == "Higher.":
+                self.low = self.guess + 1
+            elif last == "Lower.":
+                self.high = self.guess - 1
+            self.guess = (self.low + self.high) // 2
+            message = types.SimpleNamespace(content=f"{self.guess}")
+            return types.SimpleNamespace(choices=[types.SimpleNamespace(message=message)])
+
+    for seed in range(50):
+        result = guess_number(BinarySearch(), ProgramTask("g", seed, 0, 0, {"max_number": 100, "max_guesses": 7}))
+        assert result["success"] == 1.0 and result["guesses"] <= 7, (seed, result)
