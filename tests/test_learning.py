@@ -238,6 +238,8 @@ def test_ppo_learns_through_the_gateway_the_fruit_game_written_as_a_program(tmp_
     """The valid-action test above with its agent written against the `openai` client: the trainer
     starts the gateway, the program's calls are its episodes, and the same run learns (and, with the
     advantages negated, does not)."""
+    import httpx
+
     import grl.trainer.transforms as transforms
     from grl.trainer.agent_trainer import AgentTrainer
     from grl.workers import init_ray
@@ -251,12 +253,20 @@ def test_ppo_learns_through_the_gateway_the_fruit_game_written_as_a_program(tmp_
         **{"algorithm.adv_estimator": "grpo", "critic.enable": False, "ppo_mini_batch_size": 16,
            "micro_batch_size_per_gpu": 16, "total_training_steps": 8, "test_freq": 8})
     init_ray(None, num_cpus=2)
-    AgentTrainer.from_config(cfg).fit()
+    trainer = AgentTrainer.from_config(cfg)
+    gateway = trainer.rollout.programs.url  # started by the trainer, on this machine only
+    assert gateway.startswith("http://127.0.0.1:")
+    trainer.fit()
+    with pytest.raises(httpx.ConnectError):  # and stopped with it
+        httpx.get(f"{gateway}/v1/models", timeout=5)
     history = {r["step"]: r for r in read_jsonl(tmp_path / "run" / METRICS_FILE)}
     before, after = history[0]["val-env/fruitProgram/success"], history[8]["val-env/fruitProgram/success"]
     train = [round(history[s]["train/fruitProgram/success"], 2) for s in sorted(history) if s > 0]
     print(f"sign {sign:+.0f}: greedy validation success {before:.3f} -> {after:.3f}; training success {train}")
     assert all(history[s]["gateway/calls"] == 48 and history[s]["gateway/prefix_breaks"] == 0
                for s in history if s > 0)
+    # The update scores exactly the sampled ids under the distribution they were drawn from (one optimizer
+    # step a rollout, so the scoring weights are the sampling ones): the engine's log-probs agree.
+    assert all(history[s]["training/rollout_probs_diff_max"] < 1e-3 for s in history if s > 0)
     assert before == 0.0
     assert (after >= 0.5) == (sign > 0), (before, after, train)
