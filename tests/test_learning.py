@@ -180,30 +180,42 @@ def constrained_config(tmp_path):
            "micro_batch_size_per_gpu": 16, "total_training_steps": 8, "test_freq": 8})
 
 
-@pytest.mark.parametrize("sign", [1.0, -1.0], ids=["as_is", "advantage_sign_flipped"])
-def test_ppo_learns_under_valid_action_decoding(tmp_path, monkeypatch, sign):
-    """Greedy validation success rises from 0 to at least 0.5, every reply is a valid action;
-    with the advantages negated the same run must not learn (the test can fail)."""
+def multiply_advantages(monkeypatch, sign: float) -> None:
+    """Negate the advantages (sign -1): a test that learns must then fail."""
     import grl.trainer.transforms as transforms
-    from grl.trainer.agent_trainer import AgentTrainer
-    from grl.workers import init_ray
 
     estimate = transforms.compute_advantage
     monkeypatch.setattr(transforms, "compute_advantage",
                         lambda *a, **k: tuple(sign * x if i == 0 else x for i, x in enumerate(estimate(*a, **k))))
+
+
+def outcome(tmp_path, task: str, sign: float, last_step: int):
+    """(history by step, greedy validation success at step 0 and at `last_step`), printed with the training curve."""
+    history = {r["step"]: r for r in read_jsonl(tmp_path / "run" / METRICS_FILE)}
+    before, after = history[0][f"val-env/{task}/success"], history[last_step][f"val-env/{task}/success"]
+    train = [round(history[s][f"train/{task}/success"], 2) for s in sorted(history) if s > 0]
+    print(f"sign {sign:+.0f}: greedy validation success {before:.3f} -> {after:.3f}; training success {train}")
+    return history, before, after
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0], ids=["as_is", "advantage_sign_flipped"])
+def test_ppo_learns_under_valid_action_decoding(tmp_path, monkeypatch, sign):
+    """Greedy validation success rises from 0 to at least 0.5, every reply is a valid action;
+    with the advantages negated the same run must not learn (the test can fail)."""
+    from grl.trainer.agent_trainer import AgentTrainer
+    from grl.workers import init_ray
+
+    multiply_advantages(monkeypatch, sign)
     cfg = constrained_config(tmp_path)
     # The right fruit is one the untrained model does not pick, so greedy success starts at 0.
     monkeypatch.setattr(FruitEnv, "wanted", next(f for f in FRUITS if f != first_greedy_choice(cfg)))
     init_ray(None, num_cpus=2)
     AgentTrainer.from_config(cfg).fit()
-    history = {r["step"]: r for r in read_jsonl(tmp_path / "run" / METRICS_FILE)}
-    before, after = history[0]["val-env/fruit/success"], history[8]["val-env/fruit/success"]
-    train = [round(history[s]["train/fruit/success"], 2) for s in sorted(history) if s > 0]
-    print(f"sign {sign:+.0f}: greedy validation success {before:.3f} -> {after:.3f}; training success {train}")
+    history, before, after = outcome(tmp_path, "fruit", sign, 8)
     assert all(history[s]["train/fruit/action_is_valid"] == 1.0 and history[s]["train/fruit/format_ok"] == 1.0
                for s in history if s > 0)
     assert before == 0.0
-    assert (after >= 0.5) == (sign > 0), (before, after, train)
+    assert (after >= 0.5) == (sign > 0), (before, after)
 
 
 # ---------------------------------------------------------------- an agent program through the gateway
@@ -240,13 +252,10 @@ def test_ppo_learns_through_the_gateway_the_fruit_game_written_as_a_program(tmp_
     advantages negated, does not)."""
     import httpx
 
-    import grl.trainer.transforms as transforms
     from grl.trainer.agent_trainer import AgentTrainer
     from grl.workers import init_ray
 
-    estimate = transforms.compute_advantage
-    monkeypatch.setattr(transforms, "compute_advantage",
-                        lambda *a, **k: tuple(sign * x if i == 0 else x for i, x in enumerate(estimate(*a, **k))))
+    multiply_advantages(monkeypatch, sign)
     wanted = next(f for f in FRUITS if f != program_greedy_choice())
     cfg = small_run_config(
         tmp_path, "fruitProgram", program_fruit_task(wanted), max_response_length=12, validation_groups=8,
@@ -259,14 +268,11 @@ def test_ppo_learns_through_the_gateway_the_fruit_game_written_as_a_program(tmp_
     trainer.fit()
     with pytest.raises(httpx.ConnectError):  # and stopped with it
         httpx.get(f"{gateway}/v1/models", timeout=5)
-    history = {r["step"]: r for r in read_jsonl(tmp_path / "run" / METRICS_FILE)}
-    before, after = history[0]["val-env/fruitProgram/success"], history[8]["val-env/fruitProgram/success"]
-    train = [round(history[s]["train/fruitProgram/success"], 2) for s in sorted(history) if s > 0]
-    print(f"sign {sign:+.0f}: greedy validation success {before:.3f} -> {after:.3f}; training success {train}")
+    history, before, after = outcome(tmp_path, "fruitProgram", sign, 8)
     assert all(history[s]["gateway/calls"] == 48 and history[s]["gateway/prefix_breaks"] == 0
                for s in history if s > 0)
     # The update scores exactly the sampled ids under the distribution they were drawn from (one optimizer
     # step a rollout, so the scoring weights are the sampling ones): the engine's log-probs agree.
     assert all(history[s]["training/rollout_probs_diff_max"] < 1e-3 for s in history if s > 0)
     assert before == 0.0
-    assert (after >= 0.5) == (sign > 0), (before, after, train)
+    assert (after >= 0.5) == (sign > 0), (before, after)

@@ -57,6 +57,15 @@ class FSDPConfig:
 
 
 @dataclass
+class RefFSDPConfig:
+    param_offload: bool = key(False, "keep the reference's parameters in host memory between uses")
+    optimizer_offload: bool = key(False, "the reference has no optimizer: true keeps its parameters in host memory, as "
+                                  "param_offload does")
+    mixed_precision: bool = key(True, "verl's mixed precision for the reference",
+                                no_effect="the reference is not trained: it computes in the model's dtype")
+
+
+@dataclass
 class Actor:
     strategy: str = key("fsdp2", "verl's sharding strategy", choices=("fsdp", "fsdp2"),
                         no_effect="the workers always shard with FSDP2")
@@ -91,7 +100,7 @@ class Actor:
 class Ref:
     log_prob_micro_batch_size_per_gpu: int = key(II("micro_batch_size_per_gpu"),
                                                  "episodes per reference forward on one device", ge=1)
-    fsdp_config: FSDPConfig = section(FSDPConfig)
+    fsdp_config: RefFSDPConfig = section(RefFSDPConfig)
 
 
 # vLLM's rules (SamplingParams), so that what the config accepts every engine runs.
