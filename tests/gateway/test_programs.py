@@ -5,6 +5,7 @@ program received; edited histories, broken programs and floods are contained and
 import math
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -16,9 +17,8 @@ from grl.rollout.batch import episode_tokens
 from tests.gateway import programs
 
 pytest.importorskip("openai")
-from conftest import SHARED_DATA  # noqa: E402
 
-GSM8K = str(SHARED_DATA / "gsm8k" / "{split}.jsonl")
+GSM8K = str(Path(__file__).resolve().parents[3] / "shared" / "data" / "gsm8k" / "{split}.jsonl")  # ../shared/data
 
 
 class CountingEngine:
