@@ -7,7 +7,7 @@ import grl.agents
 import grl.envs
 from grl.agents import make_agent
 from grl.config import ConfigError, load_config, task_instance
-from grl.schema import AgentConfig
+from grl.schema import PROGRAM, AgentConfig
 
 from agent_text import GSM8K_TEST
 
@@ -30,7 +30,8 @@ def every_task_overrides(names):
 def validated(agents_yaml):
     """The composed config with every task instance in the rollout lists, so every env key is checked."""
     usable = [name for name, block in agents_yaml.items()
-              if grl.envs.available().get(grl.agents.env_name(block["agent_type"])) is None]
+              if block["agent_type"] == PROGRAM  # a program has no env to be missing
+              or grl.envs.available().get(grl.agents.env_name(block["agent_type"])) is None]
     return load_config(every_task_overrides(usable)), usable
 
 
