@@ -175,3 +175,25 @@ def test_the_batching_engine_refuses_calls_outside_a_rollout(engine):
         pass
     caller.join(timeout=30)
     assert len(answer["out"]) == 1 and len(answer["out"][0].token_ids) <= 2
+
+
+def test_validation_controls_leave_program_tasks_out(runner):
+    """A control replays a task with other agents (`swap`: shown a decoy board); a program has no agent to
+    replace, so its task is validated plainly while the native task beside it gets its control."""
+    import grl.agents
+    import grl.envs
+    from grl.agents.controls import VALIDATION_CONTROLS
+    from grl.trainer.validation import validation_metrics
+    from tests.test_learning import FRUIT_TASK, FruitEnv
+
+    grl.envs.register("fruit", FruitEnv)
+    grl.agents.register("fruitAgent", "fruit")
+    engine, tokenizer = runner.engine.engine, load_tokenizer("tiny")
+    rollout = MultiTurnRollout(engine, tokenizer, max_prompt_length=1024, max_response_length=12, programs=runner)
+    swap = MultiTurnRollout(engine, tokenizer, max_prompt_length=1024, max_response_length=12,
+                            agent_factory=lambda name, block: VALIDATION_CONTROLS["swap"](name, block, None))
+    tasks = [TaskSpec("fruit", FRUIT_TASK, 2, 1), task("fruitProgram", "fruit_picker", 2, 1, {"wanted": "plum"},
+                                                         max_turns=3, max_tokens=12)]
+    metrics, episodes = validation_metrics(rollout, {"swap": swap}, tasks, 5, 1, SamplingParams(greedy=True))
+    assert "fruit/success_swapped" in metrics and "fruitProgram/success_swapped" not in metrics
+    assert "fruitProgram/success" in metrics and len(episodes) == 4
