@@ -14,7 +14,6 @@ weights and samples again. Prints one line of figures per check and exits non-ze
 from __future__ import annotations
 
 import math
-import socket
 import sys
 import time
 import types
@@ -91,10 +90,9 @@ def main(model: str) -> int:
           f"{sum(len(o.token_ids) for o in outputs)} tokens in {gen_s:.2f} s; constrained replies {sorted(set(replies))}; "
           "a second call with the same seeds gives the same tokens")
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    fsdp.init_process_group(0, 1, "127.0.0.1", port, DEVICE, timeout_s=120)
+    listening = fsdp.listen_for_peers(fsdp.LOOPBACK)  # rank 0's rendezvous, as the worker opens it
+    address, port = listening.getsockname()[:2]
+    fsdp.init_process_group(0, 1, address, port, DEVICE, timeout_s=120, listening=listening)
     mixed = fsdp.mixed_precision({"mixed_precision": True}, "bfloat16", DEVICE)
     source = load_causal_lm(model, dtype="float32", device=DEVICE)
     module = fsdp.empty_model("policy", model, torch.float32)

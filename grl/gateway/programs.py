@@ -43,7 +43,7 @@ from grl.engines.base import SamplingParams
 from grl.gateway.episodes import EpisodeLog
 from grl.gateway.server import BadRequest, Gateway, build_app
 from grl.rollout.env_pool import CallPool
-from grl.rollout.multi_turn import RolloutError
+from grl.rollout.multi_turn import check_failure_ratio
 from grl.rollout.tasks import TaskSpec
 from grl.rollout.types import Episode
 
@@ -259,9 +259,9 @@ class ProgramRunner:
         try:
             for key, r in enumerate(running):
                 program = load_program(r.settings.program)
-                pool = pools.setdefault(r.spec.name, CallPool(r.settings.program_workers, r.settings.program_timeout,
-                                                              "program_timeout"))
-                pool.submit(key, lambda r=r, program=program: self._play(program, f"{url}/episodes/{r.name}/v1", r))
+                if r.spec.name not in pools:
+                    pools[r.spec.name] = CallPool(r.settings.program_workers, r.settings.program_timeout, "program_timeout")
+                pools[r.spec.name].submit(key, lambda r=r, program=program: self._play(program, f"{url}/episodes/{r.name}/v1", r))
             shown = 0.0
             while any(pool.pending for pool in pools.values()):
                 self.engine.serve(wait=0.05)
@@ -277,11 +277,8 @@ class ProgramRunner:
             for r in running:
                 self.gateway.close_episode(r.name)
         episodes = [self._episode(r, outcome[key]) for key, r in enumerate(running)]
-        failed = [e for e in episodes if e.error is not None]
-        if len(failed) > self.max_failed_agent_ratio * len(episodes):
-            raise RolloutError(f"{len(failed)} of {len(episodes)} programs failed, more than max_failed_agent_ratio "
-                               f"{self.max_failed_agent_ratio:g}; first: task {failed[0].task} seed {failed[0].seed}: "
-                               f"{failed[0].error.strip().splitlines()[-1]}")
+        check_failure_ratio([(e.task, e.seed, e.error) for e in episodes if e.error is not None], len(episodes),
+                            self.max_failed_agent_ratio, "programs")
         return episodes, self._metrics(running, episodes)
 
     def _open(self, tasks, base_seed, first_group, sampling) -> list[_Running]:

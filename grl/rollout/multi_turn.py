@@ -60,6 +60,14 @@ class RolloutError(RuntimeError):
     """The step cannot produce a batch worth training on."""
 
 
+def check_failure_ratio(failed: list[tuple[str, int, str]], total: int, ratio: float, who: str = "agents") -> None:
+    """RolloutError when more than `ratio` of `total` failed; `failed`: (task, seed, error) of each failure."""
+    if len(failed) > ratio * total:
+        task, seed, error = failed[0]
+        raise RolloutError(f"{len(failed)} of {total} {who} failed, more than max_failed_agent_ratio {ratio:g}; "
+                           f"first: task {task} seed {seed}: {error.strip().splitlines()[-1] if error else ''}")
+
+
 @dataclass
 class RolloutResult:
     episodes: list[Episode]
@@ -362,13 +370,8 @@ class MultiTurnRollout:
         return not seen
 
     def _check_failures(self, slots: list[Slot]) -> None:
-        failed = [s for s in slots if s.error is not None]
-        if len(failed) > self.max_failed_agent_ratio * len(slots):
-            first = failed[0]
-            last_line = first.error.strip().splitlines()[-1] if first.error else ""
-            raise RolloutError(f"{len(failed)} of {len(slots)} agents failed, more than max_failed_agent_ratio "
-                               f"{self.max_failed_agent_ratio:g}; first: task {first.task.name} seed {first.seed}: "
-                               f"{last_line}")
+        check_failure_ratio([(s.task.name, s.seed, s.error) for s in slots if s.error is not None], len(slots),
+                            self.max_failed_agent_ratio)
 
     def _episode(self, s: Slot) -> Episode:
         metrics, messages = {}, []
@@ -381,14 +384,10 @@ class MultiTurnRollout:
 
     def _retire_failed(self, slots: list[Slot]) -> None:
         """Drop failed agents from the cache; close the ones that did not hang."""
-        closable = []
-        for s in slots:
-            if s.error is None:
-                continue
+        failed = [s for s in slots if s.error is not None]
+        for s in failed:
             self._agents.pop(s.key, None)
-            if not s.hung:
-                closable.append(s.agent.close)
-        run_calls(closable, self.env_workers, self.env_step_timeout)
+        run_calls([s.agent.close for s in failed if not s.hung], self.env_workers, self.env_step_timeout)
 
 
 def _reset_agent(s: Slot):

@@ -197,3 +197,16 @@ def test_validation_controls_leave_program_tasks_out(runner):
     metrics, episodes = validation_metrics(rollout, {"swap": swap}, tasks, 5, 1, SamplingParams(greedy=True))
     assert "fruit/success_swapped" in metrics and "fruitProgram/success_swapped" not in metrics
     assert "fruitProgram/success" in metrics and len(episodes) == 4
+
+
+def test_too_many_failed_programs_stop_the_rollout_in_one_line(runner):
+    from grl.rollout import RolloutError
+
+    runner.max_failed_agent_ratio = 0.5
+    try:
+        with pytest.raises(RolloutError, match=r"^2 of 3 programs failed, more than max_failed_agent_ratio 0.5; "
+                                               r"first: task raising seed 0: RuntimeError: the program's own bug$"):
+            runner.run([task("raising", "raises", groups=2), task("good", "one_call")], 0, 0,
+                       SamplingParams(temperature=1.0))
+    finally:
+        runner.max_failed_agent_ratio = 1.0
