@@ -148,6 +148,9 @@ def _check_rules(cfg: DictConfig) -> None:
     curriculum = cfg.rollout.curriculum
     if curriculum.env_key is not None and not curriculum.levels:
         raise ConfigError(f"rollout.curriculum.levels: name the values of {curriculum.env_key}, easiest first")
+    if cfg.trainer.export_best and (cfg.trainer.test_freq <= 0 or not cfg.trainer.export_hf):
+        raise ConfigError("trainer.export_best: picks among the validations of the run, so it needs "
+                          "trainer.test_freq > 0 and trainer.export_hf=true")
     mode = cfg.trainer.resume_mode
     if mode not in ("auto", "disable") and not Path(mode).is_dir():
         raise ConfigError(f"trainer.resume_mode: {mode!r} is neither auto, disable nor an existing folder")

@@ -47,7 +47,7 @@ from grl.trainer.transforms import (
     drop_stale_episodes,
     shape_batch,
 )
-from grl.trainer.validation import validation_metrics
+from grl.trainer.validation import BestValidation, validation_metrics
 from grl.workers import WeightSyncTimeout, WorkerDiedError
 from grl.workers.group import TEARDOWN_TIMEOUT_S
 
@@ -82,6 +82,7 @@ class AgentTrainer:
         self.tracker: Tracker | None = None
         self.show_progress = "console" in cfg.trainer.logger
         self.val_success: dict[str, list[tuple[int, float]]] = {}
+        self.best = BestValidation()  # trainer.export_best: the step whose actor the HF export holds
         self._run_bar = None  # tqdm over the whole run, with its ETA
         self._step_bar = None  # tqdm over the current step's phases, or over a validation
         # Where each step's episodes and old log-probs come from (grl/trainer/pipeline.py): the step reads
@@ -141,6 +142,8 @@ class AgentTrainer:
                 metrics, batch = self.train_step(step)
                 if cfg.test_freq > 0 and (step % cfg.test_freq == 0 or last):
                     metrics.update(self.validate())
+                    if cfg.export_best and self.best.offer(step, metrics, self.cfg.rollout.validation):
+                        self.export_hf()
                 if (cfg.save_freq > 0 and step % cfg.save_freq == 0) or last:
                     metrics.update(self.save_checkpoint())
                 self.tracker.log(metrics, step)
@@ -148,8 +151,8 @@ class AgentTrainer:
                 self._run_bar.set_postfix_str(run_postfix(metrics), refresh=True)
                 for hook in self.hooks:
                     hook(self, step, metrics, batch)
-            export = self.export_hf() if cfg.export_hf else None
-            print(finish_report(self.val_success, self.last_checkpoint, export), flush=True)
+            export = None if not cfg.export_hf else self.export_hf(only_path=self.best.step > 0)
+            print(finish_report(self.val_success, self.last_checkpoint, export, self.best.step), flush=True)
         except (WorkerDiedError, WeightSyncTimeout) as err:
             message = self._abort_message(err)
             log.error(message)
@@ -302,16 +305,19 @@ class AgentTrainer:
                 self.critic.save_checkpoint(str(tmp / "critic"))
 
         state = {"global_step": self.global_step, "kl_coef": self.kl_ctrl.value, "rng": rng_state(),
+                 "best_validation": [self.best.step, self.best.score],
                  **({"curriculum": self.curriculum.state()} if self.curriculum is not None else {})}
         with timer("save_checkpoint"):
             self.last_checkpoint = ckpt.write_checkpoint(cfg.default_local_dir, self.global_step, write_parts, state,
                                                          cfg.max_ckpt_to_keep)
         return timer.metrics()
 
-    def export_hf(self) -> Path:
+    def export_hf(self, only_path: bool = False) -> Path:
         """The actor as a Hugging Face folder (`<default_local_dir>/hf_actor`) that
         transformers and vLLM load; written beside it, then renamed into place."""
         target = Path(self.cfg.trainer.default_local_dir) / "hf_actor"
+        if only_path:  # trainer.export_best wrote it at the best validation
+            return target
         tmp = target.with_name(f".tmp_hf_actor_{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
         self.actor.export_hf(str(tmp))
@@ -330,6 +336,7 @@ class AgentTrainer:
             self.critic.load_checkpoint(str(path / "critic"))
         self.actor.sync_weights()  # the engine must sample from the resumed weights
         self.kl_ctrl.value = state["kl_coef"]
+        self.best = BestValidation(*state.get("best_validation", (0, float("-inf"))))
         set_rng_state(state["rng"])
         if self.curriculum is not None and "curriculum" in state:
             self.curriculum.load_state(state["curriculum"])

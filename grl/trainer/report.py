@@ -48,7 +48,7 @@ def run_postfix(metrics: dict[str, float]) -> str:
 
 
 def finish_report(val_success: dict[str, list[tuple[int, float]]], checkpoint: Path | None,
-                  export: Path | None) -> str:
+                  export: Path | None, export_step: int = 0) -> str:
     """One "finished" line per validation task (first, best and last success), then where the model is."""
     lines = []
     for task, points in val_success.items():
@@ -59,5 +59,7 @@ def finish_report(val_success: dict[str, list[tuple[int, float]]], checkpoint: P
     if not lines:
         lines.append("finished: no validation ran (trainer.test_freq off and trainer.val_before_train=false)")
     lines.append(f"checkpoint   {checkpoint.absolute() if checkpoint else 'none written'}")
-    lines.append(f"HF export    {export.absolute() if export else 'off (trainer.export_hf=false)'}")
+    best = f" (the actor of step {export_step}, the best validation; the checkpoint holds the last step's)"
+    lines.append(f"HF export    {export.absolute() if export else 'off (trainer.export_hf=false)'}"
+                 f"{best if export and export_step else ''}")
     return "\n".join(lines)

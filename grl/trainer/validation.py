@@ -10,6 +10,7 @@ replace and is left out of them.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from statistics import fmean
 
 from grl.agents.controls import CONTROL_METRIC
@@ -35,3 +36,20 @@ def validation_metrics(rollout, controls: dict, tasks, first_seed: int, runs: in
             if f"{task}/success" in mean:
                 metrics[f"{task}/{CONTROL_METRIC[name]}"] = mean[f"{task}/success"]
     return metrics, episodes
+
+
+@dataclass
+class BestValidation:
+    """The validation after a training step with the highest mean success over the validation tasks, for
+    `trainer.export_best`; a tie goes to the later step (more training, the same score). The base model's
+    validation (step 0) is not a candidate: the export is always a trained model."""
+    step: int = 0
+    score: float = float("-inf")
+
+    def offer(self, step: int, metrics: dict[str, float], tasks) -> bool:
+        """True when this step's validation is the best so far (and is recorded)."""
+        scores = [metrics[f"val-env/{task}/success"] for task in tasks if f"val-env/{task}/success" in metrics]
+        if step < 1 or not scores or fmean(scores) < self.score:
+            return False
+        self.step, self.score = step, fmean(scores)
+        return True

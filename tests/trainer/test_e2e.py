@@ -156,3 +156,34 @@ def test_lora_gigpo_run_resumes_to_equal_metrics(tmp_path, ray_runtime):
     hf = tmp_path / "a" / "ckpt" / "hf_actor"
     assert AutoModelForCausalLM.from_pretrained(hf).config.num_hidden_layers == 2
     assert (hf / "adapter" / "adapter_config.json").exists()
+
+
+def test_export_best_holds_the_actor_of_the_best_validation(tmp_path, ray_runtime, capsys):
+    """trainer.export_best: the HF folder holds the weights of the step whose validation scored
+    highest (a tie to the later step), not the last step's. The real validation runs; its success is
+    then replaced by a script (the tiny model scores 0 at every step), so that best and last differ."""
+    from safetensors.torch import load_file
+
+    scripted = {1: 0.5, 2: 0.75, 3: 0.25}
+
+    class ScriptedScores(AgentTrainer):
+        def validate(self):
+            metrics = super().validate()
+            metrics["val-env/simpleSokobanAgent/success"] = scripted[self.global_step]
+            return metrics
+
+    def keep_weights(trainer, step, metrics, batch):
+        trainer.actor.export_hf(str(tmp_path / f"step_{step}"))
+
+    cfg = config(tmp_path, "best", resume_mode="disable", n_gpus_per_node=1, total_training_steps=3, test_freq=1,
+                 save_freq=-1, **{"trainer.export_best": True, "trainer.val_before_train": False,
+                                  "critic.enable": False, "algorithm.adv_estimator": "grpo"})
+    ScriptedScores.from_config(cfg, hooks=[keep_weights]).fit()
+    best = max(scripted, key=lambda s: (scripted[s], s))
+    weights = {name: load_file(tmp_path / name / "model.safetensors") for name in ("step_2", "step_3")}
+    exported = load_file(tmp_path / "best" / "ckpt" / "hf_actor" / "model.safetensors")
+    assert best == 2 and all(exported[k].equal(weights["step_2"][k]) for k in exported)
+    assert not all(exported[k].equal(weights["step_3"][k]) for k in exported)
+    assert "(the actor of step 2, the best validation" in capsys.readouterr().out
+    state = json.loads((tmp_path / "best" / "ckpt" / "global_step_3" / "trainer_state.json").read_text())
+    assert state["best_validation"] == [2, 0.75]

@@ -237,3 +237,21 @@ def test_finish_report_names_first_best_and_last_validation(tmp_path):
                                     "last 0.375 at step 6")
     assert str(tmp_path / "hf_actor") in text and str(tmp_path / "global_step_6") in text
     assert "no validation ran" in finish_report({}, None, None)
+    assert "(the actor of step 2, the best validation; the checkpoint holds the last step's)" in finish_report(
+        {"gsm8k": [(2, 0.5)]}, None, tmp_path / "hf_actor", export_step=2)
+
+
+def test_best_validation_is_the_highest_mean_success_after_training_a_tie_to_the_later_step():
+    from grl.trainer.validation import BestValidation
+
+    history = [(0, {"a": 0.875, "b": 0.875}), (1, {"a": 0.5, "b": 0.25}), (2, {"a": 0.25, "b": 0.5}),
+               (3, {"a": 0.375, "b": 0.375}), (4, {"a": 0.0, "b": 0.125}), (5, {"a": 0.625})]
+    best, chosen = BestValidation(), []
+    for step, success in history:
+        if best.offer(step, {f"val-env/{t}/success": v for t, v in success.items()} | {"val-env/a/reward": 9.0},
+                      ["a", "b"]):
+            chosen.append(step)
+    # reference: the running maximum of the mean over the tasks present, steps >= 1, ties to the later step
+    means = {step: sum(s.values()) / len(s) for step, s in history if step >= 1}
+    running = [s for s in means if all(means[s] >= means[t] for t in means if t < s)]
+    assert chosen == running == [1, 2, 3, 5] and (best.step, best.score) == (5, 0.625)
