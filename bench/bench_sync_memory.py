@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import sys
+from grl.run_plan import RunPlan
 
 
 def _rss_kib(field: str) -> int:
@@ -73,7 +74,7 @@ def main(argv: list[str]) -> None:
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     cfg = compose([f"model_path={model}", f"n_gpus_per_node={ranks}", "nnodes=1", "trainer.device=cpu",
                    "actor_rollout_ref.rollout.name=hf"])
-    actor = ActorRolloutRefGroup(cfg, world_size=ranks, use_ref=False)
+    actor = ActorRolloutRefGroup(cfg, RunPlan.from_config(cfg))
     try:
         full_bytes, shard_bytes = actor.execute(_model_bytes)[0]
         actor.sync_weights()

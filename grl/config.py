@@ -26,7 +26,7 @@ CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 SCHEMA_NODE = "grl_schema"  # the name configs/base.yaml lists first in its defaults
 
 __all__ = ["ALIASES", "CONFIG_DIR", "NO_EFFECT", "ConfigError", "compose", "load_config", "task_instance",
-           "uses_critic", "uses_reference", "validate"]
+           "validate"]
 
 # Keys of GRL's and verl's configs that nothing here reads, accepted so that their command lines run:
 # key -> (the value GRL behaves as whatever is set, why). Preflight notes a different value.
@@ -131,7 +131,7 @@ def _check_rules(cfg: DictConfig) -> None:
     if cfg.train_batch_size is not None and cfg.train_batch_size != episodes:
         raise ConfigError(f"train_batch_size: {cfg.train_batch_size} episodes per step, but rollout.agent_group_num x "
                           f"agent_group_size gives {episodes}; set it to {episodes} or null")
-    if uses_critic(cfg) and not cfg.critic.enable:
+    if ESTIMATORS[cfg.algorithm.adv_estimator].needs_critic and not cfg.critic.enable:
         raise ConfigError(f"critic.enable: estimator {cfg.algorithm.adv_estimator} needs the critic")
     if cfg.rollout.max_staleness > 0 and cfg.actor_rollout_ref.hybrid_engine:
         raise ConfigError(f"rollout.max_staleness={cfg.rollout.max_staleness}: rollout then runs beside the update, "
@@ -148,9 +148,6 @@ def _check_rules(cfg: DictConfig) -> None:
     curriculum = cfg.rollout.curriculum
     if curriculum.env_key is not None and not curriculum.levels:
         raise ConfigError(f"rollout.curriculum.levels: name the values of {curriculum.env_key}, easiest first")
-    if cfg.trainer.export_best and (cfg.trainer.test_freq <= 0 or not cfg.trainer.export_hf):
-        raise ConfigError("trainer.export_best: picks among the validations of the run, so it needs "
-                          "trainer.test_freq > 0 and trainer.export_hf=true")
     mode = cfg.trainer.resume_mode
     if mode not in ("auto", "disable") and not Path(mode).is_dir():
         raise ConfigError(f"trainer.resume_mode: {mode!r} is neither auto, disable nor an existing folder")
@@ -273,12 +270,3 @@ def task_instance(cfg: DictConfig, name: str) -> dict[str, Any]:
     """A task instance block as a plain dict (what grl.agents.make_agent takes)."""
     return OmegaConf.to_container(cfg[name], resolve=True)  # type: ignore[return-value]
 
-
-def uses_critic(cfg: DictConfig) -> bool:
-    """The estimator reads values, so a critic is built and trained."""
-    return ESTIMATORS[cfg.algorithm.adv_estimator].needs_critic
-
-
-def uses_reference(cfg: DictConfig) -> bool:
-    """Reference log-probs are needed: a KL loss or a KL penalty in the reward."""
-    return bool(cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward)

@@ -229,15 +229,15 @@ def check_memory(cfg: DictConfig) -> list[str]:
 
 def check_dtype(cfg: DictConfig) -> list[str]:
     """bf16 set by hand on a CPU that only emulates it is a note: it runs, many times slower."""
-    from grl.config import uses_critic
     from grl.models import bf16_on_cpu_note
+    from grl.run_plan import RunPlan
 
     device = cfg.trainer.device
     if device == "auto":
         import torch
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    keys = ["actor_rollout_ref.model.dtype"] + (["critic.model.dtype"] if uses_critic(cfg) else [])
+    keys = ["actor_rollout_ref.model.dtype"] + (["critic.model.dtype"] if RunPlan.from_config(cfg).use_critic else [])
     notes = (bf16_on_cpu_note(key, str(OmegaConf.select(cfg, key)), device) for key in keys)
     return [note for note in notes if note]
 

@@ -62,13 +62,6 @@ def test_rollouts_ahead_need_a_correction_and_without_the_old_pass_no_importance
         load_config(["actor_rollout_ref.actor.recompute_old_log_probs=false", "actor_rollout_ref.actor.tis_imp_ratio_cap=2"])
 
 
-def test_export_best_needs_validations_and_an_export():
-    for off in ("test_freq=-1", "trainer.export_hf=false"):
-        with pytest.raises(ConfigError, match=r"^trainer.export_best: .*test_freq > 0 and trainer.export_hf=true"):
-            load_config(["trainer.export_best=true", off])
-    assert load_config(["trainer.export_best=true"]).trainer.export_best
-
-
 def test_typo_suggests_the_known_key():
     with pytest.raises(ConfigError, match=r"did you mean rollout\.agent_group_num"):
         load_config(["rollout.agent_group_nmu=[2]"])

@@ -89,7 +89,7 @@ def test_7b_full_fine_tune_on_one_48gb_gpu_exits_2_with_one_line(capsys):
     assert main(["plan", "preset=l40_1x_0.5b", "model_path=Qwen/Qwen2.5-7B-Instruct"]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1
-    assert lines[0].startswith("grl plan: rollout: needs") and "set actor_rollout_ref." in lines[0]
+    assert lines[0].startswith("grl plan: gen: needs") and "set actor_rollout_ref." in lines[0]
 
 
 def test_preflight_stops_a_config_that_does_not_fit():
@@ -164,13 +164,13 @@ def test_a_separate_engine_is_charged_to_its_own_gpu_not_the_actors():
     # The engine on a GPU of its own may take most of it; on the actor's GPU that would not fit.
     big = ["preset=h200_4x_7b", "gpu_memory_utilization=0.7"]
     colocated = plan(load_config(big), gpu_memory_gib=139.8)
-    assert colocated.overflow().startswith("rollout: ")
+    assert colocated.overflow().startswith("gen: ")
     separate = plan(load_config(big + ["actor_rollout_ref.hybrid_engine=false"]), gpu_memory_gib=139.8)
     assert separate.overflow() is None, format_plan(separate)
     assert not any(name.startswith("engine") for name in separate.device)
     # Rank 0 alone collects the weights for the rollout worker, on the host.
     shape = ModelShape(**KNOWN_MODELS["Qwen2.5-7B-Instruct"])
-    assert separate.host["weights for the rollout worker (rank 0)"] == {"weight_sync": shape.params * 2}
+    assert separate.host["weights for the rollout worker (rank 0)"] == {"sync_weights": shape.params * 2}
 
 
 def test_ref_offload_follows_the_workers_rule():
@@ -187,7 +187,7 @@ def test_critic_runs_beside_what_the_actors_process_keeps_cached():
     for phase in ("values", "update_critic"):
         assert _rows(memory, phase)["cached by the actor's process"] == pytest.approx(actor_pass)
     assert not any(_rows(memory, phase).get("cached by the actor's process")
-                   for phase in ("rollout", "old_log_prob", "ref", "update_actor", "weight_sync"))
+                   for phase in ("gen", "old_log_prob", "ref", "update_actor", "sync_weights"))
 
 
 @pytest.fixture
@@ -207,24 +207,28 @@ def test_planner_sizes_what_the_worker_builds(process_group_env, caplog):
     and the reference's offload (optimizer_offload alone turns it on)."""
     import logging
 
-    from grl.config import uses_reference
+    from grl.run_plan import RunPlan
     from grl.workers.policy import PolicyWorker
 
     overrides = ["model_path=tiny", "n_gpus_per_node=1", "actor_rollout_ref.model.dtype=float16",
                  "algorithm.use_kl_in_reward=true", "actor_rollout_ref.ref.fsdp_config.optimizer_offload=true"]
     cfg = load_config(overrides + ["trainer.device=cpu"])
-    worker = PolicyWorker(0, 1, cfg, "cpu", use_ref=uses_reference(cfg))
+    run = RunPlan.from_config(cfg)
+    worker = PolicyWorker(0, run, cfg, "cpu")
     try:
         with caplog.at_level(logging.INFO, logger="grl.workers"):
             worker.setup(*worker.listen(True))
         built = next(worker.module.parameters()).dtype.itemsize
+        built_ref = worker.ref is not None
     finally:
         worker.teardown()
     # On CPU offload changes no placement; the worker says it would have offloaded (grl/workers/fsdp.py, shard).
     ref_offloaded = any(r.getMessage().startswith("actor (ref): parameter/optimizer offload") for r in caplog.records)
 
-    master = plan(cfg).device["actor weights (master)"]["update_actor"] / model_shape("tiny").params
+    master = plan(cfg, run=run).device["actor weights (master)"]["update_actor"] / model_shape("tiny").params
     assert master == built == 2
+    planned_ref = any(name.startswith("ref weights") for name in plan(cfg, run=run).device)
+    assert planned_ref == built_ref == run.reference_model is True
     # Where offload shows in a plan: the same config on a GPU puts the reference in host memory.
     on_gpu = plan(load_config(overrides + ["trainer.device=cuda"]), gpu_memory_gib=80.0)
     assert ref_offloaded and "ref weights" in on_gpu.host

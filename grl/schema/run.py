@@ -132,7 +132,8 @@ class Trainer:
     max_ckpt_to_keep: Optional[int] = key(None, "null: keep all", ge=1)
     export_hf: bool = key(True, "also save the final actor as a Hugging Face folder")
     export_best: bool = key(False, "the Hugging Face folder holds the actor of the best validation after a "
-                            "training step (mean success; a tie goes to the later step) instead of the last step's")
+                            "training step (mean success; a tie goes to the later step) instead of the last step's; without "
+                            "validations, the last step's")
     critic_warmup: int = key(0, "steps that update only the critic", ge=0)
     seed: int = key(42, "seeds sampling and, through rollout.seed, the training games")
 

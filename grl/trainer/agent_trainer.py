@@ -20,9 +20,9 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from grl.algo import make_kl_controller
-from grl.config import uses_critic, uses_reference
 from grl.engines import sampling_from_config
 from grl.rng import rng_state, set_rng_state
+from grl.run_plan import RunPlan
 from grl.rollout import Batch, MultiTurnRollout, task_specs, training_base_seed
 from grl.rollout.tasks import is_program_task
 from grl.tracking import Tracker, save_run_info
@@ -66,8 +66,8 @@ class AgentTrainer:
         self.rollout = rollout  # grl.rollout.MultiTurnRollout over the actor's engine
         self.controls: dict = {}  # validation control -> its MultiTurnRollout (grl/agents/controls.py)
         self.hooks = list(hooks or [])
+        self.plan = RunPlan.from_config(cfg)  # the groups were built from an equal one
         algo = cfg.algorithm
-        self.use_ref = uses_reference(cfg)
         self.kl_ctrl = make_kl_controller(algo.kl_ctrl.type, algo.kl_ctrl.kl_coef, algo.kl_ctrl.target_kl,
                                           algo.kl_ctrl.horizon)
         self.train_tasks = task_specs(cfg)
@@ -88,21 +88,21 @@ class AgentTrainer:
         # Where each step's episodes and old log-probs come from (grl/trainer/pipeline.py): the step reads
         # the same in every mode. The rollout source starts with the first step, after any resume.
         self._source: SynchronousRollout | RolloutAhead | None = None
-        self.old_log_probs = old_log_probs_from(cfg)
+        self.old_log_probs = old_log_probs_from(self.plan, cfg.actor_rollout_ref.actor.tis_imp_ratio_cap)
 
     @classmethod
     def from_config(cls, cfg: DictConfig, hooks: list[StepHook] | None = None) -> AgentTrainer:
         """Start Ray, the actor (+ref, +engine) and critic workers, and the rollout."""
         from grl.models import load_tokenizer
-        from grl.workers import ActorRolloutRefGroup, CriticGroup, init_ray, world_size
+        from grl.workers import ActorRolloutRefGroup, CriticGroup, init_ray
 
         # Worker output (Ray, vLLM, transformers on every rank) stays in Ray's session logs, off the console;
         # errors still reach the driver as exceptions.
         init_ray(cfg.trainer.ray_address, log_to_driver=False)
-        ranks = world_size(cfg)
-        actor = ActorRolloutRefGroup(cfg, ranks, use_ref=uses_reference(cfg))
+        plan = RunPlan.from_config(cfg)
+        actor = ActorRolloutRefGroup(cfg, plan)
         try:
-            critic = CriticGroup(cfg, ranks) if uses_critic(cfg) else None
+            critic = CriticGroup(cfg, plan) if plan.use_critic else None
         except BaseException:
             actor.shutdown()
             raise
@@ -142,7 +142,7 @@ class AgentTrainer:
                 metrics, batch = self.train_step(step)
                 if cfg.test_freq > 0 and (step % cfg.test_freq == 0 or last):
                     metrics.update(self.validate())
-                    if cfg.export_best and self.best.offer(step, metrics, self.cfg.rollout.validation):
+                    if cfg.export_hf and cfg.export_best and self.best.offer(step, metrics, self.cfg.rollout.validation):
                         self.export_hf()
                 if (cfg.save_freq > 0 and step % cfg.save_freq == 0) or last:
                     metrics.update(self.save_checkpoint())
@@ -171,15 +171,15 @@ class AgentTrainer:
         syncs = step > self.cfg.trainer.critic_warmup
         metrics: dict[str, float] = {}
         with self._progress(step) as phase, timer("step"):
-            with phase("rollout"):
+            with phase("gen"):
                 sampled = self._source_from(step).take(step, syncs)
             result = sampled.result
             timer.times.update(sampled.times)
             metrics.update(sampled.metrics)
-            episodes, stale = drop_stale_episodes(result.episodes, step - 1, int(self.cfg.rollout.max_staleness))
+            episodes, stale = drop_stale_episodes(result.episodes, step - 1, self.plan.max_staleness)
             if stale:
                 log.error("step %d: %d episodes sampled more than rollout.max_staleness=%d versions ago were dropped",
-                          step, stale, self.cfg.rollout.max_staleness)
+                          step, stale, self.plan.max_staleness)
             metrics.update({**task_metrics(result.metrics, "train"), **reward_metrics(result.episodes),
                             **turn_length_metrics(result.episodes, self.cfg.max_response_length, validation=False),
                             "training/dropped_stale_episodes": float(stale)})
@@ -206,14 +206,14 @@ class AgentTrainer:
 
             with phase("old_log_prob"):
                 metrics.update(self.old_log_probs.fill(batch, self.actor, timer))
-            if self.use_ref:
+            if self.plan.use_reference:
                 with phase("ref"), timer("ref"):
                     batch["ref_log_probs"] = self.actor.compute_ref_log_probs(batch)
             if self.critic is not None:
                 with phase("values"), timer("values"):
                     batch["values"] = self.critic.compute_values(batch)
 
-            with phase("advantage"), timer("adv"):
+            with phase("adv"), timer("adv"):
                 metrics.update(add_advantages(batch, self.cfg.algorithm, self.kl_ctrl))
                 batch, dropped = drop_nonfinite_rows(batch)
                 metrics["training/dropped_nonfinite_episodes"] = float(dropped)
@@ -228,10 +228,8 @@ class AgentTrainer:
                 self._source.publish(step, syncs)
         if len(batch) > 0:
             metrics.update(batch_metrics(batch))
-            metrics.update(throughput_metrics(batch, timer.times,
-                                              self.cfg.trainer.n_gpus_per_node * self.cfg.trainer.nnodes,
-                                              self.mfu_shape, self.peak_flops,
-                                              int(self.cfg.actor_rollout_ref.actor.ppo_epochs)))
+            metrics.update(throughput_metrics(batch, timer.times, self.plan.world_size, self.mfu_shape, self.peak_flops,
+                                              self.plan.ppo_epochs))
         metrics.update(timer.metrics())
         return metrics, (batch if len(batch) > 0 else None)
 
@@ -244,23 +242,22 @@ class AgentTrainer:
     def _rollout_source(self, first_step: int) -> SynchronousRollout | RolloutAhead:
         """Rollouts ahead of the update where the engine has a worker of its own (hybrid_engine=false),
         which grl.config requires of max_staleness > 0; otherwise each step samples, then trains."""
-        if getattr(self.actor, "separate", False):  # its thread's rollouts move no progress bar
+        if self.plan.engine_apart:  # its thread's rollouts move no progress bar
             return RolloutAhead(partial(self._rollout, on_turn=None), self.actor.engine.load_weights,
-                                self.actor.weights_handle,
-                                max_staleness=int(self.cfg.rollout.max_staleness), first_step=first_step,
+                                self.actor.weights_handle, max_staleness=self.plan.max_staleness, first_step=first_step,
                                 last_step=self.cfg.trainer.total_training_steps, version=first_step - 1)
         return SynchronousRollout(partial(self._rollout, on_turn=self._show_turn), self.rollout.engine, self.actor,
                                   bool(self.cfg.actor_rollout_ref.rollout.free_cache_engine))
 
     def _rollout(self, step: int, on_turn: Callable | None):
         """Every training task's episodes of `step`, sampled by the engine's current weights."""
-        sampling = replace(self.sampling, seed=training_base_seed(self.cfg.trainer.seed, step))
+        sampling = replace(self.sampling, seed=training_base_seed(self.plan.seed, step))
         tasks = self.train_tasks if self.curriculum is None else self.curriculum.tasks(self.train_tasks, self._stage(step))
         return self.rollout.run(tasks, training_base_seed(self.cfg.rollout.seed, step), sampling, turn_barrier=bool(
             self.cfg.rollout.turn_barrier), on_turn=on_turn)
 
     def _stage(self, step: int) -> int:
-        return self.curriculum.stage_for(step, int(self.cfg.rollout.max_staleness))
+        return self.curriculum.stage_for(step, self.plan.max_staleness)
 
     def validate(self) -> dict[str, float]:
         """Every validation task in one batched greedy rollout, `trainer.validation_steps`
@@ -291,7 +288,7 @@ class AgentTrainer:
         return self.controls
 
     def start_report(self) -> str:
-        return start_report(self.cfg, self.actor.device, len(self.actor.workers))
+        return start_report(self.cfg, self.plan, self.actor.device)
 
     # ------------------------------------------------------------ checkpoints
 
@@ -368,10 +365,7 @@ class AgentTrainer:
     @contextmanager
     def _progress(self, step: int):
         """A progress bar over the phases of one step (console logger only)."""
-        names = ["rollout", "old_log_prob", *(["ref"] if self.use_ref else []),
-                 *(["values", "update_critic"] if self.critic is not None else []), "advantage",
-                 "update_actor", "sync_weights"]
-        bar = self._step_bar = self._bar(total=len(names), desc=f"step {step}", leave=False, position=1)
+        bar = self._step_bar = self._bar(total=len(self.plan.phases), desc=f"step {step}", leave=False, position=1)
 
         @contextmanager
         def phase(name: str):

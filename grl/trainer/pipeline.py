@@ -26,8 +26,9 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
+from grl.run_plan import SCORED_LOG_PROBS, RunPlan
 from grl.trainer.metrics import old_log_prob_metrics
-from grl.trainer.transforms import needs_old_log_probs, staleness_metrics
+from grl.trainer.transforms import staleness_metrics
 
 log = logging.getLogger("grl.trainer")
 
@@ -195,18 +196,18 @@ class EngineLogProbs:
 
 class ScoredLogProbs:
     """PPO's old log-probs scored by the weights about to be trained, in a pass of their own when the
-    update needs them beforehand (`needs_old_log_probs`); otherwise the update's first pass gives them."""
+    update needs them beforehand (`RunPlan.old_log_prob_pass`); otherwise the update's first pass gives them."""
 
-    def __init__(self, cfg):
-        self._cfg, self._tis_cap = cfg, float(cfg.actor_rollout_ref.actor.tis_imp_ratio_cap)
+    def __init__(self, plan: RunPlan, tis_imp_ratio_cap: float):
+        self._plan, self._tis_cap = plan, tis_imp_ratio_cap
 
     def fill(self, batch, actor, timer) -> dict[str, float]:
-        if not needs_old_log_probs(self._cfg, len(batch)):
+        if not self._plan.old_log_prob_pass(len(batch)):
             return {}
         with timer("old_log_prob"):
             batch["old_log_probs"], _ = actor.compute_log_probs(batch)
         return old_log_prob_metrics(batch, self._tis_cap)
 
 
-def old_log_probs_from(cfg) -> EngineLogProbs | ScoredLogProbs:
-    return ScoredLogProbs(cfg) if cfg.actor_rollout_ref.actor.recompute_old_log_probs else EngineLogProbs()
+def old_log_probs_from(plan: RunPlan, tis_imp_ratio_cap: float) -> EngineLogProbs | ScoredLogProbs:
+    return ScoredLogProbs(plan, tis_imp_ratio_cap) if plan.old_log_probs == SCORED_LOG_PROBS else EngineLogProbs()

@@ -8,7 +8,7 @@ from pathlib import Path
 from grl.models import compute_report
 
 
-def start_report(cfg, device: str, ranks: int) -> str:
+def start_report(cfg, plan, device: str) -> str:
     """Where this run writes, on what it runs and what it trains on."""
     from grl.tracking import METRICS_FILE
 
@@ -22,21 +22,14 @@ def start_report(cfg, device: str, ranks: int) -> str:
         f"  run folder   {run_dir}",
         f"  metrics      {run_dir / METRICS_FILE}  (grl plot {run_dir})",
         f"  checkpoints  {Path(cfg.trainer.default_local_dir).absolute()}",
-        f"  device       {device} x {ranks} rank(s), engine {cfg.actor_rollout_ref.rollout.name}{engine_place(cfg)}, "
+        f"  device       {device} x {plan.world_size} rank(s), engine {cfg.actor_rollout_ref.rollout.name}"
+        f"{plan.engine_place()}, "
         f"model {cfg.actor_rollout_ref.model.path}",
         f"  compute      {compute_report(cfg.actor_rollout_ref.model.dtype, device)}",
         f"  worker logs  {os.environ.get('RAY_TMPDIR', '/tmp/ray')}/session_latest/logs",
         "  training     " + ", ".join(f"{t} ({n}x{k})" for t, n, k in groups),
         "  validation   " + ", ".join(f"{t} ({n}x{k})" for t, n, k in val_groups),
     ])
-
-
-def engine_place(cfg) -> str:
-    """Where the engine runs, when not in the actor's ranks."""
-    if cfg.actor_rollout_ref.hybrid_engine:
-        return ""
-    k = int(cfg.rollout.max_staleness)
-    return " in a worker of its own" + (f", rollouts up to {k} version{'s' if k > 1 else ''} ahead" if k else "")
 
 
 def run_postfix(metrics: dict[str, float]) -> str:

@@ -56,19 +56,6 @@ def turn_states(state_keys: list[list]) -> torch.Tensor:
                         dtype=torch.long).view(len(state_keys), width)
 
 
-def needs_old_log_probs(cfg: DictConfig, episodes: int) -> bool:
-    """Whether the step needs a scoring pass for the behaviour log-probs. An update of one epoch over
-    one mini-batch takes its single optimizer step at the weights that sampled, so the log-probs it
-    computes are the old ones (TRL's num_iterations=1); a second mini-batch or epoch, or a KL penalty
-    in the reward (applied before the update), needs them beforehand. So do episodes sampled by
-    older weights (`rollout.max_staleness`): the pass gives the current weights' log-probs, the
-    proximal policy that PPO clips around while the truncated importance weight pi_now / pi_engine
-    corrects for the versions between (AReaL's decoupled objective)."""
-    actor = cfg.actor_rollout_ref.actor
-    return (actor.ppo_epochs > 1 or episodes > actor.ppo_mini_batch_size or bool(cfg.algorithm.use_kl_in_reward)
-            or cfg.rollout.max_staleness > 0)
-
-
 def drop_stale_episodes(episodes: list[Episode], trained_version: int, max_staleness: int) -> tuple[list[Episode], int]:
     """The episodes at most `max_staleness` policy versions older than the weights the update
     trains (`trained_version`), and how many older ones were left out."""

@@ -3,7 +3,7 @@
 The trainer uses only what is exported here (docs/CONTRACTS.md, Workers).
 
 - `init_ray(address)`: `address`, else $RAY_ADDRESS, else a local runtime.
-- A group is `world_size(cfg)` = n_gpus_per_node x nnodes Ray actors placed on
+- A group is the run plan's `world_size` = n_gpus_per_node x nnodes Ray actors placed on
   one placement group (a bundle per GPU, or per rank on CPU) and joined into a
   torch.distributed group (nccl on GPU, gloo on CPU); rank 0 gives
   MASTER_ADDR/MASTER_PORT. Batches are split into equal row shards (filler rows
@@ -39,8 +39,8 @@ The trainer uses only what is exported here (docs/CONTRACTS.md, Workers).
 from grl.workers.engine_proxy import EngineProxy
 from grl.workers.group import ActorRolloutRefGroup, CriticGroup, WorkerDiedError
 from grl.workers.rollout_worker import WeightSyncTimeout
-from grl.workers.runtime import init_ray, resolve_device, world_size
+from grl.workers.runtime import init_ray, resolve_device
 from grl.workers.sharding import plan_minibatches
 
 __all__ = ["ActorRolloutRefGroup", "CriticGroup", "EngineProxy", "WeightSyncTimeout", "WorkerDiedError", "init_ray",
-           "plan_minibatches", "resolve_device", "world_size"]
+           "plan_minibatches", "resolve_device"]

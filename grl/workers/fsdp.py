@@ -100,18 +100,6 @@ def init_process_group(rank: int, world_size: int, master_addr: str, master_port
                             timeout=timeout)
 
 
-def cpu_threads(ranks_on_node: int, engine_beside: bool = False) -> int:
-    """This rank's share of the node's cores (less the rollout engine's, when it runs at the same
-    time). Ray sets OMP_NUM_THREADS=1 in a fractional-CPU actor, which would leave an offloaded
-    optimizer step (AdamW over the host shards) one core."""
-    from grl.engines.base import engine_cpu_threads, usable_cores
-
-    cores = usable_cores()
-    if engine_beside:
-        cores = max(1, cores - engine_cpu_threads(cores))
-    return max(1, cores // max(int(ranks_on_node), 1))
-
-
 def shard(module: nn.Module, layers: list[nn.Module], device: str, mixed_precision: bool,
           offload: bool, role: str) -> torch.dtype:
     """FSDP2 in place: every decoder layer, then the root. Returns the dtype
@@ -141,15 +129,17 @@ def shard(module: nn.Module, layers: list[nn.Module], device: str, mixed_precisi
 
 def empty_model(kind: str, path: str, dtype: torch.dtype) -> nn.Module:
     """The model's modules with every tensor on the meta device (no memory): what each rank
-    shards before rank 0's weights arrive. `kind` as in TokenScorer ("value": the critic's
-    token-classification model with one label, as grl.models.load_critic builds it)."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
+    shards before rank 0's weights arrive. `kind` names a head of grl/workers/scoring.py ("value": the
+    critic's token-classification model with one label, as grl.models.load_critic builds it)."""
+    import transformers
+    from transformers import AutoConfig
 
     from grl.models import resolve_model_path
+    from grl.workers.scoring import HEADS
 
-    labels = {} if kind == "policy" else {"num_labels": 1}
-    config = AutoConfig.from_pretrained(resolve_model_path(path), **labels)
-    auto = AutoModelForCausalLM if kind == "policy" else AutoModelForTokenClassification
+    head = HEADS[kind]
+    config = AutoConfig.from_pretrained(resolve_model_path(path), **head.config_kwargs)
+    auto = getattr(transformers, head.model_class)
     with torch.device("meta"):
         return auto.from_config(config, dtype=dtype)
 

@@ -22,6 +22,7 @@ import torch
 from grl.engines.base import Engine
 from grl.errors import first_line
 from grl.rollout.types import Batch
+from grl.run_plan import RunPlan
 from grl.workers.engine_proxy import EngineProxy
 from grl.workers.runtime import (PRODUCT_ENV, REPO_ROOT, WorkerDiedError, acquire_pool, init_ray, release_pool,
                                  resolve_device)
@@ -54,21 +55,22 @@ POLICY_SCORE_KEYS = SCORE_KEYS + CONSTRAINT_KEYS
 class _WorkerGroup:
     """N ranks of one role; shared plumbing of the actor and critic groups."""
 
-    def __init__(self, worker_class: type, cfg, size: int, rank_args=lambda rank: ()):
-        """`size` ranks of `worker_class` (grl/workers/policy.py or critic.py), each built with
-        (rank, size, cfg, device, *rank_args(rank))."""
+    def __init__(self, worker_class: type, cfg, plan: RunPlan, rank_args=lambda rank: ()):
+        """`plan.world_size` ranks of `worker_class` (grl/workers/policy.py or critic.py), each built
+        with (rank, plan, cfg, device, *rank_args(rank))."""
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+        size = plan.world_size
         if size < 1:
             raise ValueError(f"a worker group needs at least one rank, got {size}")
-        self.role, self.cfg, self.size = worker_class.role, cfg, size
+        self.role, self.cfg, self.plan, self.size = worker_class.role, cfg, plan, size
         self.device = resolve_device(cfg.trainer.device)
         self.workers: list = []
         self.nodes: list[str] = []  # the Ray node id of each rank
         self._abandoned: list = []  # results of peers of a failed rank, collected at shutdown
         self._closed = False
-        nnodes = int(cfg.trainer.nnodes)
+        nnodes = plan.nnodes
         pg = acquire_pool(size, self.device, nnodes)
         self._pool = (size, self.device, nnodes)
         bundle = pg.bundle_specs[0]
@@ -82,7 +84,7 @@ class _WorkerGroup:
             for rank in range(size):
                 strategy = PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=rank)
                 self.workers.append(remote.options(scheduling_strategy=strategy, **options).remote(
-                    rank, size, cfg, self.device, *rank_args(rank)))
+                    rank, plan, cfg, self.device, *rank_args(rank)))
             self.nodes = self._gather([w.node_id.remote() for w in self.workers], list(range(size)))
             one_node = len(set(self.nodes)) == 1
             if not one_node:
@@ -224,7 +226,7 @@ class _WorkerGroup:
         return outs if where is None else [unpack(o, where, tensors["input_ids"].shape[1]) for o in outs]
 
     def _update(self, batch: Batch, keys: tuple[str, ...], train_cfg, step: int) -> dict[str, float]:
-        seed = int(self.cfg.trainer.seed) * SHUFFLE_SEED_STRIDE + step - 1
+        seed = self.plan.seed * SHUFFLE_SEED_STRIDE + step - 1
         shards = minibatch_shards(pick(batch, keys), train_cfg, self.size, seed, self._packing_capacity(),
                                   self._share_prompts())
         return self.call_sharded("update", shards)[0]
@@ -277,32 +279,31 @@ class _WorkerGroup:
 
 
 class ActorRolloutRefGroup(_WorkerGroup):
-    """Policy (trained), reference model (frozen, if `use_ref`) and the rollout
+    """Policy (trained), reference model (frozen, if the plan uses one) and the rollout
     engine: inside every rank on GPU, inside rank 0 on CPU (the vllm engine
     then runs in a process of its own that the engines package starts); or, with
     `actor_rollout_ref.hybrid_engine=false`, in a rollout worker of its own
     (grl/workers/rollout_worker.py)."""
 
-    def __init__(self, cfg, world_size: int, use_ref: bool):
+    def __init__(self, cfg, plan: RunPlan):
         from grl.workers.policy import PolicyWorker
         from grl.workers.rollout_worker import SeparateEngine
 
-        self.use_ref = use_ref
+        self.use_ref, self.separate = plan.use_reference, plan.engine_apart
         init_ray(cfg.trainer.get("ray_address"))
         device = resolve_device(cfg.trainer.device)
         self.engine_name = cfg.actor_rollout_ref.rollout.name  # `auto` is resolved inside the rank
-        self.separate = not cfg.actor_rollout_ref.hybrid_engine
-        engine_ranks = () if self.separate else tuple(range(world_size)) if device == "cuda" else (0,)
-        super().__init__(PolicyWorker, cfg, world_size,
-                         lambda rank: (use_ref, self.engine_name if rank in engine_ranks else None))
+        engine_ranks = () if self.separate else tuple(range(plan.world_size)) if device == "cuda" else (0,)
+        super().__init__(PolicyWorker, cfg, plan, lambda rank: (self.engine_name if rank in engine_ranks else None,))
         try:
-            self.engine: Engine = SeparateEngine(cfg, self.device) if self.separate else EngineProxy(self, list(engine_ranks))
+            self.engine: Engine = (SeparateEngine(cfg, plan, self.device) if self.separate
+                                   else EngineProxy(self, list(engine_ranks)))
         except BaseException:
             self.shutdown()
             raise
-        log.info("actor group: %d ranks on %s, rollout engine %s %s%s", world_size, self.device, self.engine_name,
+        log.info("actor group: %d ranks on %s, rollout engine %s %s%s", plan.world_size, self.device, self.engine_name,
                  "in a worker of its own" if self.separate else f"in rank(s) {list(engine_ranks)}",
-                 ", with reference model" if use_ref else "")
+                 ", with reference model" if self.use_ref else "")
 
     def compute_log_probs(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """(old_log_probs, entropy), `[B, T]`, aligned with `loss_mask`."""
@@ -311,7 +312,7 @@ class ActorRolloutRefGroup(_WorkerGroup):
 
     def compute_ref_log_probs(self, batch: Batch) -> torch.Tensor:
         if not self.use_ref:
-            raise RuntimeError("compute_ref_log_probs: the actor group was built with use_ref=False")
+            raise RuntimeError("compute_ref_log_probs: the run's plan has no reference (no KL loss or KL in reward)")
         return self._score("compute_log_probs", pick(batch, POLICY_SCORE_KEYS), True)[0]
 
     def update(self, batch: Batch, step: int) -> dict[str, float]:
@@ -348,11 +349,11 @@ class ActorRolloutRefGroup(_WorkerGroup):
 class CriticGroup(_WorkerGroup):
     """The value model: the policy's backbone with a scalar head."""
 
-    def __init__(self, cfg, world_size: int):
+    def __init__(self, cfg, plan: RunPlan):
         from grl.workers.critic import CriticWorker
 
         init_ray(cfg.trainer.get("ray_address"))
-        super().__init__(CriticWorker, cfg, world_size)
+        super().__init__(CriticWorker, cfg, plan)
 
     def compute_values(self, batch: Batch) -> torch.Tensor:
         return self._score("compute_values", pick(batch, SCORE_KEYS))[0]

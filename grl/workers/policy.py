@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from grl.run_plan import RunPlan
 from grl.workers import lora, sharded, streaming
 from grl.workers.update import seg_of
 from grl.workers.worker import Worker, hf_names
@@ -65,10 +66,9 @@ class PolicyWorker(Worker):
     role = "actor"
     section_key = "actor_rollout_ref"
 
-    def __init__(self, rank: int, world_size: int, cfg, device: str, use_ref: bool = False,
-                 engine_name: str | None = None):
-        super().__init__(rank, world_size, cfg, device)
-        self.use_ref, self.engine_name = use_ref, engine_name
+    def __init__(self, rank: int, plan: RunPlan, cfg, device: str, engine_name: str | None = None):
+        super().__init__(rank, plan, cfg, device)
+        self.use_ref, self.engine_name = plan.use_reference, engine_name
         self.ref = None
         self.engine = None
 
@@ -87,7 +87,7 @@ class PolicyWorker(Worker):
     def _make_engine(self):
         from grl.workers.rollout_worker import build_engine
 
-        return build_engine(self.cfg, self.engine_name, self.device, int(self.cfg.trainer.seed) + self.rank)
+        return build_engine(self.cfg, self.engine_name, self.device, self.plan.seed + self.rank)
 
     def compute_log_probs(self, tensors: dict, ref: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """(log_probs, entropy) of this rank's shard under the policy (or ref)."""

@@ -7,8 +7,8 @@ engine and no torch.distributed group; new weights reach it as a handle to a cop
 put in Ray's object store (`ActorRolloutRefGroup.weights_handle`), which the trainer passes on
 between rollouts, so an episode is never sampled by two versions of the policy.
 
-On CPU the engine takes `engine_cpu_threads` of the node's cores and the actor's ranks the rest
-(both run at once); on GPU it asks Ray for a GPU of its own.
+On CPU, while rollouts run ahead, the engine takes its share of the node's cores and the actor's
+ranks the rest (`RunPlan.cpu_threads`); on GPU it asks Ray for a GPU of its own.
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ import os
 
 import torch
 
-from grl.engines.base import Engine, GenerationOutput, NamedTensors, SamplingParams, engine_cpu_threads, usable_cores
+from grl.engines.base import Engine, GenerationOutput, NamedTensors, SamplingParams, usable_cores
 from grl.errors import first_line
+from grl.run_plan import RunPlan
 from grl.workers.runtime import PRODUCT_ENV, REPO_ROOT, WorkerDiedError
 
 log = logging.getLogger("grl.workers")
@@ -49,14 +50,12 @@ def build_engine(cfg, name: str, device: str, seed: int) -> Engine:
 class RolloutWorker:
     """The Ray actor: one engine, called one request at a time."""
 
-    def __init__(self, cfg, device: str):
+    def __init__(self, cfg, plan: RunPlan, device: str):
         logging.basicConfig(level=logging.INFO, format="%(asctime)s rollout %(message)s")
         if device == "cpu":
-            cores = usable_cores()
-            beside = int(cfg.rollout.max_staleness) > 0  # generating while the actor trains
-            torch.set_num_threads(engine_cpu_threads(cores) if beside else cores)
+            torch.set_num_threads(plan.cpu_threads(usable_cores(), device, engine=True))
         # The seed of the colocated engine in rank 0, so that a run with the engine apart samples as one with it in.
-        self.engine = build_engine(cfg, cfg.actor_rollout_ref.rollout.name, device, int(cfg.trainer.seed))
+        self.engine = build_engine(cfg, cfg.actor_rollout_ref.rollout.name, device, plan.seed)
 
     def ready(self) -> bool:
         return True
@@ -78,7 +77,7 @@ class RolloutWorker:
 class SeparateEngine(Engine):
     """The rollout worker as the driver sees it: an Engine, plus `load_weights(handle)`."""
 
-    def __init__(self, cfg, device: str):
+    def __init__(self, cfg, plan: RunPlan, device: str):
         import ray
 
         options = {"num_cpus": 0, "runtime_env": {"env_vars": dict(PRODUCT_ENV, PYTHONPATH=os.pathsep.join(
@@ -91,7 +90,7 @@ class SeparateEngine(Engine):
             options["num_gpus"] = 1
         self._worker = None
         self.timeout = float(cfg.rollout.weight_sync_timeout)
-        self._worker = ray.remote(RolloutWorker).options(**options).remote(cfg, device)
+        self._worker = ray.remote(RolloutWorker).options(**options).remote(cfg, plan, device)
         ready, _ = ray.wait([self._worker.ready.remote()], timeout=ENGINE_START_TIMEOUT_S)
         if not ready:
             self.shutdown()

@@ -127,11 +127,6 @@ def node_death_wait_s() -> float:
     return Config.health_check_failure_threshold() * per_check_ms / 1000 + 5.0
 
 
-def world_size(cfg) -> int:
-    """Ranks per role: trainer.n_gpus_per_node x trainer.nnodes (processes on CPU too)."""
-    return int(cfg.trainer.n_gpus_per_node) * int(cfg.trainer.nnodes)
-
-
 def resolve_device(requested: str) -> str:
     import ray
 

@@ -71,7 +71,40 @@ def _log_prob_and_entropy(head: nn.Module, hidden: torch.Tensor, labels: torch.T
 
 
 def _value(head: nn.Module, hidden: torch.Tensor):
-    return head(hidden).float().squeeze(-1)
+    return (head(hidden).float().squeeze(-1),)
+
+
+class PolicyHead:
+    """The causal LM's vocabulary head: (log-prob, entropy) of each token under the engine's sampling
+    distribution. Vocabulary-sized, so only the positions the loss reads go through it."""
+
+    name, model_class, config_kwargs, loader, takes_adapters = "policy", "AutoModelForCausalLM", {}, "load_causal_lm", True
+    loss_tokens_only, outputs = True, 2
+
+    def module(self, model: nn.Module) -> nn.Module:
+        # With tied embeddings lm_head shares the input embedding's weight, so the output embedding is
+        # the right head either way.
+        return model.get_output_embeddings()
+
+    def scores(self, head: nn.Module, hidden, labels, temperature: float, sizes=None, ids=None):
+        return (_log_prob_and_entropy, (head, hidden, labels, temperature, *((sizes, ids) if sizes is not None else ())))
+
+
+class ValueHead:
+    """The critic's one-label token classifier: (value,) of the state before each token."""
+
+    name, model_class, config_kwargs, loader, takes_adapters = ("value", "AutoModelForTokenClassification",
+                                                                {"num_labels": 1}, "load_critic", False)
+    loss_tokens_only, outputs = False, 1
+
+    def module(self, model: nn.Module) -> nn.Module:
+        return model.score
+
+    def scores(self, head: nn.Module, hidden, labels, temperature: float, sizes=None, ids=None):
+        return _value, (head, hidden)
+
+
+HEADS = {head.name: head for head in (PolicyHead(), ValueHead())}
 
 
 class TokenScorer(nn.Module):
@@ -83,16 +116,14 @@ class TokenScorer(nn.Module):
 
     def __init__(self, model: nn.Module, kind: str, compute_dtype: torch.dtype = torch.float32):
         super().__init__()
-        if kind not in ("policy", "value"):
-            raise ValueError(f"TokenScorer kind must be policy or value, got {kind!r}")
+        if kind not in HEADS:
+            raise ValueError(f"TokenScorer kind must be one of {', '.join(HEADS)}, got {kind!r}")
         self.model = model
-        self.kind = kind
+        self.kind = HEADS[kind]
         self.compute_dtype = compute_dtype  # dtype of the packed attention mask
 
     def head(self) -> nn.Module:
-        # With tied embeddings lm_head shares the input embedding's weight, so
-        # the output embedding is the right head either way.
-        return self.model.get_output_embeddings() if self.kind == "policy" else self.model.score
+        return self.kind.module(self.model)
 
     def forward(self, input_ids, attention_mask, position_ids, segment_ids=None, chunk_size: int = 1024,
                 temperature: float = 1.0, constraint_size=None, constraint_ids=None, loss_mask=None,
@@ -110,7 +141,7 @@ class TokenScorer(nn.Module):
         B, T, H = hidden.shape
         prev = predecessors(attention_mask, segment_ids, parent_ids)
         keep = prev >= 0
-        if loss_mask is not None and self.kind == "policy" and bool((keep & (loss_mask > 0)).any()):
+        if loss_mask is not None and self.kind.loss_tokens_only and bool((keep & (loss_mask > 0)).any()):
             # (With no loss token at all everything is scored, so the head still takes part in
             # backward, as FSDP2 ranks reducing gradients together need.)
             keep &= loss_mask > 0
@@ -119,30 +150,24 @@ class TokenScorer(nn.Module):
         flat_hidden = hidden[rows, prev[rows, columns]]
         flat_labels = input_ids[rows, columns]
         sizes = ids = None
-        if constraint_size is not None and self.kind == "policy":
+        if constraint_size is not None:
             sizes, ids = constraint_size[rows, columns], constraint_ids[rows, columns]
         head = self.head()
         step = max(int(chunk_size), 1)
         recompute = torch.is_grad_enabled()
         outputs = []
         for i in range(0, flat_hidden.shape[0], step):
-            h = flat_hidden[i:i + step]
-            if self.kind == "policy":
-                args = (head, h, flat_labels[i:i + step], float(temperature))
-                if sizes is not None:
-                    args += (sizes[i:i + step], ids[i:i + step])
-                fn = _log_prob_and_entropy
-            else:
-                args, fn = (head, h), _value
+            part = slice(i, i + step)
+            fn, args = self.kind.scores(head, flat_hidden[part], flat_labels[part], float(temperature),
+                                        *((sizes[part], ids[part]) if sizes is not None else ()))
             outputs.append(checkpoint(fn, *args, use_reentrant=False) if recompute else fn(*args))
 
         def assemble(parts):
             scores = torch.cat(parts) if parts else hidden.new_zeros(0, dtype=torch.float32)
             return torch.zeros(B, T, dtype=torch.float32, device=hidden.device).index_put((rows, columns), scores)
 
-        if self.kind == "policy":
-            return assemble([o[0] for o in outputs]), assemble([o[1] for o in outputs])
-        return assemble(outputs)
+        scores = tuple(assemble([o[j] for o in outputs]) for j in range(self.kind.outputs))
+        return scores if len(scores) > 1 else scores[0]
 
 
 def trim_width(tensors: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], int]:

@@ -11,9 +11,11 @@ import logging
 import torch
 import torch.distributed as dist
 
+from grl.engines.base import usable_cores
 from grl.rollout.batch import attention_spans
+from grl.run_plan import RunPlan
 from grl.workers import fsdp, lora, sharded
-from grl.workers.scoring import TokenScorer, pad_width, trim_width
+from grl.workers.scoring import HEADS, TokenScorer, pad_width, trim_width
 from grl.workers.update import UpdateLoop, split_rows
 
 log = logging.getLogger("grl.workers")
@@ -32,16 +34,10 @@ class Worker(UpdateLoop):
     role: str
     section_key: str
 
-    def __init__(self, rank: int, world_size: int, cfg, device: str):
+    def __init__(self, rank: int, plan: RunPlan, cfg, device: str):
         logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {self.role}[{rank}] %(message)s")
-        self.rank, self.world_size, self.cfg, self.device = rank, world_size, cfg, device
-        # Ray gives a fractional-CPU actor one thread. On CPU the driver runs the phases of the roles
-        # one after another, so the ranks of the working group may share every core; on GPU a rank
-        # takes its GPU's share of the node's cores (offloaded optimizer steps run on them).
-        # A rollout worker generating beside the update (rollout.max_staleness > 0) keeps its share on CPU.
-        beside = device == "cpu" and int(cfg.rollout.max_staleness) > 0
-        # n_gpus_per_node is the ranks a node holds, on CPU too (world_size on one node).
-        torch.set_num_threads(fsdp.cpu_threads(int(cfg.trainer.n_gpus_per_node), engine_beside=beside))
+        self.rank, self.plan, self.world_size, self.cfg, self.device = rank, plan, plan.world_size, cfg, device
+        torch.set_num_threads(plan.cpu_threads(usable_cores(), device))
         self.peft_model = None  # set on a LoRA policy: the adapter's config and on/off switch
 
     # ------------------------------------------------------------ set-up
@@ -64,7 +60,7 @@ class Worker(UpdateLoop):
         fsdp.init_process_group(self.rank, self.world_size, master_addr, master_port, self.device,
                                 timeout_s=float(self.cfg[self.section_key].nccl_timeout),
                                 listening=getattr(self, "_listening", None))
-        fsdp.seed_everything(int(self.cfg.trainer.seed) + self.rank)
+        fsdp.seed_everything(self.plan.seed + self.rank)
         self.build()
         self.optimizer = fsdp.make_optimizer([p for p in self.module.parameters() if p.requires_grad], self.train_cfg.optim)
         self.scheduler = fsdp.make_scheduler(self.optimizer, self.train_cfg.optim.lr_warmup_steps)
@@ -73,17 +69,18 @@ class Worker(UpdateLoop):
         raise NotImplementedError
 
     def _build(self, model_cfg, fsdp_cfg, kind: str, trainable: bool) -> TokenScorer:
-        from grl.models import load_causal_lm, load_critic, torch_dtype
+        from grl import models
+        from grl.models import torch_dtype
 
         mixed = fsdp.mixed_precision(fsdp_cfg, model_cfg.dtype, self.device)
         dtype = "float32" if (trainable and mixed) else model_cfg.dtype
         # Rank 0 reads the weights into host memory; every rank shards an empty (meta) copy and
         # receives its shards from rank 0: no device ever holds the full model, and the host one
         # copy instead of one per rank (a 7B model in fp32: 28 GB, not 8 x 28).
-        load = load_causal_lm if kind == "policy" else load_critic
-        source = load(model_cfg.path, dtype=dtype, device=self.device) if self.rank == 0 else None
+        head = HEADS[kind]
+        source = getattr(models, head.loader)(model_cfg.path, dtype=dtype, device=self.device) if self.rank == 0 else None
         model = fsdp.empty_model(kind, model_cfg.path, torch_dtype(dtype, self.device))
-        if trainable and kind == "policy" and int(model_cfg.get("lora_rank", 0)) > 0:
+        if trainable and head.takes_adapters and model_cfg.lora_rank > 0:
             self.peft_model = lora.add_adapter(model, model_cfg)
             model = self.peft_model.base_model.model  # the same modules, LoRA layers in place
             if source is not None:

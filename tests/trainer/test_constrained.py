@@ -9,6 +9,7 @@ from grl.config import compose, validate
 from grl.engines import sampling_from_config
 from grl.rollout import MultiTurnRollout, build_batch, task_specs
 from grl.rollout.types import Batch
+from grl.run_plan import RunPlan
 from grl.trainer.metrics import rollout_mismatch_metrics
 
 ray = pytest.importorskip("ray")
@@ -45,7 +46,7 @@ def actor(cfg):
     from grl.workers import ActorRolloutRefGroup, init_ray
 
     init_ray(None, num_cpus=2)
-    group = ActorRolloutRefGroup(cfg, world_size=1, use_ref=False)
+    group = ActorRolloutRefGroup(cfg, RunPlan.from_config(cfg))
     yield group
     group.shutdown()
 

@@ -8,7 +8,8 @@ from omegaconf import OmegaConf
 
 from grl.algo import make_kl_controller
 from grl.rollout.types import Episode, Turn
-from grl.trainer.transforms import add_advantages, drop_nonfinite_rows, needs_old_log_probs, shape_batch
+from grl.run_plan import RunPlan
+from grl.trainer.transforms import add_advantages, drop_nonfinite_rows, shape_batch
 from grl.trainer.metrics import batch_metrics, reward_metrics, task_metrics
 
 
@@ -81,7 +82,7 @@ def test_packing_at_the_workers_scores_and_trains_as_padded_rows(tmp_path, monke
                    "rollout.max_episode_length=40", "actor_rollout_ref.actor.shuffle=false"])
     actor = critic = None  # unshuffled, the groups' mini-batches are the same rows packed or padded
     try:
-        actor, critic = ActorRolloutRefGroup(cfg, world_size=2, use_ref=True), CriticGroup(cfg, world_size=2)
+        actor, critic = ActorRolloutRefGroup(cfg, RunPlan.from_config(cfg)), CriticGroup(cfg, RunPlan.from_config(cfg))
         sent = []
         for group in (actor, critic):
             monkeypatch.setattr(group, "call_sharded", recording(group, sent))
@@ -136,11 +137,11 @@ def test_an_on_policy_update_needs_no_old_log_prob_pass(tmp_path):
     cfg = compose(["model_path=tiny", "n_gpus_per_node=2", "ppo_mini_batch_size=12", "micro_batch_size_per_gpu=2",
                    "trainer.device=cpu", "actor_rollout_ref.rollout.name=hf",
                    "actor_rollout_ref.actor.logits_chunk_size=5"])
-    assert not needs_old_log_probs(cfg, 12)
-    assert needs_old_log_probs(cfg, 13)  # a second mini-batch trains on a moved policy
+    assert not RunPlan.from_config(cfg).old_log_prob_pass(12)
+    assert RunPlan.from_config(cfg).old_log_prob_pass(13)  # a second mini-batch trains on a moved policy
     actor = None
     try:
-        actor = ActorRolloutRefGroup(cfg, world_size=2, use_ref=False)
+        actor = ActorRolloutRefGroup(cfg, RunPlan.from_config(cfg))
         actor.save_checkpoint(tmp_path)
         batch, _ = shape_batch(episodes(), rollout_cfg(), pad_token_id=0)
         behaviour, _ = actor.compute_log_probs(batch)

@@ -12,6 +12,7 @@ pytestmark = pytest.mark.slow
 
 from grl.config import compose
 from grl.engines.weights import WeightMismatchError
+from grl.run_plan import RunPlan
 from grl.workers import ActorRolloutRefGroup
 from grl.workers.sharded import SHARDS_DIR
 from tests.workers.test_worker_groups import OVERRIDES, _full_weights, cfg, make_batch  # noqa: F401 (cfg: Ray)
@@ -66,7 +67,7 @@ def _break_engine_spec(worker, broken):
 
 @pytest.fixture(scope="module")
 def actor(cfg):  # noqa: F811 - the imported fixture, requested by name
-    group = ActorRolloutRefGroup(compose(OVERRIDES), world_size=2, use_ref=False)
+    group = ActorRolloutRefGroup(compose(OVERRIDES), RunPlan.from_config(compose(OVERRIDES)))
     yield group
     group.shutdown()
 

@@ -12,6 +12,7 @@ import queue
 import socket
 import time
 import traceback
+from dataclasses import replace
 from datetime import timedelta
 
 import pytest
@@ -23,6 +24,7 @@ from torch.distributed.distributed_c10d import BackendConfig
 
 from grl.config import compose
 from grl.models import load_causal_lm
+from grl.run_plan import RunPlan
 from grl.workers import fsdp
 from grl.workers.update import memory_metrics, split_rows
 from grl.workers.critic import CriticWorker
@@ -146,7 +148,7 @@ def test_gpu_rank_takes_its_share_of_the_cores():
     before = torch.get_num_threads()
     torch.set_num_threads(1)  # what Ray's OMP_NUM_THREADS=1 gives a fractional-CPU actor
     try:
-        PolicyWorker(0, 1, cfg, "cuda")
+        PolicyWorker(0, RunPlan.from_config(cfg), cfg, "cuda")
         assert torch.get_num_threads() == len(os.sched_getaffinity(0))
     finally:
         torch.set_num_threads(before)
@@ -238,7 +240,7 @@ def _build_score_and_train(rank, ports, cfg):
     padded = layout(PADDED[rank], {k: data[k] for k in policy_keys})
     packed = layout(PACKED[rank], {k: data[k] for k in policy_keys})
 
-    actor = PolicyWorker(rank, 2, cfg, "cpu", use_ref=True)
+    actor = PolicyWorker(rank, replace(RunPlan.from_config(cfg), use_reference=True), cfg, "cpu")
     actor.setup("127.0.0.1", ports[0])
     out["timeouts_s"] = [group_timeout_s()]
     out["buffers"] = {k: v.clone() for k, v in actor.module.named_buffers()}
@@ -266,7 +268,7 @@ def _build_score_and_train(rank, ports, cfg):
         out[f"{name}_update"] = (metrics, {k: s["exp_avg"].clone() for k, s in moments.items()})
     actor.teardown()
 
-    critic = CriticWorker(rank, 2, cfg, "cpu")
+    critic = CriticWorker(rank, RunPlan.from_config(cfg), cfg, "cpu")
     critic.setup("127.0.0.1", ports[1])
     out["timeouts_s"].append(group_timeout_s())
     critic.update([layout(PADDED[rank], {k: data[k] for k in ("input_ids", "loss_mask", "returns", "values")})])

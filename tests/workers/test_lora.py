@@ -2,6 +2,7 @@
 peft's own merge, the base model (the reference), the exported folders and a
 fresh group resumed from the adapter-only checkpoint."""
 
+from dataclasses import replace
 import pytest
 import torch
 
@@ -13,6 +14,7 @@ from grl.config import compose
 from grl.engines import make_engine, vllm_status
 from grl.engines.base import SamplingParams
 from grl.models import load_causal_lm
+from grl.run_plan import RunPlan
 from grl.workers import ActorRolloutRefGroup
 from grl.workers.lora import add_adapter, merged_weights
 from grl.workers.sharded import saved_names
@@ -30,7 +32,7 @@ def lora_cfg(cfg):  # noqa: F811 - the imported fixture, requested by name
 
 @pytest.fixture(scope="module")
 def actor(lora_cfg):
-    group = ActorRolloutRefGroup(lora_cfg, world_size=2, use_ref=True)
+    group = ActorRolloutRefGroup(lora_cfg, RunPlan.from_config(lora_cfg))
     yield group
     group.shutdown()
 
@@ -107,7 +109,7 @@ def test_checkpoint_holds_the_adapter_and_resumes_exactly(lora_cfg, actor, batch
     log_probs, _ = actor.compute_log_probs(batch)
     metrics = actor.update(batch, step=1)
     after = actor.execute(_full_weights)[0]
-    fresh = ActorRolloutRefGroup(lora_cfg, world_size=2, use_ref=False)
+    fresh = ActorRolloutRefGroup(lora_cfg, replace(RunPlan.from_config(lora_cfg), use_reference=False))
     try:
         fresh.load_checkpoint(tmp_path / "ckpt")
         assert torch.equal(fresh.compute_log_probs(batch)[0], log_probs)

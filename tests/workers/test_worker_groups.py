@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 from contextlib import contextmanager
+from dataclasses import replace
 
 import pytest
 import torch
@@ -18,6 +19,7 @@ from grl.engines import make_engine
 from grl.engines.base import SamplingParams
 from grl.models import load_causal_lm, load_critic
 from grl.rollout.types import Batch
+from grl.run_plan import RunPlan
 from grl.workers import ActorRolloutRefGroup, CriticGroup, WorkerDiedError, init_ray
 
 # The helpers below run inside the ranks; ship them by value (the ranks cannot import this file).
@@ -98,14 +100,14 @@ def cfg():
 
 @pytest.fixture(scope="module")
 def actor(cfg):
-    group = ActorRolloutRefGroup(cfg, world_size=2, use_ref=True)
+    group = ActorRolloutRefGroup(cfg, RunPlan.from_config(cfg))
     yield group
     group.shutdown()
 
 
 @pytest.fixture(scope="module")
 def critic(cfg):
-    group = CriticGroup(cfg, world_size=2)
+    group = CriticGroup(cfg, RunPlan.from_config(cfg))
     yield group
     group.shutdown()
 
@@ -329,7 +331,7 @@ def test_checkpoint_resumes_bit_for_bit_in_a_fresh_group(cfg, actor, batch, tmp_
     log_probs, _ = actor.compute_log_probs(batch)
     metrics = actor.update(batch, step=1)
     after = actor.execute(_full_weights)[0]
-    fresh = ActorRolloutRefGroup(cfg, world_size=2, use_ref=False)
+    fresh = ActorRolloutRefGroup(cfg, replace(RunPlan.from_config(cfg), use_reference=False))
     try:
         fresh.load_checkpoint(tmp_path / "ckpt")
         assert torch.equal(fresh.compute_log_probs(batch)[0], log_probs)
