@@ -1,6 +1,6 @@
 """Memory and compute planning from a model's shape and a run config; pure arithmetic, no torch."""
 
-from grl.planner.memory import GIB, PHASES, Plan, format_plan, plan, plan_run
+from grl.planner.memory import PHASES, plan, plan_run
 from grl.planner.shapes import (
     KNOWN_MODELS,
     ModelShape,
@@ -10,6 +10,7 @@ from grl.planner.shapes import (
     shape_from_config,
     train_flops,
 )
+from grl.planner.table import GIB, Plan, format_plan
 
 __all__ = ["GIB", "KNOWN_MODELS", "PHASES", "ModelShape", "Plan", "PlanError", "format_plan", "model_shape",
            "peak_flops", "plan", "plan_run", "shape_from_config", "train_flops"]

@@ -9,10 +9,8 @@ them, times them, validates, checkpoints and reports.
 from __future__ import annotations
 
 import logging
-import os
-import shutil
 from collections.abc import Callable
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -40,14 +38,15 @@ from grl.trainer.metrics import (
     turn_length_metrics,
 )
 from grl.trainer.pipeline import RolloutAhead, SynchronousRollout, old_log_probs_from
-from grl.trainer.report import finish_report, run_postfix, start_report
+from grl.trainer.progress import Progress
+from grl.trainer.report import abort_message, finish_report, start_report
 from grl.trainer.transforms import (
     add_advantages,
     drop_nonfinite_rows,
     drop_stale_episodes,
     shape_batch,
 )
-from grl.trainer.validation import BestValidation, validation_metrics
+from grl.trainer.validation import BestValidation, Validation
 from grl.workers import WeightSyncTimeout, WorkerDiedError
 from grl.workers.group import TEARDOWN_TIMEOUT_S
 
@@ -64,7 +63,6 @@ class AgentTrainer:
         self.actor = actor  # grl.workers.ActorRolloutRefGroup (policy, reference model, rollout engine)
         self.critic = critic  # grl.workers.CriticGroup, or None for critic-free estimators
         self.rollout = rollout  # grl.rollout.MultiTurnRollout over the actor's engine
-        self.controls: dict = {}  # validation control -> its MultiTurnRollout (grl/agents/controls.py)
         self.hooks = list(hooks or [])
         self.plan = RunPlan.from_config(cfg)  # the groups were built from an equal one
         algo = cfg.algorithm
@@ -72,19 +70,14 @@ class AgentTrainer:
                                           algo.kl_ctrl.horizon)
         self.train_tasks = task_specs(cfg)
         self.curriculum = Curriculum.from_config(cfg.rollout.curriculum)  # None: the tasks as their blocks set them
-        self.val_tasks = task_specs(cfg, validation=True)
         engine_cfg = cfg.actor_rollout_ref.rollout
         self.sampling = sampling_from_config(engine_cfg, validate=False, max_new_tokens=cfg.max_response_length)
-        self.val_sampling = sampling_from_config(engine_cfg, validate=True, max_new_tokens=cfg.max_response_length)
         self.global_step = 0
         self.mfu_shape, self.peak_flops = mfu_inputs(str(cfg.actor_rollout_ref.model.path), str(cfg.trainer.device))
         self.last_checkpoint: Path | None = None
         self.tracker: Tracker | None = None
-        self.show_progress = "console" in cfg.trainer.logger
-        self.val_success: dict[str, list[tuple[int, float]]] = {}
-        self.best = BestValidation()  # trainer.export_best: the step whose actor the HF export holds
-        self._run_bar = None  # tqdm over the whole run, with its ETA
-        self._step_bar = None  # tqdm over the current step's phases, or over a validation
+        self.progress = Progress(enabled="console" in cfg.trainer.logger)
+        self.validation = Validation(cfg, rollout)
         # Where each step's episodes and old log-probs come from (grl/trainer/pipeline.py): the step reads
         # the same in every mode. The rollout source starts with the first step, after any resume.
         self._source: SynchronousRollout | RolloutAhead | None = None
@@ -132,8 +125,7 @@ class AgentTrainer:
             if cfg.val_only:
                 self.tracker.log(self.validate(), self.global_step)
                 return
-            self._run_bar = self._bar(total=cfg.total_training_steps, initial=self.global_step, desc="run",
-                                      unit="step", position=0)
+            self.progress.start_run(cfg.total_training_steps, done=self.global_step)
             if cfg.val_before_train and self.global_step == 0:
                 self.tracker.log(self.validate(), self.global_step)
             while self.global_step < cfg.total_training_steps:
@@ -142,19 +134,19 @@ class AgentTrainer:
                 metrics, batch = self.train_step(step)
                 if cfg.test_freq > 0 and (step % cfg.test_freq == 0 or last):
                     metrics.update(self.validate())
-                    if cfg.export_hf and cfg.export_best and self.best.offer(step, metrics, self.cfg.rollout.validation):
+                    if cfg.export_hf and cfg.export_best and self.validation.is_best(step, metrics):
                         self.export_hf()
                 if (cfg.save_freq > 0 and step % cfg.save_freq == 0) or last:
                     metrics.update(self.save_checkpoint())
                 self.tracker.log(metrics, step)
-                self._run_bar.update(1)
-                self._run_bar.set_postfix_str(run_postfix(metrics), refresh=True)
+                self.progress.step_done(metrics)
                 for hook in self.hooks:
                     hook(self, step, metrics, batch)
-            export = None if not cfg.export_hf else self.export_hf(only_path=self.best.step > 0)
-            print(finish_report(self.val_success, self.last_checkpoint, export, self.best.step), flush=True)
+            best = self.validation.best.step  # 0: none after a training step, or trainer.export_best off
+            export = None if not cfg.export_hf else self.export_hf(only_path=best > 0)
+            print(finish_report(self.validation.success, self.last_checkpoint, export, best), flush=True)
         except (WorkerDiedError, WeightSyncTimeout) as err:
-            message = self._abort_message(err)
+            message = abort_message(err, self.global_step, self.last_checkpoint)
             log.error(message)
             raise RunAborted(message) from err
         except KeyboardInterrupt:  # Ctrl-C, or SIGTERM turned into one by grl.train: stop the workers now
@@ -167,43 +159,16 @@ class AgentTrainer:
         """One PPO step: rollout -> batch -> shape -> score -> advantage -> update -> sync.
         Returns the step's metrics and the batch the update trained on (None if it was skipped)."""
         timer = Timer()
-        # The actor is updated and its weights synced this step (after the critic's warm-up).
-        syncs = step > self.cfg.trainer.critic_warmup
-        metrics: dict[str, float] = {}
-        with self._progress(step) as phase, timer("step"):
+        syncs = step > self.cfg.trainer.critic_warmup  # the actor is updated and synced (after the critic's warm-up)
+        with self.progress.step(step, self.plan.phases) as phase, timer("step"):
             with phase("gen"):
                 sampled = self._source_from(step).take(step, syncs)
-            result = sampled.result
             timer.times.update(sampled.times)
-            metrics.update(sampled.metrics)
-            episodes, stale = drop_stale_episodes(result.episodes, step - 1, self.plan.max_staleness)
-            if stale:
-                log.error("step %d: %d episodes sampled more than rollout.max_staleness=%d versions ago were dropped",
-                          step, stale, self.plan.max_staleness)
-            metrics.update({**task_metrics(result.metrics, "train"), **reward_metrics(result.episodes),
-                            **turn_length_metrics(result.episodes, self.cfg.max_response_length, validation=False),
-                            "training/dropped_stale_episodes": float(stale)})
-            if self.curriculum is not None:  # before this step's weights are published: a rollout ahead reads it
-                metrics.update(self.curriculum.metrics(self._stage(step)))
-                if self.curriculum.record(step, result.episodes):
-                    log.info("step %d: curriculum moves to %s=%r", step, self.curriculum.key,
-                             self.curriculum.levels[self.curriculum.stage])
-            if self.cfg.actor_rollout_ref.actor.use_kl_loss:
-                metrics["actor/kl_coef"] = float(self.cfg.actor_rollout_ref.actor.kl_loss_coef)
-            failed = [ep for ep in episodes if ep.error is not None]
-            if failed and len(failed) == len(episodes):  # nothing but env-error penalties to learn from
-                log.warning("step %d: all %d episodes ended in env errors (first: task %s, seed %d: %s); update skipped",
-                            step, len(failed), failed[0].task, failed[0].seed, failed[0].error.splitlines()[-1])
+            episodes, metrics = self._received(step, sampled)
+            batch = self._batch_of(step, episodes, metrics)
+            if batch is None:  # nothing to train on; a rollout ahead still waits for this step's version
                 self._source.publish(step, syncs)
                 return {**metrics, **timer.metrics()}, None
-
-            batch, shape_metrics = shape_batch(episodes, self.cfg.rollout, self.rollout.tokenizer.pad_token_id)
-            metrics.update(shape_metrics)
-            if len(batch) == 0:
-                log.warning("step %d: no episode left to train on after filtering; update skipped", step)
-                self._source.publish(step, syncs)
-                return {**metrics, **timer.metrics()}, None
-
             with phase("old_log_prob"):
                 metrics.update(self.old_log_probs.fill(batch, self.actor, timer))
             if self.plan.use_reference:
@@ -233,6 +198,40 @@ class AgentTrainer:
         metrics.update(timer.metrics())
         return metrics, (batch if len(batch) > 0 else None)
 
+    def _received(self, step: int, sampled) -> tuple[list, dict[str, float]]:
+        """The episodes the update may train on (none older than rollout.max_staleness) and the
+        rollout's metrics; the curriculum records the step's success."""
+        result = sampled.result
+        episodes, stale = drop_stale_episodes(result.episodes, step - 1, self.plan.max_staleness)
+        if stale:
+            log.error("step %d: %d episodes sampled more than rollout.max_staleness=%d versions ago were dropped",
+                      step, stale, self.plan.max_staleness)
+        metrics = {**sampled.metrics, **task_metrics(result.metrics, "train"), **reward_metrics(result.episodes),
+                   **turn_length_metrics(result.episodes, self.cfg.max_response_length, validation=False),
+                   "training/dropped_stale_episodes": float(stale)}
+        if self.curriculum is not None:  # before this step's weights are published: a rollout ahead reads it
+            metrics.update(self.curriculum.metrics(self._stage(step)))
+            if self.curriculum.record(step, result.episodes):
+                log.info("step %d: curriculum moves to %s=%r", step, self.curriculum.key,
+                         self.curriculum.levels[self.curriculum.stage])
+        if self.cfg.actor_rollout_ref.actor.use_kl_loss:
+            metrics["actor/kl_coef"] = float(self.cfg.actor_rollout_ref.actor.kl_loss_coef)
+        return episodes, metrics
+
+    def _batch_of(self, step: int, episodes: list, metrics: dict[str, float]) -> Batch | None:
+        """The shaped batch (its metrics added to `metrics`), or None when nothing is left to train on."""
+        failed = [ep for ep in episodes if ep.error is not None]
+        if failed and len(failed) == len(episodes):  # nothing but env-error penalties to learn from
+            log.warning("step %d: all %d episodes ended in env errors (first: task %s, seed %d: %s); update skipped",
+                        step, len(failed), failed[0].task, failed[0].seed, failed[0].error.splitlines()[-1])
+            return None
+        batch, shape_metrics = shape_batch(episodes, self.cfg.rollout, self.rollout.tokenizer.pad_token_id)
+        metrics.update(shape_metrics)
+        if len(batch) == 0:
+            log.warning("step %d: no episode left to train on after filtering; update skipped", step)
+            return None
+        return batch
+
     def _source_from(self, step: int) -> SynchronousRollout | RolloutAhead:
         """The rollout source, started by the first step this trainer runs (after any resume)."""
         if self._source is None:
@@ -246,7 +245,7 @@ class AgentTrainer:
             return RolloutAhead(partial(self._rollout, on_turn=None), self.actor.engine.load_weights,
                                 self.actor.weights_handle, max_staleness=self.plan.max_staleness, first_step=first_step,
                                 last_step=self.cfg.trainer.total_training_steps, version=first_step - 1)
-        return SynchronousRollout(partial(self._rollout, on_turn=self._show_turn), self.rollout.engine, self.actor,
+        return SynchronousRollout(partial(self._rollout, on_turn=self.progress.show_turn), self.rollout.engine, self.actor,
                                   bool(self.cfg.actor_rollout_ref.rollout.free_cache_engine))
 
     def _rollout(self, step: int, on_turn: Callable | None):
@@ -263,29 +262,10 @@ class AgentTrainer:
         """Every validation task in one batched greedy rollout, `trainer.validation_steps`
         times with consecutive seeds -> `val-env/<task>/<metric>`, the mean over the rollouts."""
         timer = Timer()
-        runs = self.cfg.trainer.validation_steps
-        self._step_bar = self._bar(total=None, desc=f"validation (step {self.global_step})", position=1, leave=False)
-        with timer("testing"), (self._source.engine_at(self.global_step) if self._source else nullcontext()):
-            try:
-                mean, episodes = validation_metrics(self.rollout, self._control_rollouts(), self.val_tasks,
-                                                    self.cfg.rollout.validation_seed, runs, self.val_sampling,
-                                                    on_turn=self._show_turn)
-            finally:
-                self._step_bar.close()
-        metrics = task_metrics(mean, "val-env")
-        for task in self.cfg.rollout.validation:
-            if f"val-env/{task}/success" in metrics:
-                self.val_success.setdefault(task, []).append((self.global_step, metrics[f"val-env/{task}/success"]))
-        return {**metrics, **timer.metrics(),
-                **turn_length_metrics(episodes, self.cfg.max_response_length, validation=True)}
-
-    def _control_rollouts(self) -> dict:
-        """The rollouts of `trainer.validation_controls`, built on first use over the same engine."""
-        for name in self.cfg.trainer.validation_controls:
-            if name not in self.controls:
-                self.controls[name] = MultiTurnRollout.from_config(self.cfg, self.rollout.engine,
-                                                                   self.rollout.tokenizer, control=name)
-        return self.controls
+        with timer("testing"), self.progress.validation(self.global_step), (
+                self._source.engine_at(self.global_step) if self._source else nullcontext()):
+            metrics = self.validation.run(self.global_step, on_turn=self.progress.show_turn)
+        return {**metrics, **timer.metrics()}
 
     def start_report(self) -> str:
         return start_report(self.cfg, self.plan, self.actor.device)
@@ -302,7 +282,7 @@ class AgentTrainer:
                 self.critic.save_checkpoint(str(tmp / "critic"))
 
         state = {"global_step": self.global_step, "kl_coef": self.kl_ctrl.value, "rng": rng_state(),
-                 "best_validation": [self.best.step, self.best.score],
+                 "best_validation": [self.validation.best.step, self.validation.best.score],
                  **({"curriculum": self.curriculum.state()} if self.curriculum is not None else {})}
         with timer("save_checkpoint"):
             self.last_checkpoint = ckpt.write_checkpoint(cfg.default_local_dir, self.global_step, write_parts, state,
@@ -310,16 +290,10 @@ class AgentTrainer:
         return timer.metrics()
 
     def export_hf(self, only_path: bool = False) -> Path:
-        """The actor as a Hugging Face folder (`<default_local_dir>/hf_actor`) that
-        transformers and vLLM load; written beside it, then renamed into place."""
-        target = Path(self.cfg.trainer.default_local_dir) / "hf_actor"
-        if only_path:  # trainer.export_best wrote it at the best validation
-            return target
-        tmp = target.with_name(f".tmp_hf_actor_{os.getpid()}")
-        shutil.rmtree(tmp, ignore_errors=True)
-        self.actor.export_hf(str(tmp))
-        ckpt.replace_dir(tmp, target)
-        return target
+        """The actor as a Hugging Face folder (`<default_local_dir>/hf_actor`) that transformers and vLLM
+        load; `only_path`: where trainer.export_best wrote it at the best validation."""
+        target = Path(self.cfg.trainer.default_local_dir) / ckpt.HF_EXPORT
+        return target if only_path else ckpt.write_folder(target, self.actor.export_hf)
 
     def resume(self) -> bool:
         """Load the checkpoint `trainer.resume_mode` points at; True if one was loaded."""
@@ -333,7 +307,7 @@ class AgentTrainer:
             self.critic.load_checkpoint(str(path / "critic"))
         self.actor.sync_weights()  # the engine must sample from the resumed weights
         self.kl_ctrl.value = state["kl_coef"]
-        self.best = BestValidation(*state.get("best_validation", (0, float("-inf"))))
+        self.validation.best = BestValidation(*state.get("best_validation", (0, float("-inf"))))
         set_rng_state(state["rng"])
         if self.curriculum is not None and "curriculum" in state:
             self.curriculum.load_state(state["curriculum"])
@@ -342,50 +316,13 @@ class AgentTrainer:
         log.info("resumed from %s (step %d)", path, self.global_step)
         return True
 
-    def _abort_message(self, err: WorkerDiedError | WeightSyncTimeout) -> str:
-        """One line: what stopped the run, and where a rerun continues from."""
-        what = (f"worker {err.worker} died during step {self.global_step} ({err})" if isinstance(err, WorkerDiedError)
-                else f"{err} during step {self.global_step}")
-        if self.last_checkpoint is None:
-            return f"{what}; no checkpoint was written yet, so a rerun starts from step 0"
-        return (f"{what}; the last complete checkpoint is {self.last_checkpoint}; rerun with trainer.resume_mode=auto "
-                f"to continue from step {ckpt.step_of(self.last_checkpoint)}")
-
-    # ------------------------------------------------------------ plumbing
-
-    def _show_turn(self, turn: int, playing: int, total: int) -> None:
-        self._step_bar.set_postfix_str(f"rollout turn {turn + 1}: {playing}/{total} agents playing", refresh=True)
-
-    def _bar(self, **kwargs):
-        """A tqdm bar on the console (console logger only); position 0 is the whole run, 1 the current step."""
-        from tqdm import tqdm
-
-        return tqdm(disable=not self.show_progress, dynamic_ncols=True, **kwargs)
-
-    @contextmanager
-    def _progress(self, step: int):
-        """A progress bar over the phases of one step (console logger only)."""
-        bar = self._step_bar = self._bar(total=len(self.plan.phases), desc=f"step {step}", leave=False, position=1)
-
-        @contextmanager
-        def phase(name: str):
-            bar.set_postfix_str(name, refresh=True)
-            yield
-            bar.update(1)
-
-        try:
-            yield phase
-        finally:
-            bar.close()
-
     def close(self, teardown_timeout: float = TEARDOWN_TIMEOUT_S) -> None:
         if self._source is not None:
             self._source.close()  # a rollout ahead in flight ends when the engine's worker is shut down below
-        if self._run_bar is not None:
-            self._run_bar.close()
-            self._run_bar = None
-        for rollout in [self.rollout, *self.controls.values()]:
-            rollout.close()
+        self.progress.close()
+        self.validation.close()
+        if self.rollout is not None:
+            self.rollout.close()
         if self.tracker is not None:
             self.tracker.close()
             self.tracker = None

@@ -24,6 +24,7 @@ from typing import Any
 LATEST = "latest"
 STATE_FILE = "trainer_state.json"
 PARTS = ("actor", "critic")  # the worker groups' folders
+HF_EXPORT = "hf_actor"  # the actor as a Hugging Face folder, beside the step folders
 _STEP_DIR = re.compile(r"^global_step_(\d+)$")
 
 
@@ -55,6 +56,15 @@ def replace_dir(tmp: Path, final: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.rename(tmp, final)
+
+
+def write_folder(target: Path, write: Callable[[str], None]) -> Path:
+    """`write(path)` fills a folder beside `target`, which then replaces `target` (`replace_dir`)."""
+    tmp = target.with_name(f".tmp_{target.name}_{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    write(str(tmp))
+    replace_dir(tmp, target)
+    return target
 
 
 def latest_checkpoint(root: str | os.PathLike) -> Path | None:

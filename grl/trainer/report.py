@@ -56,3 +56,16 @@ def finish_report(val_success: dict[str, list[tuple[int, float]]], checkpoint: P
     lines.append(f"HF export    {export.absolute() if export else 'off (trainer.export_hf=false)'}"
                  f"{best if export and export_step else ''}")
     return "\n".join(lines)
+
+
+def abort_message(err, step: int, last_checkpoint: Path | None) -> str:
+    """One line: what stopped the run (a WorkerDiedError or WeightSyncTimeout), and where a rerun continues from."""
+    from grl.trainer.checkpoint import step_of
+    from grl.workers import WorkerDiedError
+
+    died = isinstance(err, WorkerDiedError)
+    what = f"worker {err.worker} died during step {step} ({err})" if died else f"{err} during step {step}"
+    if last_checkpoint is None:
+        return f"{what}; no checkpoint was written yet, so a rerun starts from step 0"
+    return (f"{what}; the last complete checkpoint is {last_checkpoint}; rerun with trainer.resume_mode=auto "
+            f"to continue from step {step_of(last_checkpoint)}")

@@ -14,8 +14,11 @@ from dataclasses import dataclass
 from statistics import fmean
 
 from grl.agents.controls import CONTROL_METRIC
+from grl.engines import sampling_from_config
+from grl.rollout import MultiTurnRollout, task_specs
 from grl.rollout.diagnostics import input_dependence_metrics
 from grl.rollout.tasks import is_program_task
+from grl.trainer.metrics import task_metrics, turn_length_metrics
 
 
 def _mean_metrics(results) -> dict[str, float]:
@@ -53,3 +56,45 @@ class BestValidation:
             return False
         self.step, self.score = step, fmean(scores)
         return True
+
+
+class Validation:
+    """The run's validations over the rollout's engine: each task's success at every validation (the
+    finish report's first, best and last) and the best one after a training step (`trainer.export_best`)."""
+
+    def __init__(self, cfg, rollout):
+        self.cfg, self.rollout = cfg, rollout
+        self.tasks = task_specs(cfg, validation=True)
+        self.sampling = sampling_from_config(cfg.actor_rollout_ref.rollout, validate=True,
+                                             max_new_tokens=cfg.max_response_length)
+        self.controls: dict = {}  # validation control -> its MultiTurnRollout (grl/agents/controls.py)
+        self.success: dict[str, list[tuple[int, float]]] = {}
+        self.best = BestValidation()
+
+    def run(self, step: int, on_turn=None) -> dict[str, float]:
+        """Every validation task in one batched greedy rollout, `trainer.validation_steps` times with
+        consecutive seeds -> `val-env/<task>/<metric>`, the mean over the rollouts."""
+        mean, episodes = validation_metrics(self.rollout, self._control_rollouts(), self.tasks,
+                                            self.cfg.rollout.validation_seed, self.cfg.trainer.validation_steps,
+                                            self.sampling, on_turn=on_turn)
+        metrics = task_metrics(mean, "val-env")
+        for task in self.cfg.rollout.validation:
+            if f"val-env/{task}/success" in metrics:
+                self.success.setdefault(task, []).append((step, metrics[f"val-env/{task}/success"]))
+        return {**metrics, **turn_length_metrics(episodes, self.cfg.max_response_length, validation=True)}
+
+    def is_best(self, step: int, metrics: dict[str, float]) -> bool:
+        """Whether this validation is the best after a training step so far (and is recorded as it)."""
+        return self.best.offer(step, metrics, self.cfg.rollout.validation)
+
+    def _control_rollouts(self) -> dict:
+        """The rollouts of `trainer.validation_controls`, built on first use over the same engine."""
+        for name in self.cfg.trainer.validation_controls:
+            if name not in self.controls:
+                self.controls[name] = MultiTurnRollout.from_config(self.cfg, self.rollout.engine,
+                                                                   self.rollout.tokenizer, control=name)
+        return self.controls
+
+    def close(self) -> None:
+        for rollout in self.controls.values():
+            rollout.close()

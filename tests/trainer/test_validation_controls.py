@@ -28,8 +28,7 @@ def trainer(tmp_path_factory):
     engine = make_engine("hf", "tiny", seed=0)
     trainer = AgentTrainer(cfg, None, None, MultiTurnRollout.from_config(cfg, engine, load_tokenizer("tiny")))
     yield trainer
-    for rollout in [trainer.rollout, *trainer.controls.values()]:
-        rollout.close()
+    trainer.close()
     engine.shutdown()
 
 
@@ -42,9 +41,10 @@ def test_validation_reports_the_swapped_success_and_the_input_dependence(trainer
 
 def test_the_swap_pass_plays_the_same_games_but_shows_the_decoys(trainer):
     trainer.validate()
-    true_pass = trainer.rollout.run(trainer.val_tasks, 123, trainer.val_sampling)
-    swap_pass = trainer.controls["swap"].run(trainer.val_tasks, 123, trainer.val_sampling)
-    decoys = trainer.rollout.run(trainer.val_tasks, decoy_seed(123), trainer.val_sampling)
+    validation = trainer.validation
+    true_pass = trainer.rollout.run(validation.tasks, 123, validation.sampling)
+    swap_pass = validation.controls["swap"].run(validation.tasks, 123, validation.sampling)
+    decoys = trainer.rollout.run(validation.tasks, decoy_seed(123), validation.sampling)
     for real, swapped, decoy in zip(true_pass.episodes, swap_pass.episodes, decoys.episodes, strict=True):
         assert swapped.seed == real.seed
         # What the model saw first is the decoy's board, token for token.
