@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from dataclasses import fields
 from pathlib import Path
-from typing import Any
+from typing import Any, get_type_hints
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -26,7 +26,7 @@ CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 SCHEMA_NODE = "grl_schema"  # the name configs/base.yaml lists first in its defaults
 
 __all__ = ["ALIASES", "CONFIG_DIR", "NO_EFFECT", "ConfigError", "compose", "load_config", "task_instance",
-           "validate"]
+           "typed_section", "validate"]
 
 # Keys of GRL's and verl's configs that nothing here reads, accepted so that their command lines run:
 # key -> (the value GRL behaves as whatever is set, why). Preflight notes a different value.
@@ -264,6 +264,13 @@ def load_config(overrides: list[str] | tuple[str, ...] = (), config_name: str = 
                 config_dir: str | Path | None = None) -> DictConfig:
     """Compose `configs/<config_name>.yaml` with overrides and validate it."""
     return validate(compose(overrides, config_name, config_dir))
+
+
+def typed_section(cfg: DictConfig, name: str) -> Any:
+    """One section of the config as the schema's dataclass instance, its interpolations resolved against
+    the whole config: what a component is built from, instead of the whole config."""
+    section_class = get_type_hints(GRLConfig)[name]
+    return OmegaConf.to_object(merge_typed(section_class, OmegaConf.to_container(cfg[name], resolve=True), f"{name}."))
 
 
 def task_instance(cfg: DictConfig, name: str) -> dict[str, Any]:

@@ -32,6 +32,9 @@ class RunPlan:
     use_reference: bool  # a KL loss or a KL penalty in the reward needs reference log-probs
     reference_model: bool  # a model of its own; a LoRA run's reference is its base with the adapter off
     seed: int
+    reply_grammars: bool  # some task decodes from valid actions or is a program (allowed_replies): the engine takes grammars
+    score_temperature: float  # the scoring distribution is the sampling one: the rollout's temperature, 1 for greedy (0)
+    logits_chunk_size: int  # positions per chunk through a head, for every role
     # Whether the update's first optimizer step is taken at the weights that sampled, so that the
     # log-probs it computes are the old ones and no pass of their own is needed (TRL's num_iterations=1).
     ppo_epochs: int
@@ -40,14 +43,18 @@ class RunPlan:
 
     @classmethod
     def from_config(cls, cfg) -> RunPlan:
-        actor = cfg.actor_rollout_ref.actor
+        from grl.rollout.tasks import decodes_constrained
+
+        actor, temperature = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout.temperature
         use_reference = bool(actor.use_kl_loss or cfg.algorithm.use_kl_in_reward)
         return cls(nnodes=cfg.trainer.nnodes, ranks_per_node=cfg.trainer.n_gpus_per_node,
                    engine_apart=not cfg.actor_rollout_ref.hybrid_engine, max_staleness=cfg.rollout.max_staleness,
                    old_log_probs=SCORED_LOG_PROBS if actor.recompute_old_log_probs else ENGINE_LOG_PROBS,
                    use_critic=ESTIMATORS[cfg.algorithm.adv_estimator].needs_critic, use_reference=use_reference,
                    reference_model=use_reference and cfg.actor_rollout_ref.model.lora_rank == 0,
-                   seed=cfg.trainer.seed, ppo_epochs=actor.ppo_epochs, ppo_mini_batch_size=actor.ppo_mini_batch_size,
+                   seed=cfg.trainer.seed, reply_grammars=decodes_constrained(cfg),
+                   score_temperature=temperature if temperature > 0 else 1.0, logits_chunk_size=actor.logits_chunk_size,
+                   ppo_epochs=actor.ppo_epochs, ppo_mini_batch_size=actor.ppo_mini_batch_size,
                    kl_in_reward=bool(cfg.algorithm.use_kl_in_reward))
 
     @property

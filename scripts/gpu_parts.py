@@ -33,6 +33,7 @@ from grl.models import load_causal_lm  # noqa: E402
 from grl.rollout.batch import episode_tokens  # noqa: E402
 from grl.rollout.chat import ChatTokens  # noqa: E402
 from grl.rollout.types import Episode, Turn  # noqa: E402
+from grl.schema.workers import FSDPConfig  # noqa: E402
 from grl.workers import fsdp  # noqa: E402
 from grl.workers.scoring import TokenScorer  # noqa: E402
 from grl.workers.worker import hf_names  # noqa: E402
@@ -93,7 +94,7 @@ def main(model: str) -> int:
     listening = fsdp.listen_for_peers(fsdp.LOOPBACK)  # rank 0's rendezvous, as the worker opens it
     address, port = listening.getsockname()[:2]
     fsdp.init_process_group(0, 1, address, port, DEVICE, timeout_s=120, listening=listening)
-    mixed = fsdp.mixed_precision({"mixed_precision": True}, "bfloat16", DEVICE)
+    mixed = fsdp.mixed_precision(FSDPConfig(), "bfloat16", DEVICE)  # the actor's defaults
     source = load_causal_lm(model, dtype="float32", device=DEVICE)
     module = fsdp.empty_model("policy", model, torch.float32)
     scorer = TokenScorer(module, "policy")

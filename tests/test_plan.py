@@ -207,6 +207,7 @@ def test_planner_sizes_what_the_worker_builds(process_group_env, caplog):
     and the reference's offload (optimizer_offload alone turns it on)."""
     import logging
 
+    from grl.config import typed_section
     from grl.run_plan import RunPlan
     from grl.workers.policy import PolicyWorker
 
@@ -214,7 +215,7 @@ def test_planner_sizes_what_the_worker_builds(process_group_env, caplog):
                  "algorithm.use_kl_in_reward=true", "actor_rollout_ref.ref.fsdp_config.optimizer_offload=true"]
     cfg = load_config(overrides + ["trainer.device=cpu"])
     run = RunPlan.from_config(cfg)
-    worker = PolicyWorker(0, run, cfg, "cpu")
+    worker = PolicyWorker(0, run, typed_section(cfg, "actor_rollout_ref"), "cpu")
     try:
         with caplog.at_level(logging.INFO, logger="grl.workers"):
             worker.setup(*worker.listen(True))

@@ -23,22 +23,21 @@ class ValueObjective:
         from grl.algo import masked_mean, value_loss
 
         loss, m = value_loss(out, t["values"], t["returns"], t["loss_mask"],
-                             cliprange_value=float(self.cfg.cliprange_value), loss_agg_mode=mode, segment_ids=seg_of(t))
+                             cliprange_value=self.cfg.cliprange_value, loss_agg_mode=mode, segment_ids=seg_of(t))
         return loss, {"vf_loss": loss.detach().item(), "vf_clipfrac": float(m["vf_clipfrac"]),
                       "vpred_mean": float(masked_mean(out.detach(), t["loss_mask"]))}
 
 
 class CriticWorker(Worker):
     role = "critic"
-    section_key = "critic"
 
     def build(self) -> None:
-        self.model_cfg, self.train_cfg = self.cfg.critic.model, self.cfg.critic
-        self.module = self._build(self.cfg.critic.model, self.cfg.critic.fsdp_config, "value", trainable=True)
+        self.model_cfg, self.train_cfg = self.section.model, self.section
+        self.module = self._build(self.section.model, self.section.fsdp_config, "value", trainable=True)
         self.objective = ValueObjective(self.train_cfg)
 
     def compute_values(self, tensors: dict) -> torch.Tensor:
-        size = int(self.cfg.critic.ppo_micro_batch_size_per_gpu)
+        size = self.section.ppo_micro_batch_size_per_gpu
         values = torch.cat([self._score(self.module, self._to_device(m), grad=False)
                             for m in self._micro_batches(tensors, size)]).cpu()
         self.module.reshard()

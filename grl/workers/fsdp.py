@@ -65,7 +65,7 @@ def mixed_precision(fsdp_cfg, model_dtype: str, device: str) -> bool:
     The workers build by it and the memory planner (grl/planner/memory.py) sizes by it."""
     from grl.models import torch_dtype
 
-    return bool(fsdp_cfg.get("mixed_precision", True)) and (
+    return fsdp_cfg.mixed_precision and (
         device == "cuda" or torch_dtype(model_dtype, device) == torch.bfloat16)
 
 
@@ -73,7 +73,7 @@ def offloaded(fsdp_cfg) -> bool:
     """Whether a model's shards live in host memory (`state_device`). FSDP2 has one switch,
     CPUOffloadPolicy, for parameters, gradients and optimizer state together, so either key turns
     it on, for the frozen reference as for a trained model."""
-    return bool(fsdp_cfg.param_offload) or bool(fsdp_cfg.get("optimizer_offload", False))
+    return fsdp_cfg.param_offload or fsdp_cfg.optimizer_offload
 
 
 def init_process_group(rank: int, world_size: int, master_addr: str, master_port: int, device: str,

@@ -22,6 +22,7 @@ import torch
 from grl.engines.base import Engine
 from grl.errors import first_line
 from grl.rollout.types import Batch
+from grl.config import typed_section
 from grl.run_plan import RunPlan
 from grl.workers.engine_proxy import EngineProxy
 from grl.workers.runtime import (PRODUCT_ENV, REPO_ROOT, WorkerDiedError, acquire_pool, init_ray, release_pool,
@@ -55,9 +56,9 @@ POLICY_SCORE_KEYS = SCORE_KEYS + CONSTRAINT_KEYS
 class _WorkerGroup:
     """N ranks of one role; shared plumbing of the actor and critic groups."""
 
-    def __init__(self, worker_class: type, cfg, plan: RunPlan, rank_args=lambda rank: ()):
+    def __init__(self, worker_class: type, cfg, plan: RunPlan, section, rank_args=lambda rank: ()):
         """`plan.world_size` ranks of `worker_class` (grl/workers/policy.py or critic.py), each built
-        with (rank, plan, cfg, device, *rank_args(rank))."""
+        with (rank, plan, section, device, *rank_args(rank)); `section` is the role's typed config section."""
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -84,7 +85,7 @@ class _WorkerGroup:
             for rank in range(size):
                 strategy = PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=rank)
                 self.workers.append(remote.options(scheduling_strategy=strategy, **options).remote(
-                    rank, plan, cfg, self.device, *rank_args(rank)))
+                    rank, plan, section, self.device, *rank_args(rank)))
             self.nodes = self._gather([w.node_id.remote() for w in self.workers], list(range(size)))
             one_node = len(set(self.nodes)) == 1
             if not one_node:
@@ -290,14 +291,16 @@ class ActorRolloutRefGroup(_WorkerGroup):
         from grl.workers.rollout_worker import SeparateEngine
 
         self.use_ref, self.separate = plan.use_reference, plan.engine_apart
-        init_ray(cfg.trainer.get("ray_address"))
+        init_ray(cfg.trainer.ray_address)
         device = resolve_device(cfg.trainer.device)
-        self.engine_name = cfg.actor_rollout_ref.rollout.name  # `auto` is resolved inside the rank
+        section = typed_section(cfg, "actor_rollout_ref")
+        self.engine_name = section.rollout.name  # `auto` is resolved inside the rank
         engine_ranks = () if self.separate else tuple(range(plan.world_size)) if device == "cuda" else (0,)
-        super().__init__(PolicyWorker, cfg, plan, lambda rank: (self.engine_name if rank in engine_ranks else None,))
+        super().__init__(PolicyWorker, cfg, plan, section,
+                         lambda rank: (self.engine_name if rank in engine_ranks else None,))
         try:
-            self.engine: Engine = (SeparateEngine(cfg, plan, self.device) if self.separate
-                                   else EngineProxy(self, list(engine_ranks)))
+            self.engine: Engine = (SeparateEngine(section, plan, self.device, cfg.rollout.weight_sync_timeout)
+                                   if self.separate else EngineProxy(self, list(engine_ranks)))
         except BaseException:
             self.shutdown()
             raise
@@ -352,8 +355,8 @@ class CriticGroup(_WorkerGroup):
     def __init__(self, cfg, plan: RunPlan):
         from grl.workers.critic import CriticWorker
 
-        init_ray(cfg.trainer.get("ray_address"))
-        super().__init__(CriticWorker, cfg, plan)
+        init_ray(cfg.trainer.ray_address)
+        super().__init__(CriticWorker, cfg, plan, typed_section(cfg, "critic"))
 
     def compute_values(self, batch: Batch) -> torch.Tensor:
         return self._score("compute_values", pick(batch, SCORE_KEYS))[0]

@@ -20,7 +20,7 @@ PEFT_PREFIX = "base_model.model."  # where the adapted model sits inside a PeftM
 def lora_config(model_cfg):
     from peft import LoraConfig
 
-    rank, alpha = int(model_cfg.lora_rank), float(model_cfg.lora_alpha)
+    rank, alpha = model_cfg.lora_rank, model_cfg.lora_alpha
     targets = model_cfg.target_modules
     targets = targets if isinstance(targets, str) else [str(t) for t in targets]
     # Dropout off: PPO compares log-probs of one policy across forwards, noise would bias the ratio.

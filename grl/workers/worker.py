@@ -28,15 +28,15 @@ def hf_names(state: dict) -> dict:
 
 
 class Worker(UpdateLoop):
-    """A role subclasses this with its `role` (the name in logs and metrics), `section_key` (its
-    config section) and `build()`, which sets `module`, `model_cfg`, `train_cfg` and `objective`."""
+    """A role subclasses this with its `role` (the name in logs and metrics) and `build()`, which sets
+    `module`, `model_cfg`, `train_cfg` and `objective`. A rank is built from the run's plan and its role's
+    typed config section (grl/schema/workers.py: ActorRolloutRef or Critic), not the whole config."""
 
     role: str
-    section_key: str
 
-    def __init__(self, rank: int, plan: RunPlan, cfg, device: str):
+    def __init__(self, rank: int, plan: RunPlan, section, device: str):
         logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {self.role}[{rank}] %(message)s")
-        self.rank, self.plan, self.world_size, self.cfg, self.device = rank, plan, plan.world_size, cfg, device
+        self.rank, self.plan, self.world_size, self.section, self.device = rank, plan, plan.world_size, section, device
         torch.set_num_threads(plan.cpu_threads(usable_cores(), device))
         self.peft_model = None  # set on a LoRA policy: the adapter's config and on/off switch
 
@@ -56,9 +56,9 @@ class Worker(UpdateLoop):
     def setup(self, master_addr: str, master_port: int) -> None:
         from grl.models import fetch_model
 
-        fetch_model(self.cfg[self.section_key].model.path)
+        fetch_model(self.section.model.path)
         fsdp.init_process_group(self.rank, self.world_size, master_addr, master_port, self.device,
-                                timeout_s=float(self.cfg[self.section_key].nccl_timeout),
+                                timeout_s=self.section.nccl_timeout,
                                 listening=getattr(self, "_listening", None))
         fsdp.seed_everything(self.plan.seed + self.rank)
         self.build()
@@ -97,7 +97,7 @@ class Worker(UpdateLoop):
             model.requires_grad_(False)
         scorer = TokenScorer(model, kind)
         offload = fsdp.offloaded(fsdp_cfg)
-        if trainable and fsdp_cfg.get("optimizer_offload", False) and not fsdp_cfg.param_offload:
+        if trainable and fsdp_cfg.optimizer_offload and not fsdp_cfg.param_offload:
             log.info("%s: FSDP2 offloads the optimizer together with the parameters; param offload is on too", self.role)
         name = f"{self.role}{'' if trainable else ' (ref)'}"
         scorer.compute_dtype = fsdp.shard(scorer, fsdp.decoder_layers(model), self.device,
@@ -115,22 +115,13 @@ class Worker(UpdateLoop):
         trimmed, width = trim_width(tensors)
         with torch.set_grad_enabled(grad):
             out = scorer(trimmed["input_ids"], trimmed["attention_mask"], trimmed["position_ids"],
-                         attention_spans(trimmed), chunk_size=self._chunk_size(),
-                         temperature=self._sampling_temperature(), constraint_size=trimmed.get("constraint_size"),
+                         attention_spans(trimmed), chunk_size=self.plan.logits_chunk_size,
+                         temperature=self.plan.score_temperature, constraint_size=trimmed.get("constraint_size"),
                          constraint_ids=trimmed.get("constraint_ids"), loss_mask=trimmed.get("loss_mask"),
                          parent_ids=trimmed.get("parent_ids"))
         if grad:
             return out, trimmed
         return tuple(pad_width(o, width) for o in out) if isinstance(out, tuple) else pad_width(out, width)
-
-    def _sampling_temperature(self) -> float:
-        """The temperature the rollout samples with: the policy that is trained is the one that
-        sampled (0, greedy, has no distribution to match; it is scored at 1)."""
-        temperature = float(self.cfg.actor_rollout_ref.rollout.temperature)
-        return temperature if temperature > 0 else 1.0
-
-    def _chunk_size(self) -> int:
-        return int(self.cfg.actor_rollout_ref.actor.logits_chunk_size)
 
     def _micro_batches(self, tensors: dict, size: int) -> list[dict]:
         """`split_rows` into as many micro-batches as the busiest rank needs: every FSDP2 pass

@@ -22,7 +22,7 @@ import torch.multiprocessing as mp
 from torch import nn
 from torch.distributed.distributed_c10d import BackendConfig
 
-from grl.config import compose
+from grl.config import compose, typed_section
 from grl.models import load_causal_lm
 from grl.run_plan import RunPlan
 from grl.workers import fsdp
@@ -148,7 +148,7 @@ def test_gpu_rank_takes_its_share_of_the_cores():
     before = torch.get_num_threads()
     torch.set_num_threads(1)  # what Ray's OMP_NUM_THREADS=1 gives a fractional-CPU actor
     try:
-        PolicyWorker(0, RunPlan.from_config(cfg), cfg, "cuda")
+        PolicyWorker(0, RunPlan.from_config(cfg), typed_section(cfg, "actor_rollout_ref"), "cuda")
         assert torch.get_num_threads() == len(os.sched_getaffinity(0))
     finally:
         torch.set_num_threads(before)
@@ -240,7 +240,8 @@ def _build_score_and_train(rank, ports, cfg):
     padded = layout(PADDED[rank], {k: data[k] for k in policy_keys})
     packed = layout(PACKED[rank], {k: data[k] for k in policy_keys})
 
-    actor = PolicyWorker(rank, replace(RunPlan.from_config(cfg), use_reference=True), cfg, "cpu")
+    with_ref = replace(RunPlan.from_config(cfg), use_reference=True)
+    actor = PolicyWorker(rank, with_ref, typed_section(cfg, "actor_rollout_ref"), "cpu")
     actor.setup("127.0.0.1", ports[0])
     out["timeouts_s"] = [group_timeout_s()]
     out["buffers"] = {k: v.clone() for k, v in actor.module.named_buffers()}
@@ -268,7 +269,7 @@ def _build_score_and_train(rank, ports, cfg):
         out[f"{name}_update"] = (metrics, {k: s["exp_avg"].clone() for k, s in moments.items()})
     actor.teardown()
 
-    critic = CriticWorker(rank, RunPlan.from_config(cfg), cfg, "cpu")
+    critic = CriticWorker(rank, RunPlan.from_config(cfg), typed_section(cfg, "critic"), "cpu")
     critic.setup("127.0.0.1", ports[1])
     out["timeouts_s"].append(group_timeout_s())
     critic.update([layout(PADDED[rank], {k: data[k] for k in ("input_ids", "loss_mask", "returns", "values")})])
