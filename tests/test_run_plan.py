@@ -115,3 +115,17 @@ def test_the_keys_the_plan_decides_are_read_nowhere_else():
     assert config_reads("k = cfg.rollout.max_staleness  # rollout.max_staleness") == ["max_staleness"]
     assert config_reads("seed = int(self.cfg.trainer.seed)\nn = t.get('nnodes', 1)") == ["trainer.seed", "get('nnodes'"]
     assert config_reads('log("rollout.max_staleness=%d", self.plan.max_staleness)') == []
+
+
+# What a rank of a worker group runs: built from the plan and its role's typed section alone.
+RANK_MODULES = ("worker", "policy", "critic", "update", "scoring", "fsdp", "lora", "sharded", "streaming",
+                "rollout_worker")
+ROOT_SECTIONS = re.compile(r"\b\w*cfg\w*\s*(?:\.\s*|\[\s*)(actor_rollout_ref|critic|trainer|rollout|algorithm|data)\b")
+
+
+def test_no_rank_reads_the_root_config():
+    reads = [f"workers/{name}.py: {m.group(0)}" for name in RANK_MODULES
+             for m in ROOT_SECTIONS.finditer(_code_without_strings((GRL / "workers" / f"{name}.py").read_text()))]
+    assert reads == []
+    assert ROOT_SECTIONS.search("temperature = self.cfg.actor_rollout_ref.rollout.temperature")
+    assert not ROOT_SECTIONS.search("size = self.section.rollout.log_prob_micro_batch_size_per_gpu")
