@@ -43,11 +43,12 @@ from grl.engines.base import SamplingParams
 from grl.gateway.episodes import EpisodeLog
 from grl.gateway.server import BadRequest, Gateway, build_app
 from grl.rollout.env_pool import CallPool
-from grl.rollout.multi_turn import check_failure_ratio
+from grl.rollout.env_faults import check_failure_ratio
 from grl.rollout.tasks import TaskSpec
 from grl.rollout.types import Episode
 
 log = logging.getLogger("grl.gateway")
+CLIENT_GRACE_S = 30.0
 
 MODEL_NAME = "grl-policy"
 GATHER_S = 0.01  # calls that arrive within this many seconds of the first share an engine call
@@ -304,7 +305,11 @@ class ProgramRunner:
     def _play(program: Callable, base_url: str, r: _Running):
         import openai
 
-        with openai.OpenAI(base_url=base_url, api_key="grl", max_retries=0, timeout=r.settings.program_timeout) as client:
+        # The program's clock (program_timeout, the pool's) decides when it has run too long; its client waits
+        # longer, so that a call still queued when that clock runs out ends the episode as a timeout of the
+        # program rather than as an error the program raised.
+        timeout = r.settings.program_timeout + CLIENT_GRACE_S
+        with openai.OpenAI(base_url=base_url, api_key="grl", max_retries=0, timeout=timeout) as client:
             result = program(client, r.task)
             if callable(result):
                 result = result(_final_messages(r.log))

@@ -9,7 +9,8 @@ from grl.rollout.batch import (
     pack_rows,
     packed_attention_mask,
 )
-from grl.rollout.multi_turn import MultiTurnRollout, RolloutError, RolloutResult, rollout_metrics
+from grl.rollout.env_faults import RolloutError
+from grl.rollout.multi_turn import MultiTurnRollout, RolloutResult, rollout_metrics
 from grl.rollout.shaping import (
     filter_groups,
     normalize,

@@ -19,13 +19,8 @@ the agent's windowed chat (the instructions, the last k turns, the current
 state): that turn's `prompt_ids` are the whole prompt (`Turn.new_context`), and
 the batch lets each turn attend only to its own prompt.
 
-Env faults: an env that raises (in `reset` or `step`), overruns `env_step_timeout` or returns a value
-breaking the contract (grl/envs/checks.py) ends that agent's episode with reward `env_error_penalty`
-(default: the task's format penalty) on the failed turn; it is logged (once per task and kind for bad
-values) with task and seed, counted in `<task>/env_errors` (non-finite rewards also in
-`<task>/nonfinite_rewards`), and the agent is thrown away (a hung one is never touched again). A repaired
-observation keeps its episode and is counted in `<task>/env_warnings`. If more than
-`max_failed_agent_ratio` of the step's agents fail, `RolloutError` stops it.
+Env faults (an env that raises, hangs or returns a bad value) end only that agent's episode, unless
+too many fail: grl/rollout/env_faults.py.
 
 Use: `MultiTurnRollout.from_config(cfg, engine, tokenizer).run(task_specs(cfg), base_seed, sampling)`;
 the trainer shapes the episodes into a batch with grl/trainer/transforms.py (`shape_batch`).
@@ -42,8 +37,9 @@ from typing import Any
 
 from grl.engines.base import Engine, SamplingParams
 from grl.engines.constraint import GrammarError, ReplyGrammar, compile_reply_grammar
-from grl.envs.checks import EnvValueError, Repair
+from grl.envs.checks import EnvValueError
 from grl.rollout.chat import ChatTokens, truncate_prompt
+from grl.rollout.env_faults import EnvFaults, RolloutError, reset_agent, retire_failed
 from grl.rollout.env_pool import CallPool, CallResult, run_calls
 from grl.rollout.episode_stats import rollout_metrics
 from grl.rollout.slot import Slot
@@ -54,18 +50,6 @@ log = logging.getLogger("grl.rollout")
 
 # Without the turn barrier, env steps that return within this many seconds of each other share an engine call.
 GATHER_S = 0.01
-
-
-class RolloutError(RuntimeError):
-    """The step cannot produce a batch worth training on."""
-
-
-def check_failure_ratio(failed: list[tuple[str, int, str]], total: int, ratio: float, who: str = "agents") -> None:
-    """RolloutError when more than `ratio` of `total` failed; `failed`: (task, seed, error) of each failure."""
-    if len(failed) > ratio * total:
-        task, seed, error = failed[0]
-        raise RolloutError(f"{len(failed)} of {total} {who} failed, more than max_failed_agent_ratio {ratio:g}; "
-                           f"first: task {task} seed {seed}: {error.strip().splitlines()[-1] if error else ''}")
 
 
 @dataclass
@@ -96,15 +80,13 @@ class MultiTurnRollout:
         self.truncation = truncation
         self.env_workers = env_workers
         self.env_step_timeout = env_step_timeout
-        self.env_error_penalty = env_error_penalty
-        self.max_failed_agent_ratio = max_failed_agent_ratio
+        self.faults = EnvFaults(env_error_penalty, max_failed_agent_ratio)
         if agent_factory is None:
             from grl.agents import make_agent as agent_factory
         self.make_agent = agent_factory
         self._agents: dict[tuple, Any] = {}
         self._grammars: dict[tuple, ReplyGrammar] = {}
         self._warned_left_out: set[str] = set()
-        self._logged_env_values: set[tuple[str, str]] = set()  # (task, kind) of bad env values already logged
         self._end_ids = self.chat.end_ids()
 
     @classmethod
@@ -151,7 +133,7 @@ class MultiTurnRollout:
                 self._run_without_barrier(slots, sampling, on_turn)
             episodes = [self._episode(s) for s in slots]
         finally:
-            self._retire_failed(slots)
+            retire_failed(slots, self._agents, self.env_workers, self.env_step_timeout)
         extra: dict[str, float] = {}
         if programs:
             played, extra = self.programs.run(programs, base_seed, sum(t.num_groups for t in native), sampling, on_turn)
@@ -183,17 +165,17 @@ class MultiTurnRollout:
         return slots
 
     def _reset(self, slots: list[Slot]) -> None:
-        results = run_calls([lambda s=s: _reset_agent(s) for s in slots], self.env_workers, self.env_step_timeout)
+        results = run_calls([lambda s=s: reset_agent(s) for s in slots], self.env_workers, self.env_step_timeout)
         for s, result in zip(slots, results):
             if not result.ok:
-                self._fail(s, result.error, result.timed_out, "reset")
+                self.faults.fail(s, result.error, result.timed_out, "reset")
                 continue
             if isinstance(result.value, EnvValueError):
-                self._fail(s, str(result.value), False, "reset", result.value.kind)
+                self.faults.fail(s, str(result.value), False, "reset", result.value.kind)
                 continue
-            self._repaired(s, s.agent.env_repairs)
+            self.faults.repaired(s, s.agent.env_repairs)
             self._new_context(s, result.value)
-        self._check_failures(slots)
+        self.faults.check(slots)
 
     def _turn(self, slots: list[Slot], turn: int, sampling: SamplingParams) -> None:
         """One turn of every agent still playing: one engine call per token limit, then every env step."""
@@ -205,7 +187,7 @@ class MultiTurnRollout:
                             self.env_workers, self.env_step_timeout)
         for s, result in zip(active, results):
             self._after_step(s, result)
-        self._check_failures(slots)
+        self.faults.check(slots)
 
     def _run_without_barrier(self, slots: list[Slot], sampling: SamplingParams,
                              on_turn: Callable[[int, int, int], None] | None) -> None:
@@ -236,7 +218,7 @@ class MultiTurnRollout:
                     self._after_step(slots[i], result)
                     if not slots[i].done:
                         waiting.append(slots[i])
-                self._check_failures(slots)
+                self.faults.check(slots)
         finally:
             pool.close()
 
@@ -249,7 +231,7 @@ class MultiTurnRollout:
             s.grammar = self._grammar(s, limit)
             if not s.done:  # the env may have failed to list its actions
                 by_limit.setdefault(limit, []).append(s)
-        self._check_failures(slots)
+        self.faults.check(slots)
         active = [s for s in ready if not s.done]
         for call, (limit, group) in enumerate(sorted(by_limit.items())):
             prompts = [self._prompt(s) for s in group]
@@ -294,11 +276,11 @@ class MultiTurnRollout:
                 self._grammars[key] = grammar
             return self._grammars[key]
         except EnvValueError as err:
-            self._fail(s, str(err), False, "valid_actions", err.kind)
+            self.faults.fail(s, str(err), False, "valid_actions", err.kind)
         except GrammarError as err:
-            self._fail(s, f"{s.task.name}: constrained decoding: {err}", False, "valid_actions")
+            self.faults.fail(s, f"{s.task.name}: constrained decoding: {err}", False, "valid_actions")
         except Exception:  # noqa: BLE001 - a broken env ends this episode, never the rollout
-            self._fail(s, traceback.format_exc(), False, "valid_actions")
+            self.faults.fail(s, traceback.format_exc(), False, "valid_actions")
         return None
 
     def _prompt(self, s: Slot) -> list[int]:
@@ -312,15 +294,15 @@ class MultiTurnRollout:
     def _after_step(self, s: Slot, result: CallResult) -> None:
         turn = s.turns[-1]
         if not result.ok:
-            self._fail(s, result.error, result.timed_out, "step")
+            self.faults.fail(s, result.error, result.timed_out, "step")
             return
         step = result.value
         turn.info = dict(step.info)
-        self._repaired(s, s.agent.env_repairs)
+        self.faults.repaired(s, s.agent.env_repairs)
         env_error = turn.info.get("env_error")
         if env_error:  # the agent caught the env's exception or bad value and ended the episode
-            self._fail(s, turn.info.get("env_traceback") or env_error, False, "step",
-                       turn.info.get("env_error_kind") or "exception")
+            self.faults.fail(s, turn.info.get("env_traceback") or env_error, False, "step",
+                             turn.info.get("env_error_kind") or "exception")
             return
         turn.reward = float(step.reward)
         if step.done or len(s.turns) >= s.agent.max_turns:
@@ -340,39 +322,6 @@ class MultiTurnRollout:
         s.keep_prefix = self.chat.system_prefix_length(messages, s.pending)
         s.new_context = True
 
-    def _fail(self, s: Slot, error: str | None, timed_out: bool, where: str, kind: str = "exception") -> None:
-        s.done = True
-        s.hung = timed_out
-        s.error = (error or "unknown env error").strip()
-        s.error_kind = "timeout" if timed_out else kind
-        penalty = self.env_error_penalty if self.env_error_penalty is not None else s.agent.format_penalty
-        if s.turns:
-            s.turns[-1].reward = float(penalty)
-        if s.error_kind in ("exception", "timeout"):
-            log.error("env failure in %s of task %s (seed %d, group %d, agent %d); episode ended with reward %g:\n%s",
-                      where, s.task.name, s.seed, s.group_id, s.member, penalty, s.error)
-        elif self._first_of_kind(s.task.name, s.error_kind):
-            log.error("bad env value (%s) in task %s (seed %d, group %d, agent %d); episode ended with reward %g; "
-                      "further ones of this task and kind are only counted in %s/env_errors: %s", s.error_kind,
-                      s.task.name, s.seed, s.group_id, s.member, penalty, s.task.name, s.error)
-
-    def _repaired(self, s: Slot, repairs: list[Repair]) -> None:
-        s.env_warnings += len(repairs)
-        for repair in repairs:
-            if self._first_of_kind(s.task.name, repair.kind):
-                log.warning("env value repaired (%s) in task %s (seed %d); further ones of this task and kind are "
-                            "only counted in %s/env_warnings: %s", repair.kind, s.task.name, s.seed, s.task.name,
-                            repair.detail)
-
-    def _first_of_kind(self, task: str, kind: str) -> bool:
-        seen = (task, kind) in self._logged_env_values
-        self._logged_env_values.add((task, kind))
-        return not seen
-
-    def _check_failures(self, slots: list[Slot]) -> None:
-        check_failure_ratio([(s.task.name, s.seed, s.error) for s in slots if s.error is not None], len(slots),
-                            self.max_failed_agent_ratio)
-
     def _episode(self, s: Slot) -> Episode:
         metrics, messages = {}, []
         if s.error is None:  # a failed agent is not asked anything more
@@ -381,19 +330,3 @@ class MultiTurnRollout:
         return Episode(task=s.task.name, group_id=s.group_id, seed=s.seed, turns=s.turns,
                        score=sum(t.reward for t in s.turns), metrics=metrics, error=s.error, member=s.member,
                        messages=messages, error_kind=s.error_kind, env_warnings=s.env_warnings)
-
-    def _retire_failed(self, slots: list[Slot]) -> None:
-        """Drop failed agents from the cache; close the ones that did not hang."""
-        failed = [s for s in slots if s.error is not None]
-        for s in failed:
-            self._agents.pop(s.key, None)
-        run_calls([s.agent.close for s in failed if not s.hung], self.env_workers, self.env_step_timeout)
-
-
-def _reset_agent(s: Slot):
-    """The agent's first messages, or the EnvValueError of a bad reset observation: returned, not
-    raised, so that its kind survives the pool (which keeps only a traceback)."""
-    try:
-        return s.agent.reset(s.seed)
-    except EnvValueError as err:
-        return err

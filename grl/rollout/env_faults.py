@@ -1,0 +1,92 @@
+"""Env faults during a rollout (grl/rollout/multi_turn.py): how a failed agent's episode ends and is
+logged, the failure ratio that stops a step, and what becomes of the failed agents.
+
+An env that raises (in `reset` or `step`), overruns `env_step_timeout` or returns a value
+breaking the contract (grl/envs/checks.py) ends that agent's episode with reward `env_error_penalty`
+(default: the task's format penalty) on the failed turn; it is logged (once per task and kind for bad
+values) with task and seed, counted in `<task>/env_errors` (non-finite rewards also in
+`<task>/nonfinite_rewards`), and the agent is thrown away (a hung one is never touched again). A repaired
+observation keeps its episode and is counted in `<task>/env_warnings`. If more than
+`max_failed_agent_ratio` of the step's agents fail, `RolloutError` stops it.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from grl.envs.checks import EnvValueError, Repair
+from grl.rollout.env_pool import run_calls
+from grl.rollout.slot import Slot
+
+log = logging.getLogger("grl.rollout")
+
+
+class RolloutError(RuntimeError):
+    """The step cannot produce a batch worth training on."""
+
+
+def check_failure_ratio(failed: list[tuple[str, int, str]], total: int, ratio: float, who: str = "agents") -> None:
+    """RolloutError when more than `ratio` of `total` failed; `failed`: (task, seed, error) of each failure."""
+    if len(failed) > ratio * total:
+        task, seed, error = failed[0]
+        raise RolloutError(f"{len(failed)} of {total} {who} failed, more than max_failed_agent_ratio {ratio:g}; "
+                           f"first: task {task} seed {seed}: {error.strip().splitlines()[-1] if error else ''}")
+
+
+class EnvFaults:
+    """The env faults of one rollout's agents, across its calls (each kind of bad value is logged once)."""
+
+    def __init__(self, env_error_penalty: float | None, max_failed_agent_ratio: float):
+        self.env_error_penalty = env_error_penalty
+        self.max_failed_agent_ratio = max_failed_agent_ratio
+        self._logged_env_values: set[tuple[str, str]] = set()  # (task, kind) of bad env values already logged
+
+    def fail(self, s: Slot, error: str | None, timed_out: bool, where: str, kind: str = "exception") -> None:
+        s.done = True
+        s.hung = timed_out
+        s.error = (error or "unknown env error").strip()
+        s.error_kind = "timeout" if timed_out else kind
+        penalty = self.env_error_penalty if self.env_error_penalty is not None else s.agent.format_penalty
+        if s.turns:
+            s.turns[-1].reward = float(penalty)
+        if s.error_kind in ("exception", "timeout"):
+            log.error("env failure in %s of task %s (seed %d, group %d, agent %d); episode ended with reward %g:\n%s",
+                      where, s.task.name, s.seed, s.group_id, s.member, penalty, s.error)
+        elif self._first_of_kind(s.task.name, s.error_kind):
+            log.error("bad env value (%s) in task %s (seed %d, group %d, agent %d); episode ended with reward %g; "
+                      "further ones of this task and kind are only counted in %s/env_errors: %s", s.error_kind,
+                      s.task.name, s.seed, s.group_id, s.member, penalty, s.task.name, s.error)
+
+    def repaired(self, s: Slot, repairs: list[Repair]) -> None:
+        s.env_warnings += len(repairs)
+        for repair in repairs:
+            if self._first_of_kind(s.task.name, repair.kind):
+                log.warning("env value repaired (%s) in task %s (seed %d); further ones of this task and kind are "
+                            "only counted in %s/env_warnings: %s", repair.kind, s.task.name, s.seed, s.task.name,
+                            repair.detail)
+
+    def check(self, slots: list[Slot]) -> None:
+        check_failure_ratio([(s.task.name, s.seed, s.error) for s in slots if s.error is not None], len(slots),
+                            self.max_failed_agent_ratio)
+
+    def _first_of_kind(self, task: str, kind: str) -> bool:
+        seen = (task, kind) in self._logged_env_values
+        self._logged_env_values.add((task, kind))
+        return not seen
+
+
+def reset_agent(s: Slot):
+    """The agent's first messages, or the EnvValueError of a bad reset observation: returned, not
+    raised, so that its kind survives the pool (which keeps only a traceback)."""
+    try:
+        return s.agent.reset(s.seed)
+    except EnvValueError as err:
+        return err
+
+
+def retire_failed(slots: list[Slot], agents: dict, workers: int, timeout: float | None) -> None:
+    """Drop failed agents from the `agents` cache; close the ones that did not hang."""
+    failed = [s for s in slots if s.error is not None]
+    for s in failed:
+        agents.pop(s.key, None)
+    run_calls([s.agent.close for s in failed if not s.hung], workers, timeout)
