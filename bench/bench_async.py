@@ -34,9 +34,20 @@ PHASES = ("gen", "wait_prev_gen", "rollout_wait_weights", "old_log_prob", "updat
 
 def run_arm(name: str, overrides: list[str], folder: Path) -> dict:
     run_dir = folder / name
-    cmd = [sys.executable, "-m", "grl.train", "preset=cpu", "test_freq=-1", "trainer.val_before_train=false",
-           "trainer.export_hf=false", "save_freq=-1", "trainer.logger=[jsonl]", f"trainer.run_dir={run_dir}/run",
-           f"trainer.default_local_dir={run_dir}/ckpt", *overrides]
+    cmd = [
+        sys.executable,
+        "-m",
+        "grl.train",
+        "preset=cpu",
+        "test_freq=-1",
+        "trainer.val_before_train=false",
+        "trainer.export_hf=false",
+        "save_freq=-1",
+        "trainer.logger=[jsonl]",
+        f"trainer.run_dir={run_dir}/run",
+        f"trainer.default_local_dir={run_dir}/ckpt",
+        *overrides,
+    ]
     start = time.perf_counter()
     done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=False)
     wall = time.perf_counter() - start
@@ -44,9 +55,12 @@ def run_arm(name: str, overrides: list[str], folder: Path) -> dict:
         sys.exit(f"bench_async: arm {name} failed ({done.returncode}):\n{done.stderr[-3000:]}")
     rows = [json.loads(line) for line in (run_dir / "run" / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "timing_s/step" in r]
-    return {"wall": wall, "steps": [r["timing_s/step"] - r.get("timing_s/save_checkpoint", 0.0) for r in steps],
-            "phases": {p: statistics.fmean(r.get(f"timing_s/{p}", 0.0) for r in steps) for p in PHASES},
-            "success": [round(r.get("train/tetrisAgent_gap_dim_4/success", float("nan")), 3) for r in steps]}
+    return {
+        "wall": wall,
+        "steps": [r["timing_s/step"] - r.get("timing_s/save_checkpoint", 0.0) for r in steps],
+        "phases": {p: statistics.fmean(r.get(f"timing_s/{p}", 0.0) for r in steps) for p in PHASES},
+        "success": [round(r.get("train/tetrisAgent_gap_dim_4/success", float("nan")), 3) for r in steps],
+    }
 
 
 def main() -> None:
@@ -54,28 +68,45 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--staleness", type=int, default=1)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--old-log-probs", choices=("recompute", "engine"), default="recompute",
-                        help="PPO's old log-probs: a pass at the trained weights (arm B adds TIS), or the engine's")
+    parser.add_argument(
+        "--old-log-probs",
+        choices=("recompute", "engine"),
+        default="recompute",
+        help="PPO's old log-probs: a pass at the trained weights (arm B adds TIS), or the engine's",
+    )
     parser.add_argument("--extra", nargs="*", default=[], help="overrides given to both arms")
     args = parser.parse_args()
     recompute = args.old_log_probs == "recompute"
-    common = [f"total_training_steps={args.steps}", f"trainer.seed={args.seed}", *args.extra,
-              f"actor_rollout_ref.actor.recompute_old_log_probs={recompute}"]
-    ahead = ["actor_rollout_ref.hybrid_engine=false", f"rollout.max_staleness={args.staleness}",
-             *(["actor_rollout_ref.actor.tis_imp_ratio_cap=2"] if recompute else [])]
+    common = [
+        f"total_training_steps={args.steps}",
+        f"trainer.seed={args.seed}",
+        *args.extra,
+        f"actor_rollout_ref.actor.recompute_old_log_probs={recompute}",
+    ]
+    ahead = [
+        "actor_rollout_ref.hybrid_engine=false",
+        f"rollout.max_staleness={args.staleness}",
+        *(["actor_rollout_ref.actor.tis_imp_ratio_cap=2"] if recompute else []),
+    ]
     with tempfile.TemporaryDirectory(prefix="bench_async_") as tmp:
-        arms = {"A synchronous": run_arm("sync", common, Path(tmp)),
-                f"B max_staleness={args.staleness}": run_arm("ahead", common + ahead, Path(tmp))}
+        arms = {
+            "A synchronous": run_arm("sync", common, Path(tmp)),
+            f"B max_staleness={args.staleness}": run_arm("ahead", common + ahead, Path(tmp)),
+        }
     print(f"preset=cpu, {args.steps} steps, seed {args.seed}, validation off, old log-probs: {args.old_log_probs}")
     print(f"{'arm':24} {'step times (s)':40} " + " ".join(f"{p:>12}" for p in PHASES))
     for name, arm in arms.items():
-        print(f"{name:24} {' '.join(f'{s:.0f}' for s in arm['steps']):40} "
-              + " ".join(f"{arm['phases'][p]:12.1f}" for p in PHASES))
-    rates = {name: (3600 * len(arm["steps"]) / sum(arm["steps"]), 3600 * len(arm["steps"]) / arm["wall"])
-             for name, arm in arms.items()}
+        print(
+            f"{name:24} {' '.join(f'{s:.0f}' for s in arm['steps']):40} " + " ".join(f"{arm['phases'][p]:12.1f}" for p in PHASES)
+        )
+    rates = {
+        name: (3600 * len(arm["steps"]) / sum(arm["steps"]), 3600 * len(arm["steps"]) / arm["wall"]) for name, arm in arms.items()
+    }
     for name, (by_steps, by_wall) in rates.items():
-        print(f"{name:24} {by_steps:6.1f} steps/hour by step times, {by_wall:6.1f} by wall time; "
-              f"training success {arms[name]['success']}")
+        print(
+            f"{name:24} {by_steps:6.1f} steps/hour by step times, {by_wall:6.1f} by wall time; "
+            f"training success {arms[name]['success']}"
+        )
     (a_steps, a_wall), (b_steps, b_wall) = rates.values()
     print(f"B/A: {b_steps / a_steps:.2f}x by step times, {b_wall / a_wall:.2f}x by wall time")
 

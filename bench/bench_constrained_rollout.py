@@ -37,8 +37,9 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     block = OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / "agents.yaml"), resolve=True)["simpleSokobanAgent"]
-    block["agent_config"].update(action_decoding="constrained", enable_think=False, max_tokens=16,
-                                 max_turns=args.max_turns, max_actions_per_turn=1)
+    block["agent_config"].update(
+        action_decoding="constrained", enable_think=False, max_tokens=16, max_turns=args.max_turns, max_actions_per_turn=1
+    )
     task = TaskSpec("simpleSokobanAgent", block, args.agents, 1)
     greedy = SamplingParams(greedy=True, max_new_tokens=16)
     results = {}
@@ -50,15 +51,21 @@ def main() -> None:
         results[reuse] = (time.perf_counter() - start, result)
         engine.shutdown()
     (base_s, base), (reuse_s, reused) = results[False], results[True]
-    same = sum(a.turns[-1].response_ids == b.turns[-1].response_ids and len(a.turns) == len(b.turns)
-               for a, b in zip(base.episodes, reused.episodes))
+    same = sum(
+        a.turns[-1].response_ids == b.turns[-1].response_ids and len(a.turns) == len(b.turns)
+        for a, b in zip(base.episodes, reused.episodes)
+    )
     tokens = sum(e.num_tokens for e in reused.episodes)
-    print(f"model {args.model} ({args.dtype}), {args.agents} agents x up to {args.max_turns} turns, "
-          f"{tokens} episode tokens, torch threads {args.threads}")
+    print(
+        f"model {args.model} ({args.dtype}), {args.agents} agents x up to {args.max_turns} turns, "
+        f"{tokens} episode tokens, torch threads {args.threads}"
+    )
     print(f"prefill every turn whole (baseline): {base_s:7.1f} s")
     print(f"reuse the previous turn's KV cache:  {reuse_s:7.1f} s")
-    print(f"speed-up: {base_s / reuse_s:.2f}x; same episodes: {same}/{len(base.episodes)}; greedy success "
-          f"{base.metrics['simpleSokobanAgent/success']:.3f} vs {reused.metrics['simpleSokobanAgent/success']:.3f}")
+    print(
+        f"speed-up: {base_s / reuse_s:.2f}x; same episodes: {same}/{len(base.episodes)}; greedy success "
+        f"{base.metrics['simpleSokobanAgent/success']:.3f} vs {reused.metrics['simpleSokobanAgent/success']:.3f}"
+    )
 
 
 if __name__ == "__main__":

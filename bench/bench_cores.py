@@ -69,9 +69,11 @@ def main() -> None:
     for kind, unit in (("matmul", "GFLOP/s"), ("copy", "GB/s")):
         (alone,) = measure(kind, cores[:1], args.seconds)
         together = measure(kind, cores[:2], args.seconds)
-        print(f"{kind:6} alone {alone:7.1f} {unit}; two at once {' + '.join(f'{r:.1f}' for r in together)}; "
-              f"each beside its twin {min(together) / alone:.2f}-{max(together) / alone:.2f}x of alone, "
-              f"both together {sum(together) / alone:.2f}x")
+        print(
+            f"{kind:6} alone {alone:7.1f} {unit}; two at once {' + '.join(f'{r:.1f}' for r in together)}; "
+            f"each beside its twin {min(together) / alone:.2f}-{max(together) / alone:.2f}x of alone, "
+            f"both together {sum(together) / alone:.2f}x"
+        )
 
 
 if __name__ == "__main__":

@@ -26,11 +26,11 @@ def multi_turn_batch(batch: int, tokens: int, seed: int = 0):
             reply, obs = rng.randint(20, 150), rng.randint(30, 120)
             if t + reply > tokens:
                 break
-            mask[b, t:t + reply] = 1.0
-            turn_ids[b, t:t + reply] = k
+            mask[b, t : t + reply] = 1.0
+            turn_ids[b, t : t + reply] = k
             rewards[b, t + reply - 1] = rng.choice([0.0, -0.1, 1.0])
             t += reply
-            turn_ids[b, t:t + obs] = k + 1
+            turn_ids[b, t : t + obs] = k + 1
             t = min(t + obs, tokens)
     values = torch.randn(batch, tokens, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
     return rewards, values, mask, turn_ids
@@ -89,11 +89,14 @@ def main():
     device = torch.device(args.device)
     rewards, values, mask, turn_ids = multi_turn_batch(args.batch, args.tokens)
     gamma, lam = 0.99, 0.95
-    print(f"batch {args.batch} x {args.tokens} tokens, {int(mask.sum())} generated ({mask.mean():.0%}), "
-          f"device {device}, torch threads {torch.get_num_threads()}")
+    print(
+        f"batch {args.batch} x {args.tokens} tokens, {int(mask.sum())} generated ({mask.mean():.0%}), "
+        f"device {device}, torch threads {torch.get_num_threads()}"
+    )
 
-    t_loop, (ref_adv, ref_ret) = best_time(lambda: python_loop_gae(rewards, values, mask, gamma, lam), args.repeat,
-                                           torch.device("cpu"))
+    t_loop, (ref_adv, ref_ret) = best_time(
+        lambda: python_loop_gae(rewards, values, mask, gamma, lam), args.repeat, torch.device("cpu")
+    )
     print(f"per-sample python loop   : {t_loop * 1e3:8.1f} ms   (baseline)")
     on = [x.to(device) for x in (rewards, values, mask, turn_ids)]
     t_col, (adv, _) = best_time(lambda: column_loop_gae(*on[:3], gamma, lam), args.repeat, device)
@@ -106,9 +109,20 @@ def main():
     on32 = [x.float() for x in on[:3]]
     t32, _ = best_time(lambda: compute_gae(*on32, gamma, lam), args.repeat, device)
     print(f"compute_gae (float32)    : {t32 * 1e3:8.1f} ms   speed-up x{t_loop / t32:.1f}")
-    t_bi, _ = best_time(lambda: compute_advantage("bi_level_gae", token_rewards=on[0], values=on[1], loss_mask=on[2],
-                                                  turn_ids=on[3], gamma=gamma, lam=lam, high_level_gamma=0.95),
-                        args.repeat, device)
+    t_bi, _ = best_time(
+        lambda: compute_advantage(
+            "bi_level_gae",
+            token_rewards=on[0],
+            values=on[1],
+            loss_mask=on[2],
+            turn_ids=on[3],
+            gamma=gamma,
+            lam=lam,
+            high_level_gamma=0.95,
+        ),
+        args.repeat,
+        device,
+    )
     print(f"bi_level_gae (float64)   : {t_bi * 1e3:8.1f} ms   speed-up x{t_loop / t_bi:.1f}")
 
 

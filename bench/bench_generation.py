@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.engines.prompts import chat_prompts  # noqa: E402 - the prompts the engine tests use
 
+
 def tokens_per_second(engine, prompts, sampling) -> float:
     start = time.perf_counter()
     outputs = engine.generate(prompts, sampling)
@@ -65,8 +66,14 @@ def measure_generate(model_path: str, batch_sizes, prompts, new_tokens: int, dev
         ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in rows], device=device)
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in rows], device=device)
         with torch.inference_mode():
-            out = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=tokens,
-                                 min_new_tokens=tokens, pad_token_id=pad)
+            out = model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                do_sample=False,
+                max_new_tokens=tokens,
+                min_new_tokens=tokens,
+                pad_token_id=pad,
+            )
         if device == "cuda":
             torch.cuda.synchronize()  # the clock stops when the GPU is done, not when the last kernel is queued
         return out.shape[1] - width
@@ -85,8 +92,12 @@ def main() -> None:
     parser.add_argument("--model", default="embedded", help="model folder, hub id, embedded or tiny")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--new-tokens", type=int, default=64)
-    parser.add_argument("--hf-threads", type=int, default=None,
-                        help="torch threads for the hf engine (default on CPU: as many as the vllm process gets)")
+    parser.add_argument(
+        "--hf-threads",
+        type=int,
+        default=None,
+        help="torch threads for the hf engine (default on CPU: as many as the vllm process gets)",
+    )
     parser.add_argument("--skip-vllm", action="store_true", help="the hf engine against generate only")
     args = parser.parse_args()
 
@@ -103,10 +114,12 @@ def main() -> None:
     model_path = resolve_model_path(args.model)
     prompts = chat_prompts(load_tokenizer(model_path), max(args.batch_sizes))
     sampling = SamplingParams(greedy=True, max_new_tokens=args.new_tokens, ignore_eos=True, logprobs=True)
-    print(f"model {args.model}, {dtype_name('auto', device)}, {device}, {args.new_tokens} new tokens per prompt, "
-          f"{os.cpu_count()} cores, "
-          f"threads: hf {torch.get_num_threads()}, vllm {engine_omp_threads() if device == 'cpu' else '-'}",
-          flush=True)
+    print(
+        f"model {args.model}, {dtype_name('auto', device)}, {device}, {args.new_tokens} new tokens per prompt, "
+        f"{os.cpu_count()} cores, "
+        f"threads: hf {torch.get_num_threads()}, vllm {engine_omp_threads() if device == 'cpu' else '-'}",
+        flush=True,
+    )
 
     hf = measure("hf", model_path, args.batch_sizes, prompts, sampling)
     generate = measure_generate(model_path, args.batch_sizes, prompts, args.new_tokens, device)

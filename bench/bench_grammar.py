@@ -49,7 +49,7 @@ def baseline_allowed_sets_tensors(sets):
     ids = torch.zeros((len(sets), max(width, 1)), dtype=torch.long)
     for row, (_, members) in enumerate(sets):
         if members:
-            ids[row, :len(members)] = torch.tensor(members, dtype=torch.long)
+            ids[row, : len(members)] = torch.tensor(members, dtype=torch.long)
     return sizes, ids
 
 
@@ -111,7 +111,7 @@ class BaselineGrammarLogitsProcessorV2(LogitsProcessor):
         flat = state.all_token_ids.gpu[row_index, col_index].tolist()
         found, at = {}, 0
         for slot, start, end in spans:
-            found[slot], at = flat[at:at + end - start], at + end - start
+            found[slot], at = flat[at : at + end - start], at + end - start
         return [found.get(slot, []) for slot in slots]
 
 
@@ -129,11 +129,12 @@ def env_grammars(tokenizer) -> list[ReplyGrammar]:
     end = [tokenizer.eos_token_id] + sorted(set(tokenizer.all_special_ids) - {tokenizer.eos_token_id})
     sokoban = {"dim_room": [6, 6], "num_boxes": 1, "max_steps": 100, "search_depth": 100}
     grammars = []
-    for name, config, seed, think, budget in [("sokoban", sokoban, 1, True, 100),
-                                              ("tetris", {"dim_x": 4, "dim_y": 4, "box_type": 1, "max_steps": 100},
-                                               2, True, 100),
-                                              ("blocksworld", {}, 3, False, 24),
-                                              ("sokoban", sokoban, 4, False, 16)]:
+    for name, config, seed, think, budget in [
+        ("sokoban", sokoban, 1, True, 100),
+        ("tetris", {"dim_x": 4, "dim_y": 4, "box_type": 1, "max_steps": 100}, 2, True, 100),
+        ("blocksworld", {}, 3, False, 24),
+        ("sokoban", sokoban, 4, False, 16),
+    ]:
         env = grl.envs.make(name, **config)
         env.reset(seed)
         grammars.append(compile_reply_grammar(encode, end, env.valid_actions(), think, budget))
@@ -176,10 +177,15 @@ class Batch:
         self.rng.shuffle(order)
         slots = torch.tensor(order, dtype=torch.int64)
         lengths = self.state.total_len.gpu[slots]
-        return LogitsContext(expanded_idx_mapping=slots, idx_mapping=slots, idx_mapping_np=np.array(order),
-                             expanded_local_pos=torch.zeros(len(order), dtype=torch.int32),
-                             input_ids=self.state.all_token_ids.gpu[slots, lengths - 1], pos=lengths - 1,
-                             seq_lens_upper_bound_np=lengths.numpy())
+        return LogitsContext(
+            expanded_idx_mapping=slots,
+            idx_mapping=slots,
+            idx_mapping_np=np.array(order),
+            expanded_local_pos=torch.zeros(len(order), dtype=torch.int32),
+            input_ids=self.state.all_token_ids.gpu[slots, lengths - 1],
+            pos=lengths - 1,
+            seq_lens_upper_bound_np=lengths.numpy(),
+        )
 
     def sample_and_commit(self) -> None:
         """A token from each request's allowed set, committed; a finished request's slot refilled."""
@@ -206,9 +212,12 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--answers-only", action="store_true",
-                        help="only the grammars without think text: every masked row is an allowed set, which "
-                             "fills its whole row (the current code's costliest case)")
+    parser.add_argument(
+        "--answers-only",
+        action="store_true",
+        help="only the grammars without think text: every masked row is an allowed set, which "
+        "fills its whole row (the current code's costliest case)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -221,8 +230,9 @@ def main() -> None:
     path = resolve_model_path("tiny")
     tokenizer = load_tokenizer(path)
     with mock.patch.dict(os.environ):  # vLLM's CPU platform sets process-wide variables
-        config = EngineArgs(model=path, tokenizer=path, dtype="float32", seed=0, enforce_eager=True,
-                            max_num_seqs=args.batch).create_engine_config()
+        config = EngineArgs(
+            model=path, tokenizer=path, dtype="float32", seed=0, enforce_eager=True, max_num_seqs=args.batch
+        ).create_engine_config()
     # CPU has no pinned memory for UVA: vLLM's own fallback (device copies) holds the buffers.
     with mock.patch.object(buffer_utils, "is_uva_available", lambda: False):
         state = RequestState(args.batch, 1024, 1024, 0, VOCAB, torch.device("cpu"), use_dense_all_token_ids=True)
@@ -237,7 +247,7 @@ def main() -> None:
     for step in range(args.steps):
         ctx = batch.context()
         outputs = {}
-        for name in (("baseline", "current") if step % 2 else ("current", "baseline")):
+        for name in ("baseline", "current") if step % 2 else ("current", "baseline"):
             processor = old if name == "baseline" else new
             work = logits.clone()
             start = time.perf_counter()
@@ -248,9 +258,11 @@ def main() -> None:
         batch.sample_and_commit()
 
     rows = sum(v for k, v in batch.kinds.items() if k != "requests")
-    print(f"torch {torch.__version__}, CPU {torch.backends.cpu.get_cpu_capability()}, {args.threads} thread(s); "
-          f"batch {args.batch}, vocab {VOCAB}, {args.steps} steps, {batch.kinds['requests']} requests; rows: "
-          + ", ".join(f"{k} {v / rows:.0%}" for k, v in batch.kinds.items() if k != "requests"))
+    print(
+        f"torch {torch.__version__}, CPU {torch.backends.cpu.get_cpu_capability()}, {args.threads} thread(s); "
+        f"batch {args.batch}, vocab {VOCAB}, {args.steps} steps, {batch.kinds['requests']} requests; rows: "
+        + ", ".join(f"{k} {v / rows:.0%}" for k, v in batch.kinds.items() if k != "requests")
+    )
     skip = min(3, args.steps // 4)  # first steps: allocator and caches warming
     medians = {name: statistics.median(t[skip:]) * 1e3 for name, t in times.items()}
     for name, median in medians.items():

@@ -31,8 +31,9 @@ def main(argv: list[str]) -> None:
     rank = next((int(a.split("=", 1)[1]) for a in argv if a.startswith("lora_rank=")), 16)
     common = [a for a in argv if not a.startswith("lora_rank=")]
     full, full_mem, full_start = one_step(common)
-    lora, lora_mem, lora_start = one_step([*common, f"actor_rollout_ref.model.lora_rank={rank}",
-                                           f"actor_rollout_ref.model.lora_alpha={2 * rank}"])
+    lora, lora_mem, lora_start = one_step(
+        [*common, f"actor_rollout_ref.model.lora_rank={rank}", f"actor_rollout_ref.model.lora_alpha={2 * rank}"]
+    )
     print(f"cpu preset, one training step each; overrides: {' '.join(common) or '(none)'}")
     print(f"  {'phase':<14} {'full':>8} {'lora r' + str(rank):>9} {'ratio':>6}")
     for phase in PHASES:
@@ -40,8 +41,10 @@ def main(argv: list[str]) -> None:
         if key in full and key in lora:
             print(f"  {phase:<14} {full[key]:8.2f} {lora[key]:9.2f} {lora[key] / full[key]:6.2f}")
     print(f"  {'start-up':<14} {full_start:8.2f} {lora_start:9.2f} {lora_start / full_start:6.2f}")
-    print(f"peak RSS of the Ray workers: full {full_mem / 2**30:.2f} GiB, LoRA {lora_mem / 2**30:.2f} GiB, "
-          f"ratio {lora_mem / full_mem:.2f}")
+    print(
+        f"peak RSS of the Ray workers: full {full_mem / 2**30:.2f} GiB, LoRA {lora_mem / 2**30:.2f} GiB, "
+        f"ratio {lora_mem / full_mem:.2f}"
+    )
 
 
 if __name__ == "__main__":

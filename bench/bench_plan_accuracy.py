@@ -55,12 +55,17 @@ def measure_phases(trainer, step: int):
                 return call(*args, **kwargs)
             finally:
                 peaks[phase] = max(peaks.get(phase, 0), max(trainer.actor.execute(read_peak_bytes)))
+
         return run
 
     engine = trainer.rollout.engine
     engine.generate = measured("rollout", engine.generate)
-    for phase, method in (("old_log_prob", "compute_log_probs"), ("ref", "compute_ref_log_probs"),
-                          ("update_actor", "update"), ("weight_sync", "sync_weights")):
+    for phase, method in (
+        ("old_log_prob", "compute_log_probs"),
+        ("ref", "compute_ref_log_probs"),
+        ("update_actor", "update"),
+        ("weight_sync", "sync_weights"),
+    ):
         setattr(trainer.actor, method, measured(phase, getattr(trainer.actor, method)))
     _, batch = trainer.train_step(step)
     return peaks, batch

@@ -64,8 +64,9 @@ def main() -> None:
     task = TaskSpec("simpleSokobanAgent", block, args.groups, args.group_size)
     engine = HFEngine(args.model, dtype="float32", device="cpu")
     timed = TimedEngine(engine)
-    rollout = MultiTurnRollout(timed, engine.tokenizer, max_prompt_length=2048,
-                               max_response_length=args.max_response_length, env_workers=4)
+    rollout = MultiTurnRollout(
+        timed, engine.tokenizer, max_prompt_length=2048, max_response_length=args.max_response_length, env_workers=4
+    )
     sampling = SamplingParams(temperature=1.0, seed=0)
     engine.generate([[1, 2, 3]], SamplingParams(max_new_tokens=2, seed=0))  # warm-up
 
@@ -89,10 +90,14 @@ def main() -> None:
     plain_tokens = sum(len(o.token_ids) for o in outputs)
 
     agents = args.groups * args.group_size
-    print(f"model {args.model}, {agents} agents, {turns} turns, {timed.calls // args.repeats} engine calls per "
-          f"rollout, torch threads {args.threads}, best of {args.repeats}")
-    print(f"rollout:      {rollout_s:8.2f} s for {tokens} sampled tokens ({tokens / rollout_s:8.1f} tok/s); "
-          f"engine {engine_s:.2f} s, rest {rollout_s - engine_s:.2f} s")
+    print(
+        f"model {args.model}, {agents} agents, {turns} turns, {timed.calls // args.repeats} engine calls per "
+        f"rollout, torch threads {args.threads}, best of {args.repeats}"
+    )
+    print(
+        f"rollout:      {rollout_s:8.2f} s for {tokens} sampled tokens ({tokens / rollout_s:8.1f} tok/s); "
+        f"engine {engine_s:.2f} s, rest {rollout_s - engine_s:.2f} s"
+    )
     print(f"plain batch:  {plain_s:8.2f} s for {plain_tokens} tokens ({plain_tokens / plain_s:8.1f} tok/s)")
     print(f"ratio rollout / plain batch (per token): {(rollout_s / tokens) / (plain_s / plain_tokens):.2f}x")
     print(f"rollout overhead outside the engine: {100 * (rollout_s - engine_s) / rollout_s:.1f}% of its time")

@@ -58,9 +58,7 @@ def gym_level(room_utils, dim, num_boxes) -> Level:
 
     while True:
         try:
-            structure, state, _ = room_utils.generate_room(
-                dim=dim, num_steps=int(1.7 * (dim[0] + dim[1])), num_boxes=num_boxes
-            )
+            structure, state, _ = room_utils.generate_room(dim=dim, num_steps=int(1.7 * (dim[0] + dim[1])), num_boxes=num_boxes)
             break
         except (RuntimeError, RuntimeWarning):  # gym's "score == 0" / "not enough free spots"
             continue
@@ -102,16 +100,20 @@ def main() -> None:
     import numpy as np
 
     sys.setrecursionlimit(max(sys.getrecursionlimit(), 5000))  # gym's reverse search recurses ~300 deep
-    print(f"{'room':>7} {'boxes':>5} | {'ours lvl/s':>10} {'gym lvl/s':>9} {'speed x':>8} | "
-          f"{'ours scr':>8} {'gym scr':>7} {'scramble x':>10} | levels ours/gym")
+    print(
+        f"{'room':>7} {'boxes':>5} | {'ours lvl/s':>10} {'gym lvl/s':>9} {'speed x':>8} | "
+        f"{'ours scr':>8} {'gym scr':>7} {'scramble x':>10} | levels ours/gym"
+    )
     for dim, boxes in CONFIGS:
         ours = timed(lambda i: generate_level(i, dim, boxes, SEARCH_DEPTH), args.seconds, args.max_levels)
         random.seed(0)
         np.random.seed(0)
         gym = timed(lambda i: gym_level(room_utils, dim, boxes), args.seconds, args.max_levels)
         room = f"{dim[0]}x{dim[1]}"
-        print(f"{room:>7} {boxes:>5} | {ours[0]:>10.1f} {gym[0]:>9.1f} {ours[0] / gym[0]:>7.1f}x | "
-              f"{ours[1]:>8.2f} {gym[1]:>7.2f} {ours[1] / gym[1]:>9.2f}x | {ours[2]}/{gym[2]}")
+        print(
+            f"{room:>7} {boxes:>5} | {ours[0]:>10.1f} {gym[0]:>9.1f} {ours[0] / gym[0]:>7.1f}x | "
+            f"{ours[1]:>8.2f} {gym[1]:>7.2f} {ours[1] / gym[1]:>9.2f}x | {ours[2]}/{gym[2]}"
+        )
 
 
 if __name__ == "__main__":

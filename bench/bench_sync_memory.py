@@ -57,8 +57,7 @@ def _full_state_sync(worker) -> None:
 def _model_bytes(worker) -> tuple[int, int]:
     """(full, this rank's shard) bytes of the weights."""
     params = list(worker.module.parameters())
-    return (sum(p.numel() * p.element_size() for p in params),
-            sum(p.to_local().numel() * p.element_size() for p in params))
+    return (sum(p.numel() * p.element_size() for p in params), sum(p.to_local().numel() * p.element_size() for p in params))
 
 
 def main(argv: list[str]) -> None:
@@ -72,8 +71,9 @@ def main(argv: list[str]) -> None:
     model, ranks = args.get("model_path", "embedded"), int(args.get("ranks", 2))
     init_ray(None, num_cpus=max(ranks, 2), include_dashboard=False)
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    cfg = compose([f"model_path={model}", f"n_gpus_per_node={ranks}", "nnodes=1", "trainer.device=cpu",
-                   "actor_rollout_ref.rollout.name=hf"])
+    cfg = compose(
+        [f"model_path={model}", f"n_gpus_per_node={ranks}", "nnodes=1", "trainer.device=cpu", "actor_rollout_ref.rollout.name=hf"]
+    )
     actor = ActorRolloutRefGroup(cfg, RunPlan.from_config(cfg))
     try:
         full_bytes, shard_bytes = actor.execute(_model_bytes)[0]
@@ -84,13 +84,17 @@ def main(argv: list[str]) -> None:
         actor.shutdown()
         ray.shutdown()
     mib = 2**20
-    print(f"weight sync, {model}, {ranks} CPU ranks, hf engine in rank 0; full fp32 weights "
-          f"{full_bytes / mib:.0f} MiB (rank 0's shard: {shard_bytes / mib:.0f} MiB)")
+    print(
+        f"weight sync, {model}, {ranks} CPU ranks, hf engine in rank 0; full fp32 weights "
+        f"{full_bytes / mib:.0f} MiB (rank 0's shard: {shard_bytes / mib:.0f} MiB)"
+    )
     print(f"  {'rank':<5} {'full-state MiB':>15} {'streamed MiB':>13} {'ratio':>6}")
     for rank, (old, new) in enumerate(zip(full, streamed)):
         print(f"  {rank:<5} {old / mib:15.0f} {new / mib:13.0f} {new / max(old, 1):6.2f}")
-    print(f"peak above start, worst rank: full-state {max(full) / mib:.0f} MiB, streamed {max(streamed) / mib:.0f} "
-          f"MiB, ratio {max(streamed) / max(max(full), 1):.2f}")
+    print(
+        f"peak above start, worst rank: full-state {max(full) / mib:.0f} MiB, streamed {max(streamed) / mib:.0f} "
+        f"MiB, ratio {max(streamed) / max(max(full), 1):.2f}"
+    )
 
 
 if __name__ == "__main__":

@@ -22,8 +22,7 @@ import tempfile
 import threading
 import time
 
-PHASES = ("gen", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor", "sync_weights",
-          "step")
+PHASES = ("gen", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor", "sync_weights", "step")
 
 
 class PeakRSS:
@@ -74,8 +73,9 @@ def bare_update(model_path: str, batch, cfg, threads: int) -> float:
     model = load_causal_lm(model_path, "float32", "cpu").train()
     compute = torch_dtype(cfg.actor_rollout_ref.model.dtype, "cpu")
     actor = cfg.actor_rollout_ref.actor
-    optim = torch.optim.AdamW(model.parameters(), lr=actor.optim.lr, betas=tuple(actor.optim.betas),
-                              weight_decay=actor.optim.weight_decay)
+    optim = torch.optim.AdamW(
+        model.parameters(), lr=actor.optim.lr, betas=tuple(actor.optim.betas), weight_decay=actor.optim.weight_decay
+    )
     keys = ("input_ids", "attention_mask", "position_ids", "loss_mask", "advantages")
     tensors = {k: batch[k] for k in keys}
     rows = tensors["input_ids"].shape[0]
@@ -83,8 +83,11 @@ def bare_update(model_path: str, batch, cfg, threads: int) -> float:
     def micro_loss(part) -> torch.Tensor:
         part, _ = trim_width(part)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=compute == torch.bfloat16):
-            logits = model(input_ids=part["input_ids"], attention_mask=part["attention_mask"],
-                           position_ids=part["position_ids"]).logits[:, :-1].float()
+            logits = (
+                model(input_ids=part["input_ids"], attention_mask=part["attention_mask"], position_ids=part["position_ids"])
+                .logits[:, :-1]
+                .float()
+            )
         log_probs = logits.log_softmax(-1).gather(-1, part["input_ids"][:, 1:, None])[..., 0]
         mask = part["loss_mask"][:, 1:]
         return -(log_probs * part["advantages"][:, 1:] * mask).sum() / mask.sum().clamp(min=1)
@@ -94,10 +97,10 @@ def bare_update(model_path: str, batch, cfg, threads: int) -> float:
     start = time.perf_counter()
     for _ in range(actor.ppo_epochs):
         for lo in range(0, rows, actor.ppo_mini_batch_size):
-            mini = {k: v[lo:lo + actor.ppo_mini_batch_size] for k, v in tensors.items()}
+            mini = {k: v[lo : lo + actor.ppo_mini_batch_size] for k, v in tensors.items()}
             n = mini["input_ids"].shape[0]
             for mlo in range(0, n, actor.ppo_micro_batch_size_per_gpu):
-                part = {k: v[mlo:mlo + actor.ppo_micro_batch_size_per_gpu] for k, v in mini.items()}
+                part = {k: v[mlo : mlo + actor.ppo_micro_batch_size_per_gpu] for k, v in mini.items()}
                 (micro_loss(part) * part["input_ids"].shape[0] / n).backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), actor.grad_clip)
             optim.step()
@@ -111,9 +114,19 @@ def one_step_trainer(argv: list[str]):
     from grl.trainer.agent_trainer import AgentTrainer
 
     out = tempfile.mkdtemp(prefix="grl-bench-")
-    cfg = load_config(["preset=cpu", "total_training_steps=1", "trainer.val_before_train=false",
-                       "trainer.logger=[]", "resume_mode=disable", "trainer.export_hf=false",
-                       f"trainer.run_dir={out}/run", f"trainer.default_local_dir={out}/ckpt", *argv])
+    cfg = load_config(
+        [
+            "preset=cpu",
+            "total_training_steps=1",
+            "trainer.val_before_train=false",
+            "trainer.logger=[]",
+            "resume_mode=disable",
+            "trainer.export_hf=false",
+            f"trainer.run_dir={out}/run",
+            f"trainer.default_local_dir={out}/ckpt",
+            *argv,
+        ]
+    )
     started = time.perf_counter()
     trainer = AgentTrainer.from_config(cfg)
     return cfg, trainer, time.perf_counter() - started
@@ -134,23 +147,29 @@ def main(argv: list[str]) -> None:
 
     mask, attention = batch["loss_mask"], batch["attention_mask"]
     tokens = int(attention.sum())
-    print(f"cpu preset, one training step ({cfg.actor_rollout_ref.model.path}, {len(batch)} episodes, "
-          f"{tokens} tokens of which {int(mask.sum())} sampled; padding {1 - tokens / attention.numel():.1%} "
-          f"of the padded batch); worker start-up {startup:.1f} s")
+    print(
+        f"cpu preset, one training step ({cfg.actor_rollout_ref.model.path}, {len(batch)} episodes, "
+        f"{tokens} tokens of which {int(mask.sum())} sampled; padding {1 - tokens / attention.numel():.1%} "
+        f"of the padded batch); worker start-up {startup:.1f} s"
+    )
     for phase in PHASES:
         if f"timing_s/{phase}" in metrics:
             print(f"  {phase:<14} {metrics[f'timing_s/{phase}']:8.2f} s")
-    print(f"  peak RSS: Ray workers {memory.peak_workers / 2**30:.2f} GiB in all, largest "
-          f"{memory.peak_one_worker / 2**30:.2f} GiB; driver "
-          f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB")
+    print(
+        f"  peak RSS: Ray workers {memory.peak_workers / 2**30:.2f} GiB in all, largest "
+        f"{memory.peak_one_worker / 2**30:.2f} GiB; driver "
+        f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB"
+    )
 
     if step_only:
         return
     bare = bare_update(resolve_model_path(cfg.actor_rollout_ref.model.path), batch, cfg, threads)
     update = metrics["timing_s/update_actor"]
-    print(f"actor update: {tokens / update:.0f} tokens/s; bare PyTorch loop on the same tokens "
-          f"({threads} thread{'s' if threads > 1 else ''}, as a worker rank): {tokens / bare:.0f} tokens/s; "
-          f"ratio {bare / update:.2f} (1.0 = as fast as the bare loop)")
+    print(
+        f"actor update: {tokens / update:.0f} tokens/s; bare PyTorch loop on the same tokens "
+        f"({threads} thread{'s' if threads > 1 else ''}, as a worker rank): {tokens / bare:.0f} tokens/s; "
+        f"ratio {bare / update:.2f} (1.0 = as fast as the bare loop)"
+    )
 
 
 if __name__ == "__main__":

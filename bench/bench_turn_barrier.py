@@ -49,10 +49,19 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     task = "gsm8kAgent_python_tool"
-    cfg = load_config([f"model_path={args.model}", f"rollout.training=[{task}]", f"rollout.validation=[{task}]",
-                       f"rollout.agent_group_num=[{args.groups}]", f"rollout.agent_group_size=[{args.group_size}]",
-                       f"max_response_length={args.max_response_length}", "max_prompt_length=2048",
-                       f"{task}.agent_config.max_turns={args.max_turns}", "rollout.env_workers=16"])
+    cfg = load_config(
+        [
+            f"model_path={args.model}",
+            f"rollout.training=[{task}]",
+            f"rollout.validation=[{task}]",
+            f"rollout.agent_group_num=[{args.groups}]",
+            f"rollout.agent_group_size=[{args.group_size}]",
+            f"max_response_length={args.max_response_length}",
+            "max_prompt_length=2048",
+            f"{task}.agent_config.max_turns={args.max_turns}",
+            "rollout.env_workers=16",
+        ]
+    )
     engine = HFEngine(args.model, dtype="bfloat16", device="cpu")
     timed = TimedEngine(engine)
     rollout = MultiTurnRollout.from_config(cfg, timed, engine.tokenizer)
@@ -70,14 +79,18 @@ def main() -> None:
                 best[barrier] = (wall, timed.seconds, timed.calls, result)
     rollout.close()
 
-    print(f"model {args.model}, {args.groups * args.group_size} agents of {task}, up to {args.max_turns} turns, "
-          f"torch threads {args.threads}, best of {args.repeats}")
+    print(
+        f"model {args.model}, {args.groups * args.group_size} agents of {task}, up to {args.max_turns} turns, "
+        f"torch threads {args.threads}, best of {args.repeats}"
+    )
     for barrier, (wall, inside, calls, result) in best.items():
         turns = sum(len(e.turns) for e in result.episodes)
         tools = sum(e.metrics.get("tool_calls", 0.0) for e in result.episodes)
         tokens = sum(len(t.response_ids) for e in result.episodes for t in e.turns)
-        print(f"{'with the barrier' if barrier else 'without it':17} {wall:7.2f} s, engine {inside:6.2f} s in "
-              f"{calls} calls, {turns} turns, {tools:.0f} tool calls, {tokens} sampled tokens")
+        print(
+            f"{'with the barrier' if barrier else 'without it':17} {wall:7.2f} s, engine {inside:6.2f} s in "
+            f"{calls} calls, {turns} turns, {tools:.0f} tool calls, {tokens} sampled tokens"
+        )
     print(f"without / with the barrier: {best[True][0] / best[False][0]:.2f}x the speed")
 
 

@@ -97,12 +97,14 @@ class Job:
 
 JOBS = {
     "gsm8k": Job("gsm8kAgent_single_turn", max_completion=64, max_prompt=320, uses_data=True),
-    "tetris": Job("tetrisAgent_gap_dim_4", max_completion=16, max_prompt=1024,
-                  agent_config={"action_decoding": "free"}, multi_turn=True),
+    "tetris": Job(
+        "tetrisAgent_gap_dim_4", max_completion=16, max_prompt=1024, agent_config={"action_decoding": "free"}, multi_turn=True
+    ),
 }
 
 
 # ------------------------------------------------------------------ measuring a process tree
+
 
 def _tree(root: int) -> dict[int, tuple[int, float]]:
     """pid -> (RSS bytes, CPU seconds so far) of `root` and its descendants."""
@@ -154,16 +156,19 @@ def run_measured(cmd: list[str], env: dict, log: Path) -> tuple[int, float, floa
 
 # ------------------------------------------------------------------ the TRL environment
 
+
 def trl_python() -> Path | None:
     """The TRL venv's python, building the venv on first use; None (after one line) when it cannot be built."""
     python = VENV / "bin" / "python"
     if python.exists() and subprocess.run([python, "-c", "import trl, omegaconf"], capture_output=True).returncode == 0:
         return python
     wheels = sorted(TORCH_WHEEL_DIR.glob("torch-2.13.0*cpu*.whl")) if TORCH_WHEEL_DIR.is_dir() else []
-    steps = [[sys.executable, "-m", "venv", str(VENV)],
-             [python, "-m", "pip", "install", "-q", str(wheels[0]) if wheels else "torch==2.13.0"],
-             # omegaconf: GRL's agent code, which prompts and scores for TRL too, reads its config schema
-             [python, "-m", "pip", "install", "-q", "trl==1.16.*", "omegaconf==2.3.1"]]
+    steps = [
+        [sys.executable, "-m", "venv", str(VENV)],
+        [python, "-m", "pip", "install", "-q", str(wheels[0]) if wheels else "torch==2.13.0"],
+        # omegaconf: GRL's agent code, which prompts and scores for TRL too, reads its config schema
+        [python, "-m", "pip", "install", "-q", "trl==1.16.*", "omegaconf==2.3.1"],
+    ]
     print(f"bench_vs_trl: building {VENV.relative_to(REPO)} (torch 2.13.0 CPU, then trl 1.16) ...", flush=True)
     for step in steps:
         result = subprocess.run(step, capture_output=True, text=True)
@@ -175,6 +180,7 @@ def trl_python() -> Path | None:
 
 
 # ------------------------------------------------------------------ the job, both ways
+
 
 def seeds(steps: int, prompts: int) -> list[int]:
     """The seeds GRL's training groups play (rollout.seed: step s, group g -> s * 100003 + g)."""
@@ -202,23 +208,45 @@ def task_config(job: Job, args) -> dict:
 def run_grl(args, workdir: Path, env: dict) -> dict:
     job = JOBS[args.job]
     batch = args.prompts * args.generations
-    cmd = [str(REPO / ".venv" / "bin" / "grl-train"), "model_path=embedded",
-           f"rollout.training=[{job.task}]", f"rollout.validation=[{job.task}]",
-           f"rollout.agent_group_num=[{args.prompts}]", f"rollout.agent_group_size=[{args.generations}]",
-           "rollout.validation_agent_group_num=[1]", "rollout.seed=0", "rollout.rollout_filter_ratio=1.0",
-           "rollout.packing=true",
-           "trainer.val_before_train=false", "test_freq=-1", "trainer.export_hf=false", "resume_mode=disable",
-           "algorithm.adv_estimator=grpo", "algorithm.norm_adv_by_std_in_grpo=true", "critic.enable=false",
-           "actor_rollout_ref.rollout.name=hf", "trainer.device=cpu", "actor_rollout_ref.model.dtype=auto",
-           "actor_rollout_ref.rollout.temperature=1.0", "actor_rollout_ref.rollout.top_p=1.0",
-           f"max_response_length={args.max_completion}", f"max_prompt_length={args.max_prompt}",
-           *(f"{job.task}.{key}={value}" for key, value in task_overrides(job, args).items()),
-           f"ppo_mini_batch_size={batch}", f"micro_batch_size_per_gpu={batch}",
-           "actor_rollout_ref.actor.ppo_epochs=1", "actor_rollout_ref.actor.entropy_coeff=0",
-           "actor_rollout_ref.actor.use_kl_loss=false", "actor_rollout_ref.actor.loss_agg_mode=token-mean",
-           f"actor_rollout_ref.actor.optim.lr={args.lr}", "actor_rollout_ref.model.enable_gradient_checkpointing=true",
-           f"total_training_steps={args.steps}", "trainer.logger=[jsonl]",
-           f"trainer.run_dir={workdir / 'grl'}", f"trainer.default_local_dir={workdir / 'grl_ckpt'}"]
+    cmd = [
+        str(REPO / ".venv" / "bin" / "grl-train"),
+        "model_path=embedded",
+        f"rollout.training=[{job.task}]",
+        f"rollout.validation=[{job.task}]",
+        f"rollout.agent_group_num=[{args.prompts}]",
+        f"rollout.agent_group_size=[{args.generations}]",
+        "rollout.validation_agent_group_num=[1]",
+        "rollout.seed=0",
+        "rollout.rollout_filter_ratio=1.0",
+        "rollout.packing=true",
+        "trainer.val_before_train=false",
+        "test_freq=-1",
+        "trainer.export_hf=false",
+        "resume_mode=disable",
+        "algorithm.adv_estimator=grpo",
+        "algorithm.norm_adv_by_std_in_grpo=true",
+        "critic.enable=false",
+        "actor_rollout_ref.rollout.name=hf",
+        "trainer.device=cpu",
+        "actor_rollout_ref.model.dtype=auto",
+        "actor_rollout_ref.rollout.temperature=1.0",
+        "actor_rollout_ref.rollout.top_p=1.0",
+        f"max_response_length={args.max_completion}",
+        f"max_prompt_length={args.max_prompt}",
+        *(f"{job.task}.{key}={value}" for key, value in task_overrides(job, args).items()),
+        f"ppo_mini_batch_size={batch}",
+        f"micro_batch_size_per_gpu={batch}",
+        "actor_rollout_ref.actor.ppo_epochs=1",
+        "actor_rollout_ref.actor.entropy_coeff=0",
+        "actor_rollout_ref.actor.use_kl_loss=false",
+        "actor_rollout_ref.actor.loss_agg_mode=token-mean",
+        f"actor_rollout_ref.actor.optim.lr={args.lr}",
+        "actor_rollout_ref.model.enable_gradient_checkpointing=true",
+        f"total_training_steps={args.steps}",
+        "trainer.logger=[jsonl]",
+        f"trainer.run_dir={workdir / 'grl'}",
+        f"trainer.default_local_dir={workdir / 'grl_ckpt'}",
+    ]
     # Ray's raylet starts workers at nice 15 (its worker_niceness); on shared cores that alone would
     # hand TRL, at nice 0, the larger share. Both run at nice 0 here.
     code, wall, peak, cpu = run_measured(cmd, {**env, "RAY_worker_niceness": "0"}, workdir / "grl.log")
@@ -227,18 +255,37 @@ def run_grl(args, workdir: Path, env: dict) -> dict:
     rows = [json.loads(line) for line in open(workdir / "grl" / "metrics.jsonl") if line.strip()]
     rows = [r for r in rows if "timing_s/step" in r]
     t = lambda r, *keys: sum(r.get(f"timing_s/{k}", 0.0) for k in keys)  # noqa: E731
-    return {"wall_s": wall, "peak_gib": peak, "cpu_s": cpu,
-            "steps": [{"gen": t(r, "gen"), "score": t(r, "old_log_prob", "ref", "adv"),
-                       "update": t(r, "update_actor", "sync_weights"), "step": t(r, "step"),
-                       "reward": r.get("reward/mean", r.get("critic/score/mean"))} for r in rows]}
+    return {
+        "wall_s": wall,
+        "peak_gib": peak,
+        "cpu_s": cpu,
+        "steps": [
+            {
+                "gen": t(r, "gen"),
+                "score": t(r, "old_log_prob", "ref", "adv"),
+                "update": t(r, "update_actor", "sync_weights"),
+                "step": t(r, "step"),
+                "reward": r.get("reward/mean", r.get("critic/score/mean")),
+            }
+            for r in rows
+        ],
+    }
 
 
 def run_trl(args, python: Path, workdir: Path, env: dict) -> dict:
-    spec = {"steps": args.steps, "prompts": args.prompts, "generations": args.generations,
-            "max_completion": args.max_completion, "lr": args.lr, "seeds": seeds(args.steps, args.prompts),
-            "task_name": JOBS[args.job].task, "task": task_config(JOBS[args.job], args),
-            "multi_turn": JOBS[args.job].multi_turn, "out": str(workdir / "trl.json"),
-            "model": str(model_path())}
+    spec = {
+        "steps": args.steps,
+        "prompts": args.prompts,
+        "generations": args.generations,
+        "max_completion": args.max_completion,
+        "lr": args.lr,
+        "seeds": seeds(args.steps, args.prompts),
+        "task_name": JOBS[args.job].task,
+        "task": task_config(JOBS[args.job], args),
+        "multi_turn": JOBS[args.job].multi_turn,
+        "out": str(workdir / "trl.json"),
+        "model": str(model_path()),
+    }
     (workdir / "trl_spec.json").write_text(json.dumps(spec))
     cmd = [str(python), str(Path(__file__).resolve()), "--trl-worker", str(workdir / "trl_spec.json")]
     code, wall, peak, cpu = run_measured(cmd, {**env, "TRL_EXPERIMENTAL_SILENCE": "1"}, workdir / "trl.log")
@@ -254,6 +301,7 @@ def model_path() -> Path:
 
 
 # ------------------------------------------------------------------ TRL side (runs in the TRL venv)
+
 
 def game_rollout(spec: dict, tokenizer):
     """TRL's `rollout_func` for a multi-turn task: the episodes of one generation batch, played turn by
@@ -294,19 +342,23 @@ def game_rollout(spec: dict, tokenizer):
             input_ids = torch.full((len(contexts), width), tokenizer.pad_token_id)
             attention_mask = torch.zeros((len(contexts), width), dtype=torch.long)
             for row, context in enumerate(contexts):  # left padding, as TRL's generation pads
-                input_ids[row, width - len(context):] = context
-                attention_mask[row, width - len(context):] = 1
-            with (unwrap_model_for_generation(
-                    trainer.model_wrapped, trainer.accelerator, generation_kwargs=trainer.generation_kwargs,
-                    gradient_checkpointing_kwargs=trainer.args.gradient_checkpointing_kwargs) as model,
-                  torch.no_grad()):
-                output = model.generate(input_ids=input_ids, attention_mask=attention_mask,
-                                        generation_config=generation)
+                input_ids[row, width - len(context) :] = context
+                attention_mask[row, width - len(context) :] = 1
+            with (
+                unwrap_model_for_generation(
+                    trainer.model_wrapped,
+                    trainer.accelerator,
+                    generation_kwargs=trainer.generation_kwargs,
+                    gradient_checkpointing_kwargs=trainer.args.gradient_checkpointing_kwargs,
+                ) as model,
+                torch.no_grad(),
+            ):
+                output = model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=generation)
             still = []
             for row, i in enumerate(playing):
                 reply = output[row, width:].tolist()
                 ends = [k for k, token in enumerate(reply) if token in trainer.eos_token_ids]
-                reply = reply[:ends[0] + 1] if ends else reply
+                reply = reply[: ends[0] + 1] if ends else reply
                 completion_ids[i] += reply
                 env_mask[i] += [1] * len(reply)
                 step = agents[i].step(tokenizer.decode(reply, skip_special_tokens=True))
@@ -318,8 +370,13 @@ def game_rollout(spec: dict, tokenizer):
                 env_mask[i] += [0] * len(between)
                 still.append(i)
             playing = still
-        return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": None,
-                "env_mask": env_mask, "episode_reward": rewards}
+        return {
+            "prompt_ids": prompt_ids,
+            "completion_ids": completion_ids,
+            "logprobs": None,
+            "env_mask": env_mask,
+            "episode_reward": rewards,
+        }
 
     return rollout
 
@@ -353,19 +410,51 @@ def trl_worker(spec_file: str) -> None:
 
     batch = spec["prompts"] * spec["generations"]
     config = GRPOConfig(
-        output_dir=str(Path(spec["out"]).parent / "trl_out"), max_steps=spec["steps"], save_strategy="no",
-        report_to=[], logging_steps=1, seed=0, use_cpu=True, bf16=cpu_compute().native_bf16, fp16=False, use_vllm=False,
-        per_device_train_batch_size=batch, gradient_accumulation_steps=1, steps_per_generation=1,
-        num_generations=spec["generations"], max_completion_length=spec["max_completion"],
-        learning_rate=spec["lr"], lr_scheduler_type="constant", warmup_steps=0, optim="adamw_torch",
-        adam_beta1=0.9, adam_beta2=0.999, weight_decay=0.01, max_grad_norm=1.0, num_iterations=1,
-        epsilon=0.2, epsilon_high=0.28, loss_type="dapo", beta=0.0, scale_rewards="group",
-        temperature=1.0, top_p=1.0, top_k=0, gradient_checkpointing=True, shuffle_dataset=False,
-        dataloader_num_workers=0)
+        output_dir=str(Path(spec["out"]).parent / "trl_out"),
+        max_steps=spec["steps"],
+        save_strategy="no",
+        report_to=[],
+        logging_steps=1,
+        seed=0,
+        use_cpu=True,
+        bf16=cpu_compute().native_bf16,
+        fp16=False,
+        use_vllm=False,
+        per_device_train_batch_size=batch,
+        gradient_accumulation_steps=1,
+        steps_per_generation=1,
+        num_generations=spec["generations"],
+        max_completion_length=spec["max_completion"],
+        learning_rate=spec["lr"],
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        optim="adamw_torch",
+        adam_beta1=0.9,
+        adam_beta2=0.999,
+        weight_decay=0.01,
+        max_grad_norm=1.0,
+        num_iterations=1,
+        epsilon=0.2,
+        epsilon_high=0.28,
+        loss_type="dapo",
+        beta=0.0,
+        scale_rewards="group",
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        gradient_checkpointing=True,
+        shuffle_dataset=False,
+        dataloader_num_workers=0,
+    )
     multi_turn = spec["multi_turn"]
-    trainer = GRPOTrainer(model=model, reward_funcs=episode_reward if multi_turn else one_reply_reward,
-                          args=config, train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
-                          rollout_func=game_rollout(spec, tokenizer) if multi_turn else None)
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=episode_reward if multi_turn else one_reply_reward,
+        args=config,
+        train_dataset=Dataset.from_list(rows),
+        processing_class=tokenizer,
+        rollout_func=game_rollout(spec, tokenizer) if multi_turn else None,
+    )
 
     phases: dict[str, float] = {}
 
@@ -376,6 +465,7 @@ def trl_worker(spec_file: str) -> None:
                 return method(*a, **k)
             finally:
                 phases[name] = phases.get(name, 0.0) + time.perf_counter() - start
+
         return wrapper
 
     trainer._generate = timed("gen", trainer._generate)
@@ -391,8 +481,14 @@ def trl_worker(spec_file: str) -> None:
         def on_step_end(self, *_, **__):
             total = time.perf_counter() - self.start
             gen = phases.get("gen", 0.0)
-            steps.append({"gen": gen + phases.get("reward", 0.0), "score": phases.get("rollout", 0.0) - gen
-                          - phases.get("reward", 0.0), "update": total - phases.get("rollout", 0.0), "step": total})
+            steps.append(
+                {
+                    "gen": gen + phases.get("reward", 0.0),
+                    "score": phases.get("rollout", 0.0) - gen - phases.get("reward", 0.0),
+                    "update": total - phases.get("rollout", 0.0),
+                    "step": total,
+                }
+            )
 
     trainer.add_callback(StepTimes())
     trainer.train()
@@ -401,11 +497,19 @@ def trl_worker(spec_file: str) -> None:
         step["reward"] = reward
     import transformers
     import trl
-    Path(spec["out"]).write_text(json.dumps({"steps": steps, "versions": {
-        "trl": trl.__version__, "transformers": transformers.__version__, "torch": torch.__version__}}))
+
+    Path(spec["out"]).write_text(
+        json.dumps(
+            {
+                "steps": steps,
+                "versions": {"trl": trl.__version__, "transformers": transformers.__version__, "torch": torch.__version__},
+            }
+        )
+    )
 
 
 # ------------------------------------------------------------------ report
+
 
 def summary(name: str, run: dict, episodes_per_step: int) -> dict:
     steps = run["steps"]
@@ -416,20 +520,26 @@ def summary(name: str, run: dict, episodes_per_step: int) -> dict:
     row["episodes_per_hour"] = 3600 * episodes_per_step / row["step"]
     row["wall_episodes_per_hour"] = 3600 * episodes_per_step * len(steps) / run["wall_s"]
     row["cpu_s"] = run["cpu_s"]
-    print(f"{name:>4}: steps {' '.join(format(s['step'], '.0f') for s in steps)}s; median after the first "
-          f"{row['step']:.1f}s = gen+reward {row['gen']:6.1f}s, scoring {row['score']:6.1f}s, "
-          f"update {row['update']:6.1f}s | {row['episodes_per_hour']:6.0f} episodes/h (steps), "
-          f"{row['wall_episodes_per_hour']:6.0f} episodes/h (wall {run['wall_s']:.0f}s, CPU {run['cpu_s']:.0f}s) "
-          f"| peak {run['peak_gib']:.2f} GiB"
-          f" | reward {' '.join('-' if s['reward'] is None else format(s['reward'], '.2f') for s in steps)}")
+    print(
+        f"{name:>4}: steps {' '.join(format(s['step'], '.0f') for s in steps)}s; median after the first "
+        f"{row['step']:.1f}s = gen+reward {row['gen']:6.1f}s, scoring {row['score']:6.1f}s, "
+        f"update {row['update']:6.1f}s | {row['episodes_per_hour']:6.0f} episodes/h (steps), "
+        f"{row['wall_episodes_per_hour']:6.0f} episodes/h (wall {run['wall_s']:.0f}s, CPU {run['cpu_s']:.0f}s) "
+        f"| peak {run['peak_gib']:.2f} GiB"
+        f" | reward {' '.join('-' if s['reward'] is None else format(s['reward'], '.2f') for s in steps)}"
+    )
     return row
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     default_data = "/work/shared/data/gsm8k" if Path("/work/shared/data/gsm8k").is_dir() else str(REPO / "data/gsm8k")
-    parser.add_argument("--job", choices=sorted(JOBS), default="gsm8k",
-                        help="gsm8k: single-turn questions; tetris: the CPU preset's multi-turn game")
+    parser.add_argument(
+        "--job",
+        choices=sorted(JOBS),
+        default="gsm8k",
+        help="gsm8k: single-turn questions; tetris: the CPU preset's multi-turn game",
+    )
     parser.add_argument("--data", default=default_data, help="a folder with train.jsonl (GSM8K)")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--prompts", type=int, default=2, help="questions a step")
@@ -438,8 +548,12 @@ def main() -> None:
     parser.add_argument("--max-prompt", type=int, help="GRL's max_prompt_length (default: the job's)")
     parser.add_argument("--lr", type=float, default=5e-6)
     parser.add_argument("--only", choices=["grl", "trl"], help="run one side only")
-    parser.add_argument("--rounds", type=int, default=1, help="run both sides this many times, alternating "
-                        "which goes first, and print each round's ratio and their median")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run both sides this many times, alternating which goes first, and print each round's ratio and their median",
+    )
     parser.add_argument("--trl-worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.trl_worker:
@@ -455,8 +569,10 @@ def main() -> None:
     cores = os.cpu_count() or 1
     env = {**os.environ, "OMP_NUM_THREADS": str(cores), "TOKENIZERS_PARALLELISM": "false"}
     load = os.getloadavg()[0]
-    print(f"bench_vs_trl: {args.job} ({job.task}): {args.steps} steps x {args.prompts} prompts x {args.generations} episodes, "
-          f"<= {args.max_completion} tokens a reply, lr {args.lr}, fp32, {cores} cores, load average {load:.1f} at start")
+    print(
+        f"bench_vs_trl: {args.job} ({job.task}): {args.steps} steps x {args.prompts} prompts x {args.generations} episodes, "
+        f"<= {args.max_completion} tokens a reply, lr {args.lr}, fp32, {cores} cores, load average {load:.1f} at start"
+    )
     episodes = args.prompts * args.generations
     ratios = []
     for round_ in range(args.rounds):
@@ -465,7 +581,7 @@ def main() -> None:
         # first spreads the drift over both.
         order = [side for side in ("grl", "trl") if args.only in (None, side)]
         results = {}
-        for side in (order if round_ % 2 == 0 else order[::-1]):
+        for side in order if round_ % 2 == 0 else order[::-1]:
             if side == "grl":
                 results["grl"] = summary("GRL", run_grl(args, workdir, env), episodes)
             else:
@@ -475,16 +591,22 @@ def main() -> None:
         if len(results) == 2:
             g, t = results["grl"], results["trl"]
             ratios.append(g["episodes_per_hour"] / t["episodes_per_hour"])
-            print(f"round {round_ + 1}: ratio GRL/TRL (speed, > 1 = GRL faster): " + ", ".join(
-                f"{phase} {t[phase] / g[phase]:.2f}x" if g[phase] > 0 and t[phase] > 0 else f"{phase} -"
-                for phase in ("gen", "score", "update", "step"))
+            print(
+                f"round {round_ + 1}: ratio GRL/TRL (speed, > 1 = GRL faster): "
+                + ", ".join(
+                    f"{phase} {t[phase] / g[phase]:.2f}x" if g[phase] > 0 and t[phase] > 0 else f"{phase} -"
+                    for phase in ("gen", "score", "update", "step")
+                )
                 + f", episodes/h {ratios[-1]:.2f}x (steps), "
                 f"{g['wall_episodes_per_hour'] / t['wall_episodes_per_hour']:.2f}x (wall), "
-                f"CPU seconds of the whole run {t['cpu_s'] / g['cpu_s']:.2f}x")
+                f"CPU seconds of the whole run {t['cpu_s'] / g['cpu_s']:.2f}x"
+            )
         print(f"bench_vs_trl: logs in {workdir}; load average {os.getloadavg()[0]:.1f} at the end")
     if len(ratios) > 1:
-        print(f"episodes/h GRL/TRL by rounds: {' '.join(f'{r:.2f}x' for r in ratios)}; "
-              f"median {sorted(ratios)[(len(ratios) - 1) // 2]:.2f}x")
+        print(
+            f"episodes/h GRL/TRL by rounds: {' '.join(f'{r:.2f}x' for r in ratios)}; "
+            f"median {sorted(ratios)[(len(ratios) - 1) // 2]:.2f}x"
+        )
 
 
 if __name__ == "__main__":

@@ -78,19 +78,24 @@ def _show_valid_actions(env, out: TextIO) -> None:
     if valid is None:
         out.write("(this task has no list of valid actions; any answer is accepted)\n")
     else:
-        out.write("valid actions (answer with one, e.g. <answer>" + (valid[0] if valid else "...") + "</answer>):\n  "
-                  + "\n  ".join(valid) + "\n")
+        out.write(
+            "valid actions (answer with one, e.g. <answer>"
+            + (valid[0] if valid else "...")
+            + "</answer>):\n  "
+            + "\n  ".join(valid)
+            + "\n"
+        )
 
 
-def play(task: str, seed: int, overrides: list[str], config_dir: str | None,
-         inp: TextIO = sys.stdin, out: TextIO = sys.stdout) -> dict[str, float]:
+def play(
+    task: str, seed: int, overrides: list[str], config_dir: str | None, inp: TextIO = sys.stdin, out: TextIO = sys.stdout
+) -> dict[str, float]:
     """Run one episode of a task with a human (or a pipe) writing the replies."""
     import grl.agents
 
     agent = grl.agents.make_agent(task, *load_task(task, overrides, config_dir))
     try:
-        out.write(f"task {task}, seed {seed}: up to {agent.max_turns} turn(s), "
-                  f"{agent.max_tokens} tokens per reply\n")
+        out.write(f"task {task}, seed {seed}: up to {agent.max_turns} turn(s), {agent.max_tokens} tokens per reply\n")
         for message in agent.reset(seed):
             _show(message, out)
         total, done = 0.0, False
@@ -106,10 +111,12 @@ def play(task: str, seed: int, overrides: list[str], config_dir: str | None,
             total += result.reward
             done = result.done
             info = result.info
-            out.write(f"\n=> reward {result.reward:g}  done {done}  actions {info['actions']}  "
-                      f"format_ok {info['format_ok']}  success {info['success']}"
-                      f"{'  env_error ' + info['env_error'] if info['env_error'] else ''}"
-                      f"{'  (tool turn: the env was not stepped)' if 'tool_output' in info else ''}\n")
+            out.write(
+                f"\n=> reward {result.reward:g}  done {done}  actions {info['actions']}  "
+                f"format_ok {info['format_ok']}  success {info['success']}"
+                f"{'  env_error ' + info['env_error'] if info['env_error'] else ''}"
+                f"{'  (tool turn: the env was not stepped)' if 'tool_output' in info else ''}\n"
+            )
             if done and "tool_output" in info:  # the last turn's tool output has no next message to show it
                 _show({"role": "tool", "content": info["tool_output"]}, out)
             if not done:
@@ -151,8 +158,9 @@ def _plot_main(argv: list[str]) -> int:
 def _plan_main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="grl plan", description="Predict memory per GPU for each phase of a step.")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. preset=a100_8x_7b")
-    parser.add_argument("--seq-len", type=int, default=None,
-                        help="tokens per episode (default: rollout.max_episode_length, the longest kept)")
+    parser.add_argument(
+        "--seq-len", type=int, default=None, help="tokens per episode (default: rollout.max_episode_length, the longest kept)"
+    )
     parser.add_argument("--config-dir", default=None, help="folder holding base.yaml (default: the repo's configs/)")
     args = parser.parse_args(argv)
     from grl.config import ConfigError, load_config
@@ -194,8 +202,9 @@ def _serve_main(argv: list[str]) -> int:
 
     engine = make_engine(args.engine, args.model, dtype=args.dtype, grammar=True)
     context = int(getattr(tokenizer, "model_max_length", 0) or 0)
-    gateway = Gateway(SerialEngine(engine), tokenizer, args.model, max_tokens=args.max_tokens,
-                      context=context if 0 < context < 10**7 else 32768)
+    gateway = Gateway(
+        SerialEngine(engine), tokenizer, args.model, max_tokens=args.max_tokens, context=context if 0 < context < 10**7 else 32768
+    )
     print(f"grl serve: {args.model} at http://{args.host}:{args.port}/v1", flush=True)
     uvicorn.run(build_app(gateway), host=args.host, port=args.port, log_level="warning")
     return 0

@@ -25,13 +25,23 @@ from grl.schema.keys import defaults, did_you_mean, one_line
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 SCHEMA_NODE = "grl_schema"  # the name configs/base.yaml lists first in its defaults
 
-__all__ = ["ALIASES", "CONFIG_DIR", "NO_EFFECT", "ConfigError", "compose", "load_config", "task_instance",
-           "typed_section", "validate"]
+__all__ = [
+    "ALIASES",
+    "CONFIG_DIR",
+    "NO_EFFECT",
+    "ConfigError",
+    "compose",
+    "load_config",
+    "task_instance",
+    "typed_section",
+    "validate",
+]
 
 # Keys of GRL's and verl's configs that nothing here reads, accepted so that their command lines run:
 # key -> (the value GRL behaves as whatever is set, why). Preflight notes a different value.
-NO_EFFECT: dict[str, tuple[Any, str]] = {leaf.path: (leaf.default, leaf.rule.no_effect)
-                                         for leaf in leaves(GRLConfig) if leaf.rule.no_effect}
+NO_EFFECT: dict[str, tuple[Any, str]] = {
+    leaf.path: (leaf.default, leaf.rule.no_effect) for leaf in leaves(GRLConfig) if leaf.rule.no_effect
+}
 
 # Second spellings that GRL's and verl's configs use: alias -> the key that is read. The alias
 # defaults to an interpolation of its key; a value set on the alias replaces the key's, and the alias
@@ -45,7 +55,6 @@ ALIASES = {
     "actor_rollout_ref.rollout.rollout_filter_ratio": "rollout.rollout_filter_ratio",
     "actor_rollout_ref.rollout.rollout_filter_type": "rollout.rollout_filter_type",
 }
-
 
 
 def _shorthands() -> dict[str, str]:
@@ -64,6 +73,7 @@ SHORTHANDS = _shorthands()
 
 
 # ---------------------------------------------------------------- checks
+
 
 def _all_keys(cfg: DictConfig, prefix: str = "") -> list[str]:
     keys = []
@@ -86,8 +96,7 @@ def _apply_aliases(cfg: DictConfig) -> None:
             continue
         value = node._value()
         if key in given and given[key][1] != value:
-            raise ConfigError(f"{alias}: {value!r} disagrees with {given[key][0]}={given[key][1]!r}; both spell "
-                              f"{key}, set one")
+            raise ConfigError(f"{alias}: {value!r} disagrees with {given[key][0]}={given[key][1]!r}; both spell {key}, set one")
         given[key] = (alias, value)
         OmegaConf.update(cfg, key, value)
         OmegaConf.update(cfg, alias, "${" + key + "}")
@@ -107,13 +116,15 @@ def _check_rules(cfg: DictConfig) -> None:
     """What no single key's declaration can say: keys that must agree with each other, and names that
     live in a registry users add to (the advantage estimators)."""
     if cfg.algorithm.adv_estimator not in ESTIMATORS:
-        raise ConfigError(f"algorithm.adv_estimator: {cfg.algorithm.adv_estimator!r} is not one of "
-                          f"{', '.join(ESTIMATORS)}")
+        raise ConfigError(f"algorithm.adv_estimator: {cfg.algorithm.adv_estimator!r} is not one of {', '.join(ESTIMATORS)}")
     if cfg.actor_rollout_ref.rollout.name not in engine_names():
-        raise ConfigError(f"actor_rollout_ref.rollout.name: {cfg.actor_rollout_ref.rollout.name!r} is not one of "
-                          f"{', '.join(engine_names())}")
-    groups = [("rollout.training", "rollout.agent_group_num", "rollout.agent_group_size"),
-              ("rollout.validation", "rollout.validation_agent_group_num", "rollout.validation_agent_group_size")]
+        raise ConfigError(
+            f"actor_rollout_ref.rollout.name: {cfg.actor_rollout_ref.rollout.name!r} is not one of {', '.join(engine_names())}"
+        )
+    groups = [
+        ("rollout.training", "rollout.agent_group_num", "rollout.agent_group_size"),
+        ("rollout.validation", "rollout.validation_agent_group_num", "rollout.validation_agent_group_size"),
+    ]
     for names_key, num_key, size_key in groups:
         names = OmegaConf.select(cfg, names_key)
         for key in (num_key, size_key):
@@ -129,22 +140,30 @@ def _check_rules(cfg: DictConfig) -> None:
             raise ConfigError(f"{list_key}: {', '.join(twice)} named twice; raise its agent_group_num instead")
     episodes = sum(n * s for n, s in zip(cfg.rollout.agent_group_num, cfg.rollout.agent_group_size))
     if cfg.train_batch_size is not None and cfg.train_batch_size != episodes:
-        raise ConfigError(f"train_batch_size: {cfg.train_batch_size} episodes per step, but rollout.agent_group_num x "
-                          f"agent_group_size gives {episodes}; set it to {episodes} or null")
+        raise ConfigError(
+            f"train_batch_size: {cfg.train_batch_size} episodes per step, but rollout.agent_group_num x "
+            f"agent_group_size gives {episodes}; set it to {episodes} or null"
+        )
     if ESTIMATORS[cfg.algorithm.adv_estimator].needs_critic and not cfg.critic.enable:
         raise ConfigError(f"critic.enable: estimator {cfg.algorithm.adv_estimator} needs the critic")
     if cfg.rollout.max_staleness > 0 and cfg.actor_rollout_ref.hybrid_engine:
-        raise ConfigError(f"rollout.max_staleness={cfg.rollout.max_staleness}: rollout then runs beside the update, "
-                          "so the engine needs a worker of its own; add actor_rollout_ref.hybrid_engine=false")
+        raise ConfigError(
+            f"rollout.max_staleness={cfg.rollout.max_staleness}: rollout then runs beside the update, "
+            "so the engine needs a worker of its own; add actor_rollout_ref.hybrid_engine=false"
+        )
     actor = cfg.actor_rollout_ref.actor
     if cfg.rollout.max_staleness > 0 and actor.recompute_old_log_probs and actor.tis_imp_ratio_cap <= 0:
-        raise ConfigError(f"rollout.max_staleness={cfg.rollout.max_staleness}: episodes come from older weights than "
-                          "the update's, which the loss corrects for with truncated importance weights; set "
-                          "actor_rollout_ref.actor.tis_imp_ratio_cap (e.g. 2.0), or clip around the sampling policy "
-                          "with actor_rollout_ref.actor.recompute_old_log_probs=false")
+        raise ConfigError(
+            f"rollout.max_staleness={cfg.rollout.max_staleness}: episodes come from older weights than "
+            "the update's, which the loss corrects for with truncated importance weights; set "
+            "actor_rollout_ref.actor.tis_imp_ratio_cap (e.g. 2.0), or clip around the sampling policy "
+            "with actor_rollout_ref.actor.recompute_old_log_probs=false"
+        )
     if not actor.recompute_old_log_probs and actor.tis_imp_ratio_cap > 0:
-        raise ConfigError("actor_rollout_ref.actor.tis_imp_ratio_cap: its weight pi_old / pi_engine is 1 when the "
-                          "engine's log-probs are the old ones (recompute_old_log_probs=false); set it to -1")
+        raise ConfigError(
+            "actor_rollout_ref.actor.tis_imp_ratio_cap: its weight pi_old / pi_engine is 1 when the "
+            "engine's log-probs are the old ones (recompute_old_log_probs=false); set it to -1"
+        )
     curriculum = cfg.rollout.curriculum
     if curriculum.env_key is not None and not curriculum.levels:
         raise ConfigError(f"rollout.curriculum.levels: name the values of {curriculum.env_key}, easiest first")
@@ -163,8 +182,10 @@ def _check_tasks(cfg: DictConfig, tasks: dict[str, DictConfig]) -> dict[str, Dic
         typed[name] = merge_typed(TaskInstance, block, f"{name}.")
         check_values(AgentConfig, typed[name].agent_config, f"{name}.agent_config.")
         if (typed[name].agent_type == PROGRAM) != bool(typed[name].agent_config.program):
-            raise ConfigError(f"{name}: a task played by an agent program has agent_type: {PROGRAM} and "
-                              "agent_config.program: 'package.module:function'; the one needs the other")
+            raise ConfigError(
+                f"{name}: a task played by an agent program has agent_type: {PROGRAM} and "
+                "agent_config.program: 'package.module:function'; the one needs the other"
+            )
         if typed[name].agent_type == PROGRAM:
             continue
         try:
@@ -186,19 +207,24 @@ def _check_tasks(cfg: DictConfig, tasks: dict[str, DictConfig]) -> dict[str, Dic
                 raise ConfigError(f"{name}.agent_type: {err}") from None
             for key in typed[name].env_config:
                 if accepted is not None and key not in accepted:
-                    raise ConfigError(f"{name}.env_config.{key}: unknown key for env {env_type}"
-                                      f"{did_you_mean(key, sorted(accepted))}")
+                    raise ConfigError(
+                        f"{name}.env_config.{key}: unknown key for env {env_type}{did_you_mean(key, sorted(accepted))}"
+                    )
             stepped = cfg.rollout.curriculum.env_key
             if list_key == "rollout.training" and stepped is not None and accepted is not None and stepped not in accepted:
-                raise ConfigError(f"rollout.curriculum.env_key: env {env_type} of {name} has no key {stepped!r}"
-                                  f"{did_you_mean(stepped, sorted(accepted))}")
+                raise ConfigError(
+                    f"rollout.curriculum.env_key: env {env_type} of {name} has no key {stepped!r}"
+                    f"{did_you_mean(stepped, sorted(accepted))}"
+                )
     return typed
 
 
 # ---------------------------------------------------------------- entry
 
-def compose(overrides: list[str] | tuple[str, ...] = (), config_name: str = "base",
-            config_dir: str | Path | None = None) -> DictConfig:
+
+def compose(
+    overrides: list[str] | tuple[str, ...] = (), config_name: str = "base", config_dir: str | Path | None = None
+) -> DictConfig:
     """Hydra composition only (no checks)."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
@@ -216,8 +242,9 @@ def compose(overrides: list[str] | tuple[str, ...] = (), config_name: str = "bas
         if key and "not in struct" in message:
             parent, _, leaf = key.rpartition(".")
             if parent.endswith(".agent_config") and leaf in {f.name for f in fields(AgentConfig)}:
-                raise ConfigError(f"{key}: this task block does not list {leaf} (its default applies); "
-                                  f"add it with +{key}=...") from None
+                raise ConfigError(
+                    f"{key}: this task block does not list {leaf} (its default applies); add it with +{key}=..."
+                ) from None
             raise ConfigError(f"{key}: unknown key{did_you_mean(key, _known_keys(config_dir, config_name))}") from None
         raise ConfigError(f"{key + ': ' if key else ''}{message}") from None
 
@@ -260,8 +287,9 @@ def validate(cfg: DictConfig) -> DictConfig:
     return typed
 
 
-def load_config(overrides: list[str] | tuple[str, ...] = (), config_name: str = "base",
-                config_dir: str | Path | None = None) -> DictConfig:
+def load_config(
+    overrides: list[str] | tuple[str, ...] = (), config_name: str = "base", config_dir: str | Path | None = None
+) -> DictConfig:
     """Compose `configs/<config_name>.yaml` with overrides and validate it."""
     return validate(compose(overrides, config_name, config_dir))
 
@@ -276,4 +304,3 @@ def typed_section(cfg: DictConfig, name: str) -> Any:
 def task_instance(cfg: DictConfig, name: str) -> dict[str, Any]:
     """A task instance block as a plain dict (what grl.agents.make_agent takes)."""
     return OmegaConf.to_container(cfg[name], resolve=True)  # type: ignore[return-value]
-

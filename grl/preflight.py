@@ -44,6 +44,7 @@ def check(cfg: DictConfig, environ: os._Environ | dict | None = None) -> list[st
 
 # ---------------------------------------------------------------- numbers
 
+
 def _need(cfg: DictConfig, key: str, ok, expected: str, fix: str = "") -> None:
     value = OmegaConf.select(cfg, key)
     if not ok(value):
@@ -53,31 +54,53 @@ def _need(cfg: DictConfig, key: str, ok, expected: str, fix: str = "") -> None:
 def check_numbers(cfg: DictConfig) -> list[str]:
     """The numbers that are each in range (grl.config checked them against the schema) but do not fit
     together, and notes on keys that have no effect."""
-    _need(cfg, "trainer.critic_warmup", lambda v: v < cfg.trainer.total_training_steps or v == 0,
-          f"leaves no step (of {cfg.trainer.total_training_steps}) that updates the actor")
+    _need(
+        cfg,
+        "trainer.critic_warmup",
+        lambda v: v < cfg.trainer.total_training_steps or v == 0,
+        f"leaves no step (of {cfg.trainer.total_training_steps}) that updates the actor",
+    )
     estimator = ESTIMATORS[cfg.algorithm.adv_estimator]
     actor = "actor_rollout_ref.actor"
     for section in (actor, "critic") if estimator.needs_critic else (actor,):
         mini = OmegaConf.select(cfg, f"{section}.ppo_mini_batch_size")
-        _need(cfg, f"{section}.ppo_micro_batch_size_per_gpu", lambda v, mini=mini: v <= mini,
-              f"is larger than {section}.ppo_mini_batch_size ({mini})")
+        _need(
+            cfg,
+            f"{section}.ppo_micro_batch_size_per_gpu",
+            lambda v, mini=mini: v <= mini,
+            f"is larger than {section}.ppo_mini_batch_size ({mini})",
+        )
     # A colocated engine lives in one actor rank and the rollout worker of hybrid_engine=false asks
     # for one GPU: Ray shows either one GPU, and vLLM refuses a larger world only once the actor is up.
-    _need(cfg, "actor_rollout_ref.rollout.tensor_model_parallel_size", lambda v: v == 1,
-          "needs as many GPUs per engine, but each rollout engine sees one", "set it to 1")
+    _need(
+        cfg,
+        "actor_rollout_ref.rollout.tensor_model_parallel_size",
+        lambda v: v == 1,
+        "needs as many GPUs per engine, but each rollout engine sees one",
+        "set it to 1",
+    )
     if estimator.group_based:
-        _need(cfg, "rollout.agent_group_size", lambda v: min(v) >= 2, f"has a group of 1 agent, which "
-              f"{estimator.name} (it compares the agents of a group) has nothing to compare with",
-              "use groups of 2 or more")
-    notes = [f"{key}: {OmegaConf.select(cfg, key)!r} has no effect (GRL compatibility): {why}"
-             for key, (behaves_as, why) in NO_EFFECT.items() if OmegaConf.select(cfg, key) != behaves_as]
+        _need(
+            cfg,
+            "rollout.agent_group_size",
+            lambda v: min(v) >= 2,
+            f"has a group of 1 agent, which {estimator.name} (it compares the agents of a group) has nothing to compare with",
+            "use groups of 2 or more",
+        )
+    notes = [
+        f"{key}: {OmegaConf.select(cfg, key)!r} has no effect (GRL compatibility): {why}"
+        for key, (behaves_as, why) in NO_EFFECT.items()
+        if OmegaConf.select(cfg, key) != behaves_as
+    ]
     if not estimator.needs_critic and cfg.critic.enable:
-        notes.append(f"critic.enable: {estimator.name} uses no critic, so none is built (set critic.enable=false "
-                     "to silence this)")
+        notes.append(
+            f"critic.enable: {estimator.name} uses no critic, so none is built (set critic.enable=false to silence this)"
+        )
     return notes
 
 
 # ---------------------------------------------------------------- W&B
+
 
 def check_wandb(cfg: DictConfig, environ) -> None:
     if "wandb" not in cfg.trainer.logger or environ.get("WANDB_MODE", "").lower() != "online":
@@ -87,11 +110,14 @@ def check_wandb(cfg: DictConfig, environ) -> None:
     netrc = Path(environ.get("NETRC") or Path.home() / ".netrc")
     if netrc.is_file() and "api.wandb.ai" in netrc.read_text(errors="replace"):
         return
-    raise PreflightError("trainer.logger: wandb with WANDB_MODE=online but no WANDB_API_KEY (nor `wandb login`); "
-                         "set WANDB_API_KEY, or WANDB_MODE=offline to log locally")
+    raise PreflightError(
+        "trainer.logger: wandb with WANDB_MODE=online but no WANDB_API_KEY (nor `wandb login`); "
+        "set WANDB_API_KEY, or WANDB_MODE=offline to log locally"
+    )
 
 
 # ---------------------------------------------------------------- Ray
+
 
 def check_ray_address(cfg: DictConfig, environ, timeout: float = 5.0) -> None:
     """A named cluster that does not answer fails in seconds, not after Ray's minutes of retries."""
@@ -105,18 +131,22 @@ def check_ray_address(cfg: DictConfig, environ, timeout: float = 5.0) -> None:
     try:
         socket.create_connection((host, int(port)), timeout=timeout).close()
     except (OSError, ValueError) as err:
-        raise PreflightError(f"{key}: cannot reach a Ray cluster at {address!r} ({err}); unset it to start a "
-                             "local Ray runtime") from None
+        raise PreflightError(
+            f"{key}: cannot reach a Ray cluster at {address!r} ({err}); unset it to start a local Ray runtime"
+        ) from None
 
 
 # ---------------------------------------------------------------- folders
 
+
 def check_folders(cfg: DictConfig) -> None:
     """Each output folder is a folder (or can become one) that this user may write."""
     export = Path(cfg.trainer.default_local_dir) / "hf_actor"
-    for key, path in (("trainer.run_dir", Path(cfg.trainer.run_dir)),
-                      ("trainer.default_local_dir", Path(cfg.trainer.default_local_dir)),
-                      ("trainer.export_hf", export if cfg.trainer.export_hf else None)):
+    for key, path in (
+        ("trainer.run_dir", Path(cfg.trainer.run_dir)),
+        ("trainer.default_local_dir", Path(cfg.trainer.default_local_dir)),
+        ("trainer.export_hf", export if cfg.trainer.export_hf else None),
+    ):
         if path is not None:
             problem = _unwritable(path)
             if problem:
@@ -150,6 +180,7 @@ def _unwritable(path: Path) -> str | None:
 
 # ---------------------------------------------------------------- model
 
+
 def check_model(cfg: DictConfig, environ) -> None:
     """The model resolves, its tokenizer has a chat template, and prompt +
     response fit in its context."""
@@ -160,8 +191,7 @@ def check_model(cfg: DictConfig, environ) -> None:
     try:
         resolved = resolve_model_path(name)
     except ModelLoadError as err:
-        raise PreflightError(f"{key}: {err}; give a local folder with config.json, a hub id, `embedded` or `tiny`") \
-            from None
+        raise PreflightError(f"{key}: {err}; give a local folder with config.json, a hub id, `embedded` or `tiny`") from None
     if not Path(resolved).is_dir():
         _check_hub_id(key, name, environ)
     from transformers import AutoConfig, AutoTokenizer
@@ -176,13 +206,17 @@ def check_model(cfg: DictConfig, environ) -> None:
     context = getattr(model_config, "max_position_embeddings", None)
     wanted = cfg.actor_rollout_ref.rollout.max_model_len or cfg.max_prompt_length + cfg.max_response_length
     if context and wanted > context:
-        raise PreflightError(f"max_prompt_length + max_response_length: {cfg.max_prompt_length} + "
-                             f"{cfg.max_response_length} = {wanted} tokens exceed the {context}-token context of "
-                             f"{name!r}; lower max_prompt_length")
+        raise PreflightError(
+            f"max_prompt_length + max_response_length: {cfg.max_prompt_length} + "
+            f"{cfg.max_response_length} = {wanted} tokens exceed the {context}-token context of "
+            f"{name!r}; lower max_prompt_length"
+        )
     max_model_len = cfg.actor_rollout_ref.rollout.max_model_len
     if max_model_len and max_model_len < cfg.max_prompt_length + cfg.max_response_length:
-        raise PreflightError(f"actor_rollout_ref.rollout.max_model_len: {max_model_len} is shorter than "
-                             f"max_prompt_length + max_response_length ({cfg.max_prompt_length + cfg.max_response_length})")
+        raise PreflightError(
+            f"actor_rollout_ref.rollout.max_model_len: {max_model_len} is shorter than "
+            f"max_prompt_length + max_response_length ({cfg.max_prompt_length + cfg.max_response_length})"
+        )
 
 
 def _check_hub_id(key: str, name: str, environ) -> None:
@@ -191,8 +225,10 @@ def _check_hub_id(key: str, name: str, environ) -> None:
     if isinstance(try_to_load_from_cache(name, "config.json"), str):
         return
     if environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes"):
-        raise PreflightError(f"{key}: {name!r} is not in the Hugging Face cache and HF_HUB_OFFLINE is set; "
-                             "download it on a machine with internet or give a local folder")
+        raise PreflightError(
+            f"{key}: {name!r} is not in the Hugging Face cache and HF_HUB_OFFLINE is set; "
+            "download it on a machine with internet or give a local folder"
+        )
     from huggingface_hub import HfApi
     from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
 
@@ -203,14 +239,15 @@ def _check_hub_id(key: str, name: str, environ) -> None:
     except RepositoryNotFoundError:
         raise PreflightError(f"{key}: no hub repository or local folder named {name!r}") from None
     except Exception as err:  # noqa: BLE001 - any network failure means the same thing here
-        raise PreflightError(f"{key}: {name!r} is not cached and the hub cannot be reached (offline? "
-                             f"{type(err).__name__}); give a local folder or set HF_HUB_OFFLINE=1 with a "
-                             "cached model") from None
-
-
+        raise PreflightError(
+            f"{key}: {name!r} is not cached and the hub cannot be reached (offline? "
+            f"{type(err).__name__}); give a local folder or set HF_HUB_OFFLINE=1 with a "
+            "cached model"
+        ) from None
 
 
 # ---------------------------------------------------------------- memory
+
 
 def check_memory(cfg: DictConfig) -> list[str]:
     """The memory planner's verdict (grl.planner): a phase that needs more than the device has
@@ -243,6 +280,7 @@ def check_dtype(cfg: DictConfig) -> list[str]:
 
 
 # ---------------------------------------------------------------- tasks
+
 
 def check_tasks(cfg: DictConfig) -> None:
     """Build every task instance once, as the rollout will: agent_config and

@@ -14,8 +14,11 @@ def rng_state() -> dict[str, Any]:
 
     py = random.getstate()
     np_state = np.random.get_state()
-    state = {"python": [py[0], list(py[1]), py[2]], "numpy": [np_state[0], np_state[1].tolist(), *np_state[2:]],
-             "torch": torch.get_rng_state().tolist()}
+    state = {
+        "python": [py[0], list(py[1]), py[2]],
+        "numpy": [np_state[0], np_state[1].tolist(), *np_state[2:]],
+        "torch": torch.get_rng_state().tolist(),
+    }
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state().tolist()
     return state

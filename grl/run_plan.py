@@ -47,15 +47,23 @@ class RunPlan:
 
         actor, temperature = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout.temperature
         use_reference = bool(actor.use_kl_loss or cfg.algorithm.use_kl_in_reward)
-        return cls(nnodes=cfg.trainer.nnodes, ranks_per_node=cfg.trainer.n_gpus_per_node,
-                   engine_apart=not cfg.actor_rollout_ref.hybrid_engine, max_staleness=cfg.rollout.max_staleness,
-                   old_log_probs=SCORED_LOG_PROBS if actor.recompute_old_log_probs else ENGINE_LOG_PROBS,
-                   use_critic=ESTIMATORS[cfg.algorithm.adv_estimator].needs_critic, use_reference=use_reference,
-                   reference_model=use_reference and cfg.actor_rollout_ref.model.lora_rank == 0,
-                   seed=cfg.trainer.seed, reply_grammars=decodes_constrained(cfg),
-                   score_temperature=temperature if temperature > 0 else 1.0, logits_chunk_size=actor.logits_chunk_size,
-                   ppo_epochs=actor.ppo_epochs, ppo_mini_batch_size=actor.ppo_mini_batch_size,
-                   kl_in_reward=bool(cfg.algorithm.use_kl_in_reward))
+        return cls(
+            nnodes=cfg.trainer.nnodes,
+            ranks_per_node=cfg.trainer.n_gpus_per_node,
+            engine_apart=not cfg.actor_rollout_ref.hybrid_engine,
+            max_staleness=cfg.rollout.max_staleness,
+            old_log_probs=SCORED_LOG_PROBS if actor.recompute_old_log_probs else ENGINE_LOG_PROBS,
+            use_critic=ESTIMATORS[cfg.algorithm.adv_estimator].needs_critic,
+            use_reference=use_reference,
+            reference_model=use_reference and cfg.actor_rollout_ref.model.lora_rank == 0,
+            seed=cfg.trainer.seed,
+            reply_grammars=decodes_constrained(cfg),
+            score_temperature=temperature if temperature > 0 else 1.0,
+            logits_chunk_size=actor.logits_chunk_size,
+            ppo_epochs=actor.ppo_epochs,
+            ppo_mini_batch_size=actor.ppo_mini_batch_size,
+            kl_in_reward=bool(cfg.algorithm.use_kl_in_reward),
+        )
 
     @property
     def world_size(self) -> int:
@@ -70,8 +78,7 @@ class RunPlan:
     @property
     def phases(self) -> tuple[str, ...]:
         """The phases this run's steps go through, in order."""
-        skipped = {*(() if self.use_reference else ("ref",)),
-                   *(() if self.use_critic else ("values", "update_critic"))}
+        skipped = {*(() if self.use_reference else ("ref",)), *(() if self.use_critic else ("values", "update_critic"))}
         return tuple(phase for phase in PHASES if phase not in skipped)
 
     def old_log_prob_pass(self, episodes: int) -> bool:
@@ -79,8 +86,7 @@ class RunPlan:
         trains on a moved policy, a KL penalty in the reward is applied before the update, and episodes
         sampled by older weights are clipped around the current weights' log-probs (the proximal policy,
         AReaL's decoupled objective) while a truncated importance weight corrects for the versions between."""
-        return (self.ppo_epochs > 1 or episodes > self.ppo_mini_batch_size or self.kl_in_reward
-                or self.max_staleness > 0)
+        return self.ppo_epochs > 1 or episodes > self.ppo_mini_batch_size or self.kl_in_reward or self.max_staleness > 0
 
     def cpu_threads(self, cores: int, device: str, engine: bool = False) -> int:
         """Threads of a process with `cores` on its node: a training rank's share (`engine=False`) or

@@ -25,7 +25,7 @@ configs/agents.yaml, presets in configs/preset/):
   rollout.training=[simpleSokobanAgent]    training task instances (configs/agents.yaml)
   rollout.agent_group_num=[8] rollout.agent_group_size=[16]
   rollout.validation=[simpleSokobanAgent,gsm8kAgent_single_turn]
-  algorithm.adv_estimator=gae              {' | '.join(ESTIMATORS)}
+  algorithm.adv_estimator=gae              {" | ".join(ESTIMATORS)}
   trainer.logger=[console,jsonl,wandb]     W&B is online with WANDB_API_KEY, offline otherwise
   trainer.resume_mode=auto                 auto | disable | a checkpoints/.../global_step_N folder
 """
@@ -66,9 +66,11 @@ def check_gpu_sized(cfg, overrides: list[str]) -> None:
     import torch
 
     if not torch.cuda.is_available():
-        raise PreflightError("trainer.device: auto, but this machine has no CUDA device and the default config "
-                             "is sized for a GPU; run `grl-train preset=cpu` (a small CPU run), or set "
-                             "trainer.device=cpu to run this config anyway")
+        raise PreflightError(
+            "trainer.device: auto, but this machine has no CUDA device and the default config "
+            "is sized for a GPU; run `grl-train preset=cpu` (a small CPU run), or set "
+            "trainer.device=cpu to run this config anyway"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:

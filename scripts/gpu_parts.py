@@ -50,23 +50,38 @@ def check(name: str, ok: bool, figures: str) -> None:
 
 def batch_of(outputs, prompts, grammars):
     """The trainer's flattening of one-turn episodes, padded into [B, T] tensors on the GPU."""
-    rows = [episode_tokens(Episode("check", i, 0, [Turn(p, list(o.token_ids), list(o.log_probs), 0.0,
-                                                        response_allowed=None if g is None else g.trace(o.token_ids))],
-                                   score=0.0), use_turn_scores=False)
-            for i, (p, o, g) in enumerate(zip(prompts, outputs, grammars))]
+    rows = [
+        episode_tokens(
+            Episode(
+                "check",
+                i,
+                0,
+                [
+                    Turn(
+                        p, list(o.token_ids), list(o.log_probs), 0.0, response_allowed=None if g is None else g.trace(o.token_ids)
+                    )
+                ],
+                score=0.0,
+            ),
+            use_turn_scores=False,
+        )
+        for i, (p, o, g) in enumerate(zip(prompts, outputs, grammars))
+    ]
     T = max(len(r.input_ids) for r in rows)
     K = max([len(ids) for r in rows for _, ids in r.allowed] + [1])
 
     def pad(values, fill=0):
         return values + [fill] * (T - len(values))
-    t = {"input_ids": torch.tensor([pad(r.input_ids) for r in rows]),
-         "attention_mask": torch.tensor([pad([1] * len(r.input_ids)) for r in rows]),
-         "position_ids": torch.tensor([pad(r.position_ids) for r in rows]),
-         "loss_mask": torch.tensor([pad(r.loss_mask, 0.0) for r in rows]),
-         "rollout_log_probs": torch.tensor([pad(r.rollout_log_probs, 0.0) for r in rows]),
-         "constraint_size": torch.tensor([pad([size for size, _ in r.allowed]) for r in rows]),
-         "constraint_ids": torch.tensor([pad([list(ids) + [0] * (K - len(ids)) for _, ids in r.allowed], [0] * K)
-                                         for r in rows])}
+
+    t = {
+        "input_ids": torch.tensor([pad(r.input_ids) for r in rows]),
+        "attention_mask": torch.tensor([pad([1] * len(r.input_ids)) for r in rows]),
+        "position_ids": torch.tensor([pad(r.position_ids) for r in rows]),
+        "loss_mask": torch.tensor([pad(r.loss_mask, 0.0) for r in rows]),
+        "rollout_log_probs": torch.tensor([pad(r.rollout_log_probs, 0.0) for r in rows]),
+        "constraint_size": torch.tensor([pad([size for size, _ in r.allowed]) for r in rows]),
+        "constraint_ids": torch.tensor([pad([list(ids) + [0] * (K - len(ids)) for _, ids in r.allowed], [0] * K) for r in rows]),
+    }
     return {k: v.to(DEVICE) for k, v in t.items()}
 
 
@@ -76,8 +91,7 @@ def main(model: str) -> int:
     engine = make_engine("hf", model, dtype="bfloat16", device=DEVICE, grammar=True)
     chat = ChatTokens(engine.tokenizer)
     grammar = compile_reply_grammar(chat.encode, chat.end_ids(), MOVES, False, 16)
-    prompts = [chat.first_prompt([{"role": "user", "content": f"Board {i}: move the piece over the gap."}])
-               for i in range(32)]
+    prompts = [chat.first_prompt([{"role": "user", "content": f"Board {i}: move the piece over the gap."}]) for i in range(32)]
     grammars = [grammar] * 16 + [None] * 16
     sampling = SamplingParams(temperature=1.0, max_new_tokens=16, seed=0)
     start = time.perf_counter()
@@ -85,11 +99,13 @@ def main(model: str) -> int:
     gen_s = time.perf_counter() - start
     replies = [engine.tokenizer.decode(o.token_ids, skip_special_tokens=True) for o in outputs[:16]]
     again = engine.generate(prompts, sampling, grammars)
-    check("engine: bf16 sampling, half under the reply grammar",
-          all(r in {f"<answer>{m}</answer>" for m in MOVES} for r in replies)
-          and [o.token_ids for o in again] == [o.token_ids for o in outputs],
-          f"{sum(len(o.token_ids) for o in outputs)} tokens in {gen_s:.2f} s; constrained replies {sorted(set(replies))}; "
-          "a second call with the same seeds gives the same tokens")
+    check(
+        "engine: bf16 sampling, half under the reply grammar",
+        all(r in {f"<answer>{m}</answer>" for m in MOVES} for r in replies)
+        and [o.token_ids for o in again] == [o.token_ids for o in outputs],
+        f"{sum(len(o.token_ids) for o in outputs)} tokens in {gen_s:.2f} s; constrained replies {sorted(set(replies))}; "
+        "a second call with the same seeds gives the same tokens",
+    )
 
     listening = fsdp.listen_for_peers(fsdp.LOOPBACK)  # rank 0's rendezvous, as the worker opens it
     address, port = listening.getsockname()[:2]
@@ -98,31 +114,40 @@ def main(model: str) -> int:
     source = load_causal_lm(model, dtype="float32", device=DEVICE)
     module = fsdp.empty_model("policy", model, torch.float32)
     scorer = TokenScorer(module, "policy")
-    scorer.compute_dtype = fsdp.shard(scorer, fsdp.decoder_layers(module), DEVICE, mixed_precision=mixed,
-                                      offload=False, role="actor")
+    scorer.compute_dtype = fsdp.shard(
+        scorer, fsdp.decoder_layers(module), DEVICE, mixed_precision=mixed, offload=False, role="actor"
+    )
     fsdp.load_from_rank0(scorer, TokenScorer(source, "policy"), DEVICE, False)
     batch = batch_of(outputs, prompts, grammars)
-    args = dict(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                position_ids=batch["position_ids"], temperature=1.0, constraint_size=batch["constraint_size"],
-                constraint_ids=batch["constraint_ids"], loss_mask=batch["loss_mask"])
+    args = dict(
+        input_ids=batch["input_ids"],
+        attention_mask=batch["attention_mask"],
+        position_ids=batch["position_ids"],
+        temperature=1.0,
+        constraint_size=batch["constraint_size"],
+        constraint_ids=batch["constraint_ids"],
+        loss_mask=batch["loss_mask"],
+    )
     with torch.no_grad():
         log_probs, _ = scorer(**args)
     mask = batch["loss_mask"] > 0
     diff = (log_probs - batch["rollout_log_probs"]).abs()[mask]
-    check(f"scorer: FSDP2{', fp32 master weights, bf16 compute' if mixed else ''}, the engine's sampled tokens",
-          (mixed or not gpu) and bool(torch.isfinite(diff).all()) and diff.max().item() < 1.0,
-          f"rollout_probs_diff mean {diff.mean().item():.4f} max {diff.max().item():.4f} over {int(mask.sum())} tokens "
-          "(bf16 pairs sit near 0.1; the smoke test's bar is 1 nat)")
+    check(
+        f"scorer: FSDP2{', fp32 master weights, bf16 compute' if mixed else ''}, the engine's sampled tokens",
+        (mixed or not gpu) and bool(torch.isfinite(diff).all()) and diff.max().item() < 1.0,
+        f"rollout_probs_diff mean {diff.mean().item():.4f} max {diff.max().item():.4f} over {int(mask.sum())} tokens "
+        "(bf16 pairs sit near 0.1; the smoke test's bar is 1 nat)",
+    )
 
-    optimizer = fsdp.make_optimizer([p for p in scorer.parameters() if p.requires_grad],
-                                    types.SimpleNamespace(lr=1e-3, betas=[0.9, 0.999], weight_decay=0.0))
+    optimizer = fsdp.make_optimizer(
+        [p for p in scorer.parameters() if p.requires_grad], types.SimpleNamespace(lr=1e-3, betas=[0.9, 0.999], weight_decay=0.0)
+    )
     before = {k: v.clone() for k, v in fsdp.full_state_dict(scorer).items()}
     advantages = torch.randn(mask.shape[0], 1, device=DEVICE).expand_as(log_probs)
     start = time.perf_counter()
     log_probs, entropy = scorer(**args)
     ratio = torch.exp(log_probs - batch["rollout_log_probs"])
-    loss = -(torch.minimum(ratio * advantages, ratio.clamp(0.8, 1.28) * advantages)[mask]).mean() \
-        - 0.01 * entropy[mask].mean()
+    loss = -(torch.minimum(ratio * advantages, ratio.clamp(0.8, 1.28) * advantages)[mask]).mean() - 0.01 * entropy[mask].mean()
     loss.backward()
     grad_norm = torch.nn.utils.clip_grad_norm_(scorer.parameters(), 1.0)
     optimizer.step()
@@ -131,23 +156,33 @@ def main(model: str) -> int:
     update_s = time.perf_counter() - start
     after = fsdp.full_state_dict(scorer)
     moved = max((after[k].float() - before[k].float()).abs().max().item() for k in after)
-    check("update: one optimizer step", math.isfinite(loss.item()) and math.isfinite(float(grad_norm)) and moved > 0,
-          f"loss {loss.item():.4f}, grad norm {float(grad_norm):.4f}, largest weight change {moved:.2e}, {update_s:.2f} s")
+    check(
+        "update: one optimizer step",
+        math.isfinite(loss.item()) and math.isfinite(float(grad_norm)) and moved > 0,
+        f"loss {loss.item():.4f}, grad norm {float(grad_norm):.4f}, largest weight change {moved:.2e}, {update_s:.2f} s",
+    )
 
     engine.update_weights(hf_names(after))
     with torch.no_grad():
         outputs = engine.generate(prompts, sampling, grammars)
         batch = batch_of(outputs, prompts, grammars)
-        args.update(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                    position_ids=batch["position_ids"], constraint_size=batch["constraint_size"],
-                    constraint_ids=batch["constraint_ids"], loss_mask=batch["loss_mask"])
+        args.update(
+            input_ids=batch["input_ids"],
+            attention_mask=batch["attention_mask"],
+            position_ids=batch["position_ids"],
+            constraint_size=batch["constraint_size"],
+            constraint_ids=batch["constraint_ids"],
+            loss_mask=batch["loss_mask"],
+        )
         log_probs, _ = scorer(**args)
     mask = batch["loss_mask"] > 0
     diff = (log_probs - batch["rollout_log_probs"]).abs()[mask]
     peak = f"; peak GPU memory {torch.cuda.max_memory_allocated() / 2**20:.0f} MiB" if gpu else ""
-    check("weight sync: the engine samples with the updated weights",
-          diff.max().item() < 1.0, f"rollout_probs_diff after the sync: mean {diff.mean().item():.4f} max "
-          f"{diff.max().item():.4f}{peak}")
+    check(
+        "weight sync: the engine samples with the updated weights",
+        diff.max().item() < 1.0,
+        f"rollout_probs_diff after the sync: mean {diff.mean().item():.4f} max {diff.max().item():.4f}{peak}",
+    )
     torch.distributed.destroy_process_group()
     print("all checks passed" if not failed else f"failed: {', '.join(failed)}", flush=True)
     return 1 if failed else 0

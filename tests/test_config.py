@@ -69,8 +69,9 @@ def test_typo_suggests_the_known_key():
 
 def test_cli_config_error_exits_fast_with_one_line():
     start = time.monotonic()
-    result = subprocess.run([sys.executable, "-m", "grl.train", "rollout.agent_group_nmu=[2]"],
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "grl.train", "rollout.agent_group_nmu=[2]"], capture_output=True, text=True, timeout=60
+    )
     elapsed = time.monotonic() - start
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
@@ -87,8 +88,10 @@ def test_cli_help():
 
 
 def test_light_imports_stay_light():
-    code = ("import sys, grl, grl.envs, grl.agents, grl.config; "
-            "heavy = [m for m in ('torch', 'ray', 'vllm') if m in sys.modules]; print(heavy)")
+    code = (
+        "import sys, grl, grl.envs, grl.agents, grl.config; "
+        "heavy = [m for m in ('torch', 'ray', 'vllm') if m in sys.modules]; print(heavy)"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.stdout.strip() == "[]", result.stdout + result.stderr
 
@@ -102,14 +105,23 @@ def test_an_agent_config_key_the_task_block_leaves_out_is_added_with_plus():
         load_config(["+tetrisAgent_gap_dim_4.agent_config.max_context_window=-3"])
 
 
-@pytest.mark.parametrize("overrides, says", [
-    (["+prog.agent_type=program"], "prog: a task played by an agent program has agent_type: program"),
-    (["+prog.agent_type=tetris", "+prog.agent_config.program=tests.gateway.programs:one_call"],
-     "prog: a task played by an agent program has agent_type: program"),
-])
+@pytest.mark.parametrize(
+    "overrides, says",
+    [
+        (["+prog.agent_type=program"], "prog: a task played by an agent program has agent_type: program"),
+        (
+            ["+prog.agent_type=tetris", "+prog.agent_config.program=tests.gateway.programs:one_call"],
+            "prog: a task played by an agent program has agent_type: program",
+        ),
+    ],
+)
 def test_a_program_task_names_its_program(overrides, says):
     with pytest.raises(ConfigError, match=re.escape(says)):
         load_config(overrides)
-    good = ["+prog.agent_type=program", "+prog.agent_config.program=tests.gateway.programs:one_call",
-            "rollout.training=[prog]", "+prog.env_config.anything=1"]
+    good = [
+        "+prog.agent_type=program",
+        "+prog.agent_config.program=tests.gateway.programs:one_call",
+        "rollout.training=[prog]",
+        "+prog.env_config.anything=1",
+    ]
     assert load_config(good).prog.agent_config.program == "tests.gateway.programs:one_call"

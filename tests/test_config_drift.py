@@ -51,8 +51,11 @@ def test_every_length_spelling_sets_what_rollout_and_engine_read(key, spelling):
 
 
 def test_two_spellings_of_one_key_cannot_disagree():
-    with pytest.raises(ConfigError, match=r"^actor_rollout_ref\.rollout\.prompt_length: 400 disagrees with "
-                                          r"data\.max_prompt_length=300"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^actor_rollout_ref\.rollout\.prompt_length: 400 disagrees with "
+        r"data\.max_prompt_length=300",
+    ):
         load_config(["data.max_prompt_length=300", "actor_rollout_ref.rollout.prompt_length=400"])
     assert load_config(["data.max_prompt_length=300", "actor_rollout_ref.rollout.prompt_length=300"]).max_prompt_length == 300
 
@@ -95,9 +98,19 @@ def test_verls_freq_zero_is_accepted(name, freq, accepted):
 @pytest.mark.parametrize("freq, tests, saves", [(-1, [], [6]), (0, [], [6]), (3, [3, 6], [3, 6])])
 def test_the_trainer_reads_freq_zero_as_off(freq, tests, saves, tmp_path, monkeypatch):
     """-1 and 0 alike: no validation and only the final checkpoint."""
-    cfg = load_config(["model_path=tiny", f"test_freq={freq}", f"save_freq={freq}", "total_training_steps=6",
-                       "trainer.val_before_train=false", "trainer.export_hf=false", "trainer.logger=[jsonl]",
-                       f"trainer.run_dir={tmp_path}/run", f"trainer.default_local_dir={tmp_path}/ckpt"])
+    cfg = load_config(
+        [
+            "model_path=tiny",
+            f"test_freq={freq}",
+            f"save_freq={freq}",
+            "total_training_steps=6",
+            "trainer.val_before_train=false",
+            "trainer.export_hf=false",
+            "trainer.logger=[jsonl]",
+            f"trainer.run_dir={tmp_path}/run",
+            f"trainer.default_local_dir={tmp_path}/ckpt",
+        ]
+    )
     trainer = AgentTrainer(cfg, None, None, None)
     ran = {"validate": [], "save": []}
     monkeypatch.setattr(trainer, "resume", lambda: False)
@@ -132,9 +145,14 @@ def test_critic_follows_the_estimator_and_preflight_only_reads(estimator, critic
     assert ("update_critic" in plan(cfg).phases) is critic
 
 
-@pytest.mark.parametrize("shorthand,key,value", [("total_training_steps", "trainer.total_training_steps", 50),
-                                                 ("test_freq", "trainer.test_freq", 0),
-                                                 ("experiment_name", "trainer.experiment_name", "mine")])
+@pytest.mark.parametrize(
+    "shorthand,key,value",
+    [
+        ("total_training_steps", "trainer.total_training_steps", 50),
+        ("test_freq", "trainer.test_freq", 0),
+        ("experiment_name", "trainer.experiment_name", "mine"),
+    ],
+)
 def test_a_one_to_one_shorthand_shows_the_value_its_nested_key_is_given(shorthand, key, value):
     """The nested key is read; set there (over a preset that set the shorthand), both show it."""
     cfg = load_config(["preset=cpu", f"{key}={value}"])

@@ -31,8 +31,7 @@ def path_without_nvidia_smi(*first: Path) -> str:
     return os.pathsep.join([*map(str, first), *dirs])
 
 
-def fake_nvidia_smi(folder: Path, driver: str | None, name: str = "NVIDIA A100-SXM4-80GB",
-                    memory: str = "81920 MiB") -> Path:
+def fake_nvidia_smi(folder: Path, driver: str | None, name: str = "NVIDIA A100-SXM4-80GB", memory: str = "81920 MiB") -> Path:
     """An `nvidia-smi` for two GPUs that answers `--query-gpu=FIELD,...` field by field, one line per GPU
     with a pause between (a reader that stops after the first line breaks its pipe), or fails as it does
     without a loaded driver; it logs its arguments."""
@@ -66,8 +65,7 @@ echo "$line"
 def dry_run(repo: Path, fake: Path | None, **env) -> subprocess.CompletedProcess:
     environ = {k: v for k, v in os.environ.items() if k not in ("GRL_DEVICE", "GRL_SETUP_DRY_RUN")}
     environ.update(GRL_SETUP_DRY_RUN="1", PATH=path_without_nvidia_smi(*([fake] if fake else [])), **env)
-    result = subprocess.run(["bash", str(repo / "env_setup.sh")], env=environ, capture_output=True, text=True,
-                            timeout=60)
+    result = subprocess.run(["bash", str(repo / "env_setup.sh")], env=environ, capture_output=True, text=True, timeout=60)
     assert not (repo / ".venv").exists(), "a dry run created the virtualenv"
     return result
 
@@ -103,10 +101,18 @@ def test_an_older_driver_gets_the_cu129_builds_of_the_same_versions(repo, tmp_pa
     assert "minor-version compatibility" in lines["note"] and "575.51.03" in lines["note"]
 
 
-@pytest.mark.parametrize("driver, build", [
-    ("581.15", "2.13.0 (CUDA 13.0 build, PyPI)"), ("580.65.06", "2.13.0 (CUDA 13.0 build, PyPI)"),
-    ("575.51.03", "2.13.0+cu129 (CUDA 12.9 build)"), ("535.247.01", "2.13.0+cu129 (CUDA 12.9 build)"),
-    ("525.60.13", "2.13.0+cu129 (CUDA 12.9 build)"), ("525.60.12", None), ("470.82.01", None)])
+@pytest.mark.parametrize(
+    "driver, build",
+    [
+        ("581.15", "2.13.0 (CUDA 13.0 build, PyPI)"),
+        ("580.65.06", "2.13.0 (CUDA 13.0 build, PyPI)"),
+        ("575.51.03", "2.13.0+cu129 (CUDA 12.9 build)"),
+        ("535.247.01", "2.13.0+cu129 (CUDA 12.9 build)"),
+        ("525.60.13", "2.13.0+cu129 (CUDA 12.9 build)"),
+        ("525.60.12", None),
+        ("470.82.01", None),
+    ],
+)
 def test_the_build_follows_the_driver_at_the_cuda_minimums(repo, tmp_path, driver, build):
     result = dry_run(repo, fake_nvidia_smi(tmp_path / "bin", driver))
     if build is not None:
@@ -137,18 +143,30 @@ def test_grl_device_overrides_the_detection(repo, tmp_path):
     assert lines["device"] == "cuda (GRL_DEVICE=cuda)" and lines["torch"] == "2.13.0 (CUDA 13.0 build, PyPI)"
     assert "needs driver >= 580" in lines["note"]
     bad = dry_run(repo, None, GRL_DEVICE="tpu")
-    assert bad.returncode == 1 and bad.stderr == "env_setup: no pinned versions for device 'tpu' " \
-                                                 "(requirements/constraints-tpu.txt)\n"
+    assert (
+        bad.returncode == 1
+        and bad.stderr == "env_setup: no pinned versions for device 'tpu' (requirements/constraints-tpu.txt)\n"
+    )
 
 
 def test_a_venv_with_the_current_stamp_is_up_to_date(repo, tmp_path):
     first = plan(dry_run(repo, None))
-    stamp_line = subprocess.run(["bash", "-c", "cat requirements/constraints-cpu.txt pyproject.toml | sha256sum"],
-                                cwd=repo, capture_output=True, text=True, check=True).stdout.split()[0]
+    stamp_line = subprocess.run(
+        ["bash", "-c", "cat requirements/constraints-cpu.txt pyproject.toml | sha256sum"],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()[0]
     (repo / ".venv").mkdir()
     (repo / ".venv/.grl-setup-stamp").write_text(f"cpu {stamp_line}\n")
-    result = subprocess.run(["bash", str(repo / "env_setup.sh")], capture_output=True, text=True, timeout=60,
-                            env={**os.environ, "GRL_SETUP_DRY_RUN": "1", "GRL_DEVICE": "cpu"})
+    result = subprocess.run(
+        ["bash", str(repo / "env_setup.sh")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "GRL_SETUP_DRY_RUN": "1", "GRL_DEVICE": "cpu"},
+    )
     assert first["venv"] == ".venv (absent: would be created)"
     assert plan(result)["venv"] == ".venv (up to date: nothing to install)"
     assert sorted(p.name for p in (repo / ".venv").iterdir()) == [".grl-setup-stamp"]
@@ -156,8 +174,10 @@ def test_a_venv_with_the_current_stamp_is_up_to_date(repo, tmp_path):
 
 def test_sourcing_a_refusal_returns_2_and_leaves_the_shell_as_it_was(repo, tmp_path):
     fake = fake_nvidia_smi(tmp_path / "bin", "470.82.01")
-    script = (f'set +e; cd "{tmp_path}"; source "{repo}/env_setup.sh"; echo "status=$? dir=$PWD opts=$-"; '
-              'type _grl_env_setup >/dev/null 2>&1 && echo leaked')
+    script = (
+        f'set +e; cd "{tmp_path}"; source "{repo}/env_setup.sh"; echo "status=$? dir=$PWD opts=$-"; '
+        "type _grl_env_setup >/dev/null 2>&1 && echo leaked"
+    )
     environ = {**os.environ, "GRL_SETUP_DRY_RUN": "1", "PATH": path_without_nvidia_smi(fake)}
     result = subprocess.run(["bash", "-c", script], env=environ, capture_output=True, text=True, timeout=60)
     assert result.stdout.strip() == f"status=2 dir={tmp_path} opts=hBc"
@@ -180,11 +200,15 @@ def test_cuda_pins_match_the_cpu_freeze():
 
 # ---------------------------------------------------------------- scripts/gpu_smoke.sh
 
+
 def gpu_smoke(tmp_path, fake: Path | None, **env: str) -> subprocess.CompletedProcess:
-    environ = {**{k: v for k, v in os.environ.items() if k != "DRY_RUN"}, **env,
-               "PATH": path_without_nvidia_smi(*([fake] if fake else [])), "GRL_SMOKE_DIR": str(tmp_path / "smoke")}
-    return subprocess.run(["bash", str(ROOT / "scripts/gpu_smoke.sh")], env=environ, capture_output=True, text=True,
-                          timeout=120)
+    environ = {
+        **{k: v for k, v in os.environ.items() if k != "DRY_RUN"},
+        **env,
+        "PATH": path_without_nvidia_smi(*([fake] if fake else [])),
+        "GRL_SMOKE_DIR": str(tmp_path / "smoke"),
+    }
+    return subprocess.run(["bash", str(ROOT / "scripts/gpu_smoke.sh")], env=environ, capture_output=True, text=True, timeout=120)
 
 
 @pytest.mark.parametrize("has_nvidia_smi", [False, True])
@@ -204,8 +228,10 @@ def test_gpu_smoke_with_a_gpu_that_torch_cannot_use_says_so_in_one_line(tmp_path
     result = gpu_smoke(tmp_path, fake_nvidia_smi(tmp_path / "bin", "550.54.15"))
     assert (result.returncode, result.stdout) == (2, "")
     assert result.stderr.count("\n") == 1
-    assert result.stderr.startswith("gpu_smoke: nvidia-smi sees NVIDIA A100-SXM4-80GB (driver 550.54.15, 81920 MiB), "
-                                    "but .venv/bin/python's torch cannot use it; run bash env_setup.sh")
+    assert result.stderr.startswith(
+        "gpu_smoke: nvidia-smi sees NVIDIA A100-SXM4-80GB (driver 550.54.15, 81920 MiB), "
+        "but .venv/bin/python's torch cannot use it; run bash env_setup.sh"
+    )
     assert not (tmp_path / "smoke").exists()
 
 

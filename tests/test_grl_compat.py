@@ -13,9 +13,11 @@ from omegaconf import OmegaConf
 from grl import preflight
 from grl.config import ALIASES, NO_EFFECT, ConfigError, load_config
 
-TASKS_13 = ("simpleSokobanAgent,largeSokobanAgent,gsm8kAgent_single_turn,gsm8kAgent_5_turn,blocksworldAgent_text,"
-            "blocksworldAgent_1d,blocksworldAgent_2d_sparse,tetrisAgent_type_1_dim_4,tetrisAgent_type_2_dim_3,"
-            "tetrisAgent_type_2_dim_4,webshopAgent,birdAgent,birdAgent_5_turns").split(",")
+TASKS_13 = (
+    "simpleSokobanAgent,largeSokobanAgent,gsm8kAgent_single_turn,gsm8kAgent_5_turn,blocksworldAgent_text,"
+    "blocksworldAgent_1d,blocksworldAgent_2d_sparse,tetrisAgent_type_1_dim_4,tetrisAgent_type_2_dim_3,"
+    "tetrisAgent_type_2_dim_4,webshopAgent,birdAgent,birdAgent_5_turns"
+).split(",")
 
 
 def quoted(names):
@@ -24,36 +26,61 @@ def quoted(names):
 
 # The argv that lmgame-org/GRL's scripts build with their default arguments (model_path -> tiny: no hub here).
 VERL_QUICK = [
-    "system.CUDA_VISIBLE_DEVICES=0", "rollout.agent_group_num=[8]", "rollout.agent_group_size=[16]",
-    "rollout.validation_agent_group_num=[64,64,64,64,64]", "rollout.validation_agent_group_size=[1,1,1,1,1]",
+    "system.CUDA_VISIBLE_DEVICES=0",
+    "rollout.agent_group_num=[8]",
+    "rollout.agent_group_size=[16]",
+    "rollout.validation_agent_group_num=[64,64,64,64,64]",
+    "rollout.validation_agent_group_size=[1,1,1,1,1]",
     'rollout.training=["simpleSokobanAgent"]',
     'rollout.validation=["simpleSokobanAgent","largeSokobanAgent","gsm8kAgent_single_turn",'
     '"blocksworldAgent_2d_sparse","tetrisAgent_type_1_dim_4"]',
-    "trainer.n_gpus_per_node=1", "trainer.project_name=lmgame_train",
-    "trainer.experiment_name=quick_train_qwen_halfb_20250101_000000", "trainer.total_training_steps=200",
+    "trainer.n_gpus_per_node=1",
+    "trainer.project_name=lmgame_train",
+    "trainer.experiment_name=quick_train_qwen_halfb_20250101_000000",
+    "trainer.total_training_steps=200",
     "model_path=tiny",
 ]
 SOKOBAN_7B = [
-    "system.CUDA_VISIBLE_DEVICES='0,1,2,3'", "rollout.agent_group_num=[8]", "rollout.agent_group_size=[16]",
+    "system.CUDA_VISIBLE_DEVICES='0,1,2,3'",
+    "rollout.agent_group_num=[8]",
+    "rollout.agent_group_size=[16]",
     "rollout.validation_agent_group_num=[" + ",".join(["256"] * 13) + "]",
     "rollout.validation_agent_group_size=[" + ",".join(["1"] * 13) + "]",
-    'rollout.training=["simpleSokobanAgent"]', f"rollout.validation={quoted(TASKS_13)}",
-    "gpu_memory_utilization=0.5", "trainer.n_gpus_per_node=4", "trainer.project_name=lmgame_train",
-    "trainer.experiment_name=sokoban_qwen_7b_20250101_000000", "trainer.total_training_steps=200", "model_path=tiny",
+    'rollout.training=["simpleSokobanAgent"]',
+    f"rollout.validation={quoted(TASKS_13)}",
+    "gpu_memory_utilization=0.5",
+    "trainer.n_gpus_per_node=4",
+    "trainer.project_name=lmgame_train",
+    "trainer.experiment_name=sokoban_qwen_7b_20250101_000000",
+    "trainer.total_training_steps=200",
+    "model_path=tiny",
 ]
-TUTORIAL = ["rollout.show_tqdm=True", "rollout.num_prompt_threads=0", "rollout.num_env_threads=0",
-            "rollout.num_init_threads=0"]
-GRL_BASE_KEYS = ["actor_rollout_ref.rollout.rollout_filter_ratio=0.25", "actor_rollout_ref.rollout.rollout_filter_type=std",
-                 "data.max_prompt_length=4096", "data.max_response_length=400", "trainer.validation_steps=1",
-                 "trainer.val_only=False", "actor_rollout_ref.model.lora_rank=0", "actor_rollout_ref.model.lora_alpha=16",
-                 "actor_rollout_ref.model.target_modules=all-linear"]
+TUTORIAL = ["rollout.show_tqdm=True", "rollout.num_prompt_threads=0", "rollout.num_env_threads=0", "rollout.num_init_threads=0"]
+GRL_BASE_KEYS = [
+    "actor_rollout_ref.rollout.rollout_filter_ratio=0.25",
+    "actor_rollout_ref.rollout.rollout_filter_type=std",
+    "data.max_prompt_length=4096",
+    "data.max_response_length=400",
+    "trainer.validation_steps=1",
+    "trainer.val_only=False",
+    "actor_rollout_ref.model.lora_rank=0",
+    "actor_rollout_ref.model.lora_alpha=16",
+    "actor_rollout_ref.model.target_modules=all-linear",
+]
 
 
-@pytest.mark.parametrize("overrides", [VERL_QUICK, SOKOBAN_7B, TUTORIAL, GRL_BASE_KEYS],
-                         ids=["verl_quick_training_example", "sokoban_qwen_7b", "tutorial", "grl_base_keys"])
+@pytest.mark.parametrize(
+    "overrides",
+    [VERL_QUICK, SOKOBAN_7B, TUTORIAL, GRL_BASE_KEYS],
+    ids=["verl_quick_training_example", "sokoban_qwen_7b", "tutorial", "grl_base_keys"],
+)
 def test_grl_override_lists_pass_grl_train_cfg(overrides):
-    out = subprocess.run([sys.executable, "-m", "grl.train", "--config-name", "base", "--cfg", *overrides],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "grl.train", "--config-name", "base", "--cfg", *overrides],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     assert yaml.safe_load(out.stdout)["trainer"]["total_training_steps"] > 0
 
@@ -68,8 +95,9 @@ SPECIAL_MEANINGS = {
 }
 
 
-@pytest.mark.parametrize("overrides,override", [(group, o) for group in (VERL_QUICK, SOKOBAN_7B, TUTORIAL, GRL_BASE_KEYS)
-                                                  for o in group])
+@pytest.mark.parametrize(
+    "overrides,override", [(group, o) for group in (VERL_QUICK, SOKOBAN_7B, TUTORIAL, GRL_BASE_KEYS) for o in group]
+)
 def test_each_grl_override_reaches_the_key_that_is_read(overrides, override):
     """Every override of GRL's scripts, given with the rest of its command line, lands where this
     trainer reads it (through an alias where it has a second spelling), or is named by preflight as
@@ -103,9 +131,15 @@ def test_different_experiment_names_get_different_folders():
 
 
 def test_grl_second_spellings_replace_the_keys_that_are_read():
-    cfg = load_config(["data.max_prompt_length=300", "data.max_response_length=50",
-                       "actor_rollout_ref.rollout.rollout_filter_ratio=0.25",
-                       "actor_rollout_ref.rollout.rollout_filter_type=std_rev", "rollout.num_env_threads=3"])
+    cfg = load_config(
+        [
+            "data.max_prompt_length=300",
+            "data.max_response_length=50",
+            "actor_rollout_ref.rollout.rollout_filter_ratio=0.25",
+            "actor_rollout_ref.rollout.rollout_filter_type=std_rev",
+            "rollout.num_env_threads=3",
+        ]
+    )
     assert cfg.max_prompt_length == cfg.actor_rollout_ref.rollout.prompt_length == 300
     assert cfg.actor_rollout_ref.rollout.response_length == 50
     assert cfg.rollout.rollout_filter_ratio == 0.25 and cfg.rollout.rollout_filter_type == "std_rev"

@@ -25,13 +25,25 @@ SETS = {  # one row per set, in the layout its hub dataset has
 
 
 def install(*args, env=None, cwd=None):
-    env = {**os.environ, "PYTHON": sys.executable, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
-           "PYTHONPATH": str(ROOT), **(env or {})}
+    env = {
+        **os.environ,
+        "PYTHON": sys.executable,
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "PYTHONPATH": str(ROOT),
+        **(env or {}),
+    }
     return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=300)
 
 
-@pytest.mark.parametrize("args, message", [([], "nothing to install"), (["--mathh"], "unknown argument: --mathh"),
-                                           (["--math", "--data-dir"], "--data-dir needs a folder")])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ([], "nothing to install"),
+        (["--mathh"], "unknown argument: --mathh"),
+        (["--math", "--data-dir"], "--data-dir needs a folder"),
+    ],
+)
 def test_bad_arguments_exit_2(args, message):
     out = install(*args)
     assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr

@@ -10,8 +10,9 @@ import pytest
 from grl.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPTS = ["quick_train_qwen_halfb.sh", "verl_quick_training_example.sh"] + [f"examples/{task}_ppo/qwen_{size}.sh"
-                                           for task in ("sokoban", "tetris") for size in ("halfb", "3b", "7b")]
+SCRIPTS = ["quick_train_qwen_halfb.sh", "verl_quick_training_example.sh"] + [
+    f"examples/{task}_ppo/qwen_{size}.sh" for task in ("sokoban", "tetris") for size in ("halfb", "3b", "7b")
+]
 
 
 def dry_run(script: str, *args: str, force_gpu: bool = False) -> list[str]:
@@ -35,22 +36,43 @@ def test_every_script_builds_a_valid_command_on_gpu_and_cpu(script):
 
 
 def test_positional_arguments_map_in_order_with_memory_fraction():
-    overrides = dry_run("examples/sokoban_ppo/qwen_3b.sh", "0,1", "4,2", "8", "16,8", "1,2",
-                        "simpleSokobanAgent,largeSokobanAgent", "simpleSokobanAgent,gsm8kAgent_single_turn",
-                        "2", "proj", "exp", "/models/x", "0.3", "17", "trainer.test_freq=3", force_gpu=True)
+    overrides = dry_run(
+        "examples/sokoban_ppo/qwen_3b.sh",
+        "0,1",
+        "4,2",
+        "8",
+        "16,8",
+        "1,2",
+        "simpleSokobanAgent,largeSokobanAgent",
+        "simpleSokobanAgent,gsm8kAgent_single_turn",
+        "2",
+        "proj",
+        "exp",
+        "/models/x",
+        "0.3",
+        "17",
+        "trainer.test_freq=3",
+        force_gpu=True,
+    )
     assert overrides == [
-        "model_path=/models/x", "rollout.agent_group_num=[4,2]", "rollout.agent_group_size=[8]",
-        "rollout.validation_agent_group_num=[16,8]", "rollout.validation_agent_group_size=[1,2]",
+        "model_path=/models/x",
+        "rollout.agent_group_num=[4,2]",
+        "rollout.agent_group_size=[8]",
+        "rollout.validation_agent_group_num=[16,8]",
+        "rollout.validation_agent_group_size=[1,2]",
         "rollout.training=[simpleSokobanAgent,largeSokobanAgent]",
-        "rollout.validation=[simpleSokobanAgent,gsm8kAgent_single_turn]", "n_gpus_per_node=2",
-        "project_name=proj", "experiment_name=exp", "total_training_steps=17", "gpu_memory_utilization=0.3",
+        "rollout.validation=[simpleSokobanAgent,gsm8kAgent_single_turn]",
+        "n_gpus_per_node=2",
+        "project_name=proj",
+        "experiment_name=exp",
+        "total_training_steps=17",
+        "gpu_memory_utilization=0.3",
         "trainer.test_freq=3",
     ]
 
 
 def test_halfb_scripts_take_steps_twelfth_and_empty_arguments_keep_defaults():
-    overrides = dry_run("examples/tetris_ppo/qwen_halfb.sh", "", "", "", "", "", "", "", "", "", "", "", "9",
-                        force_gpu=True)
+    overrides = dry_run("examples/tetris_ppo/qwen_halfb.sh", "", "", "", "", "", "", "", "", "", "", "", "9", force_gpu=True)
     assert "total_training_steps=9" in overrides
     assert "rollout.training=[tetrisAgent_type_1_dim_4]" in overrides
     assert "preset=a100_1x_0.5b" in overrides
@@ -82,6 +104,8 @@ def test_source_leaves_the_callers_shell_unchanged(tmp_path):
 
 def test_grl_script_name_runs_the_quick_start():
     assert dry_run("verl_quick_training_example.sh", "0", "3") == dry_run("quick_train_qwen_halfb.sh", "0", "3")
+
+
 def dry_run_output(script: str, *args: str) -> str:
     env = {"PATH": "/usr/bin:/bin", "DRY_RUN": "1", "HOME": str(Path.home())}
     out = subprocess.run(["bash", script, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
@@ -90,18 +114,25 @@ def dry_run_output(script: str, *args: str) -> str:
 
 
 def test_cpu_fallback_names_the_arguments_it_does_not_use():
-    out = dry_run_output("examples/sokoban_ppo/qwen_3b.sh", "0", "3", "", "", "", "", "", "2", "", "", "/models/x",
-                         "0.3")
-    assert "does not use these arguments you gave: cuda_devices=0 n_gpus=2 model_path=/models/x mem_fraction=0.3" \
-        in out
+    out = dry_run_output("examples/sokoban_ppo/qwen_3b.sh", "0", "3", "", "", "", "", "", "2", "", "", "/models/x", "0.3")
+    assert "does not use these arguments you gave: cuda_devices=0 n_gpus=2 model_path=/models/x mem_fraction=0.3" in out
     assert "group_num       3\n" in out  # used: no note
 
 
 # GPU: the script's per-task default (GRL's); CPU: the CPU preset's validation group count.
 @pytest.mark.parametrize("force_gpu, per_task", [(True, "256"), (False, "64")])
 def test_only_validation_tasks_adjusts_the_validation_groups(force_gpu, per_task):
-    overrides = dry_run("examples/sokoban_ppo/qwen_3b.sh", "", "", "", "", "", "",
-                        "simpleSokobanAgent,gsm8kAgent_single_turn", force_gpu=force_gpu)
+    overrides = dry_run(
+        "examples/sokoban_ppo/qwen_3b.sh",
+        "",
+        "",
+        "",
+        "",
+        "",
+        "",
+        "simpleSokobanAgent,gsm8kAgent_single_turn",
+        force_gpu=force_gpu,
+    )
     assert f"rollout.validation_agent_group_num=[{per_task},{per_task}]" in overrides
     assert "rollout.validation_agent_group_size=[1,1]" in overrides
     load_config([o for o in overrides if not o.startswith("model_path=Qwen")])
@@ -113,8 +144,13 @@ def test_source_without_arguments_ignores_the_callers_parameters():
         DRY_RUN=1 source {ROOT}/examples/sokoban_ppo/qwen_halfb.sh | tail -1
         DRY_RUN=1 source {ROOT}/examples/sokoban_ppo/qwen_halfb.sh 0 3 | tail -1
     """
-    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60,
-                         env={"PATH": "/usr/bin:/bin", "HOME": str(Path.home())})
+    out = subprocess.run(
+        ["bash", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(Path.home())},
+    )
     plain, with_args = out.stdout.strip().splitlines()
     assert "nosuchTask" not in plain and "agent_group_num" not in plain
     assert "rollout.agent_group_num=\\[3\\]" in with_args

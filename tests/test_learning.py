@@ -47,8 +47,12 @@ class WordsEnv(Env):
         self.clean = self.clean and ok
         self.turn += 1
         done = self.turn >= self.rounds
-        return self._state(), float(ok), done, step_info(success=done and self.clean, action_is_valid=True,
-                                                         action_is_effective=ok)
+        return (
+            self._state(),
+            float(ok),
+            done,
+            step_info(success=done and self.clean, action_is_valid=True, action_is_effective=ok),
+        )
 
 
 class WholeReplyHooks(TaskHooks):
@@ -63,27 +67,45 @@ class WholeReplyHooks(TaskHooks):
 
 TASK = {
     "agent_type": "wordsAgent",
-    "agent_config": {"system_prompt": "You play a word game.", "prompt": "Reply with a few words.",
-                     "enable_think": False, "max_tokens": 2, "max_turns": 2, "max_actions_per_turn": 1,
-                     "max_actions_all_turns": 2, "format_penalty": 0.0, "action_separator": None},
+    "agent_config": {
+        "system_prompt": "You play a word game.",
+        "prompt": "Reply with a few words.",
+        "enable_think": False,
+        "max_tokens": 2,
+        "max_turns": 2,
+        "max_actions_per_turn": 1,
+        "max_actions_all_turns": 2,
+        "format_penalty": 0.0,
+        "action_separator": None,
+    },
     "env_config": {"rounds": 2},
 }
 
 
-def small_run_config(tmp_path, task: str, block: dict, max_response_length: int, validation_groups: int,
-                     **overrides):
+def small_run_config(tmp_path, task: str, block: dict, max_response_length: int, validation_groups: int, **overrides):
     """A short CPU run of the tiny model on one registered task, validated greedily before and after."""
     keys = {
-        "model_path": "tiny", "n_gpus_per_node": 1, "trainer.device": "cpu",
-        "actor_rollout_ref.rollout.name": "hf", "max_response_length": max_response_length,
-        "rollout.training": f"[{task}]", "rollout.agent_group_num": "[4]", "rollout.agent_group_size": "[4]",
-        "rollout.validation": f"[{task}]", "rollout.validation_agent_group_num": f"[{validation_groups}]",
+        "model_path": "tiny",
+        "n_gpus_per_node": 1,
+        "trainer.device": "cpu",
+        "actor_rollout_ref.rollout.name": "hf",
+        "max_response_length": max_response_length,
+        "rollout.training": f"[{task}]",
+        "rollout.agent_group_num": "[4]",
+        "rollout.agent_group_size": "[4]",
+        "rollout.validation": f"[{task}]",
+        "rollout.validation_agent_group_num": f"[{validation_groups}]",
         "rollout.validation_agent_group_size": "[1]",
-        "save_freq": -1, "trainer.val_before_train": True, "trainer.export_hf": False,
-        "trainer.logger": "[jsonl]", "resume_mode": "disable",
-        "trainer.run_dir": str(tmp_path / "run"), "trainer.default_local_dir": str(tmp_path / "ckpt"),
+        "save_freq": -1,
+        "trainer.val_before_train": True,
+        "trainer.export_hf": False,
+        "trainer.logger": "[jsonl]",
+        "resume_mode": "disable",
+        "trainer.run_dir": str(tmp_path / "run"),
+        "trainer.default_local_dir": str(tmp_path / "ckpt"),
         "actor_rollout_ref.model.enable_gradient_checkpointing": False,
-        "actor_rollout_ref.actor.optim.lr": 3e-3, "actor_rollout_ref.actor.entropy_coeff": 0.0,
+        "actor_rollout_ref.actor.optim.lr": 3e-3,
+        "actor_rollout_ref.actor.entropy_coeff": 0.0,
         **overrides,
     }
     cfg = compose([f"{k}={v}" for k, v in keys.items()])
@@ -96,10 +118,22 @@ def learning_config(tmp_path):
     grl.envs.register("words", WordsEnv)
     grl.agents.register("wordsAgent", "words", WholeReplyHooks())
     return small_run_config(
-        tmp_path, "words", TASK, max_response_length=2, validation_groups=32,
-        **{"rollout.use_turn_scores": True, "ppo_mini_batch_size": 8, "micro_batch_size_per_gpu": 16,
-           "total_training_steps": 6, "test_freq": 3, "critic.model.enable_gradient_checkpointing": False,
-           "critic.optim.lr": 3e-3, "algorithm.lam": 0.95})
+        tmp_path,
+        "words",
+        TASK,
+        max_response_length=2,
+        validation_groups=32,
+        **{
+            "rollout.use_turn_scores": True,
+            "ppo_mini_batch_size": 8,
+            "micro_batch_size_per_gpu": 16,
+            "total_training_steps": 6,
+            "test_freq": 3,
+            "critic.model.enable_gradient_checkpointing": False,
+            "critic.optim.lr": 3e-3,
+            "algorithm.lam": 0.95,
+        },
+    )
 
 
 def test_ppo_learns_a_trivial_multi_turn_task(tmp_path):
@@ -144,9 +178,12 @@ class FruitEnv(Env):
         self.right += ok
         self.round += 1
         done = self.round == 3
-        return self._state(), float(ok), done, step_info(success=done and self.right == 3,
-                                                         action_is_valid=action.strip() in FRUITS,
-                                                         action_is_effective=True)
+        return (
+            self._state(),
+            float(ok),
+            done,
+            step_info(success=done and self.right == 3, action_is_valid=action.strip() in FRUITS, action_is_effective=True),
+        )
 
 
 def first_greedy_choice(cfg) -> str:
@@ -163,10 +200,18 @@ def first_greedy_choice(cfg) -> str:
 
 FRUIT_TASK = {
     "agent_type": "fruitAgent",
-    "agent_config": {"system_prompt": "You pick fruit.", "prompt": "Pick the right fruit each round.",
-                     "enable_think": False, "max_tokens": 12, "max_turns": 3, "max_actions_per_turn": 1,
-                     "max_actions_all_turns": 3, "format_penalty": 0.0, "action_separator": None,
-                     "action_decoding": "constrained"},
+    "agent_config": {
+        "system_prompt": "You pick fruit.",
+        "prompt": "Pick the right fruit each round.",
+        "enable_think": False,
+        "max_tokens": 12,
+        "max_turns": 3,
+        "max_actions_per_turn": 1,
+        "max_actions_all_turns": 3,
+        "format_penalty": 0.0,
+        "action_separator": None,
+        "action_decoding": "constrained",
+    },
     "env_config": {},
 }
 
@@ -175,9 +220,20 @@ def constrained_config(tmp_path):
     grl.envs.register("fruit", FruitEnv)
     grl.agents.register("fruitAgent", "fruit")
     return small_run_config(
-        tmp_path, "fruit", FRUIT_TASK, max_response_length=12, validation_groups=8,
-        **{"algorithm.adv_estimator": "grpo", "critic.enable": False, "ppo_mini_batch_size": 16,
-           "micro_batch_size_per_gpu": 16, "total_training_steps": 8, "test_freq": 8})
+        tmp_path,
+        "fruit",
+        FRUIT_TASK,
+        max_response_length=12,
+        validation_groups=8,
+        **{
+            "algorithm.adv_estimator": "grpo",
+            "critic.enable": False,
+            "ppo_mini_batch_size": 16,
+            "micro_batch_size_per_gpu": 16,
+            "total_training_steps": 8,
+            "test_freq": 8,
+        },
+    )
 
 
 def multiply_advantages(monkeypatch, sign: float) -> None:
@@ -185,8 +241,9 @@ def multiply_advantages(monkeypatch, sign: float) -> None:
     import grl.trainer.transforms as transforms
 
     estimate = transforms.compute_advantage
-    monkeypatch.setattr(transforms, "compute_advantage",
-                        lambda *a, **k: tuple(sign * x if i == 0 else x for i, x in enumerate(estimate(*a, **k))))
+    monkeypatch.setattr(
+        transforms, "compute_advantage", lambda *a, **k: tuple(sign * x if i == 0 else x for i, x in enumerate(estimate(*a, **k)))
+    )
 
 
 def outcome(tmp_path, task: str, sign: float, last_step: int):
@@ -212,19 +269,23 @@ def test_ppo_learns_under_valid_action_decoding(tmp_path, monkeypatch, sign):
     init_ray(None, num_cpus=2)
     AgentTrainer.from_config(cfg).fit()
     history, before, after = outcome(tmp_path, "fruit", sign, 8)
-    assert all(history[s]["train/fruit/action_is_valid"] == 1.0 and history[s]["train/fruit/format_ok"] == 1.0
-               for s in history if s > 0)
+    assert all(
+        history[s]["train/fruit/action_is_valid"] == 1.0 and history[s]["train/fruit/format_ok"] == 1.0 for s in history if s > 0
+    )
     assert before == 0.0
     assert (after >= 0.5) == (sign > 0), (before, after)
 
 
 # ---------------------------------------------------------------- an agent program through the gateway
 
+
 def program_fruit_task(wanted: str) -> dict:
     """The fruit game written as an OpenAI-client program (tests/gateway/programs.py: fruit_picker)."""
-    return {"agent_type": "program", "agent_config": {"program": "tests.gateway.programs:fruit_picker",
-                                                      "max_tokens": 12, "max_turns": 3},
-            "env_config": {"wanted": wanted}}
+    return {
+        "agent_type": "program",
+        "agent_config": {"program": "tests.gateway.programs:fruit_picker", "max_tokens": 12, "max_turns": 3},
+        "env_config": {"wanted": wanted},
+    }
 
 
 def program_greedy_choice() -> str:
@@ -236,8 +297,7 @@ def program_greedy_choice() -> str:
     engine = make_engine("hf", "tiny", device="cpu", grammar=True)
     runner = ProgramRunner(engine, engine.tokenizer, context=1024, max_response_length=12)
     try:
-        [episode], _ = runner.run([TaskSpec("fruitProgram", program_fruit_task("plum"), 1, 1)], 0, 0,
-                                  SamplingParams(greedy=True))
+        [episode], _ = runner.run([TaskSpec("fruitProgram", program_fruit_task("plum"), 1, 1)], 0, 0, SamplingParams(greedy=True))
     finally:
         runner.close()
         engine.shutdown()
@@ -258,9 +318,20 @@ def test_ppo_learns_through_the_gateway_the_fruit_game_written_as_a_program(tmp_
     multiply_advantages(monkeypatch, sign)
     wanted = next(f for f in FRUITS if f != program_greedy_choice())
     cfg = small_run_config(
-        tmp_path, "fruitProgram", program_fruit_task(wanted), max_response_length=12, validation_groups=8,
-        **{"algorithm.adv_estimator": "grpo", "critic.enable": False, "ppo_mini_batch_size": 16,
-           "micro_batch_size_per_gpu": 16, "total_training_steps": 8, "test_freq": 8})
+        tmp_path,
+        "fruitProgram",
+        program_fruit_task(wanted),
+        max_response_length=12,
+        validation_groups=8,
+        **{
+            "algorithm.adv_estimator": "grpo",
+            "critic.enable": False,
+            "ppo_mini_batch_size": 16,
+            "micro_batch_size_per_gpu": 16,
+            "total_training_steps": 8,
+            "test_freq": 8,
+        },
+    )
     init_ray(None, num_cpus=2)
     trainer = AgentTrainer.from_config(cfg)
     gateway = trainer.rollout.programs.url  # started by the trainer, on this machine only
@@ -269,8 +340,7 @@ def test_ppo_learns_through_the_gateway_the_fruit_game_written_as_a_program(tmp_
     with pytest.raises(httpx.ConnectError):  # and stopped with it
         httpx.get(f"{gateway}/v1/models", timeout=5)
     history, before, after = outcome(tmp_path, "fruitProgram", sign, 8)
-    assert all(history[s]["gateway/calls"] == 48 and history[s]["gateway/prefix_breaks"] == 0
-               for s in history if s > 0)
+    assert all(history[s]["gateway/calls"] == 48 and history[s]["gateway/prefix_breaks"] == 0 for s in history if s > 0)
     # The update scores exactly the sampled ids under the distribution they were drawn from (one optimizer
     # step a rollout, so the scoring weights are the sampling ones): the engine's log-probs agree.
     assert all(history[s]["training/rollout_probs_diff_max"] < 1e-3 for s in history if s > 0)

@@ -18,7 +18,7 @@ def test_embedded_converts_once_and_generates_text():
     messages = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
     ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
     out = model.generate(**ids, max_new_tokens=8, do_sample=False)
-    reply = tokenizer.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True)
+    reply = tokenizer.decode(out[0, ids["input_ids"].shape[1] :], skip_special_tokens=True)
     assert "Paris" in reply
     assert models.resolve_model_path("embedded") == path
 
@@ -53,13 +53,17 @@ def test_unreachable_hub_id_names_it(monkeypatch):
 
 
 def test_concurrent_conversions_leave_one_complete_folder(tmp_path):
-    script = ("import sys; from grl import models; p = models.tiny_model_path(); "
-              "from transformers import AutoModelForCausalLM; AutoModelForCausalLM.from_pretrained(p); print(p)")
+    script = (
+        "import sys; from grl import models; p = models.tiny_model_path(); "
+        "from transformers import AutoModelForCausalLM; AutoModelForCausalLM.from_pretrained(p); print(p)"
+    )
     env = {**__import__("os").environ, "GRL_CACHE_DIR": str(tmp_path)}
     # Both processes reuse the shared embedded tokenizer by pointing the embedded entry at the real cache.
     (tmp_path / "smollm2-135m-instruct").symlink_to(models.embedded_model_path())
-    procs = [subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True) for _ in range(2)]
+    procs = [
+        subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
     outputs = [p.communicate(timeout=300) for p in procs]
     assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outputs]
     entries = sorted(x.name for x in tmp_path.iterdir())
@@ -69,22 +73,27 @@ def test_concurrent_conversions_leave_one_complete_folder(tmp_path):
 @pytest.fixture
 def cpu_reports(monkeypatch):
     """Make torch report a CPU of our choosing: its capability and which bf16 instructions it has."""
+
     def report(capability: str, amx: bool = False, avx512_bf16: bool = False) -> None:
         monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
         monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
         monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
         monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+
     return report
 
 
-@pytest.mark.parametrize("capability, amx, avx512_bf16, expected", [
-    ("AVX2", False, False, torch.float32),          # most laptops, AMD before Zen 4
-    ("AVX512", False, False, torch.float32),        # Skylake-X: AVX-512 without bf16 instructions
-    ("AVX512", False, True, torch.bfloat16),        # Zen 4, Cooper Lake
-    ("AVX512", True, True, torch.bfloat16),         # Sapphire Rapids (AMX)
-    ("AVX2", True, True, torch.float32),            # ATEN_CPU_CAPABILITY=avx2 caps torch's kernels
-    ("DEFAULT", False, False, torch.float32),       # ARM, or a build without vector kernels
-])
+@pytest.mark.parametrize(
+    "capability, amx, avx512_bf16, expected",
+    [
+        ("AVX2", False, False, torch.float32),  # most laptops, AMD before Zen 4
+        ("AVX512", False, False, torch.float32),  # Skylake-X: AVX-512 without bf16 instructions
+        ("AVX512", False, True, torch.bfloat16),  # Zen 4, Cooper Lake
+        ("AVX512", True, True, torch.bfloat16),  # Sapphire Rapids (AMX)
+        ("AVX2", True, True, torch.float32),  # ATEN_CPU_CAPABILITY=avx2 caps torch's kernels
+        ("DEFAULT", False, False, torch.float32),  # ARM, or a build without vector kernels
+    ],
+)
 def test_auto_dtype_follows_what_torch_reports(cpu_reports, capability, amx, avx512_bf16, expected):
     cpu_reports(capability, amx, avx512_bf16)
     assert models.torch_dtype("auto", "cpu") == expected
@@ -120,8 +129,9 @@ def test_banner_and_preflight_say_what_the_cpu_computes_in(cpu_reports, tmp_path
     assert preflight.check_dtype(load_config(base)) == []
 
     cpu_reports("AVX512", amx=True, avx512_bf16=True)
-    assert "  compute      auto: AVX512 CPU, bfloat16 (the CPU computes bf16 natively (AMX and AVX512-BF16))" in \
-        banner_of(load_config(base))
+    assert "  compute      auto: AVX512 CPU, bfloat16 (the CPU computes bf16 natively (AMX and AVX512-BF16))" in banner_of(
+        load_config(base)
+    )
     assert preflight.check_dtype(bf16) == []
 
 

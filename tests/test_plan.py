@@ -13,8 +13,9 @@ import torch
 from grl.config import load_config
 from grl.planner import GIB, KNOWN_MODELS, ModelShape, format_plan, model_shape, plan, plan_run, train_flops
 
-GPU_PRESETS = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "configs" / "preset").glob("*.yaml")
-                     if p.stem != "cpu")
+GPU_PRESETS = sorted(
+    p.stem for p in (Path(__file__).resolve().parents[1] / "configs" / "preset").glob("*.yaml") if p.stem != "cpu"
+)
 
 
 def _count_params(config, kind: str = "policy") -> int:
@@ -43,17 +44,24 @@ def test_table_of_preset_models_matches_qwen2(name):
     from transformers import Qwen2Config
 
     known = KNOWN_MODELS[name]
-    config = Qwen2Config(num_hidden_layers=known["layers"], hidden_size=known["hidden"],
-                         intermediate_size=known["intermediate"], num_attention_heads=known["heads"],
-                         num_key_value_heads=known["kv_heads"], vocab_size=known["vocab"],
-                         tie_word_embeddings=known["tied"])
+    config = Qwen2Config(
+        num_hidden_layers=known["layers"],
+        hidden_size=known["hidden"],
+        intermediate_size=known["intermediate"],
+        num_attention_heads=known["heads"],
+        num_key_value_heads=known["kv_heads"],
+        vocab_size=known["vocab"],
+        tie_word_embeddings=known["tied"],
+    )
     assert ModelShape(**known).params == _count_params(config)
 
 
 def test_train_flops_match_verls_hand_computation():
     # verl's tests/utils/test_flops_counter.py writes the Qwen2.5-7B figure out as this sum.
-    expected = (6 * (152064 * 3584 * 2 + 28 * (3584 * (3584 + 512 + 512 + 3584) + 3584 * 18944 * 3))
-                * (512 + 1024 + 2048) + 12 * (512 * 512 + 1024 * 1024 + 2048 * 2048) * 28 * 3584)
+    expected = (
+        6 * (152064 * 3584 * 2 + 28 * (3584 * (3584 + 512 + 512 + 3584) + 3584 * 18944 * 3)) * (512 + 1024 + 2048)
+        + 12 * (512 * 512 + 1024 * 1024 + 2048 * 2048) * 28 * 3584
+    )
     assert train_flops(ModelShape(**KNOWN_MODELS["Qwen2.5-7B-Instruct"]), [512, 1024, 2048]) == expected
 
 
@@ -68,8 +76,9 @@ def test_mfu_is_model_flops_per_device_over_the_update_time():
     # By hand: per layer MLP 3*8*16 = 384 and attention q, k, v, o 8*(8+4+4+8) = 192 weights; embedding
     # and head 2*32*8 = 512; 6 FLOPs per weight per token over 8 tokens; attention 12*(9+25)*q(8)*layers(2).
     flops = 6 * (2 * (384 + 192) + 512) * 8 + 12 * (9 + 25) * 8 * 2
-    metrics = throughput_metrics(batch, {"update_actor": 2.0, "step": 3.0}, n_gpus=4, shape=shape,
-                                 peak_flops=989e12, ppo_epochs=2)
+    metrics = throughput_metrics(
+        batch, {"update_actor": 2.0, "step": 3.0}, n_gpus=4, shape=shape, peak_flops=989e12, ppo_epochs=2
+    )
     assert metrics["perf/mfu/actor"] == pytest.approx(flops * 2 / (2.0 * 989e12 * 4))
     assert "perf/mfu/actor" not in throughput_metrics(batch, {"update_actor": 2.0}, n_gpus=1)
     assert lengths == [int(n) for n in mask.sum(-1)]
@@ -113,23 +122,26 @@ def test_state_rows_are_the_sharded_bytes_and_offload_moves_them_to_host():
     assert on_gpu["actor optimizer (AdamW m, v)"] == 2 * shape.params * 4 / 4
     assert on_gpu["actor gradients"] == shape.params * 4 / 4
     assert on_gpu["ref weights"] == shape.params * 2 / 4
-    offloaded = plan(load_config(["preset=h200_4x_7b", "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true"]),
-                     gpu_memory_gib=139.8)
+    offloaded = plan(
+        load_config(["preset=h200_4x_7b", "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true"]), gpu_memory_gib=139.8
+    )
     assert "actor optimizer (AdamW m, v)" not in offloaded.device
     # The host holds every rank's shards of the node: the whole optimizer state.
     assert offloaded.host["actor optimizer (AdamW m, v)"]["update_actor"] == 2 * shape.params * 4
     assert offloaded.device_total("update_actor") == pytest.approx(
-        plan(cfg, gpu_memory_gib=139.8).device_total("update_actor") - 4 * shape.params * 4 / 4)
+        plan(cfg, gpu_memory_gib=139.8).device_total("update_actor") - 4 * shape.params * 4 / 4
+    )
 
 
 def test_checkpointing_chunk_size_and_sleep_change_their_rows():
     base = ["preset=a100_1x_0.5b"]
     full = _rows(plan(load_config(base), gpu_memory_gib=79.2), "update_actor")
-    no_ckpt = _rows(plan(load_config(base + ["actor_rollout_ref.model.enable_gradient_checkpointing=false"]),
-                         gpu_memory_gib=79.2), "update_actor")
+    no_ckpt = _rows(
+        plan(load_config(base + ["actor_rollout_ref.model.enable_gradient_checkpointing=false"]), gpu_memory_gib=79.2),
+        "update_actor",
+    )
     assert no_ckpt["activations"] > 5 * full["activations"]
-    half = _rows(plan(load_config(base + ["actor_rollout_ref.actor.logits_chunk_size=256"]), gpu_memory_gib=79.2),
-                 "update_actor")
+    half = _rows(plan(load_config(base + ["actor_rollout_ref.actor.logits_chunk_size=256"]), gpu_memory_gib=79.2), "update_actor")
     assert half["log-prob chunk"] == pytest.approx(full["log-prob chunk"] / 4)  # 256 of 1024 rows
     awake = plan(load_config(base + ["actor_rollout_ref.rollout.free_cache_engine=false"]), gpu_memory_gib=79.2)
     assert _rows(awake, "update_actor")["engine (gpu_memory_utilization)"] == pytest.approx(0.5 * 79.2 * GIB)
@@ -182,19 +194,19 @@ def test_ref_offload_follows_the_workers_rule():
 
 def test_critic_runs_beside_what_the_actors_process_keeps_cached():
     memory = plan(load_config(["preset=h200_4x_7b"]), gpu_memory_gib=139.8)
-    actor_pass = sum(_rows(memory, "old_log_prob")[name] for name in ("gathered weights", "activations",
-                                                                       "log-prob chunk"))
+    actor_pass = sum(_rows(memory, "old_log_prob")[name] for name in ("gathered weights", "activations", "log-prob chunk"))
     for phase in ("values", "update_critic"):
         assert _rows(memory, phase)["cached by the actor's process"] == pytest.approx(actor_pass)
-    assert not any(_rows(memory, phase).get("cached by the actor's process")
-                   for phase in ("gen", "old_log_prob", "ref", "update_actor", "sync_weights"))
+    assert not any(
+        _rows(memory, phase).get("cached by the actor's process")
+        for phase in ("gen", "old_log_prob", "ref", "update_actor", "sync_weights")
+    )
 
 
 @pytest.fixture
 def process_group_env(monkeypatch):
     """A worker joins a process group in this process: its environment and threads are put back after."""
-    for key in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "GLOO_SOCKET_IFNAME",
-                "NCCL_SOCKET_IFNAME"):
+    for key in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
         monkeypatch.setenv(key, "")  # records the value before, which undoing the next line cannot
         monkeypatch.delenv(key)
     threads = torch.get_num_threads()
@@ -211,8 +223,13 @@ def test_planner_sizes_what_the_worker_builds(process_group_env, caplog):
     from grl.run_plan import RunPlan
     from grl.workers.policy import PolicyWorker
 
-    overrides = ["model_path=tiny", "n_gpus_per_node=1", "actor_rollout_ref.model.dtype=float16",
-                 "algorithm.use_kl_in_reward=true", "actor_rollout_ref.ref.fsdp_config.optimizer_offload=true"]
+    overrides = [
+        "model_path=tiny",
+        "n_gpus_per_node=1",
+        "actor_rollout_ref.model.dtype=float16",
+        "algorithm.use_kl_in_reward=true",
+        "actor_rollout_ref.ref.fsdp_config.optimizer_offload=true",
+    ]
     cfg = load_config(overrides + ["trainer.device=cpu"])
     run = RunPlan.from_config(cfg)
     worker = PolicyWorker(0, run, typed_section(cfg, "actor_rollout_ref"), "cpu")

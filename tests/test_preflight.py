@@ -16,8 +16,12 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def base(tmp_path):
-    return ["model_path=tiny", "trainer.device=cpu", f"trainer.run_dir={tmp_path}/run",
-            f"trainer.default_local_dir={tmp_path}/ckpt"]
+    return [
+        "model_path=tiny",
+        "trainer.device=cpu",
+        f"trainer.run_dir={tmp_path}/run",
+        f"trainer.default_local_dir={tmp_path}/ckpt",
+    ]
 
 
 @pytest.fixture
@@ -58,12 +62,18 @@ BAD = [  # (override, the key the message must name)
     ("trainer.run_dir=/proc/grl/run", "trainer.run_dir"),  # unwritable even for root
     ("trainer.default_local_dir={tmp}/afile/ckpt", "trainer.default_local_dir"),
     ("trainer.ray_address=127.0.0.1:1", "trainer.ray_address"),
-    ("rollout.validation=[birdAgent] rollout.validation_agent_group_num=[1] "
-     "rollout.validation_agent_group_size=[1] birdAgent.env_config.dataset_path={tmp}/none.jsonl", "birdAgent"),
+    (
+        "rollout.validation=[birdAgent] rollout.validation_agent_group_num=[1] "
+        "rollout.validation_agent_group_size=[1] birdAgent.env_config.dataset_path={tmp}/none.jsonl",
+        "birdAgent",
+    ),
     ("simpleSokobanAgent.env_config.dim_room=[2,2]", "simpleSokobanAgent"),
     ("trainer.resume_mode={tmp}", "trainer.resume_mode"),  # a folder that holds no checkpoint
-    ("+prog.agent_type=program +prog.agent_config.program=no_such_module:play rollout.training=[prog] "
-     "rollout.agent_group_num=[1] rollout.agent_group_size=[2]", "prog: program 'no_such_module:play': cannot import"),
+    (
+        "+prog.agent_type=program +prog.agent_config.program=no_such_module:play rollout.training=[prog] "
+        "rollout.agent_group_num=[1] rollout.agent_group_size=[2]",
+        "prog: program 'no_such_module:play': cannot import",
+    ),
 ]
 
 
@@ -139,21 +149,41 @@ def _run_processes(marker: str) -> list[int]:
     return pids
 
 
-ASYNC = ("actor_rollout_ref.hybrid_engine=false", "rollout.max_staleness=1",
-         "actor_rollout_ref.actor.recompute_old_log_probs=true", "actor_rollout_ref.actor.tis_imp_ratio_cap=2")
+ASYNC = (
+    "actor_rollout_ref.hybrid_engine=false",
+    "rollout.max_staleness=1",
+    "actor_rollout_ref.actor.recompute_old_log_probs=true",
+    "actor_rollout_ref.actor.tis_imp_ratio_cap=2",
+)
 
 
-@pytest.mark.parametrize("wait_for, extra", [("step 1", ()), ("update_actor", ()), ("update_actor", ASYNC)],
-                         ids=["step 1", "update_actor", "update_actor with rollouts ahead"])
+@pytest.mark.parametrize(
+    "wait_for, extra",
+    [("step 1", ()), ("update_actor", ()), ("update_actor", ASYNC)],
+    ids=["step 1", "update_actor", "update_actor with rollouts ahead"],
+)
 def test_sigterm_ends_every_process_of_the_run(tmp_path, wait_for, extra):
     marker = f"GRL_SIGTERM_TEST={tmp_path.name}"
     # A user's shell, not this pytest process's environment (earlier tests' in-process Ray runs leave
     # RAY_* settings in it that change how Ray's agents end).
     keep = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "TMPDIR") or k.startswith("GRL_")}
     env = {**keep, "PYTHONPATH": str(REPO), marker.split("=")[0]: marker.split("=")[1]}
-    cmd = [sys.executable, "-m", "grl.train", "preset=cpu", "model_path=tiny", "max_response_length=8",
-           "total_training_steps=50", "trainer.val_before_train=false", "test_freq=-1", "save_freq=-1",
-           "trainer.export_hf=false", f"trainer.run_dir={tmp_path}/run", f"trainer.default_local_dir={tmp_path}/ck", *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "grl.train",
+        "preset=cpu",
+        "model_path=tiny",
+        "max_response_length=8",
+        "total_training_steps=50",
+        "trainer.val_before_train=false",
+        "test_freq=-1",
+        "save_freq=-1",
+        "trainer.export_hf=false",
+        f"trainer.run_dir={tmp_path}/run",
+        f"trainer.default_local_dir={tmp_path}/ck",
+        *extra,
+    ]
     log = tmp_path / "out.log"
     with open(log, "w") as out:
         driver = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path)

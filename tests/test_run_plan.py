@@ -49,11 +49,12 @@ def test_the_plan_is_frozen_and_reaches_the_ranks_unchanged():
         plan.max_staleness = 0
 
 
-@pytest.mark.parametrize("epochs,mini,kl_in_reward,staleness", [
-    (1, 8, False, 0), (2, 8, False, 0), (1, 4, False, 0), (1, 8, True, 0), (1, 8, False, 1)])
+@pytest.mark.parametrize(
+    "epochs,mini,kl_in_reward,staleness",
+    [(1, 8, False, 0), (2, 8, False, 0), (1, 4, False, 0), (1, 8, True, 0), (1, 8, False, 1)],
+)
 def test_old_log_prob_pass_is_needed_when_the_update_moves_before_it_reads_them(epochs, mini, kl_in_reward, staleness):
-    plan = replace(plan_of(), ppo_epochs=epochs, ppo_mini_batch_size=mini, kl_in_reward=kl_in_reward,
-                   max_staleness=staleness)
+    plan = replace(plan_of(), ppo_epochs=epochs, ppo_mini_batch_size=mini, kl_in_reward=kl_in_reward, max_staleness=staleness)
     for episodes in range(1, 20):
         # reference: the update's optimizer steps; only the first is taken at the weights that sampled, and
         # only if nothing used the old log-probs before it and the sampler was the current policy
@@ -102,14 +103,20 @@ BY_NAME = re.compile(r"""(?:get\(|\[)\s*["'](?:""" + "|".join(PLANNED_KEYS) + r"
 def config_reads(source: str) -> list[str]:
     """The reads of a planned key in `source`; `plan.max_staleness`, `run.nnodes` or an object's own
     attribute read the plan, not a config."""
-    return ([re.sub(r"\s", "", m.group(2)) for m in ATTRIBUTE.finditer(_code_without_strings(source))
-             if m.group(1) not in ("plan", "run", "self")] + [m.group(0) for m in BY_NAME.finditer(source)])
+    return [
+        re.sub(r"\s", "", m.group(2))
+        for m in ATTRIBUTE.finditer(_code_without_strings(source))
+        if m.group(1) not in ("plan", "run", "self")
+    ] + [m.group(0) for m in BY_NAME.finditer(source)]
 
 
 def test_the_keys_the_plan_decides_are_read_nowhere_else():
-    readers = [f"{path.relative_to(GRL)}: {read}" for path in sorted(GRL.rglob("*.py"))
-               if path not in ALLOWED_FILES and GRL / "schema" not in path.parents
-               for read in config_reads(path.read_text())]
+    readers = [
+        f"{path.relative_to(GRL)}: {read}"
+        for path in sorted(GRL.rglob("*.py"))
+        if path not in ALLOWED_FILES and GRL / "schema" not in path.parents
+        for read in config_reads(path.read_text())
+    ]
     assert readers == []
     # the scan sees the reads there are, and not a message that names a key
     assert config_reads("k = cfg.rollout.max_staleness  # rollout.max_staleness") == ["max_staleness"]
@@ -118,14 +125,16 @@ def test_the_keys_the_plan_decides_are_read_nowhere_else():
 
 
 # What a rank of a worker group runs: built from the plan and its role's typed section alone.
-RANK_MODULES = ("worker", "policy", "critic", "update", "scoring", "fsdp", "lora", "sharded", "streaming",
-                "rollout_worker")
+RANK_MODULES = ("worker", "policy", "critic", "update", "scoring", "fsdp", "lora", "sharded", "streaming", "rollout_worker")
 ROOT_SECTIONS = re.compile(r"\b\w*cfg\w*\s*(?:\.\s*|\[\s*)(actor_rollout_ref|critic|trainer|rollout|algorithm|data)\b")
 
 
 def test_no_rank_reads_the_root_config():
-    reads = [f"workers/{name}.py: {m.group(0)}" for name in RANK_MODULES
-             for m in ROOT_SECTIONS.finditer(_code_without_strings((GRL / "workers" / f"{name}.py").read_text()))]
+    reads = [
+        f"workers/{name}.py: {m.group(0)}"
+        for name in RANK_MODULES
+        for m in ROOT_SECTIONS.finditer(_code_without_strings((GRL / "workers" / f"{name}.py").read_text()))
+    ]
     assert reads == []
     assert ROOT_SECTIONS.search("temperature = self.cfg.actor_rollout_ref.rollout.temperature")
     assert not ROOT_SECTIONS.search("size = self.section.rollout.log_prob_micro_batch_size_per_gpu")

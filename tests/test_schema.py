@@ -66,8 +66,9 @@ def test_task_instances_use_schema_keys_only():
 
 
 def test_docs_key_table_is_the_schemas():
-    assert (REPO / "docs" / "CONFIG.md").read_text() == config_md(), \
+    assert (REPO / "docs" / "CONFIG.md").read_text() == config_md(), (
         "docs/CONFIG.md is out of date: run `.venv/bin/python -m grl.schema > docs/CONFIG.md`"
+    )
 
 
 def test_help_lists_every_key():
@@ -87,8 +88,10 @@ def raise_texts(path: Path):
     """(line, the string parts of the raised message joined) for each raise in a file."""
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Raise) and node.exc is not None:
-            yield node.lineno, "".join(c.value for c in ast.walk(node.exc)
-                                       if isinstance(c, ast.Constant) and isinstance(c.value, str))
+            yield (
+                node.lineno,
+                "".join(c.value for c in ast.walk(node.exc) if isinstance(c, ast.Constant) and isinstance(c.value, str)),
+            )
 
 
 def rechecks(path: Path) -> list[str]:
@@ -99,23 +102,29 @@ def rechecks(path: Path) -> list[str]:
     for line, text in raise_texts(path):
         if not RANGE_WORDS.search(text):
             continue
-        if (any(key in text for key in RUN_KEYS if "." in key)
-                or any(f".{leaf}:" in text or re.search(rf"\b{leaf} must be", text) for leaf in leaves_named)):
+        if any(key in text for key in RUN_KEYS if "." in key) or any(
+            f".{leaf}:" in text or re.search(rf"\b{leaf} must be", text) for leaf in leaves_named
+        ):
             found.append(f"{path.name}:{line}: {text[:80]}")
     return found
 
 
 def test_no_consumer_rechecks_a_schema_key():
-    sources = [p for p in (REPO / "grl").rglob("*.py")
-               if "schema" not in p.relative_to(REPO).parts and str(p.relative_to(REPO)) not in CHECKERS]
+    sources = [
+        p
+        for p in (REPO / "grl").rglob("*.py")
+        if "schema" not in p.relative_to(REPO).parts and str(p.relative_to(REPO)) not in CHECKERS
+    ]
     assert [hit for p in sources for hit in rechecks(p)] == []
 
 
 def test_the_scan_finds_a_recheck(tmp_path):
     """The scan above is not vacuous: the checks consumers used to make are caught."""
     old = tmp_path / "old.py"
-    old.write_text('def f(t):\n    raise ValueError(f"{path}.top_k: must be -1 (off) or >= 0, got {t}")\n'
-                   'def g(k):\n    raise ValueError(f"rollout.rollout_filter_type: {k!r} is not one of std, std_rev")\n')
+    old.write_text(
+        'def f(t):\n    raise ValueError(f"{path}.top_k: must be -1 (off) or >= 0, got {t}")\n'
+        'def g(k):\n    raise ValueError(f"rollout.rollout_filter_type: {k!r} is not one of std, std_rev")\n'
+    )
     assert len(rechecks(old)) == 2
 
 
@@ -148,8 +157,9 @@ def test_the_schema_is_the_floor_and_its_literal_choices_match_the_registries():
     import grl.tools
     from grl.schema import run, tasks, workers
 
-    code = "import sys, grl.schema; print(sorted(m for m in sys.modules if m.startswith('grl.') and " \
-           "not m.startswith('grl.schema')))"
+    code = (
+        "import sys, grl.schema; print(sorted(m for m in sys.modules if m.startswith('grl.') and not m.startswith('grl.schema')))"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
     assert run.VALIDATION_CONTROLS == tuple(grl.agents.controls.VALIDATION_CONTROLS)

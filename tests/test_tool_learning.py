@@ -54,16 +54,30 @@ class HiddenFruitEnv(Env):
 
     def step(self, action: str):
         right = action.strip() == hidden_fruit(self.seed)
-        return "done", float(right), True, step_info(success=right, action_is_valid=action.strip() in FRUITS,
-                                                     action_is_effective=True)
+        return (
+            "done",
+            float(right),
+            True,
+            step_info(success=right, action_is_valid=action.strip() in FRUITS, action_is_effective=True),
+        )
 
 
 TASK = {
     "agent_type": "hiddenFruitAgent",
-    "agent_config": {"system_prompt": "You find hidden fruit.", "prompt": "Which fruit is in the box?",
-                     "enable_think": False, "max_tokens": 64, "max_turns": 2, "max_actions_per_turn": 1,
-                     "max_actions_all_turns": 1, "format_penalty": 0.0, "action_separator": None,
-                     "action_decoding": "constrained", "tools": ["python"], "max_tool_calls": 1},
+    "agent_config": {
+        "system_prompt": "You find hidden fruit.",
+        "prompt": "Which fruit is in the box?",
+        "enable_think": False,
+        "max_tokens": 64,
+        "max_turns": 2,
+        "max_actions_per_turn": 1,
+        "max_actions_all_turns": 1,
+        "format_penalty": 0.0,
+        "action_separator": None,
+        "action_decoding": "constrained",
+        "tools": ["python"],
+        "max_tool_calls": 1,
+    },
     "env_config": {},
 }
 
@@ -84,26 +98,44 @@ def test_ppo_learns_to_call_the_tool(tmp_path, monkeypatch, sign):
     from grl.workers import init_ray
 
     estimate = transforms.compute_advantage
-    monkeypatch.setattr(transforms, "compute_advantage",
-                        lambda *a, **k: tuple(sign * x if i == 0 else x for i, x in enumerate(estimate(*a, **k))))
+    monkeypatch.setattr(
+        transforms, "compute_advantage", lambda *a, **k: tuple(sign * x if i == 0 else x for i, x in enumerate(estimate(*a, **k)))
+    )
     grl.envs.register("hidden_fruit", HiddenFruitEnv)
     grl.agents.register("hiddenFruitAgent", "hidden_fruit")
     steps = 12
     cfg = small_run_config(
-        tmp_path, "hidden_fruit", TASK, max_response_length=64, validation_groups=16,
-        **{"algorithm.adv_estimator": "grpo", "critic.enable": False, "ppo_mini_batch_size": 32,
-           "micro_batch_size_per_gpu": 16, "total_training_steps": steps, "test_freq": steps,
-           "rollout.use_turn_scores": False, "rollout.agent_group_num": "[8]",
-           "actor_rollout_ref.actor.optim.lr": 3e-3})
+        tmp_path,
+        "hidden_fruit",
+        TASK,
+        max_response_length=64,
+        validation_groups=16,
+        **{
+            "algorithm.adv_estimator": "grpo",
+            "critic.enable": False,
+            "ppo_mini_batch_size": 32,
+            "micro_batch_size_per_gpu": 16,
+            "total_training_steps": steps,
+            "test_freq": steps,
+            "rollout.use_turn_scores": False,
+            "rollout.agent_group_num": "[8]",
+            "actor_rollout_ref.actor.optim.lr": 3e-3,
+        },
+    )
     init_ray(None, num_cpus=2)
     AgentTrainer.from_config(cfg).fit()
     history = {r["step"]: r for r in read_jsonl(tmp_path / "run" / METRICS_FILE)}
     before, after = history[0]["val-env/hidden_fruit/success"], history[steps]["val-env/hidden_fruit/success"]
     calls = history[steps]["val-env/hidden_fruit/tool_calls"]
-    train = [(round(history[s]["train/hidden_fruit/success"], 2), round(history[s]["train/hidden_fruit/tool_calls"], 2))
-             for s in sorted(history) if s > 0]
-    print(f"sign {sign:+.0f}: greedy validation success {before:.3f} -> {after:.3f}, tool calls {calls:.2f}; "
-          f"training (success, tool calls) {train}")
+    train = [
+        (round(history[s]["train/hidden_fruit/success"], 2), round(history[s]["train/hidden_fruit/tool_calls"], 2))
+        for s in sorted(history)
+        if s > 0
+    ]
+    print(
+        f"sign {sign:+.0f}: greedy validation success {before:.3f} -> {after:.3f}, tool calls {calls:.2f}; "
+        f"training (success, tool calls) {train}"
+    )
     assert all(history[s]["train/hidden_fruit/tool_errors"] == 0.0 for s in history if s > 0)
     learned = after >= 0.75 and calls >= 0.9
     assert learned == (sign > 0), (before, after, calls, train)

@@ -69,15 +69,29 @@ def test_the_tutorial_env_trains_for_a_step(tmp_path):
     from grl.workers import init_ray
 
     overrides = {
-        "model_path": "tiny", "n_gpus_per_node": 1, "trainer.device": "cpu", "actor_rollout_ref.rollout.name": "hf",
-        "rollout.training": f"[{TASK}]", "rollout.validation": f"[{TASK}]",
-        "rollout.agent_group_num": "[2]", "rollout.agent_group_size": "[2]",
-        "rollout.validation_agent_group_num": "[2]", "rollout.validation_agent_group_size": "[1]",
-        f"{TASK}.agent_config.max_turns": 2, "max_response_length": 8,
-        "ppo_mini_batch_size": 4, "micro_batch_size_per_gpu": 4, "total_training_steps": 1,
-        "test_freq": 1, "save_freq": -1, "trainer.val_before_train": False, "trainer.export_hf": False,
-        "trainer.logger": "[jsonl]", "resume_mode": "disable",
-        "trainer.run_dir": str(tmp_path / "run"), "trainer.default_local_dir": str(tmp_path / "ckpt"),
+        "model_path": "tiny",
+        "n_gpus_per_node": 1,
+        "trainer.device": "cpu",
+        "actor_rollout_ref.rollout.name": "hf",
+        "rollout.training": f"[{TASK}]",
+        "rollout.validation": f"[{TASK}]",
+        "rollout.agent_group_num": "[2]",
+        "rollout.agent_group_size": "[2]",
+        "rollout.validation_agent_group_num": "[2]",
+        "rollout.validation_agent_group_size": "[1]",
+        f"{TASK}.agent_config.max_turns": 2,
+        "max_response_length": 8,
+        "ppo_mini_batch_size": 4,
+        "micro_batch_size_per_gpu": 4,
+        "total_training_steps": 1,
+        "test_freq": 1,
+        "save_freq": -1,
+        "trainer.val_before_train": False,
+        "trainer.export_hf": False,
+        "trainer.logger": "[jsonl]",
+        "resume_mode": "disable",
+        "trainer.run_dir": str(tmp_path / "run"),
+        "trainer.default_local_dir": str(tmp_path / "ckpt"),
         "actor_rollout_ref.model.enable_gradient_checkpointing": False,
         "critic.model.enable_gradient_checkpointing": False,
     }
@@ -110,8 +124,9 @@ def test_the_tutorials_program_plays_through_the_gateway_and_a_perfect_player_wi
     engine = make_engine("hf", "tiny", device="cpu", grammar=True)
     runner = ProgramRunner(engine, engine.tokenizer, context=2048, max_response_length=16)
     try:
-        episodes, metrics = runner.run([TaskSpec("guessNumberProgram", block, 2, 2)], 0, 0,
-                                       SamplingParams(temperature=1.0, seed=0))
+        episodes, metrics = runner.run(
+            [TaskSpec("guessNumberProgram", block, 2, 2)], 0, 0, SamplingParams(temperature=1.0, seed=0)
+        )
     finally:
         runner.close()
         engine.shutdown()

@@ -29,8 +29,9 @@ def _agent_type(agent_type: str) -> AgentType:
         return AGENT_TYPES[agent_type]
     if isinstance(agent_type, str) and (agent_type in grl.envs.names() or ":" in agent_type):
         return AgentType(agent_type, TaskHooks())
-    raise KeyError(f"unknown agent_type {agent_type!r}; registered: {', '.join(agent_types())}, "
-                   f"an env name or a module:EnvClass path")
+    raise KeyError(
+        f"unknown agent_type {agent_type!r}; registered: {', '.join(agent_types())}, an env name or a module:EnvClass path"
+    )
 
 
 def env_name(agent_type: str) -> str:
@@ -76,8 +77,9 @@ def make_agent(task_name: str, task_cfg: Mapping[str, Any], sandbox: SandboxLimi
     accepted = grl.envs.config_keys(kind.env)
     for key in env_config:
         if accepted is not None and key not in accepted:
-            raise ValueError(f"{task_name}.env_config.{key}: unknown key for env {kind.env} "
-                             f"(known: {', '.join(sorted(accepted))})")
+            raise ValueError(
+                f"{task_name}.env_config.{key}: unknown key for env {kind.env} (known: {', '.join(sorted(accepted))})"
+            )
     limits = sandbox or SandboxLimits()
     if settings.tools:
         grl.tools.check_isolation(limits)  # refuse to start where the walls cannot be built
@@ -86,5 +88,19 @@ def make_agent(task_name: str, task_cfg: Mapping[str, Any], sandbox: SandboxLimi
     return Agent(task_name, settings, env, kind.hooks, tools)
 
 
-__all__ = ["Agent", "AgentSettings", "AgentStep", "AgentType", "ParsedReply", "TaskHooks", "ToolCall", "agent_types",
-           "env_name", "make_agent", "parse_reply", "parse_tool_calls", "register", "split_actions"]
+__all__ = [
+    "Agent",
+    "AgentSettings",
+    "AgentStep",
+    "AgentType",
+    "ParsedReply",
+    "TaskHooks",
+    "ToolCall",
+    "agent_types",
+    "env_name",
+    "make_agent",
+    "parse_reply",
+    "parse_tool_calls",
+    "register",
+    "split_actions",
+]

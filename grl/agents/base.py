@@ -77,7 +77,7 @@ def context_window(messages: list[dict[str, str]], instructions: str, window: in
     replies = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
     if window < 0 or len(replies) <= window:
         return [dict(m) for m in messages]
-    kept = [dict(m) for m in messages[replies[len(replies) - window - 1] + 1:]]
+    kept = [dict(m) for m in messages[replies[len(replies) - window - 1] + 1 :]]
     if kept[0]["role"] == "user":
         kept[0]["content"] = f"{instructions}\n\n{kept[0]['content']}" if instructions else kept[0]["content"]
     else:
@@ -93,14 +93,18 @@ class AgentStep:
 
 
 class Agent:
-    def __init__(self, task_name: str, settings: AgentSettings, env: Env, hooks: TaskHooks,
-                 tools: Mapping[str, Any] | None = None):
+    def __init__(
+        self, task_name: str, settings: AgentSettings, env: Env, hooks: TaskHooks, tools: Mapping[str, Any] | None = None
+    ):
         self.task_name = task_name
         self.settings = settings
         self.env = env
         self.hooks = hooks
-        self.tool_use = ToolUse(tools, settings.max_tool_calls_per_turn, settings.max_tool_calls,
-                                settings.max_tool_output_chars) if tools else None
+        self.tool_use = (
+            ToolUse(tools, settings.max_tool_calls_per_turn, settings.max_tool_calls, settings.max_tool_output_chars)
+            if tools
+            else None
+        )
         self.messages: list[dict[str, str]] = []
         self.env_repairs: list[Repair] = []  # what was repaired in the env's values by the latest reset/step
         self._start_episode("")
@@ -151,21 +155,30 @@ class Agent:
         else:
             text = "End your reply with <answer>your answer</answer>."
         if s.action_separator and s.max_actions_per_turn > 1:
-            text += f" Separate actions with {s.action_separator.strip() or s.action_separator!r}" \
-                    f" and give at most {s.max_actions_per_turn} per answer."
+            text += (
+                f" Separate actions with {s.action_separator.strip() or s.action_separator!r}"
+                f" and give at most {s.max_actions_per_turn} per answer."
+            )
         return text
 
     def _state_text(self, observation: str) -> str:
         actions_left = self.settings.max_actions_all_turns - self._actions_used
         per_turn = 1 if self.constrained else self.settings.max_actions_per_turn
-        return (f"Turn {self._turn + 1}. State:\n{observation}\n"
-                f"{self.hooks.budget_text(actions_left, per_turn, self.settings.brief_turns)}")
+        return (
+            f"Turn {self._turn + 1}. State:\n{observation}\n"
+            f"{self.hooks.budget_text(actions_left, per_turn, self.settings.brief_turns)}"
+        )
 
     def instructions(self) -> str:
         """The task, the legend, the actions and the reply format: the first message before its state."""
         tool_text = self.tool_use.prompt_text() if self.tool_use else ""
-        parts = [self.settings.prompt.strip(), self.env.legend().strip(), self.env.action_help().strip(),
-                 self.format_text(), tool_text]
+        parts = [
+            self.settings.prompt.strip(),
+            self.env.legend().strip(),
+            self.env.action_help().strip(),
+            self.format_text(),
+            tool_text,
+        ]
         return "\n\n".join(p for p in parts if p)
 
     def _first_user_message(self, observation: str) -> str:
@@ -187,8 +200,10 @@ class Agent:
     def reset(self, seed: int) -> list[dict[str, str]]:
         observation, self.env_repairs = check_observation(self.env.reset(seed), "reset")
         self._start_episode(observation)
-        self.messages = [{"role": "system", "content": self.settings.system_prompt},
-                         {"role": "user", "content": self._first_user_message(observation)}]
+        self.messages = [
+            {"role": "system", "content": self.settings.system_prompt},
+            {"role": "user", "content": self._first_user_message(observation)},
+        ]
         return list(self.messages)
 
     def state_key(self) -> str:
@@ -255,21 +270,29 @@ class Agent:
         penalised = not parsed.format_ok or bool(invalid)
         if penalised:
             reward += s.format_penalty
-        done = (env_done or env_error is not None or self._turn >= s.max_turns
-                or self._actions_used >= s.max_actions_all_turns)
+        done = env_done or env_error is not None or self._turn >= s.max_turns or self._actions_used >= s.max_actions_all_turns
         self._done = done
         if observation is not None:
             self._observation = observation
         over_budget = max(0, len(proposed) - room)
-        info = self._info(actions=executed, actions_dropped=over_budget, invalid_actions=invalid,
-                          format_ok=parsed.format_ok, format_error=parsed.error, penalised=penalised,
-                          env_done=env_done, env_error=env_error, env_error_kind=env_error_kind,
-                          env_traceback=env_traceback, think=parsed.think, answer=answer)
+        info = self._info(
+            actions=executed,
+            actions_dropped=over_budget,
+            invalid_actions=invalid,
+            format_ok=parsed.format_ok,
+            format_error=parsed.error,
+            penalised=penalised,
+            env_done=env_done,
+            env_error=env_error,
+            env_error_kind=env_error_kind,
+            env_traceback=env_traceback,
+            think=parsed.think,
+            answer=answer,
+        )
         self.messages.append({"role": "assistant", "content": reply})
         if not done:
             feedback = self._feedback(parsed.error, invalid, over_budget)
-            self.messages.append({"role": "user",
-                                  "content": self._next_user_message(reward, feedback, self._observation)})
+            self.messages.append({"role": "user", "content": self._next_user_message(reward, feedback, self._observation)})
         return AgentStep(reward, done, info)
 
     def _tool_turn(self, reply: str, calls: list[ToolCall]) -> AgentStep:
@@ -285,9 +308,22 @@ class Agent:
 
     def _info(self, **changes: Any) -> TurnInfo:
         """This turn's info: a turn that ran no action, with `changes` applied."""
-        info = TurnInfo(turn=self._turn, actions=[], actions_dropped=0, invalid_actions=[], format_ok=False,
-                        format_error="", penalised=False, success=self._success, env_done=False, env_error=None,
-                        env_error_kind=None, env_traceback=None, think=None, answer=None)
+        info = TurnInfo(
+            turn=self._turn,
+            actions=[],
+            actions_dropped=0,
+            invalid_actions=[],
+            format_ok=False,
+            format_error="",
+            penalised=False,
+            success=self._success,
+            env_done=False,
+            env_error=None,
+            env_error_kind=None,
+            env_traceback=None,
+            think=None,
+            answer=None,
+        )
         info.update(changes)  # type: ignore[typeddict-item]
         return info
 

@@ -60,12 +60,12 @@ def _think_part(text: str) -> tuple[str | None, int]:
     if close:
         opening = _OPEN_THINK.search(text, 0, close.start())
         start = opening.end() if opening else 0
-        return text[start:close.start()], close.end()
+        return text[start : close.start()], close.end()
     opening = _OPEN_THINK.search(text)
     if opening:
         answer = _OPEN_ANSWER.search(text, opening.end())
         end = answer.start() if answer else len(text)
-        return text[opening.end():end], opening.end()
+        return text[opening.end() : end], opening.end()
     return None, 0
 
 
@@ -75,9 +75,9 @@ def _answer_part(text: str, start: int) -> str | None:
         return None
     close = _CLOSE_ANSWER.search(text, opening.end())
     if close:
-        answer = text[opening.end():close.start()]
+        answer = text[opening.end() : close.start()]
     else:
-        answer = _CUT_CLOSE.sub("", text[opening.end():])
+        answer = _CUT_CLOSE.sub("", text[opening.end() :])
     answer = answer.strip()
     return answer or None
 
@@ -135,7 +135,6 @@ def parse_tool_calls(text: str) -> list[ToolCall]:
     """The tool calls of a reply, in order, by rule 6 of the module docstring."""
     if not isinstance(text, str):
         return []
-    found = [(m.start(), ToolCall("python", _CUT_CLOSE.sub("", m.group(1)).strip("\n")))
-             for m in _PYTHON_CALL.finditer(text)]
+    found = [(m.start(), ToolCall("python", _CUT_CLOSE.sub("", m.group(1)).strip("\n"))) for m in _PYTHON_CALL.finditer(text)]
     found += [(m.start(), _hermes_call(m.group(1).strip())) for m in _HERMES_CALL.finditer(text)]
     return [call for _, call in sorted(found, key=lambda pair: pair[0])]

@@ -31,9 +31,11 @@ class ToolUse:
 
     def prompt_text(self) -> str:
         names = ", ".join(sorted(self.tools))
-        return (f"Tools ({names}): write <python>code</python> to run Python code; what it prints comes back in "
-                f"the next message. Up to {self.per_turn} call{'s' if self.per_turn > 1 else ''} a reply and "
-                f"{self.per_episode} in all; a reply with a tool call is not taken as an answer.")
+        return (
+            f"Tools ({names}): write <python>code</python> to run Python code; what it prints comes back in "
+            f"the next message. Up to {self.per_turn} call{'s' if self.per_turn > 1 else ''} a reply and "
+            f"{self.per_episode} in all; a reply with a tool call is not taken as an answer."
+        )
 
     def spent(self) -> bool:
         return self.calls >= self.per_episode
@@ -61,5 +63,9 @@ class ToolUse:
         return "\n".join(parts)
 
     def metrics(self) -> dict[str, float]:
-        return {"tool_calls": float(self.calls), "tool_errors": float(self.errors),
-                "tool_timeouts": float(self.timeouts), "tool_time_s": self.seconds}
+        return {
+            "tool_calls": float(self.calls),
+            "tool_errors": float(self.errors),
+            "tool_timeouts": float(self.timeouts),
+            "tool_time_s": self.seconds,
+        }

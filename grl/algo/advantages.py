@@ -44,8 +44,9 @@ class _Packing:
             S = int(seg.max()) + 1 if gen.numel() else 1
             seq = torch.arange(B, device=gen.device)[:, None] * S + seg
             # each segment's first rank; non-generated tokens report to a dump slot
-            start = rank.new_full((B * S + 1,), T).scatter_reduce(0, torch.where(gen, seq, B * S).flatten(), rank.flatten(),
-                                                                  "amin")
+            start = rank.new_full((B * S + 1,), T).scatter_reduce(
+                0, torch.where(gen, seq, B * S).flatten(), rank.flatten(), "amin"
+            )
             in_seq = rank - start[seq]
         n = int(torch.where(gen, in_seq, -1).max()) + 1 if gen.numel() else 0
         self.gen, self.shape = gen, (B * S, n)
@@ -101,8 +102,9 @@ def _packed_gae(token_rewards, values, gen, gamma, lam, segments=None):
     return advantages, torch.where(gen, advantages + values, _zero(values))
 
 
-def compute_gae(token_rewards: torch.Tensor, values: torch.Tensor, loss_mask: torch.Tensor, gamma: float,
-                lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+def compute_gae(
+    token_rewards: torch.Tensor, values: torch.Tensor, loss_mask: torch.Tensor, gamma: float, lam: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Masked multi-turn GAE -> (advantages, returns).
 
     Over generated tokens only: delta_t = r_t + gamma * V(next generated token) - V_t, where the
@@ -149,6 +151,7 @@ def _to_tokens(per_turn: torch.Tensor, tid: torch.Tensor, gen: torch.Tensor) -> 
 
 class TurnGAE(NamedTuple):
     """Per-turn results, `[batch, K]` with K = 1 + the largest turn id on a generated token."""
+
     advantages: torch.Tensor
     returns: torch.Tensor
     turn_mask: torch.Tensor  # True where the row has a turn k with at least one generated token
@@ -156,8 +159,14 @@ class TurnGAE(NamedTuple):
     token_turn: torch.Tensor  # `[batch, tokens]`: turn id on generated tokens, K elsewhere
 
 
-def compute_turn_gae(token_rewards: torch.Tensor, values: torch.Tensor, loss_mask: torch.Tensor, turn_ids: torch.Tensor,
-                     high_level_gamma: float, high_level_lam: float) -> TurnGAE:
+def compute_turn_gae(
+    token_rewards: torch.Tensor,
+    values: torch.Tensor,
+    loss_mask: torch.Tensor,
+    turn_ids: torch.Tensor,
+    high_level_gamma: float,
+    high_level_lam: float,
+) -> TurnGAE:
     """High-level (turn) GAE.
 
     Turn k of a row is the set of its generated tokens with turn_ids == k; turns without a
@@ -176,8 +185,16 @@ def compute_turn_gae(token_rewards: torch.Tensor, values: torch.Tensor, loss_mas
     return TurnGAE(turn_adv, turn_ret, has_turn, last, tid)
 
 
-def compute_bi_level_gae(token_rewards: torch.Tensor, values: torch.Tensor, loss_mask: torch.Tensor, turn_ids: torch.Tensor,
-                         gamma: float, lam: float, high_level_gamma: float, high_level_lam: float | None = None):
+def compute_bi_level_gae(
+    token_rewards: torch.Tensor,
+    values: torch.Tensor,
+    loss_mask: torch.Tensor,
+    turn_ids: torch.Tensor,
+    gamma: float,
+    lam: float,
+    high_level_gamma: float,
+    high_level_lam: float | None = None,
+):
     """Bi-level (turn-level) GAE as in RAGEN -> (advantages, returns).
 
     1. High level: `compute_turn_gae` gives each turn its lambda-return
@@ -196,9 +213,17 @@ def compute_bi_level_gae(token_rewards: torch.Tensor, values: torch.Tensor, loss
     return _packed_gae(low_rewards, values, gen, gamma, lam, segments=turn_ids)
 
 
-def compute_weighted_gae(token_rewards: torch.Tensor, values: torch.Tensor, loss_mask: torch.Tensor, turn_ids: torch.Tensor,
-                         gamma: float, lam: float, high_level_gamma: float, turn_weight: float,
-                         high_level_lam: float | None = None):
+def compute_weighted_gae(
+    token_rewards: torch.Tensor,
+    values: torch.Tensor,
+    loss_mask: torch.Tensor,
+    turn_ids: torch.Tensor,
+    gamma: float,
+    lam: float,
+    high_level_gamma: float,
+    turn_weight: float,
+    high_level_lam: float | None = None,
+):
     """Token + turn advantage -> (advantages, returns).
 
     A = A_token + turn_weight * A_turn, where A_token is `compute_gae` (multi-turn, env tokens
@@ -279,13 +304,23 @@ def compute_rebn(token_rewards: torch.Tensor, loss_mask: torch.Tensor, turn_ids:
     tid, has_turn, step_returns = _turn_returns(token_rewards, gen, turn_ids, gamma)
     centered = step_returns[has_turn] - step_returns[has_turn].mean()
     normalized = centered / (centered.pow(2).mean().sqrt() + eps)
-    return _to_tokens(step_returns.new_zeros(has_turn.shape).masked_scatter(has_turn, normalized), tid, gen), \
-        _to_tokens(step_returns, tid, gen)
+    return _to_tokens(step_returns.new_zeros(has_turn.shape).masked_scatter(has_turn, normalized), tid, gen), _to_tokens(
+        step_returns, tid, gen
+    )
 
 
-def compute_gigpo(token_rewards: torch.Tensor, loss_mask: torch.Tensor, turn_ids: torch.Tensor, turn_states: torch.Tensor,
-                  group_ids, gamma: float, step_weight: float, episode_scores: torch.Tensor | None = None,
-                  norm_by_std: bool = True, eps: float = 1e-6):
+def compute_gigpo(
+    token_rewards: torch.Tensor,
+    loss_mask: torch.Tensor,
+    turn_ids: torch.Tensor,
+    turn_states: torch.Tensor,
+    group_ids,
+    gamma: float,
+    step_weight: float,
+    episode_scores: torch.Tensor | None = None,
+    norm_by_std: bool = True,
+    eps: float = 1e-6,
+):
     """GiGPO (group-in-group policy optimisation) -> (advantages, returns).
 
     A = A_episode + step_weight * A_step on every generated token of a turn.

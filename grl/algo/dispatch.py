@@ -26,6 +26,7 @@ from grl.algo.masked import masked_whiten
 
 class AdvantageInputs(NamedTuple):
     """What an estimator's function gets; `compute_advantage` fills in the defaults."""
+
     token_rewards: torch.Tensor
     loss_mask: torch.Tensor
     values: torch.Tensor | None
@@ -48,13 +49,15 @@ def gae_estimator(x: AdvantageInputs):
 
 
 def bi_level_gae_estimator(x: AdvantageInputs):
-    return compute_bi_level_gae(x.token_rewards, x.values, x.loss_mask, x.turn_ids, x.gamma, x.lam, x.high_level_gamma,
-                                x.high_level_lam)
+    return compute_bi_level_gae(
+        x.token_rewards, x.values, x.loss_mask, x.turn_ids, x.gamma, x.lam, x.high_level_gamma, x.high_level_lam
+    )
 
 
 def weighted_gae_estimator(x: AdvantageInputs):
-    return compute_weighted_gae(x.token_rewards, x.values, x.loss_mask, x.turn_ids, x.gamma, x.lam, x.high_level_gamma,
-                                x.turn_weight, x.high_level_lam)
+    return compute_weighted_gae(
+        x.token_rewards, x.values, x.loss_mask, x.turn_ids, x.gamma, x.lam, x.high_level_gamma, x.turn_weight, x.high_level_lam
+    )
 
 
 def grpo_estimator(x: AdvantageInputs):
@@ -70,19 +73,44 @@ def reinforce_plus_plus_estimator(x: AdvantageInputs):
 
 
 def gigpo_estimator(x: AdvantageInputs):
-    return compute_gigpo(x.token_rewards, x.loss_mask, x.turn_ids, x.turn_states, x.group_ids, x.gamma,
-                         x.gigpo_step_weight, x.episode_scores, x.norm_adv_by_std, x.eps)
+    return compute_gigpo(
+        x.token_rewards,
+        x.loss_mask,
+        x.turn_ids,
+        x.turn_states,
+        x.group_ids,
+        x.gamma,
+        x.gigpo_step_weight,
+        x.episode_scores,
+        x.norm_adv_by_std,
+        x.eps,
+    )
 
 
 def rebn_estimator(x: AdvantageInputs):
     return compute_rebn(x.token_rewards, x.loss_mask, x.turn_ids, x.gamma)
 
 
-def compute_advantage(estimator: str, *, token_rewards: torch.Tensor, loss_mask: torch.Tensor, values: torch.Tensor | None = None,
-                      turn_ids: torch.Tensor | None = None, group_ids=None, episode_scores: torch.Tensor | None = None,
-                      gamma: float = 1.0, lam: float = 1.0, high_level_gamma: float = 1.0, high_level_lam: float | None = None,
-                      turn_weight: float = 1.0, norm_adv_by_std: bool = True, whiten: bool = True, eps: float = 1e-6,
-                      turn_states: torch.Tensor | None = None, gigpo_step_weight: float = 1.0):
+def compute_advantage(
+    estimator: str,
+    *,
+    token_rewards: torch.Tensor,
+    loss_mask: torch.Tensor,
+    values: torch.Tensor | None = None,
+    turn_ids: torch.Tensor | None = None,
+    group_ids=None,
+    episode_scores: torch.Tensor | None = None,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+    high_level_gamma: float = 1.0,
+    high_level_lam: float | None = None,
+    turn_weight: float = 1.0,
+    norm_adv_by_std: bool = True,
+    whiten: bool = True,
+    eps: float = 1e-6,
+    turn_states: torch.Tensor | None = None,
+    gigpo_step_weight: float = 1.0,
+):
     """Run one registered estimator (grl/algo/estimators.py) by name -> (advantages, returns), both `[batch, tokens]`.
 
     `whiten` whitens the advantages of the estimators registered with `whiten` (gae, bi_level_gae,
@@ -93,16 +121,34 @@ def compute_advantage(estimator: str, *, token_rewards: torch.Tensor, loss_mask:
     `turn_states` (`[batch, turns]` state ids) and is group-normalised too.
     """
     spec = estimators.get(estimator)
-    for name, value, needed in (("values", values, spec.needs_critic), ("group_ids", group_ids, spec.group_based),
-                                ("turn_states", turn_states, spec.needs_step_keys)):
+    for name, value, needed in (
+        ("values", values, spec.needs_critic),
+        ("group_ids", group_ids, spec.group_based),
+        ("turn_states", turn_states, spec.needs_step_keys),
+    ):
         if needed and value is None:
             raise ValueError(f"advantage estimator '{estimator}' needs '{name}'")
     if episode_scores is None:
         episode_scores = torch.where(loss_mask > 0, token_rewards, 0.0).sum(-1)
-    advantages, returns = spec.load()(AdvantageInputs(
-        token_rewards, loss_mask, values, turn_ids_from_mask(loss_mask) if turn_ids is None else turn_ids, group_ids,
-        episode_scores, turn_states, gamma, lam, high_level_gamma, lam if high_level_lam is None else high_level_lam,
-        turn_weight, norm_adv_by_std, eps, gigpo_step_weight))
+    advantages, returns = spec.load()(
+        AdvantageInputs(
+            token_rewards,
+            loss_mask,
+            values,
+            turn_ids_from_mask(loss_mask) if turn_ids is None else turn_ids,
+            group_ids,
+            episode_scores,
+            turn_states,
+            gamma,
+            lam,
+            high_level_gamma,
+            lam if high_level_lam is None else high_level_lam,
+            turn_weight,
+            norm_adv_by_std,
+            eps,
+            gigpo_step_weight,
+        )
+    )
     if whiten and spec.whiten:
         advantages = masked_whiten(advantages, loss_mask)
     return advantages, returns

@@ -33,8 +33,14 @@ def kl_estimate(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, kind: str)
     raise ValueError(f"unknown KL estimator '{kind}'; choose one of: {', '.join(KL_ESTIMATORS)} (or k1, k2, k3)")
 
 
-def apply_kl_penalty(token_rewards: torch.Tensor, log_probs: torch.Tensor, ref_log_probs: torch.Tensor, loss_mask: torch.Tensor,
-                     kl_coef: float, kl_penalty: str = "kl") -> tuple[torch.Tensor, torch.Tensor]:
+def apply_kl_penalty(
+    token_rewards: torch.Tensor,
+    log_probs: torch.Tensor,
+    ref_log_probs: torch.Tensor,
+    loss_mask: torch.Tensor,
+    kl_coef: float,
+    kl_penalty: str = "kl",
+) -> tuple[torch.Tensor, torch.Tensor]:
     """KL-in-reward -> (new_rewards, mean_kl).
 
     new_rewards = token_rewards - kl_coef * kl on every generated token, kl being the estimator
@@ -51,8 +57,14 @@ def apply_kl_penalty(token_rewards: torch.Tensor, log_probs: torch.Tensor, ref_l
     return new_rewards, mean_kl.detach()
 
 
-def kl_loss(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, loss_mask: torch.Tensor, kind: str = "low_var_kl",
-            loss_agg_mode: str = "token-mean", segment_ids: torch.Tensor | None = None) -> torch.Tensor:
+def kl_loss(
+    log_probs: torch.Tensor,
+    ref_log_probs: torch.Tensor,
+    loss_mask: torch.Tensor,
+    kind: str = "low_var_kl",
+    loss_agg_mode: str = "token-mean",
+    segment_ids: torch.Tensor | None = None,
+) -> torch.Tensor:
     """KL term added to the actor loss (GRPO-style) aggregated over the mask."""
     return agg_loss(kl_estimate(log_probs, ref_log_probs, kind), loss_mask, loss_agg_mode, segment_ids)
 

@@ -26,8 +26,9 @@ def episode_masks(loss_mask: torch.Tensor, segment_ids: torch.Tensor | None = No
     return gen.unsqueeze(-1) & (segment_ids.unsqueeze(-1) == torch.arange(1, n + 1, device=segment_ids.device))
 
 
-def agg_loss(loss_mat: torch.Tensor, loss_mask: torch.Tensor, mode: str = "token-mean",
-             segment_ids: torch.Tensor | None = None) -> torch.Tensor:
+def agg_loss(
+    loss_mat: torch.Tensor, loss_mask: torch.Tensor, mode: str = "token-mean", segment_ids: torch.Tensor | None = None
+) -> torch.Tensor:
     """Reduce a per-token loss to a scalar.
 
     token-mean            sum over all masked tokens / number of masked tokens
@@ -46,10 +47,18 @@ def agg_loss(loss_mat: torch.Tensor, loss_mask: torch.Tensor, mode: str = "token
     return masked_mean(per_episode, counts)
 
 
-def policy_loss(log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantages: torch.Tensor, loss_mask: torch.Tensor,
-                clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2, clip_ratio_c: float | None = 3.0,
-                loss_agg_mode: str = "token-mean", segment_ids: torch.Tensor | None = None,
-                is_weights: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def policy_loss(
+    log_probs: torch.Tensor,
+    old_log_probs: torch.Tensor,
+    advantages: torch.Tensor,
+    loss_mask: torch.Tensor,
+    clip_ratio_low: float = 0.2,
+    clip_ratio_high: float = 0.2,
+    clip_ratio_c: float | None = 3.0,
+    loss_agg_mode: str = "token-mean",
+    segment_ids: torch.Tensor | None = None,
+    is_weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Clipped PPO surrogate -> (loss, metrics).
 
     is_weights (optional, per token): truncated importance-sampling weights for the gap between
@@ -84,9 +93,15 @@ def policy_loss(log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantages
     return loss, {k: v.detach() for k, v in metrics.items()}
 
 
-def value_loss(values_pred: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, loss_mask: torch.Tensor,
-               cliprange_value: float | None = 0.5, loss_agg_mode: str = "token-mean",
-               segment_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def value_loss(
+    values_pred: torch.Tensor,
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    loss_mask: torch.Tensor,
+    cliprange_value: float | None = 0.5,
+    loss_agg_mode: str = "token-mean",
+    segment_ids: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Clipped value loss (as verl) -> (loss, metrics).
 
     v_clipped = old_values + clip(values_pred - old_values, -cliprange_value, cliprange_value);
@@ -113,7 +128,7 @@ def _chunked_rows(fn, logits: torch.Tensor, *extra: torch.Tensor, chunk_size: in
     flat = logits.reshape(-1, logits.shape[-1])
     flat_extra = [e.reshape(-1) for e in extra]
     step = flat.shape[0] if not chunk_size else chunk_size
-    parts = [fn(flat[i:i + step], *(e[i:i + step] for e in flat_extra)) for i in range(0, flat.shape[0], max(step, 1))]
+    parts = [fn(flat[i : i + step], *(e[i : i + step] for e in flat_extra)) for i in range(0, flat.shape[0], max(step, 1))]
     out = torch.cat(parts) if parts else flat.new_zeros(0)
     return out.reshape(lead)
 
@@ -147,8 +162,9 @@ def log_probs_from_logits(logits: torch.Tensor, labels: torch.Tensor, chunk_size
     return _chunked_rows(_token_log_prob, logits, labels, chunk_size=chunk_size)
 
 
-def entropy_bonus(entropy: torch.Tensor, loss_mask: torch.Tensor, loss_agg_mode: str = "token-mean",
-                  segment_ids: torch.Tensor | None = None) -> torch.Tensor:
+def entropy_bonus(
+    entropy: torch.Tensor, loss_mask: torch.Tensor, loss_agg_mode: str = "token-mean", segment_ids: torch.Tensor | None = None
+) -> torch.Tensor:
     """Aggregated entropy; the actor loss subtracts entropy_coeff times this."""
     return agg_loss(entropy, loss_mask, loss_agg_mode, segment_ids)
 

@@ -20,8 +20,17 @@ from collections.abc import Callable
 
 from grl.engines.base import Engine, GenerationOutput, SamplingParams
 
-__all__ = ["ENGINES", "Engine", "GenerationOutput", "SamplingParams", "engine_names", "make_engine",
-           "pick_engine_name", "register", "sampling_from_config"]
+__all__ = [
+    "ENGINES",
+    "Engine",
+    "GenerationOutput",
+    "SamplingParams",
+    "engine_names",
+    "make_engine",
+    "pick_engine_name",
+    "register",
+    "sampling_from_config",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -72,8 +81,7 @@ def vllm_status() -> tuple[bool, str]:
     on_gpu = _cuda_available()
     if not on_gpu and not _is_cpu_build_of_vllm():
         return False, "vllm is a GPU build and no CUDA device is visible"
-    probe = subprocess.run([sys.executable, "-c", "import vllm"], capture_output=True, text=True, timeout=600,
-                           check=False)
+    probe = subprocess.run([sys.executable, "-c", "import vllm"], capture_output=True, text=True, timeout=600, check=False)
     if probe.returncode != 0:
         lines = probe.stderr.strip().splitlines() or [f"exit code {probe.returncode}"]
         return False, f"import vllm failed: {lines[-1]}"
@@ -91,10 +99,20 @@ def pick_engine_name(name: str) -> str:
     return chosen
 
 
-def make_engine(name: str, model_path: str, *, dtype: str = "auto", device: str | None = None,
-                gpu_memory_utilization: float = 0.5, enforce_eager: bool = True, max_model_len: int | None = None,
-                tensor_model_parallel_size: int = 1, free_cache_engine: bool = True, seed: int = 0,
-                grammar: bool = False) -> Engine:
+def make_engine(
+    name: str,
+    model_path: str,
+    *,
+    dtype: str = "auto",
+    device: str | None = None,
+    gpu_memory_utilization: float = 0.5,
+    enforce_eager: bool = True,
+    max_model_len: int | None = None,
+    tensor_model_parallel_size: int = 1,
+    free_cache_engine: bool = True,
+    seed: int = 0,
+    grammar: bool = False,
+) -> Engine:
     """Build the engine `name` (registered, or `auto`) for `model_path` (a folder, a hub id,
     `embedded` or `tiny`). `grammar`: some request will carry a reply grammar (a task decodes
     constrained); vllm then gets its logits processor, and without it refuses a grammar. The hf
@@ -105,9 +123,17 @@ def make_engine(name: str, model_path: str, *, dtype: str = "auto", device: str 
     module, _, builder = ENGINES[name].partition(":")
     # `embedded`/`tiny` are converted once, here, not in an engine's child process.
     return getattr(importlib.import_module(module), builder)(
-        resolve_model_path(model_path), dtype=dtype, device=device, gpu_memory_utilization=gpu_memory_utilization,
-        enforce_eager=enforce_eager, max_model_len=max_model_len, tensor_model_parallel_size=tensor_model_parallel_size,
-        free_cache_engine=free_cache_engine, seed=seed, grammar=grammar)
+        resolve_model_path(model_path),
+        dtype=dtype,
+        device=device,
+        gpu_memory_utilization=gpu_memory_utilization,
+        enforce_eager=enforce_eager,
+        max_model_len=max_model_len,
+        tensor_model_parallel_size=tensor_model_parallel_size,
+        free_cache_engine=free_cache_engine,
+        seed=seed,
+        grammar=grammar,
+    )
 
 
 def sampling_from_config(rollout_cfg, validate: bool, max_new_tokens: int) -> SamplingParams:
@@ -118,5 +144,10 @@ def sampling_from_config(rollout_cfg, validate: bool, max_new_tokens: int) -> Sa
     if validate and not source["do_sample"]:
         return SamplingParams(temperature=0.0, greedy=True, max_new_tokens=max_new_tokens)
     temperature = float(source["temperature"])
-    return SamplingParams(temperature=temperature, top_p=float(source["top_p"]), top_k=int(source["top_k"]),
-                          max_new_tokens=max_new_tokens, greedy=temperature == 0)
+    return SamplingParams(
+        temperature=temperature,
+        top_p=float(source["top_p"]),
+        top_k=int(source["top_k"]),
+        max_new_tokens=max_new_tokens,
+        greedy=temperature == 0,
+    )

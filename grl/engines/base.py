@@ -50,8 +50,9 @@ NamedTensors = Iterable[tuple[str, "torch.Tensor"]] | Mapping[str, "torch.Tensor
 class Engine:
     """A generation backend: `generate`, `update_weights`, `sleep`/`wake`."""
 
-    def generate(self, prompt_token_ids: list[list[int]], sampling: SamplingParams,
-                 constraints: list | None = None) -> list[GenerationOutput]:
+    def generate(
+        self, prompt_token_ids: list[list[int]], sampling: SamplingParams, constraints: list | None = None
+    ) -> list[GenerationOutput]:
         """`constraints`: one `grl.engines.constraint.ReplyGrammar` (or None: free decoding) per
         prompt. Log-probs are those of the distribution each token was drawn from: temperature,
         top-k/top-p and the grammar's mask applied."""

@@ -116,8 +116,11 @@ class GrammarWalker:
         function of the tokens alone, however often the allowed set was asked for (an engine that
         resumes a request catches up on several tokens at once)."""
         node = self.grammar.nodes[self.node]
-        if (not self.forcing and isinstance(node, _Free)
-                and self.grammar.max_tokens - self.used <= self.grammar.reserve[self.node] - node.room):
+        if (
+            not self.forcing
+            and isinstance(node, _Free)
+            and self.grammar.max_tokens - self.used <= self.grammar.reserve[self.node] - node.room
+        ):
             self.forcing = list(node.close)
 
     def allowed(self) -> AllowedSet:
@@ -143,7 +146,7 @@ class GrammarWalker:
             return
         if isinstance(node, _Free):
             self.free_tokens.append(token)
-            if tuple(self.free_tokens[-len(node.close):]) == node.close:
+            if tuple(self.free_tokens[-len(node.close) :]) == node.close:
                 self._leave_free(node)
         elif node:
             self.node = node[token]
@@ -169,8 +172,9 @@ class GrammarWalker:
         return run, probe.done
 
 
-def compile_reply_grammar(encode: Callable[[str], list[int]], end_ids: Sequence[int], actions: Sequence[str],
-                          think: bool, max_tokens: int) -> ReplyGrammar:
+def compile_reply_grammar(
+    encode: Callable[[str], list[int]], end_ids: Sequence[int], actions: Sequence[str], think: bool, max_tokens: int
+) -> ReplyGrammar:
     """The grammar of a reply that holds one of `actions` (see the module doc).
 
     `encode` turns text into token ids without special tokens; `end_ids[0]` ends the turn (the chat

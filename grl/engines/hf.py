@@ -77,8 +77,16 @@ def build(model_path: str, *, dtype: str, device: str | None, seed: int, **_vllm
 class HFEngine(Engine):
     """Batched generation with a transformers causal LM on CPU or GPU."""
 
-    def __init__(self, model_path: str, *, dtype: str = "auto", device: str | None = None, seed: int = 0,
-                 max_batch_size: int = 64, reuse_prefixes: bool = True):
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        dtype: str = "auto",
+        device: str | None = None,
+        seed: int = 0,
+        max_batch_size: int = 64,
+        reuse_prefixes: bool = True,
+    ):
         from grl.models import load_causal_lm, load_tokenizer
 
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -105,8 +113,9 @@ class HFEngine(Engine):
 
     # ------------------------------------------------------------------ generate
 
-    def generate(self, prompt_token_ids: list[list[int]], sampling: SamplingParams,
-                 constraints: list[ReplyGrammar | None] | None = None) -> list[GenerationOutput]:
+    def generate(
+        self, prompt_token_ids: list[list[int]], sampling: SamplingParams, constraints: list[ReplyGrammar | None] | None = None
+    ) -> list[GenerationOutput]:
         _check_prompts(prompt_token_ids)
         constraints = _check_constraints(constraints, len(prompt_token_ids))
         if self.asleep:
@@ -115,17 +124,19 @@ class HFEngine(Engine):
             return [GenerationOutput([], [] if sampling.logprobs else None, "length") for _ in prompt_token_ids]
         generators = None
         if sampling.seed_of(0) is not None and not sampling.is_greedy:
-            generators = [torch.Generator(device=self.device).manual_seed(sampling.seed_of(i))
-                          for i in range(len(prompt_token_ids))]
+            generators = [
+                torch.Generator(device=self.device).manual_seed(sampling.seed_of(i)) for i in range(len(prompt_token_ids))
+            ]
         # Similar lengths share a chunk so that little compute goes to padding.
         order = sorted(range(len(prompt_token_ids)), key=lambda i: len(prompt_token_ids[i]))
         outputs: list[GenerationOutput | None] = [None] * len(prompt_token_ids)
         self._reusable, self._prefixes, self._extended = self._prefixes, {}, set()
         for start in range(0, len(order), self.max_batch_size):
-            chunk = order[start:start + self.max_batch_size]
+            chunk = order[start : start + self.max_batch_size]
             chunk_generators = [generators[i] for i in chunk] if generators else None
-            results = self._generate_chunk([prompt_token_ids[i] for i in chunk], sampling, chunk_generators,
-                                           [constraints[i] for i in chunk])
+            results = self._generate_chunk(
+                [prompt_token_ids[i] for i in chunk], sampling, chunk_generators, [constraints[i] for i in chunk]
+            )
             for i, result in zip(chunk, results):
                 outputs[i] = result
         self._carry_unextended()
@@ -153,8 +164,9 @@ class HFEngine(Engine):
             if walker is not None:
                 self._take_forced(walker, tokens[row], log_probs[row], finish, row, sampling.max_new_tokens)
         if all(f is not None for f in finish):  # every reply was forced whole (one valid action): no model call
-            return [GenerationOutput(tokens[row], log_probs[row] if sampling.logprobs else None, finish[row])
-                    for row in range(batch)]
+            return [
+                GenerationOutput(tokens[row], log_probs[row] if sampling.logprobs else None, finish[row]) for row in range(batch)
+            ]
         prompts = [list(p) + t for p, t in zip(prompts, tokens)]
         if self.reuse_prefixes:
             self._prefill_shared(prompts)
@@ -170,8 +182,14 @@ class HFEngine(Engine):
             for step in range(sampling.max_new_tokens):
                 if all(f is not None for f in finish):
                     break
-                out = self.model(input_ids=step_ids, attention_mask=attention_mask, position_ids=position_ids,
-                                 past_key_values=cache, use_cache=True, logits_to_keep=1)
+                out = self.model(
+                    input_ids=step_ids,
+                    attention_mask=attention_mask,
+                    position_ids=position_ids,
+                    past_key_values=cache,
+                    use_cache=True,
+                    logits_to_keep=1,
+                )
                 logits = self._constrain(out.logits[:, -1, :].float(), walkers, finish)
                 chosen, chosen_log_probs = self._choose(logits, sampling, generators)
                 for row, (token, log_prob) in enumerate(zip(chosen.tolist(), chosen_log_probs.tolist())):
@@ -184,21 +202,25 @@ class HFEngine(Engine):
                     if token in stop_ids or self._hit_stop_string(tokens[row], sampling.stop):
                         finish[row] = "stop"
                     elif walkers[row] is not None:
-                        self._take_forced(walkers[row], tokens[row], log_probs[row], finish, row,
-                                          sampling.max_new_tokens, only_to_the_end=True)
+                        self._take_forced(
+                            walkers[row], tokens[row], log_probs[row], finish, row, sampling.max_new_tokens, only_to_the_end=True
+                        )
                     if finish[row] is None and len(tokens[row]) >= sampling.max_new_tokens:
                         finish[row] = "length"
                     if finish[row] is None:
                         fed[row].append(token)
                 # Finished rows keep decoding padding; their extra tokens are never read.
-                step_ids = torch.where(torch.tensor([f is None for f in finish], device=self.device),
-                                       chosen, self.pad_token_id)[:, None]
+                step_ids = torch.where(torch.tensor([f is None for f in finish], device=self.device), chosen, self.pad_token_id)[
+                    :, None
+                ]
                 attention_mask = torch.cat([attention_mask, attention_mask.new_ones((batch, 1))], dim=-1)
                 position_ids = position_ids[:, -1:] + 1
         if self.reuse_prefixes:
             self._keep_prefixes(cache, prompts, cached, fed, past, width)
-        return [GenerationOutput(tokens[row], log_probs[row] if sampling.logprobs else None,
-                                 finish[row] or "length") for row in range(batch)]
+        return [
+            GenerationOutput(tokens[row], log_probs[row] if sampling.logprobs else None, finish[row] or "length")
+            for row in range(batch)
+        ]
 
     def _layout(self, prompts: list[list[int]], cached: list[tuple[int, ...]]):
         """-> (input_ids, attention_mask, position_ids, past, width): the rows' new tokens
@@ -210,13 +232,12 @@ class HFEngine(Engine):
         attention_mask = torch.zeros((batch, past + width), dtype=torch.long)
         position_ids = torch.zeros((batch, width), dtype=torch.long)
         for row, (prompt, prefix) in enumerate(zip(prompts, cached)):
-            new = prompt[len(prefix):]
-            input_ids[row, width - len(new):] = torch.tensor(new, dtype=torch.long)
-            attention_mask[row, past - len(prefix):past] = 1
-            attention_mask[row, past + width - len(new):] = 1
-            position_ids[row, width - len(new):] = torch.arange(len(prefix), len(prompt))
-        return (input_ids.to(self.device), attention_mask.to(self.device), position_ids.to(self.device),
-                past, width)
+            new = prompt[len(prefix) :]
+            input_ids[row, width - len(new) :] = torch.tensor(new, dtype=torch.long)
+            attention_mask[row, past - len(prefix) : past] = 1
+            attention_mask[row, past + width - len(new) :] = 1
+            position_ids[row, width - len(new) :] = torch.arange(len(prefix), len(prompt))
+        return (input_ids.to(self.device), attention_mask.to(self.device), position_ids.to(self.device), past, width)
 
     def _prefill_shared(self, prompts: list[list[int]]) -> None:
         """Run once what several rows begin with (a GRPO group asks G replies to one prompt): the
@@ -232,8 +253,14 @@ class HFEngine(Engine):
         input_ids, attention_mask, position_ids, past, width = self._layout(shared, cached)
         cache = self._prefill_cache(cached, past)
         with torch.inference_mode():
-            self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                       past_key_values=cache, use_cache=True, logits_to_keep=1)
+            self.model(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
         self._keep_prefixes(cache, shared, cached, [[] for _ in shared], past, width, self._reusable)
 
     def _cached_prefix(self, prompt: list[int]) -> tuple[int, ...]:
@@ -241,7 +268,7 @@ class HFEngine(Engine):
         is left to run, for the next-token logits); () when there is none."""
         best: tuple[int, ...] = ()
         for ids in self._reusable:
-            if len(best) < len(ids) < len(prompt) and tuple(prompt[:len(ids)]) == ids:
+            if len(best) < len(ids) < len(prompt) and tuple(prompt[: len(ids)]) == ids:
                 best = ids
         return best
 
@@ -257,8 +284,8 @@ class HFEngine(Engine):
             v = values.new_zeros((len(cached), heads, past, dim))
             for row, ids in enumerate(cached):
                 if ids:
-                    k[row, :, past - len(ids):] = self._reusable[ids][layer][0]
-                    v[row, :, past - len(ids):] = self._reusable[ids][layer][1]
+                    k[row, :, past - len(ids) :] = self._reusable[ids][layer][0]
+                    v[row, :, past - len(ids) :] = self._reusable[ids][layer][1]
             cache.update(k, v, layer)
         return cache
 
@@ -268,15 +295,17 @@ class HFEngine(Engine):
         into = self._prefixes if into is None else into
         for row, (prompt, prefix) in enumerate(zip(prompts, cached)):
             new = len(prompt) - len(prefix)
-            columns = torch.cat([torch.arange(past - len(prefix), past),
-                                 torch.arange(past + width - new, past + width + len(fed[row]))]).to(self.device)
+            columns = torch.cat(
+                [torch.arange(past - len(prefix), past), torch.arange(past + width - new, past + width + len(fed[row]))]
+            ).to(self.device)
             into[tuple(prompt + fed[row])] = [
-                (layer.keys[row].index_select(1, columns), layer.values[row].index_select(1, columns))
-                for layer in cache.layers]
+                (layer.keys[row].index_select(1, columns), layer.values[row].index_select(1, columns)) for layer in cache.layers
+            ]
 
     @staticmethod
-    def _take_forced(walker, tokens: list[int], log_probs: list[float], finish: list, row: int, limit: int,
-                     only_to_the_end: bool = False) -> None:
+    def _take_forced(
+        walker, tokens: list[int], log_probs: list[float], finish: list, row: int, limit: int, only_to_the_end: bool = False
+    ) -> None:
         """Append the tokens `walker` forces from here (log-prob 0), within `limit` reply tokens;
         with `only_to_the_end`, only a run that finishes the reply."""
         run, ends = walker.forced()
@@ -323,7 +352,7 @@ class HFEngine(Engine):
         # A stop string the newest token completed lies in the last few
         # tokens (each decodes to at least one character), so decode only
         # those: a full decode every step would be quadratic in the length.
-        window = tokens[-(2 * max(len(s) for s in stops) + 8):]
+        window = tokens[-(2 * max(len(s) for s in stops) + 8) :]
         text = self.tokenizer.decode(window, skip_special_tokens=True)
         return any(s in text for s in stops)
 

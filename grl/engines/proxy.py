@@ -90,12 +90,20 @@ class SubprocessEngine(Engine):
     """An Engine whose calls run in a spawned child that builds
     `target` ("module:Class") with `kwargs`."""
 
-    def __init__(self, target: str, kwargs: dict, *, env: dict | None = None,
-                 startup_timeout: float = 900.0, shutdown_timeout: float = 30.0):
+    def __init__(
+        self,
+        target: str,
+        kwargs: dict,
+        *,
+        env: dict | None = None,
+        startup_timeout: float = 900.0,
+        shutdown_timeout: float = 30.0,
+    ):
         context = multiprocessing.get_context("spawn")
         self._conn, child_conn = context.Pipe()
-        self._process = context.Process(target=_serve, args=(child_conn, target, kwargs, dict(env or {})),
-                                        name=f"grl-engine-{target.split(':')[-1]}")
+        self._process = context.Process(
+            target=_serve, args=(child_conn, target, kwargs, dict(env or {})), name=f"grl-engine-{target.split(':')[-1]}"
+        )
         self._process.start()
         child_conn.close()  # the child's copy keeps the pipe open; ours would hide its death
         self._stopper = weakref.finalize(self, _stop_process, self._process, self._conn, shutdown_timeout)
@@ -119,16 +127,14 @@ class SubprocessEngine(Engine):
             while not self._conn.poll(1.0):
                 waited += 1.0
                 if not self._process.is_alive():
-                    raise EngineProcessError(
-                        f"engine process for {self.target} exited with code {self._process.exitcode}")
+                    raise EngineProcessError(f"engine process for {self.target} exited with code {self._process.exitcode}")
                 if timeout is not None and waited >= timeout:
                     raise EngineProcessError(f"engine process for {self.target} did not answer in {timeout:.0f} s")
             try:
                 got, status, value, remote = pickle.loads(self._conn.recv_bytes())
             except (EOFError, OSError) as err:
                 self._process.join(5)
-                raise EngineProcessError(f"engine process for {self.target} exited with code "
-                                         f"{self._process.exitcode}") from err
+                raise EngineProcessError(f"engine process for {self.target} exited with code {self._process.exitcode}") from err
             if got == seq:
                 break
         if status == "error":
@@ -146,15 +152,18 @@ class SubprocessEngine(Engine):
             raise EngineProcessError(f"engine process for {self.target} is gone") from err
         return self._reply(self._seq)
 
-    def generate(self, prompt_token_ids: list[list[int]], sampling: SamplingParams,
-                 constraints: list | None = None) -> list[GenerationOutput]:
+    def generate(
+        self, prompt_token_ids: list[list[int]], sampling: SamplingParams, constraints: list | None = None
+    ) -> list[GenerationOutput]:
         return self._call("generate", [list(p) for p in prompt_token_ids], sampling, constraints)
 
     def update_weights(self, named_tensors: NamedTensors) -> None:
         items = named_tensors.items() if hasattr(named_tensors, "items") else named_tensors
         # Detached CPU copies: gradients and devices do not cross processes.
-        self._call("update_weights", [(name, tensor.detach().cpu()) if hasattr(tensor, "detach")
-                                      else (name, tensor) for name, tensor in items])
+        self._call(
+            "update_weights",
+            [(name, tensor.detach().cpu()) if hasattr(tensor, "detach") else (name, tensor) for name, tensor in items],
+        )
 
     def sleep(self, discard_weights: bool = False) -> None:
         # The flag travels only when set: a target without it keeps a plain sleep().

@@ -35,8 +35,9 @@ def build(model_path: str, **options) -> Engine:
         return VLLMEngine(model_path, **options)
     from grl.engines.proxy import SubprocessEngine
 
-    return SubprocessEngine("grl.engines.vllm_engine:VLLMEngine", {"model_path": model_path, **options},
-                            env={"OMP_NUM_THREADS": engine_omp_threads()})
+    return SubprocessEngine(
+        "grl.engines.vllm_engine:VLLMEngine", {"model_path": model_path, **options}, env={"OMP_NUM_THREADS": engine_omp_threads()}
+    )
 
 
 def engine_omp_threads() -> str:
@@ -109,10 +110,20 @@ class VLLMEngine(Engine):
     reply grammar (some task decodes constrained); without it vLLM gets no
     logits processor at all."""
 
-    def __init__(self, model_path: str, *, dtype: str = "auto", device: str | None = None,
-                 gpu_memory_utilization: float = 0.5, enforce_eager: bool = True,
-                 max_model_len: int | None = None, tensor_model_parallel_size: int = 1,
-                 free_cache_engine: bool = True, seed: int = 0, grammar: bool = False):
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        dtype: str = "auto",
+        device: str | None = None,
+        gpu_memory_utilization: float = 0.5,
+        enforce_eager: bool = True,
+        max_model_len: int | None = None,
+        tensor_model_parallel_size: int = 1,
+        free_cache_engine: bool = True,
+        seed: int = 0,
+        grammar: bool = False,
+    ):
         # In-process engine core: collective_rpc then hands our tensors to the
         # worker as objects instead of serialising them.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -129,11 +140,19 @@ class VLLMEngine(Engine):
         # vLLM's CPU worker has no sleep mode (it logs and ignores the call).
         self.sleep_mode = bool(free_cache_engine and on_gpu)
         self.grammar = grammar
-        args = dict(model=path, tokenizer=path, dtype=dtype_name(dtype, "cuda" if on_gpu else "cpu"), seed=seed,
-                    gpu_memory_utilization=gpu_memory_utilization, enforce_eager=enforce_eager,
-                    max_model_len=max_model_len, tensor_parallel_size=tensor_model_parallel_size,
-                    enable_sleep_mode=self.sleep_mode, logprobs_mode="processed_logprobs",
-                    **({} if on_gpu else whole_prefills(path, max_model_len)))
+        args = dict(
+            model=path,
+            tokenizer=path,
+            dtype=dtype_name(dtype, "cuda" if on_gpu else "cpu"),
+            seed=seed,
+            gpu_memory_utilization=gpu_memory_utilization,
+            enforce_eager=enforce_eager,
+            max_model_len=max_model_len,
+            tensor_parallel_size=tensor_model_parallel_size,
+            enable_sleep_mode=self.sleep_mode,
+            logprobs_mode="processed_logprobs",
+            **({} if on_gpu else whole_prefills(path, max_model_len)),
+        )
         self.llm = LLM(**args, logits_processors=grammar_processors(args, grammar))
         self.spec = meta_weight_spec(path)
         self.weights_asleep = self.cache_asleep = False
@@ -141,16 +160,19 @@ class VLLMEngine(Engine):
         if free_cache_engine and not on_gpu:
             logger.info("vLLM on CPU has no sleep mode: sleep() and wake() keep the memory")
 
-    def generate(self, prompt_token_ids: list[list[int]], sampling: SamplingParams,
-                 constraints: list | None = None) -> list[GenerationOutput]:
+    def generate(
+        self, prompt_token_ids: list[list[int]], sampling: SamplingParams, constraints: list | None = None
+    ) -> list[GenerationOutput]:
         from vllm.inputs import TokensPrompt
 
         _check_prompts(prompt_token_ids)
         constraints = _check_constraints(constraints, len(prompt_token_ids))
         if not self.grammar and any(c is not None for c in constraints):
-            raise ValueError("generate: a reply grammar was given to a vllm engine built with grammar=False; build it "
-                             "with make_engine(..., grammar=True) when a task sets agent_config.action_decoding: "
-                             "constrained")
+            raise ValueError(
+                "generate: a reply grammar was given to a vllm engine built with grammar=False; build it "
+                "with make_engine(..., grammar=True) when a task sets agent_config.action_decoding: "
+                "constrained"
+            )
         if sampling.max_new_tokens <= 0:  # vLLM requires max_tokens >= 1
             return [GenerationOutput([], [] if sampling.logprobs else None, "length") for _ in prompt_token_ids]
         self.wake()
@@ -195,8 +217,7 @@ class VLLMEngine(Engine):
 
     def wake(self) -> None:
         if self.weights_discarded:
-            raise RuntimeError("the vllm engine slept with discard_weights=True: call update_weights before "
-                               "generate or wake")
+            raise RuntimeError("the vllm engine slept with discard_weights=True: call update_weights before generate or wake")
         tags = [tag for tag, asleep in (("weights", self.weights_asleep), ("kv_cache", self.cache_asleep)) if asleep]
         if tags:
             self.llm.wake_up(tags=tags)

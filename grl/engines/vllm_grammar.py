@@ -57,8 +57,7 @@ def grammar_processors(engine_args: dict, grammar: bool) -> list[str]:
 def request_grammar(params) -> ReplyGrammar | None:
     grammar = (params.extra_args or {}).get(GRAMMAR_ARG)
     if grammar is not None and not isinstance(grammar, ReplyGrammar):
-        raise ValueError(f"SamplingParams.extra_args[{GRAMMAR_ARG!r}]: expected a ReplyGrammar, "
-                         f"got {type(grammar).__name__}")
+        raise ValueError(f"SamplingParams.extra_args[{GRAMMAR_ARG!r}]: expected a ReplyGrammar, got {type(grammar).__name__}")
     return grammar
 
 
@@ -83,18 +82,18 @@ def pack_masks(rows: Sequence[int], sets: Sequence[AllowedSet], out: np.ndarray 
     if out is None or len(out) < need:
         out = np.empty(need, np.int64)
     out[:p] = np.repeat(np.asarray(pos_rows, np.int64), pos_len)
-    out[p:p + q] = np.repeat(np.asarray(neg_rows, np.int64), neg_len)
-    out[p + q:2 * p + q] = np.fromiter(chain.from_iterable(pos_ids), np.int64, p)
-    out[2 * p + q:2 * (p + q)] = np.fromiter(chain.from_iterable(neg_ids), np.int64, q)
-    out[2 * (p + q):need] = pos_rows
+    out[p : p + q] = np.repeat(np.asarray(neg_rows, np.int64), neg_len)
+    out[p + q : 2 * p + q] = np.fromiter(chain.from_iterable(pos_ids), np.int64, p)
+    out[2 * p + q : 2 * (p + q)] = np.fromiter(chain.from_iterable(neg_ids), np.int64, q)
+    out[2 * (p + q) : need] = pos_rows
     return out, p, q, f
 
 
 def apply_packed(logits: torch.Tensor, packed: torch.Tensor, p: int, q: int, f: int) -> None:
     """Mask `logits` in place from `pack_masks`' array, already on the logits' device. Bit for bit
     what `constrain_logits` gives: tokens outside a row's set are -inf, the others keep their values."""
-    listed_rows, listed_ids = packed[:p + q], packed[p + q:2 * (p + q)]
-    fill = packed[2 * (p + q):2 * (p + q) + f]
+    listed_rows, listed_ids = packed[: p + q], packed[p + q : 2 * (p + q)]
+    fill = packed[2 * (p + q) : 2 * (p + q) + f]
     kept = logits[listed_rows[:p], listed_ids[:p]]  # read before the fill overwrites them
     logits.index_fill_(0, fill, float("-inf"))
     logits.index_put_((listed_rows, listed_ids), torch.cat((kept, kept.new_full((q,), float("-inf")))))
@@ -146,7 +145,7 @@ class _RequestMask:
         self.walk = walk
 
     def __call__(self, output_ids: list[int], logits: torch.Tensor) -> torch.Tensor:
-        self.walk.advance(output_ids[self.walk.seen:])
+        self.walk.advance(output_ids[self.walk.seen :])
         allowed = self.walk.walker.allowed()
         if allowed[0] != 0:
             mask_rows(logits[None], [0], [allowed])  # in place: the row is a view of vLLM's batch
@@ -173,8 +172,10 @@ class GrammarLogitsProcessorV2(V2LogitsProcessor):
 
     def __init__(self, vllm_config, req_states):
         if vllm_config.speculative_config is not None:
-            raise ValueError("the reply grammar needs one logits row per request; speculative decoding is not "
-                             "supported with constrained decoding")
+            raise ValueError(
+                "the reply grammar needs one logits row per request; speculative decoding is not "
+                "supported with constrained decoding"
+            )
         self.req_states = req_states
         self.walks: dict[int, _Walk] = {}  # request slot -> walk; a slot's entry is reset in add_request
         # Slots whose walk still constrains: the batch is filtered in numpy, and a finished reply
@@ -243,7 +244,7 @@ class GrammarLogitsProcessorV2(V2LogitsProcessor):
         n = slot_index.shape[0]
         ends = state.total_len.gpu[slot_index]
         lasts = state.all_token_ids.gpu[slot_index, (ends - 1).clamp_(min=0)]
-        host = self._lengths[:2 * n]
+        host = self._lengths[: 2 * n]
         host.copy_(torch.cat((ends, lasts.to(ends.dtype))))
         numbers = host.numpy()
         return numbers[:n], numbers[n:]
@@ -258,7 +259,7 @@ class GrammarLogitsProcessorV2(V2LogitsProcessor):
         tokens = state.all_token_ids.gpu[index[0], index[1]].tolist()
         at = 0
         for (walk, start, end, _), count in zip(pending, counts.tolist()):
-            walk.advance(tokens[at:at + count])
+            walk.advance(tokens[at : at + count])
             at += count
 
     def _mask(self, logits: torch.Tensor, rows: list[int], sets: list[AllowedSet]) -> None:

@@ -111,9 +111,7 @@ def _canonical_names(named_shapes, spec: WeightSpec) -> dict[str, str | None]:
             filled[name] = None
     missing = [name for name in spec.shapes if name not in chosen]
     if missing:
-        raise WeightMismatchError(
-            f"update_weights: {len(missing)} of {len(spec.shapes)} tensors missing, e.g. {missing[0]!r}"
-        )
+        raise WeightMismatchError(f"update_weights: {len(missing)} of {len(spec.shapes)} tensors missing, e.g. {missing[0]!r}")
     return filled
 
 
@@ -140,7 +138,8 @@ def _checked_stream(stream: TensorStream, filled: dict[str, str | None]) -> Iter
     for name, tensor in stream:
         announced, shape = next(order, (None, None))
         if name != announced or tuple(tensor.shape) != tuple(shape):
-            raise WeightMismatchError(f"update_weights: the stream made {name!r} {_shape_text(tensor.shape)} where "
-                                      f"it announced {announced!r}")
+            raise WeightMismatchError(
+                f"update_weights: the stream made {name!r} {_shape_text(tensor.shape)} where it announced {announced!r}"
+            )
         if filled[name] is not None:
             yield filled[name], tensor

@@ -62,8 +62,7 @@ _PROGRESS_OPCODES = 1000  # the deadline is checked every this many SQLite VM in
 _MAX_VALUE_BYTES = 10_000_000
 
 # Authorizer action codes a read-only query needs; everything else is denied.
-_ALLOWED_ACTIONS = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION,
-                    getattr(sqlite3, "SQLITE_RECURSIVE", 33)}
+_ALLOWED_ACTIONS = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION, getattr(sqlite3, "SQLITE_RECURSIVE", 33)}
 _DENIED_FUNCTIONS = {"load_extension"}
 
 
@@ -146,8 +145,9 @@ class SqlSandbox:
 
     def schema(self) -> str:
         """The database's CREATE TABLE statements."""
-        result = self.run("SELECT sql FROM sqlite_master WHERE type = 'table' AND sql IS NOT NULL "
-                          "AND name NOT LIKE 'sqlite_%' ORDER BY rowid")
+        result = self.run(
+            "SELECT sql FROM sqlite_master WHERE type = 'table' AND sql IS NOT NULL AND name NOT LIKE 'sqlite_%' ORDER BY rowid"
+        )
         if result.rows is None:
             raise RuntimeError(f"bird: cannot read the schema of {self.path}: {result.error}")
         return "\n\n".join(sql.strip() + ";" for (sql,) in result.rows)
@@ -163,7 +163,6 @@ _REQUIRED = ("question", "SQL", "db_id")
 _DATASETS: dict[tuple, tuple[list[dict], list[int]]] = {}
 _SCHEMAS: dict[str, str] = {}
 _CACHE_LOCK = threading.Lock()
-
 
 
 def _read_file(path: Path) -> list[Any]:
@@ -239,8 +238,9 @@ class BirdEnv(Env):
         self.records, self._order = load_questions(dataset_path.replace("{split}", split), split)
         self.db_root = resolve_data_path(db_root.replace("{split}", split))
         if not self.db_root.is_dir():
-            raise FileNotFoundError(f"bird: db_root {str(self.db_root)!r} is not a directory "
-                                    "(run scripts/install_dataset.sh --bird)")
+            raise FileNotFoundError(
+                f"bird: db_root {str(self.db_root)!r} is not a directory (run scripts/install_dataset.sh --bird)"
+            )
         self.max_tries = max_tries
         self.no_fence_penalty = no_fence_penalty
         self.step_timeout_seconds = step_timeout_seconds
@@ -273,8 +273,12 @@ class BirdEnv(Env):
         if sql is None:
             self.done = self.tries >= self.max_tries
             note = "Your answer has no ```sql fenced block, so nothing was run."
-            return self._feedback(note), self.no_fence_penalty, self.done, step_info(
-                False, False, False, tries=self.tries, timed_out=False)
+            return (
+                self._feedback(note),
+                self.no_fence_penalty,
+                self.done,
+                step_info(False, False, False, tries=self.tries, timed_out=False),
+            )
         result = self._sandbox.run(sql) if sql else QueryResult(None, "the ```sql block is empty")
         matched = result.rows is not None and self._gold_rows() is not None and Counter(result.rows) == self._gold
         self.done = matched or self.tries >= self.max_tries

@@ -122,7 +122,6 @@ def draw(state: State) -> list[str]:
     return lines
 
 
-
 class BlocksWorldEnv(Env):
     def __init__(self, num_blocks: int = 3, render_mode: str = "text", max_steps: int = 20):
         self.num_blocks = positive_int("blocksworld", "num_blocks", num_blocks)
@@ -188,8 +187,7 @@ class BlocksWorldEnv(Env):
 
     def valid_actions(self) -> list[str]:
         n = self.num_blocks
-        return [f"move {block} to {dest}" for block in range(1, n + 1) for dest in range(n + 1)
-                if self._legal(block, dest)]
+        return [f"move {block} to {dest}" for block in range(1, n + 1) for dest in range(n + 1) if self._legal(block, dest)]
 
     def legend(self) -> str:
         if self.render_mode == "1d":

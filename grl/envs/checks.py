@@ -72,14 +72,24 @@ def check_observation(value: Any, where: str) -> tuple[str, list[Repair]]:
     repairs = []
     text = value
     if len(text) > MAX_OBSERVATION_CHARS:
-        text = (text[:MAX_OBSERVATION_CHARS]
-                + f"\n[observation cut: {len(value)} characters, only the first {MAX_OBSERVATION_CHARS} are shown]")
-        repairs.append(Repair("observation_cut", f"{where}() returned an observation of {len(value)} characters; "
-                                                 f"cut to {MAX_OBSERVATION_CHARS}"))
+        text = (
+            text[:MAX_OBSERVATION_CHARS]
+            + f"\n[observation cut: {len(value)} characters, only the first {MAX_OBSERVATION_CHARS} are shown]"
+        )
+        repairs.append(
+            Repair(
+                "observation_cut", f"{where}() returned an observation of {len(value)} characters; cut to {MAX_OBSERVATION_CHARS}"
+            )
+        )
     text, replaced = _UNSAFE_CHARS.subn("\ufffd", text)
     if replaced:
-        repairs.append(Repair("observation_repaired", f"{where}() returned an observation with {replaced} NUL or "
-                                                       f"lone surrogate characters, replaced by U+FFFD: {describe(value)}"))
+        repairs.append(
+            Repair(
+                "observation_repaired",
+                f"{where}() returned an observation with {replaced} NUL or "
+                f"lone surrogate characters, replaced by U+FFFD: {describe(value)}",
+            )
+        )
     return text, repairs
 
 
@@ -100,9 +110,15 @@ def check_step(result: Any) -> tuple[str, float, bool, dict[str, Any], list[Repa
     """`env.step()`'s result checked: (observation, reward, done, info, repairs)."""
     if not isinstance(result, (tuple, list)) or len(result) != 4:
         size = f"a {len(result)}-tuple" if isinstance(result, (tuple, list)) else describe(result)
-        raise EnvValueError("result", f"step() must return (observation, reward, done, info), got {size}"
-                            + (" (gymnasium's terminated/truncated split is not GRL's contract)"
-                               if isinstance(result, (tuple, list)) and len(result) == 5 else ""))
+        raise EnvValueError(
+            "result",
+            f"step() must return (observation, reward, done, info), got {size}"
+            + (
+                " (gymnasium's terminated/truncated split is not GRL's contract)"
+                if isinstance(result, (tuple, list)) and len(result) == 5
+                else ""
+            ),
+        )
     observation, reward, done, info = result
     if not _is_bool(done):
         raise EnvValueError("done", f"step() returned a `done` that is not a bool: {describe(done)}")
@@ -123,6 +139,8 @@ def check_valid_actions(value: Any) -> list[str] | None:
         raise EnvValueError("valid_actions", "valid_actions() returned an empty list: the model has nothing to choose")
     for action in value:
         if not isinstance(action, str) or not action.strip() or _UNSAFE_CHARS.search(action):
-            raise EnvValueError("valid_actions", "valid_actions() must list non-empty strings of clean text, "
-                                                 f"got {describe(action)} in {describe(value)}")
+            raise EnvValueError(
+                "valid_actions",
+                f"valid_actions() must list non-empty strings of clean text, got {describe(action)} in {describe(value)}",
+            )
     return list(value)

@@ -55,8 +55,10 @@ def _read_hub(env: str, hub_id: str, config: str | None, split: str) -> list[tup
         rows = datasets.load_dataset(hub_id, config, split=split)
     except Exception as err:  # the hub, the network and the cache fail in many ways; the user needs one line
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise EnvUnavailable(f"{env}: cannot load the {where} ({reason}); install the data locally "
-                             f"with scripts/install_dataset.sh and point data_path at it") from None
+        raise EnvUnavailable(
+            f"{env}: cannot load the {where} ({reason}); install the data locally "
+            f"with scripts/install_dataset.sh and point data_path at it"
+        ) from None
     return [(dict(row), f"{hub_id} row {i}") for i, row in enumerate(rows)]
 
 
@@ -66,13 +68,14 @@ def question_text(row: dict) -> str | None:
     return text.strip() if isinstance(text, str) and text.strip() else None
 
 
-def load_records(env: str, data_path: str, split: str, hub_config: str | None, install: str,
-                 record: Callable[[dict, str], T]) -> list[T]:
+def load_records(
+    env: str, data_path: str, split: str, hub_config: str | None, install: str, record: Callable[[dict, str], T]
+) -> list[T]:
     """The records of a dataset, each row converted by `record(row, where)`; cached."""
     if not isinstance(data_path, str) or not data_path:
         raise ValueError(f"{env}: data_path must be a file path or hf:<dataset id>, got {data_path!r}")
     if data_path.startswith(HUB_PREFIX):
-        hub_id = data_path[len(HUB_PREFIX):]
+        hub_id = data_path[len(HUB_PREFIX) :]
         key: tuple = ("hub", hub_id, hub_config, split, record)
         read = lambda: _read_hub(env, hub_id, hub_config, split)  # noqa: E731
     else:
@@ -80,8 +83,10 @@ def load_records(env: str, data_path: str, split: str, hub_config: str | None, i
         if path.is_dir():
             path = path / f"{split}.jsonl"
         if not path.is_file():
-            raise FileNotFoundError(f"{env}: data file {path} not found (env_config.data_path={data_path!r}); "
-                                    f"install it with `{install}`, or read a hub dataset with data_path=hf:<id>")
+            raise FileNotFoundError(
+                f"{env}: data file {path} not found (env_config.data_path={data_path!r}); "
+                f"install it with `{install}`, or read a hub dataset with data_path=hf:<id>"
+            )
         key = ("file", str(path.resolve()), path.stat().st_mtime_ns, record)
         read = lambda: _read_jsonl(env, path)  # noqa: E731
     with _LOCK:

@@ -70,8 +70,7 @@ def _boxed(action: str) -> str | None:
 
 # The moves a game accepts now, read from its state (GEM has no method for it). Keyed by class name.
 def _guess_the_number(game) -> list[str]:
-    return [f"\\boxed{{{n}}}" for n in range(max(game.min_number, 1), game.max_number + 1)
-            if n not in game.previous_guesses]
+    return [f"\\boxed{{{n}}}" for n in range(max(game.min_number, 1), game.max_number + 1) if n not in game.previous_guesses]
 
 
 def _tower_of_hanoi(game) -> list[str]:
@@ -87,8 +86,9 @@ def _game_2048(game) -> list[str]:
 
 def _minesweeper(game) -> list[str]:
     cells = [(r, c) for r in range(game.rows) for c in range(game.cols) if not game.revealed[r][c]]
-    return [f"\\boxed{{reveal {r} {c}}}" for r, c in cells if not game.flags[r][c]] + \
-        [f"\\boxed{{flag {r} {c}}}" for r, c in cells]
+    return [f"\\boxed{{reveal {r} {c}}}" for r, c in cells if not game.flags[r][c]] + [
+        f"\\boxed{{flag {r} {c}}}" for r, c in cells
+    ]
 
 
 LISTERS: dict[str, Callable[[Any], list[str]]] = {
@@ -108,8 +108,10 @@ class GemEnv(Env):
         from gem.envs.registration import ENV_REGISTRY
 
         if env_id not in ENV_REGISTRY:
-            raise ValueError(f"gem: env_id {env_id!r} is not a GEM env id (gem-llm lists {len(ENV_REGISTRY)}, "
-                             "e.g. game:GuessTheNumber-v0-easy, game:Sokoban-v0-easy, rg:leg_counting)")
+            raise ValueError(
+                f"gem: env_id {env_id!r} is not a GEM env id (gem-llm lists {len(ENV_REGISTRY)}, "
+                "e.g. game:GuessTheNumber-v0-easy, game:Sokoban-v0-easy, rg:leg_counting)"
+            )
         self.env_id = env_id
         # a fixed generator state for the build: GEM's games reset once inside their constructor
         self._rng_state = (random.Random(0).getstate(), np.random.RandomState(0).get_state())
@@ -165,8 +167,12 @@ class GemEnv(Env):
         reward, terminated, truncated = float(reward), bool(terminated), bool(truncated)
         self._over = terminated or truncated
         success = terminated and reward > 0 and (not truncated or reward >= 1.0)
-        return self.compose(observation, info), reward, self._over, step_info(
-            success, valid, valid, terminated=terminated, truncated=truncated, gem_observation=str(observation))
+        return (
+            self.compose(observation, info),
+            reward,
+            self._over,
+            step_info(success, valid, valid, terminated=terminated, truncated=truncated, gem_observation=str(observation)),
+        )
 
     def action_help(self) -> str:
         return "Write your move inside \\boxed{}, in the form the game's instructions give."

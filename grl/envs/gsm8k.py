@@ -87,6 +87,7 @@ def load_problems(data_path: str, split: str, hub_config: str | None = "main") -
 
 # ---------------------------------------------------------------- env
 
+
 class GSM8KEnv(Env):
     """One question per episode, chosen by the seed (question `seed % size`)."""
 
@@ -123,8 +124,13 @@ class GSM8KEnv(Env):
         self.solved = value is not None and value == self.problem.gold
         done = self.solved or self.attempts >= self.max_attempts
         reward = self.correct_reward if self.solved else self.wrong_reward
-        info = step_info(self.solved, value is not None, value is not None,
-                         answer=None if value is None else str(value), attempts=self.attempts)
+        info = step_info(
+            self.solved,
+            value is not None,
+            value is not None,
+            answer=None if value is None else str(value),
+            attempts=self.attempts,
+        )
         return self._feedback(value, done), reward, done, info
 
     def _feedback(self, value: Decimal | None, done: bool) -> str:

@@ -48,8 +48,12 @@ class GuessNumberEnv(Env):
         except (ValueError, AttributeError):
             guess = None
         if guess is None or not 1 <= guess <= self.max_number:
-            return f"{action!r} is not a number from 1 to {self.max_number}. " + self.render(), -1.0, False, \
-                step_info(False, action_is_valid=False, action_is_effective=False)
+            return (
+                f"{action!r} is not a number from 1 to {self.max_number}. " + self.render(),
+                -1.0,
+                False,
+                step_info(False, action_is_valid=False, action_is_effective=False),
+            )
         self.guesses += 1
         narrowed = self.low <= guess <= self.high
         if guess == self.secret:

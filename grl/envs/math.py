@@ -41,8 +41,9 @@ def math_record(row: dict, where: str) -> Problem:
     problem = question_text(row)
     usable = isinstance(answer, (str, int, float)) and not isinstance(answer, bool) and str(answer).strip()
     if problem is None or not usable:
-        raise ValueError(f"math: {where}: needs a `problem` (or `question`) and an `answer` "
-                         f"(or a `solution` with a \\boxed{{}} answer)")
+        raise ValueError(
+            f"math: {where}: needs a `problem` (or `question`) and an `answer` (or a `solution` with a \\boxed{{}} answer)"
+        )
     return Problem(problem, str(answer).strip())
 
 
@@ -84,8 +85,9 @@ class MathEnv(Env):
         self.attempts += 1
         self.solved = bool(verdict and verdict.correct)
         done = self.solved or self.attempts >= self.max_attempts
-        info = step_info(self.solved, bool(answer), bool(answer), attempts=self.attempts,
-                         grading_timed_out=bool(verdict and verdict.timed_out))
+        info = step_info(
+            self.solved, bool(answer), bool(answer), attempts=self.attempts, grading_timed_out=bool(verdict and verdict.timed_out)
+        )
         reward = self.correct_reward if self.solved else self.wrong_reward
         return self._feedback(answer, done), reward, done, info
 
@@ -96,5 +98,4 @@ class MathEnv(Env):
         return said if done else f"{said} Try again.\n\n{self.problem.problem}"
 
     def action_help(self) -> str:
-        return ("Answer with the final result only, in LaTeX where needed "
-                "(e.g. \\frac{3}{4}, 2\\sqrt{3}, (-\\infty, 2]).")
+        return "Answer with the final result only, in LaTeX where needed (e.g. \\frac{3}{4}, 2\\sqrt{3}, (-\\infty, 2])."

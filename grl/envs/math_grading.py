@@ -50,7 +50,7 @@ def last_boxed(text: str) -> str | None:
     for j in range(i, len(text)):
         depth += {"{": 1, "}": -1}.get(text[j], 0)
         if depth == 0:
-            return text[i + 1:j]
+            return text[i + 1 : j]
     return None
 
 
@@ -112,10 +112,19 @@ class _Child:
 
     def __init__(self, op_timeout: int):
         root = str(Path(__file__).resolve().parents[2])  # so the child imports this same grl
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p),
-               "GRL_MATH_OP_TIMEOUT": str(op_timeout)}
-        self.proc = subprocess.Popen([sys.executable, "-m", "grl.envs.math_grading"], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, text=True)
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p),
+            "GRL_MATH_OP_TIMEOUT": str(op_timeout),
+        }
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "grl.envs.math_grading"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env=env,
+            text=True,
+        )
         if self._line(120.0) != "ready":  # importing sympy takes seconds on a busy machine
             self.kill()
             raise RuntimeError("math grading: the math-verify child process did not start (is math-verify installed?)")

@@ -108,10 +108,19 @@ _SHARED_LOCK = threading.Lock()
 
 
 class OpenEnvEnv(Env):
-    def __init__(self, base_url: str | None = None, app: str | None = None, app_kwargs: dict | None = None,
-                 action_field: str = "message", text_field: str | None = "text", actions_field: str | None = "valid_actions",
-                 info_field: str | None = "info", timeout_s: float = 30.0, start_timeout_s: float = 60.0,
-                 share_server: bool = True):
+    def __init__(
+        self,
+        base_url: str | None = None,
+        app: str | None = None,
+        app_kwargs: dict | None = None,
+        action_field: str = "message",
+        text_field: str | None = "text",
+        actions_field: str | None = "valid_actions",
+        info_field: str | None = "info",
+        timeout_s: float = 30.0,
+        start_timeout_s: float = 60.0,
+        share_server: bool = True,
+    ):
         if base_url is not None and app is not None:
             raise ValueError(f"openenv: give base_url (a running server) or app (one to start), not both: {base_url!r}, {app!r}")
         if base_url is None and app is None:
@@ -179,8 +188,13 @@ class OpenEnvEnv(Env):
         # The child imports what this process can: the app's package may live on a path added at run time.
         child_env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
         kwargs = "" if self.app_kwargs is None else json.dumps(self.app_kwargs)
-        proc = subprocess.Popen([sys.executable, "-m", "grl.envs.openenv_env", self.app, kwargs, str(port)],
-                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log, env=child_env)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "grl.envs.openenv_env", self.app, kwargs, str(port)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+            env=child_env,
+        )
         server.stop, server.process, server.url = weakref.finalize(server, _stop, proc, log), proc, None
         url = f"http://127.0.0.1:{port}"
         opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # a proxy must not see 127.0.0.1
@@ -203,8 +217,9 @@ class OpenEnvEnv(Env):
         if self._client is None:
             if self._started_url and self._server is None:
                 self.base_url = self._local_server()
-            self._client = _Client(base_url=self.base_url, connect_timeout_s=self.timeout_s,
-                                   message_timeout_s=self.timeout_s).sync()
+            self._client = _Client(
+                base_url=self.base_url, connect_timeout_s=self.timeout_s, message_timeout_s=self.timeout_s
+            ).sync()
         return self._client
 
     def _exchange(self, what: str, *args: Any, **kwargs: Any) -> tuple[dict[str, Any], float, bool]:
@@ -225,8 +240,9 @@ class OpenEnvEnv(Env):
             if self._client is not None:  # a late answer could be read as the next one's: never use it again
                 self._retired.append(self._client)
                 self._client = None
-            raise OpenEnvError(f"openenv ({self._label}): {what} failed at {self.base_url}: "
-                               f"{first_line(err, with_type=True)}") from None
+            raise OpenEnvError(
+                f"openenv ({self._label}): {what} failed at {self.base_url}: {first_line(err, with_type=True)}"
+            ) from None
         self._observation = observation
         return observation, float(reward or 0.0), done
 
@@ -249,8 +265,12 @@ class OpenEnvEnv(Env):
         served = observation.get(self.info_field) if self.info_field else None
         if isinstance(served, dict):
             extra = {key: value for key, value in served.items() if key not in _CONTRACT_KEYS}
-            info = step_info(served.get("success", False), served.get("action_is_valid", True),
-                             served.get("action_is_effective", True), **extra)
+            info = step_info(
+                served.get("success", False),
+                served.get("action_is_valid", True),
+                served.get("action_is_effective", True),
+                **extra,
+            )
         else:
             valid = legal is None or action in legal
             info = step_info(done and reward > 0, valid, valid)

@@ -141,8 +141,9 @@ def parse_level(text: str) -> Level:
     if len(players) != 1:
         raise ValueError(f"sokoban level needs exactly one player (@ or +), found {len(players)}")
     if not boxes or len(boxes) != len(targets):
-        raise ValueError(f"sokoban level needs as many boxes as targets (at least one), found {len(boxes)} boxes "
-                         f"and {len(targets)} targets")
+        raise ValueError(
+            f"sokoban level needs as many boxes as targets (at least one), found {len(boxes)} boxes and {len(targets)} targets"
+        )
     if boxes == targets:
         raise ValueError("sokoban level is already solved (every box is on a target)")
     # Floor outside the outer wall (leading spaces) is shown as wall.
@@ -276,8 +277,9 @@ def generate_level(seed: int | None, dim_room: tuple[int, int], num_boxes: int, 
         walls = frozenset((r, c) for r in range(rows) for c in range(cols) if r * cols + c not in floor)
         targets, boxes = (frozenset(divmod(p, cols) for p in cells) for cells in (targets, boxes))
         return Level(rows, cols, walls, targets, boxes, divmod(player, cols))
-    raise RuntimeError(f"sokoban: no scrambled level for dim_room={dim_room}, num_boxes={num_boxes} "
-                       f"after {MAX_GENERATION_TRIES} rooms")
+    raise RuntimeError(
+        f"sokoban: no scrambled level for dim_room={dim_room}, num_boxes={num_boxes} after {MAX_GENERATION_TRIES} rooms"
+    )
 
 
 # -------------------------------------------------------------------- env
@@ -288,7 +290,6 @@ def parse_action(action: Any) -> tuple[int, int] | None:
     if not isinstance(action, str):
         return None
     return ACTIONS.get(action.strip().lower())
-
 
 
 class SokobanEnv(Env):
@@ -378,9 +379,7 @@ class SokobanEnv(Env):
         return ["Up", "Down", "Left", "Right"]
 
     def legend(self) -> str:
-        return (
-            "Symbols: # wall, _ floor, O target, X box, √ box on target, P player, S player on target."
-        )
+        return "Symbols: # wall, _ floor, O target, X box, √ box on target, P player, S player on target."
 
     def action_help(self) -> str:
         return (

@@ -73,11 +73,19 @@ def parse_action(action: Any) -> str | None:
     return key if key in ACTIONS else None
 
 
-
 class TetrisEnv(Env):
-    def __init__(self, dim_x: int = 4, dim_y: int = 4, box_type: int = 1, max_steps: int = 100,
-                 gap_rows: int = 0, max_pieces: int = 0, coordinates: bool = False, step_reward: float = -0.1,
-                 spawn_over_gap: bool = True):
+    def __init__(
+        self,
+        dim_x: int = 4,
+        dim_y: int = 4,
+        box_type: int = 1,
+        max_steps: int = 100,
+        gap_rows: int = 0,
+        max_pieces: int = 0,
+        coordinates: bool = False,
+        step_reward: float = -0.1,
+        spawn_over_gap: bool = True,
+    ):
         if not isinstance(box_type, int) or box_type not in BOX_TYPES:
             raise ValueError(f"tetris: box_type must be 1, 2 or 3, got {box_type!r}")
         self.dim_x, self.dim_y = positive_int("tetris", "dim_x", dim_x), positive_int("tetris", "dim_y", dim_y)
@@ -162,8 +170,11 @@ class TetrisEnv(Env):
             return ("column " if len(cols) == 1 else "columns ") + ", ".join(str(c + 1) for c in cols)
 
         lowest_open = self._lowest_open_row()
-        piece = f"The falling piece is in {columns({c for _, c in self._cells(self.row, self.col)})}. " \
-            if self.falling else "No piece is falling. "
+        piece = (
+            f"The falling piece is in {columns({c for _, c in self._cells(self.row, self.col)})}. "
+            if self.falling
+            else "No piece is falling. "
+        )
         return piece + f"Empty in the lowest open row: {columns(c for c, f in enumerate(lowest_open) if not f)}."
 
     def step(self, action: str):

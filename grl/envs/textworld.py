@@ -54,8 +54,17 @@ GAME_EXTENSIONS = (".z8", ".ulx")
 warnings.filterwarnings("ignore", message=r"Game .* is not fully supported")
 # Loading a game parses its rules with TextWorld's shared TatSu parser, which breaks when two threads use it.
 _LOAD_LOCK = threading.Lock()
-REQUESTED = EnvInfos(description=True, objective=True, admissible_commands=True, score=True, max_score=True,
-                     won=True, lost=True, facts=True, policy_commands=True)
+REQUESTED = EnvInfos(
+    description=True,
+    objective=True,
+    admissible_commands=True,
+    score=True,
+    max_score=True,
+    won=True,
+    lost=True,
+    facts=True,
+    policy_commands=True,
+)
 
 
 def game_settings(challenge: str, level: str, seed: int) -> dict[str, Any]:
@@ -78,13 +87,19 @@ def generate_game(challenge: str, level: str, seed: int, root: Path | None = Non
 
     def build(out: Path) -> None:
         package_root = str(Path(__file__).resolve().parents[2])
-        env = {**os.environ, "PYTHONHASHSEED": "0",
-               "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
-        done = subprocess.run([sys.executable, "-m", "grl.envs.textworld", challenge, level, str(seed), str(out)],
-                              env=env, capture_output=True, text=True)
+        env = {
+            **os.environ,
+            "PYTHONHASHSEED": "0",
+            "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")])),
+        }
+        done = subprocess.run(
+            [sys.executable, "-m", "grl.envs.textworld", challenge, level, str(seed), str(out)],
+            env=env,
+            capture_output=True,
+            text=True,
+        )
         if done.returncode != 0:
-            raise RuntimeError(f"textworld: generating {challenge} {level} seed {seed} failed: "
-                               f"{done.stderr.strip()[-2000:]}")
+            raise RuntimeError(f"textworld: generating {challenge} {level} seed {seed} failed: {done.stderr.strip()[-2000:]}")
 
     return models.publish_dir(build, target, marker="game.json") / "game.z8"
 
@@ -114,8 +129,14 @@ class TextWorldEnv(Env):
     Reward is the change of the game's score; the episode ends when the game is won or lost.
     """
 
-    def __init__(self, challenge: str = "tw-cooking", level: str = "easy", games_dir: str | None = None,
-                 list_commands: bool = True, cache_dir: str | None = None):
+    def __init__(
+        self,
+        challenge: str = "tw-cooking",
+        level: str = "easy",
+        games_dir: str | None = None,
+        list_commands: bool = True,
+        cache_dir: str | None = None,
+    ):
         if challenge not in LEVELS:
             raise ValueError(f"textworld: challenge must be one of {', '.join(LEVELS)}, got {challenge!r}")
         if level not in LEVELS[challenge]:
@@ -133,8 +154,10 @@ class TextWorldEnv(Env):
                 raise ValueError(f"textworld: games_dir {games_dir!r} holds no .z8 or .ulx game")
             bare = [p.name for p in self.games if not p.with_suffix(".json").is_file()]
             if bare:
-                raise ValueError(f"textworld: games_dir {games_dir!r}: {bare[0]} has no .json beside it (TextWorld "
-                                 "games only: the .json holds the rules that give the valid commands)")
+                raise ValueError(
+                    f"textworld: games_dir {games_dir!r}: {bare[0]} has no .json beside it (TextWorld "
+                    "games only: the .json holds the rules that give the valid commands)"
+                )
         self._game = None
         self._state = None
         self._observation = ""
@@ -180,28 +203,43 @@ class TextWorldEnv(Env):
         if self._state is None:
             return "No game is running; call reset().", 0.0, True, step_info(False, False, False)
         if self._over:
-            return f"The game is over.\n\n{self._observation}", 0.0, True, step_info(
-                self._state["won"], False, False, score=float(self._state["score"]))
+            return (
+                f"The game is over.\n\n{self._observation}",
+                0.0,
+                True,
+                step_info(self._state["won"], False, False, score=float(self._state["score"])),
+            )
         command = normalize(action) if isinstance(action, str) else ""
         by_text = {normalize(c): c for c in self.valid_actions()}
         if command not in by_text:
             note = f"That command is not available here: {action!r}."[:300]
-            return f"{note}\n\n{self._observation}", 0.0, False, step_info(
-                self._state["won"], False, False, score=float(self._state["score"]))
+            return (
+                f"{note}\n\n{self._observation}",
+                0.0,
+                False,
+                step_info(self._state["won"], False, False, score=float(self._state["score"])),
+            )
         before = self._state
         self._state, _, done = self._game.step(by_text[command])
         reward = float(self._state["score"] - before["score"])
         changed = set(self._state["facts"]) != set(before["facts"])
         done = self._over = bool(done or self._state["won"] or self._state["lost"])
         self._observation = self._render(game_text(self._state.feedback))
-        return self._observation, reward, done, step_info(
-            self._state["won"], True, changed, score=float(self._state["score"]),
-            max_score=float(self._state["max_score"]))
+        return (
+            self._observation,
+            reward,
+            done,
+            step_info(
+                self._state["won"], True, changed, score=float(self._state["score"]), max_score=float(self._state["max_score"])
+            ),
+        )
 
     def action_help(self) -> str:
         where = "listed with the state" if self.list_commands else "that the game accepts at this moment"
-        return ("Give one game command per answer, in plain words (for example: go north, take key, "
-                f"open door); only the valid commands {where} work.")
+        return (
+            "Give one game command per answer, in plain words (for example: go north, take key, "
+            f"open door); only the valid commands {where} work."
+        )
 
     def close(self) -> None:
         if self._game is not None:

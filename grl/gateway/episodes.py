@@ -58,8 +58,11 @@ class EpisodeLog:
             # The reply is the ids the engine sampled; the template renders only what follows it. The
             # assistant message is reduced to its text so that a rendered tool call is not added twice
             # (the sampled ids already hold it).
-            masked = [*messages[:len(last.messages)], {"role": "assistant", "content": last.returned.get("content") or ""},
-                      *messages[len(last.messages) + 1:]]
+            masked = [
+                *messages[: len(last.messages)],
+                {"role": "assistant", "content": last.returned.get("content") or ""},
+                *messages[len(last.messages) + 1 :],
+            ]
             delta = chat.turn_delta(masked, last.completion_ids[-1] if last.completion_ids else None)
             return last.prompt_ids + last.completion_ids + delta, True
         return chat.first_prompt(messages), False
@@ -75,10 +78,17 @@ class EpisodeLog:
         for before, call in zip([None, *self.calls], self.calls):
             continues = call.continues and before is not None
             seen = len(before.prompt_ids) + len(before.completion_ids) if continues else 0
-            turns.append(Turn(prompt_ids=list(call.prompt_ids[seen:]), response_ids=list(call.completion_ids),
-                              response_log_probs=list(call.log_probs) if call.log_probs else None, reward=0.0,
-                              finish_reason=call.finish_reason, response_allowed=call.allowed,
-                              new_context=bool(turns) and not continues))
+            turns.append(
+                Turn(
+                    prompt_ids=list(call.prompt_ids[seen:]),
+                    response_ids=list(call.completion_ids),
+                    response_log_probs=list(call.log_probs) if call.log_probs else None,
+                    reward=0.0,
+                    finish_reason=call.finish_reason,
+                    response_allowed=call.allowed,
+                    new_context=bool(turns) and not continues,
+                )
+            )
         return turns
 
 
@@ -87,8 +97,12 @@ def _extends(messages: list[dict], last: Call) -> bool:
     if len(messages) <= n + 1 or messages[:n] != last.messages:
         return False
     reply = messages[n]
-    return (reply.get("role") == "assistant" and (reply.get("content") or "") == (last.returned.get("content") or "")
-            and _calls(reply) == _calls(last.returned) and all(m.get("role") != "assistant" for m in messages[n + 1:]))
+    return (
+        reply.get("role") == "assistant"
+        and (reply.get("content") or "") == (last.returned.get("content") or "")
+        and _calls(reply) == _calls(last.returned)
+        and all(m.get("role") != "assistant" for m in messages[n + 1 :])
+    )
 
 
 def _calls(message: dict) -> list[tuple[str, str]]:

@@ -11,9 +11,14 @@ def guess_number(client, task):
     Reward 1 for finding it, less the more guesses it took; `success` and `guesses` are its metrics."""
     top = int(task.config.get("max_number", 100))
     secret = random.Random(task.seed).randint(1, top)  # the seed is the group's: its attempts play one game
-    messages = [{"role": "system", "content": "You are a careful player of guessing games."},
-                {"role": "user", "content": f"I am thinking of a whole number from 1 to {top}. Guess it: "
-                                            "answer with one number. After each guess I say higher or lower."}]
+    messages = [
+        {"role": "system", "content": "You are a careful player of guessing games."},
+        {
+            "role": "user",
+            "content": f"I am thinking of a whole number from 1 to {top}. Guess it: "
+            "answer with one number. After each guess I say higher or lower.",
+        },
+    ]
     for guess_count in range(1, int(task.config.get("max_guesses", 7)) + 1):
         reply = client.chat.completions.create(model=task.model, messages=messages, max_tokens=16)
         text = reply.choices[0].message.content or ""

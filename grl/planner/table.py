@@ -46,10 +46,18 @@ class Plan:
         for phase in self.phases:
             need = self.device_total(phase)
             if need > self.capacity:
-                parts = sorted(((row.get(phase, 0.0), name) for name, row in self.device.items()
-                                if name in self.fixes and row.get(phase)), reverse=True)
-                fix = (f"the largest part that a key changes is {parts[0][1]} ({parts[0][0] / GIB:.1f} GiB): "
-                       f"set {self.fixes[parts[0][1]]}") if parts else "use GPUs with more memory"
+                parts = sorted(
+                    ((row.get(phase, 0.0), name) for name, row in self.device.items() if name in self.fixes and row.get(phase)),
+                    reverse=True,
+                )
+                fix = (
+                    (
+                        f"the largest part that a key changes is {parts[0][1]} ({parts[0][0] / GIB:.1f} GiB): "
+                        f"set {self.fixes[parts[0][1]]}"
+                    )
+                    if parts
+                    else "use GPUs with more memory"
+                )
                 return f"{phase}: needs {need / GIB:.1f} GiB per {self.unit} of {self.capacity / GIB:.1f} GiB; {fix}"
         return None
 
@@ -69,6 +77,11 @@ def format_plan(plan: Plan) -> str:
             lines.append(f"{name:<{width}}" + "".join(f"{row.get(p, 0.0) / GIB:14.2f}" for p in plan.phases))
         lines.append(f"{'total host':<{width}}" + "".join(f"{plan.host_total(p) / GIB:14.2f}" for p in plan.phases))
     problem = plan.overflow()
-    lines.append(f"does not fit: {problem}" if problem else
-                 "fits" if plan.capacity is not None else "GPU memory unknown: set trainer.gpu_memory_gb")
+    lines.append(
+        f"does not fit: {problem}"
+        if problem
+        else "fits"
+        if plan.capacity is not None
+        else "GPU memory unknown: set trainer.gpu_memory_gb"
+    )
     return "\n".join(lines)

@@ -19,6 +19,23 @@ from grl.rollout.shaping import (
 from grl.rollout.tasks import TaskSpec, decodes_constrained, task_specs, training_base_seed
 from grl.rollout.types import Batch, Episode, Turn
 
-__all__ = ["Batch", "Episode", "MultiTurnRollout", "RolloutError", "RolloutResult", "TaskSpec", "Turn", "build_batch",
-           "decodes_constrained", "episode_tokens", "filter_groups", "normalize", "normalize_episode_scores",
-           "pack_rows", "packed_attention_mask", "rollout_metrics", "task_specs", "training_base_seed"]
+__all__ = [
+    "Batch",
+    "Episode",
+    "MultiTurnRollout",
+    "RolloutError",
+    "RolloutResult",
+    "TaskSpec",
+    "Turn",
+    "build_batch",
+    "decodes_constrained",
+    "episode_tokens",
+    "filter_groups",
+    "normalize",
+    "normalize_episode_scores",
+    "pack_rows",
+    "packed_attention_mask",
+    "rollout_metrics",
+    "task_specs",
+    "training_base_seed",
+]

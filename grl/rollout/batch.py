@@ -38,8 +38,7 @@ from dataclasses import dataclass
 
 from grl.rollout.types import Batch, Episode
 
-TENSOR_KEYS = ("input_ids", "attention_mask", "position_ids", "loss_mask", "turn_ids", "token_rewards",
-               "rollout_log_probs")
+TENSOR_KEYS = ("input_ids", "attention_mask", "position_ids", "loss_mask", "turn_ids", "token_rewards", "rollout_log_probs")
 
 META_KEYS = ("task", "group_id", "seed", "episode_score", "raw_score", "uid", "state_keys")  # state_keys: one per turn
 
@@ -84,8 +83,9 @@ def episode_tokens(ep: Episode, use_turn_scores: bool, score: float | None = Non
         turn_ids += [k] * (n_prompt + n_reply)
         reply_lp = turn.response_log_probs if turn.response_log_probs is not None else [0.0] * n_reply
         log_probs += [0.0] * n_prompt + [float(x) for x in reply_lp]
-        allowed += [(0, ())] * n_prompt + (list(turn.response_allowed) if turn.response_allowed is not None
-                                           else [(0, ())] * n_reply)
+        allowed += [(0, ())] * n_prompt + (
+            list(turn.response_allowed) if turn.response_allowed is not None else [(0, ())] * n_reply
+        )
         turn_ends.append(len(ids))
     rewards = [0.0] * len(ids)
     sampled = [i for i, m in enumerate(mask) if m]
@@ -100,9 +100,14 @@ def episode_tokens(ep: Episode, use_turn_scores: bool, score: float | None = Non
     return EpisodeTokens(ids, mask, turn_ids, rewards, log_probs, allowed, positions, contexts)
 
 
-def build_batch(episodes: list[Episode], *, use_turn_scores: bool = False, max_episode_length: int | None = None,
-                pad_token_id: int = 0,
-                scores: list[float] | None = None) -> tuple[Batch, dict[str, float]]:
+def build_batch(
+    episodes: list[Episode],
+    *,
+    use_turn_scores: bool = False,
+    max_episode_length: int | None = None,
+    pad_token_id: int = 0,
+    scores: list[float] | None = None,
+) -> tuple[Batch, dict[str, float]]:
     """The training batch of `episodes` and the drop counts.
 
     `scores` (one per episode, e.g. normalised) replaces the episode scores
@@ -112,8 +117,10 @@ def build_batch(episodes: list[Episode], *, use_turn_scores: bool = False, max_e
     if scores is not None and len(scores) != len(episodes):
         raise ValueError(f"scores: {len(scores)} values for {len(episodes)} episodes")
     if scores is not None and use_turn_scores:
-        raise ValueError("rollout.use_turn_scores: turn rewards cannot take normalised episode scores "
-                         "(set rollout.reward_normalization.method=identity)")
+        raise ValueError(
+            "rollout.use_turn_scores: turn rewards cannot take normalised episode scores "
+            "(set rollout.reward_normalization.method=identity)"
+        )
     kept: list[tuple[Episode, float, EpisodeTokens]] = []
     too_long = empty = 0
     for i, ep in enumerate(episodes):
@@ -125,22 +132,40 @@ def build_batch(episodes: list[Episode], *, use_turn_scores: bool = False, max_e
             too_long += 1
         else:
             kept.append((ep, score, tokens))
-    metrics = {"rollout/dropped_overlong": float(too_long), "rollout/dropped_empty": float(empty),
-               "rollout/batch_episodes": float(len(kept))}
+    metrics = {
+        "rollout/dropped_overlong": float(too_long),
+        "rollout/dropped_empty": float(empty),
+        "rollout/batch_episodes": float(len(kept)),
+    }
     windowed = any(t.context_ids[-1] > 1 for _, _, t in kept)
     return _padded(kept, pad_token_id, windowed), metrics
 
 
 def _meta(ep: Episode, score: float) -> dict:
-    return {"task": ep.task, "group_id": ep.group_id, "seed": ep.seed, "episode_score": score,
-            "raw_score": ep.score, "uid": ep.uid, "state_keys": [t.state_key for t in ep.turns]}
+    return {
+        "task": ep.task,
+        "group_id": ep.group_id,
+        "seed": ep.seed,
+        "episode_score": score,
+        "raw_score": ep.score,
+        "uid": ep.uid,
+        "state_keys": [t.state_key for t in ep.turns],
+    }
 
 
 def _tensors(rows: list[dict[str, list]], width: int, pad_token_id: int) -> dict:
     import torch
 
-    pads = {"input_ids": pad_token_id, "attention_mask": 0, "position_ids": 0, "loss_mask": 0.0, "turn_ids": -1,
-            "token_rewards": 0.0, "rollout_log_probs": 0.0, "context_ids": 0}
+    pads = {
+        "input_ids": pad_token_id,
+        "attention_mask": 0,
+        "position_ids": 0,
+        "loss_mask": 0.0,
+        "turn_ids": -1,
+        "token_rewards": 0.0,
+        "rollout_log_probs": 0.0,
+        "context_ids": 0,
+    }
     floats = ("loss_mask", "token_rewards", "rollout_log_probs")
     out = {}
     for key in rows[0] if rows else TENSOR_KEYS:
@@ -165,9 +190,16 @@ def _constraint_tensors(rows: list[list[tuple[int, tuple[int, ...]]]], width: in
 
 def _row(tokens: EpisodeTokens, windowed: bool) -> dict[str, list]:
     n = len(tokens.input_ids)
-    row = {"input_ids": tokens.input_ids, "attention_mask": [1] * n, "position_ids": tokens.position_ids,
-           "loss_mask": tokens.loss_mask, "turn_ids": tokens.turn_ids, "token_rewards": tokens.token_rewards,
-           "rollout_log_probs": tokens.rollout_log_probs, "allowed": tokens.allowed}
+    row = {
+        "input_ids": tokens.input_ids,
+        "attention_mask": [1] * n,
+        "position_ids": tokens.position_ids,
+        "loss_mask": tokens.loss_mask,
+        "turn_ids": tokens.turn_ids,
+        "token_rewards": tokens.token_rewards,
+        "rollout_log_probs": tokens.rollout_log_probs,
+        "allowed": tokens.allowed,
+    }
     if windowed:
         row["context_ids"] = tokens.context_ids
     return row

@@ -36,17 +36,22 @@ class ChatTokens:
     def render(self, messages: list[dict], generation_prompt: bool) -> str:
         if any(m.get("role") == "tool" for m in messages) and not self._renders_tool_role():
             messages = [{**m, "role": "user"} if m.get("role") == "tool" else m for m in messages]
-        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt,
-                                                  **self.template_kwargs)
+        return self.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=generation_prompt, **self.template_kwargs
+        )
 
     def _renders_tool_role(self) -> bool:
         """Tool output goes in the template's tool role where it has one, else in a user message."""
         if self._tool_role is None:
-            probe = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"},
-                     {"role": "tool", "content": _PLACEHOLDER}]
+            probe = [
+                {"role": "user", "content": "x"},
+                {"role": "assistant", "content": "y"},
+                {"role": "tool", "content": _PLACEHOLDER},
+            ]
             try:
                 self._tool_role = _PLACEHOLDER in self.tokenizer.apply_chat_template(
-                    probe, tokenize=False, add_generation_prompt=True, **self.template_kwargs)
+                    probe, tokenize=False, add_generation_prompt=True, **self.template_kwargs
+                )
             except Exception:  # noqa: BLE001 - templates reject roles they do not know in many ways
                 self._tool_role = False
         return self._tool_role
@@ -63,7 +68,7 @@ class ChatTokens:
             ids = self.encode(self.render(messages[:1], generation_prompt=False))
         except Exception:  # noqa: BLE001 - some templates refuse a conversation without a user turn
             return 0
-        return len(ids) if prompt_ids[:len(ids)] == ids else 0
+        return len(ids) if prompt_ids[: len(ids)] == ids else 0
 
     def turn_delta(self, messages: list[dict], last_sampled_id: int | None) -> list[int]:
         """Ids between the latest assistant reply and the next one.
@@ -82,7 +87,7 @@ class ChatTokens:
         cut = text.rfind(_PLACEHOLDER)
         if cut < 0:
             raise ValueError("the chat template dropped the assistant reply; cannot derive the turn delta")
-        ids = self.encode(text[cut + len(_PLACEHOLDER):])
+        ids = self.encode(text[cut + len(_PLACEHOLDER) :])
         if ids and last_sampled_id is not None and ids[0] == last_sampled_id:
             ids = ids[1:]
         return ids
@@ -103,4 +108,4 @@ def truncate_prompt(ids: list[int], max_length: int, keep_prefix: int, mode: str
         raise ValueError(f"prompt of {len(ids)} tokens exceeds max_prompt_length {max_length}")
     if keep_prefix >= max_length:
         return ids[-max_length:]
-    return ids[:keep_prefix] + ids[len(ids) - (max_length - keep_prefix):]
+    return ids[:keep_prefix] + ids[len(ids) - (max_length - keep_prefix) :]

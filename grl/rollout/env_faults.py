@@ -29,8 +29,10 @@ def check_failure_ratio(failed: list[tuple[str, int, str]], total: int, ratio: f
     """RolloutError when more than `ratio` of `total` failed; `failed`: (task, seed, error) of each failure."""
     if len(failed) > ratio * total:
         task, seed, error = failed[0]
-        raise RolloutError(f"{len(failed)} of {total} {who} failed, more than max_failed_agent_ratio {ratio:g}; "
-                           f"first: task {task} seed {seed}: {error.strip().splitlines()[-1] if error else ''}")
+        raise RolloutError(
+            f"{len(failed)} of {total} {who} failed, more than max_failed_agent_ratio {ratio:g}; "
+            f"first: task {task} seed {seed}: {error.strip().splitlines()[-1] if error else ''}"
+        )
 
 
 class EnvFaults:
@@ -50,24 +52,48 @@ class EnvFaults:
         if s.turns:
             s.turns[-1].reward = float(penalty)
         if s.error_kind in ("exception", "timeout"):
-            log.error("env failure in %s of task %s (seed %d, group %d, agent %d); episode ended with reward %g:\n%s",
-                      where, s.task.name, s.seed, s.group_id, s.member, penalty, s.error)
+            log.error(
+                "env failure in %s of task %s (seed %d, group %d, agent %d); episode ended with reward %g:\n%s",
+                where,
+                s.task.name,
+                s.seed,
+                s.group_id,
+                s.member,
+                penalty,
+                s.error,
+            )
         elif self._first_of_kind(s.task.name, s.error_kind):
-            log.error("bad env value (%s) in task %s (seed %d, group %d, agent %d); episode ended with reward %g; "
-                      "further ones of this task and kind are only counted in %s/env_errors: %s", s.error_kind,
-                      s.task.name, s.seed, s.group_id, s.member, penalty, s.task.name, s.error)
+            log.error(
+                "bad env value (%s) in task %s (seed %d, group %d, agent %d); episode ended with reward %g; "
+                "further ones of this task and kind are only counted in %s/env_errors: %s",
+                s.error_kind,
+                s.task.name,
+                s.seed,
+                s.group_id,
+                s.member,
+                penalty,
+                s.task.name,
+                s.error,
+            )
 
     def repaired(self, s: Slot, repairs: list[Repair]) -> None:
         s.env_warnings += len(repairs)
         for repair in repairs:
             if self._first_of_kind(s.task.name, repair.kind):
-                log.warning("env value repaired (%s) in task %s (seed %d); further ones of this task and kind are "
-                            "only counted in %s/env_warnings: %s", repair.kind, s.task.name, s.seed, s.task.name,
-                            repair.detail)
+                log.warning(
+                    "env value repaired (%s) in task %s (seed %d); further ones of this task and kind are "
+                    "only counted in %s/env_warnings: %s",
+                    repair.kind,
+                    s.task.name,
+                    s.seed,
+                    s.task.name,
+                    repair.detail,
+                )
 
     def check(self, slots: list[Slot]) -> None:
-        check_failure_ratio([(s.task.name, s.seed, s.error) for s in slots if s.error is not None], len(slots),
-                            self.max_failed_agent_ratio)
+        check_failure_ratio(
+            [(s.task.name, s.seed, s.error) for s in slots if s.error is not None], len(slots), self.max_failed_agent_ratio
+        )
 
     def _first_of_kind(self, task: str, kind: str) -> bool:
         seen = (task, kind) in self._logged_env_values

@@ -46,6 +46,8 @@ def rollout_metrics(episodes: list[Episode], truncated_turns: list[int] | None =
 
 
 def _env_fault_counts(episodes: list[Episode]) -> dict[str, float]:
-    return {"env_errors": float(sum(ep.error is not None for ep in episodes)),
-            "nonfinite_rewards": float(sum(ep.error_kind == "nonfinite_reward" for ep in episodes)),
-            "env_warnings": float(sum(ep.env_warnings for ep in episodes))}
+    return {
+        "env_errors": float(sum(ep.error is not None for ep in episodes)),
+        "nonfinite_rewards": float(sum(ep.error_kind == "nonfinite_reward" for ep in episodes)),
+        "env_warnings": float(sum(ep.env_warnings for ep in episodes)),
+    }

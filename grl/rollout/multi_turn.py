@@ -66,11 +66,22 @@ class MultiTurnRollout:
     an agent program plays (grl.gateway.ProgramRunner, built by the trainer over the same engine).
     """
 
-    def __init__(self, engine: Engine, tokenizer, *, max_prompt_length: int, max_response_length: int,
-                 truncation: str = "left", env_workers: int = 16, env_step_timeout: float | None = 60.0,
-                 env_error_penalty: float | None = None, max_failed_agent_ratio: float = 0.5,
-                 chat_template_kwargs: dict | None = None, agent_factory: Callable | None = None,
-                 programs=None):
+    def __init__(
+        self,
+        engine: Engine,
+        tokenizer,
+        *,
+        max_prompt_length: int,
+        max_response_length: int,
+        truncation: str = "left",
+        env_workers: int = 16,
+        env_step_timeout: float | None = 60.0,
+        env_error_penalty: float | None = None,
+        max_failed_agent_ratio: float = 0.5,
+        chat_template_kwargs: dict | None = None,
+        agent_factory: Callable | None = None,
+        programs=None,
+    ):
         self.engine = engine
         self.programs = programs
         self.tokenizer = tokenizer
@@ -90,8 +101,7 @@ class MultiTurnRollout:
         self._end_ids = self.chat.end_ids()
 
     @classmethod
-    def from_config(cls, cfg, engine: Engine, tokenizer, control: str | None = None,
-                    programs=None) -> MultiTurnRollout:
+    def from_config(cls, cfg, engine: Engine, tokenizer, control: str | None = None, programs=None) -> MultiTurnRollout:
         """`control`: a validation control of grl/agents/controls.py (e.g. `swap`) that builds the agents."""
         from grl.agents import make_agent
         from grl.agents.controls import VALIDATION_CONTROLS
@@ -99,17 +109,30 @@ class MultiTurnRollout:
 
         r = cfg.rollout
         sandbox = SandboxLimits(**cfg.tools.python)  # the limits of every tool call
-        return cls(engine, tokenizer, max_prompt_length=cfg.max_prompt_length,
-                   max_response_length=cfg.max_response_length, truncation=r.truncation,
-                   env_workers=r.env_workers, env_step_timeout=r.env_step_timeout,
-                   env_error_penalty=r.env_error_penalty, max_failed_agent_ratio=r.max_failed_agent_ratio,
-                   agent_factory=lambda name, block: (VALIDATION_CONTROLS[control] if control else make_agent)(
-                       name, block, sandbox), programs=programs)
+        return cls(
+            engine,
+            tokenizer,
+            max_prompt_length=cfg.max_prompt_length,
+            max_response_length=cfg.max_response_length,
+            truncation=r.truncation,
+            env_workers=r.env_workers,
+            env_step_timeout=r.env_step_timeout,
+            env_error_penalty=r.env_error_penalty,
+            max_failed_agent_ratio=r.max_failed_agent_ratio,
+            agent_factory=lambda name, block: (VALIDATION_CONTROLS[control] if control else make_agent)(name, block, sandbox),
+            programs=programs,
+        )
 
     # ------------------------------------------------------------ public
 
-    def run(self, tasks: list[TaskSpec], base_seed: int, sampling: SamplingParams,
-            on_turn: Callable[[int, int, int], None] | None = None, turn_barrier: bool = True) -> RolloutResult:
+    def run(
+        self,
+        tasks: list[TaskSpec],
+        base_seed: int,
+        sampling: SamplingParams,
+        on_turn: Callable[[int, int, int], None] | None = None,
+        turn_barrier: bool = True,
+    ) -> RolloutResult:
         """One rollout: every agent of every task plays one episode. `on_turn(turn,
         playing, total)` is told before each engine call how many agents still play.
         `turn_barrier=False`: each agent asks for its next reply as soon as its env step returns,
@@ -179,18 +202,23 @@ class MultiTurnRollout:
 
     def _turn(self, slots: list[Slot], turn: int, sampling: SamplingParams) -> None:
         """One turn of every agent still playing: one engine call per token limit, then every env step."""
+
         def params(call: int, limit: int, group: list[Slot]) -> SamplingParams:
-            return replace(sampling, max_new_tokens=limit,
-                           seed=None if sampling.seed is None else sampling.seed + 1009 * turn + call)
+            return replace(
+                sampling, max_new_tokens=limit, seed=None if sampling.seed is None else sampling.seed + 1009 * turn + call
+            )
+
         active, replies = self._generate(slots, [s for s in slots if not s.done], params)
-        results = run_calls([lambda s=s, r=r: s.agent.step(r) for s, r in zip(active, replies)],
-                            self.env_workers, self.env_step_timeout)
+        results = run_calls(
+            [lambda s=s, r=r: s.agent.step(r) for s, r in zip(active, replies)], self.env_workers, self.env_step_timeout
+        )
         for s, result in zip(active, results):
             self._after_step(s, result)
         self.faults.check(slots)
 
-    def _run_without_barrier(self, slots: list[Slot], sampling: SamplingParams,
-                             on_turn: Callable[[int, int, int], None] | None) -> None:
+    def _run_without_barrier(
+        self, slots: list[Slot], sampling: SamplingParams, on_turn: Callable[[int, int, int], None] | None
+    ) -> None:
         """Every agent moves on when its own env step returns: an engine call serves all agents that
         are waiting for a reply, whatever their turn, while the env steps of the others run. A request's
         seed is its agent's and turn's (`seed + 1009 * turn + agent`), not its place in a batch, so the
@@ -198,9 +226,9 @@ class MultiTurnRollout:
         index = {id(s): i for i, s in enumerate(slots)}
 
         def params(call: int, limit: int, group: list[Slot]) -> SamplingParams:
-            seeds = None if sampling.seed is None else [sampling.seed + 1009 * len(s.turns) + index[id(s)]
-                                                        for s in group]
+            seeds = None if sampling.seed is None else [sampling.seed + 1009 * len(s.turns) + index[id(s)] for s in group]
             return replace(sampling, max_new_tokens=limit, seed=None, request_seeds=seeds)
+
         pool = CallPool(self.env_workers, self.env_step_timeout)
         waiting = [s for s in slots if not s.done]
         try:
@@ -246,10 +274,18 @@ class MultiTurnRollout:
             ids = list(out.token_ids)
             log_probs = list(out.log_probs) if out.log_probs is not None else None
             grammar = s.grammar
-            s.turns.append(Turn(prompt_ids=s.pending, response_ids=ids, response_log_probs=log_probs,
-                                reward=0.0, finish_reason=out.finish_reason, state_key=s.agent.state_key(),
-                                response_allowed=None if grammar is None else grammar.trace(ids),
-                                new_context=s.new_context))
+            s.turns.append(
+                Turn(
+                    prompt_ids=s.pending,
+                    response_ids=ids,
+                    response_log_probs=log_probs,
+                    reward=0.0,
+                    finish_reason=out.finish_reason,
+                    state_key=s.agent.state_key(),
+                    response_allowed=None if grammar is None else grammar.trace(ids),
+                    new_context=s.new_context,
+                )
+            )
             s.ids.extend(ids)
             s.pending, s.new_context = [], False
             replies.append(self.tokenizer.decode(ids, skip_special_tokens=True))
@@ -266,13 +302,16 @@ class MultiTurnRollout:
             if key not in self._grammars:
                 if len(self._grammars) >= 4096:  # action lists that change every turn (TextWorld) stay bounded
                     self._grammars.clear()
-                grammar = compile_reply_grammar(self.chat.encode, self._end_ids, choices,
-                                                s.agent.settings.enable_think, limit)
+                grammar = compile_reply_grammar(self.chat.encode, self._end_ids, choices, s.agent.settings.enable_think, limit)
                 if grammar.left_out and s.task.name not in self._warned_left_out:
                     self._warned_left_out.add(s.task.name)
-                    log.warning("%s: valid actions that do not fit in %d reply tokens cannot be chosen, e.g. %r; "
-                                "raise agent_config.max_tokens (and max_response_length)", s.task.name, limit,
-                                grammar.left_out[0])
+                    log.warning(
+                        "%s: valid actions that do not fit in %d reply tokens cannot be chosen, e.g. %r; "
+                        "raise agent_config.max_tokens (and max_response_length)",
+                        s.task.name,
+                        limit,
+                        grammar.left_out[0],
+                    )
                 self._grammars[key] = grammar
             return self._grammars[key]
         except EnvValueError as err:
@@ -287,8 +326,10 @@ class MultiTurnRollout:
         if len(s.ids) > self.max_prompt_length:
             s.truncated_turns += 1
             if self.truncation == "error":
-                raise RolloutError(f"{s.task.name} (seed {s.seed}): prompt of {len(s.ids)} tokens exceeds "
-                                   f"max_prompt_length {self.max_prompt_length} (rollout.truncation=error)")
+                raise RolloutError(
+                    f"{s.task.name} (seed {s.seed}): prompt of {len(s.ids)} tokens exceeds "
+                    f"max_prompt_length {self.max_prompt_length} (rollout.truncation=error)"
+                )
         return truncate_prompt(s.ids, self.max_prompt_length, s.keep_prefix, self.truncation)
 
     def _after_step(self, s: Slot, result: CallResult) -> None:
@@ -301,8 +342,9 @@ class MultiTurnRollout:
         self.faults.repaired(s, s.agent.env_repairs)
         env_error = turn.info.get("env_error")
         if env_error:  # the agent caught the env's exception or bad value and ended the episode
-            self.faults.fail(s, turn.info.get("env_traceback") or env_error, False, "step",
-                             turn.info.get("env_error_kind") or "exception")
+            self.faults.fail(
+                s, turn.info.get("env_traceback") or env_error, False, "step", turn.info.get("env_error_kind") or "exception"
+            )
             return
         turn.reward = float(step.reward)
         if step.done or len(s.turns) >= s.agent.max_turns:
@@ -327,6 +369,16 @@ class MultiTurnRollout:
         if s.error is None:  # a failed agent is not asked anything more
             metrics = {k: float(v) for k, v in s.agent.episode_metrics().items()}
             messages = [dict(m) for m in s.agent.messages]
-        return Episode(task=s.task.name, group_id=s.group_id, seed=s.seed, turns=s.turns,
-                       score=sum(t.reward for t in s.turns), metrics=metrics, error=s.error, member=s.member,
-                       messages=messages, error_kind=s.error_kind, env_warnings=s.env_warnings)
+        return Episode(
+            task=s.task.name,
+            group_id=s.group_id,
+            seed=s.seed,
+            turns=s.turns,
+            score=sum(t.reward for t in s.turns),
+            metrics=metrics,
+            error=s.error,
+            member=s.member,
+            messages=messages,
+            error_kind=s.error_kind,
+            env_warnings=s.env_warnings,
+        )

@@ -116,4 +116,3 @@ def _group_stats(scores: list[float]) -> tuple[float, float, float]:
     if not scores:
         return 0.0, 0.0, 0.0
     return sample_std(scores), max(scores), sum(scores) / len(scores)
-

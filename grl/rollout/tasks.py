@@ -24,8 +24,7 @@ def task_specs(cfg, validation: bool = False) -> list[TaskSpec]:
     sizes = r.validation_agent_group_size if validation else r.agent_group_size
     from omegaconf import OmegaConf
 
-    return [TaskSpec(str(n), OmegaConf.to_container(cfg[n], resolve=True), int(g), int(s))
-            for n, g, s in zip(names, nums, sizes)]
+    return [TaskSpec(str(n), OmegaConf.to_container(cfg[n], resolve=True), int(g), int(s)) for n, g, s in zip(names, nums, sizes)]
 
 
 def is_program_task(task: TaskSpec) -> bool:
@@ -37,8 +36,11 @@ def decodes_constrained(cfg) -> bool:
     """Whether any training or validation task of a run writes its replies from the env's valid
     actions (`agent_config.action_decoding: constrained`), or is an agent program (which may ask for
     `allowed_replies`): its engine must then take reply grammars."""
-    return any((spec.config.get("agent_config") or {}).get("action_decoding") == "constrained" or is_program_task(spec)
-               for validation in (False, True) for spec in task_specs(cfg, validation))
+    return any(
+        (spec.config.get("agent_config") or {}).get("action_decoding") == "constrained" or is_program_task(spec)
+        for validation in (False, True)
+        for spec in task_specs(cfg, validation)
+    )
 
 
 def training_base_seed(seed: int, step: int) -> int:

@@ -85,5 +85,4 @@ class Batch:
         if index.dtype == torch.bool:
             index = index.nonzero(as_tuple=True)[0]
         positions = index.tolist()
-        return Batch({k: v[index] for k, v in self.tensors.items()},
-                     {k: [v[i] for i in positions] for k, v in self.meta.items()})
+        return Batch({k: v[index] for k, v in self.tensors.items()}, {k: [v[i] for i in positions] for k, v in self.meta.items()})

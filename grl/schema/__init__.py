@@ -7,13 +7,51 @@ hardware presets. The checks (`grl.config`), `grl-train --help` and docs/CONFIG.
 """
 
 from grl.schema.keys import ConfigError, Leaf, Rule, check_values, checked, key, leaves, merge_typed, section
-from grl.schema.run import (Algorithm, Data, GRLConfig, KLControl, PythonSandbox, RewardNormalization, Rollout,
-                            System, Tools, Trainer)
+from grl.schema.run import (
+    Algorithm,
+    Data,
+    GRLConfig,
+    KLControl,
+    PythonSandbox,
+    RewardNormalization,
+    Rollout,
+    System,
+    Tools,
+    Trainer,
+)
 from grl.schema.tasks import PROGRAM, AgentConfig, TaskInstance
-from grl.schema.workers import (Actor, ActorRolloutRef, Critic, FSDPConfig, Model, Optim, Ref, RolloutEngine,
-                                SamplingOverrides)
+from grl.schema.workers import Actor, ActorRolloutRef, Critic, FSDPConfig, Model, Optim, Ref, RolloutEngine, SamplingOverrides
 
-__all__ = ["PROGRAM", "Actor", "ActorRolloutRef", "AgentConfig", "Algorithm", "ConfigError", "Critic", "Data", "FSDPConfig",
-           "GRLConfig", "KLControl", "Leaf", "Model", "Optim", "PythonSandbox", "Ref", "RewardNormalization",
-           "Rollout", "RolloutEngine", "Rule", "SamplingOverrides", "System", "TaskInstance", "Tools", "Trainer",
-           "check_values", "checked", "key", "leaves", "merge_typed", "section"]
+__all__ = [
+    "PROGRAM",
+    "Actor",
+    "ActorRolloutRef",
+    "AgentConfig",
+    "Algorithm",
+    "ConfigError",
+    "Critic",
+    "Data",
+    "FSDPConfig",
+    "GRLConfig",
+    "KLControl",
+    "Leaf",
+    "Model",
+    "Optim",
+    "PythonSandbox",
+    "Ref",
+    "RewardNormalization",
+    "Rollout",
+    "RolloutEngine",
+    "Rule",
+    "SamplingOverrides",
+    "System",
+    "TaskInstance",
+    "Tools",
+    "Trainer",
+    "check_values",
+    "checked",
+    "key",
+    "leaves",
+    "merge_typed",
+    "section",
+]

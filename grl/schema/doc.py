@@ -17,12 +17,16 @@ Generated from the schema (grl/schema/) by `python -m grl.schema > docs/CONFIG.m
 
 
 def config_md() -> str:
-    return (f"{HEADER}## Run keys\n\n{markdown_table(rows(GRLConfig))}\n\n"
-            "## agent_config of a task instance (configs/agents.yaml)\n\n"
-            "Set as `<task>.agent_config.KEY=VALUE`; a key a block leaves out takes this default.\n\n"
-            f"{markdown_table(rows(AgentConfig, '<task>.agent_config.'))}\n")
+    return (
+        f"{HEADER}## Run keys\n\n{markdown_table(rows(GRLConfig))}\n\n"
+        "## agent_config of a task instance (configs/agents.yaml)\n\n"
+        "Set as `<task>.agent_config.KEY=VALUE`; a key a block leaves out takes this default.\n\n"
+        f"{markdown_table(rows(AgentConfig, '<task>.agent_config.'))}\n"
+    )
 
 
 def help_text() -> str:
-    return (f"keys (type = default):\n{text_table(rows(GRLConfig))}\n\n"
-            f"task instance keys:\n{text_table(rows(AgentConfig, '<task>.agent_config.'))}\n")
+    return (
+        f"keys (type = default):\n{text_table(rows(GRLConfig))}\n\n"
+        f"task instance keys:\n{text_table(rows(AgentConfig, '<task>.agent_config.'))}\n"
+    )

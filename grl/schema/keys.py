@@ -49,12 +49,25 @@ class Rule:
         return None
 
     def within(self, v) -> bool:
-        return ((self.ge is None or v >= self.ge) and (self.gt is None or v > self.gt)
-                and (self.le is None or v <= self.le) and (self.lt is None or v < self.lt))
+        return (
+            (self.ge is None or v >= self.ge)
+            and (self.gt is None or v > self.gt)
+            and (self.le is None or v <= self.le)
+            and (self.lt is None or v < self.lt)
+        )
 
 
-def key(default: Any, help: str, *, choices: Any = None, ge: float | None = None, gt: float | None = None,
-        le: float | None = None, lt: float | None = None, no_effect: str | None = None) -> Any:
+def key(
+    default: Any,
+    help: str,
+    *,
+    choices: Any = None,
+    ge: float | None = None,
+    gt: float | None = None,
+    le: float | None = None,
+    lt: float | None = None,
+    no_effect: str | None = None,
+) -> Any:
     """One leaf of the config: its default (an `II(...)` interpolation points at another key), a
     help line, and what it accepts. A key nothing reads says why in `no_effect`; it keeps its default."""
     meta = {"help": help, "rule": Rule(choices, ge, gt, le, lt, no_effect)}
@@ -69,6 +82,7 @@ def section(cls: type, **defaults: Any) -> Any:
 
 
 # ---------------------------------------------------------------- walking
+
 
 @dataclass(frozen=True)
 class Leaf:
@@ -88,8 +102,7 @@ def leaves(cls: type, prefix: str = "", instance: Any = None) -> Iterator[Leaf]:
         if dataclasses.is_dataclass(hints[f.name]):
             yield from leaves(hints[f.name], f"{prefix}{f.name}.", value)
         else:
-            yield Leaf(f"{prefix}{f.name}", hints[f.name], value, f.metadata.get("help", ""),
-                       f.metadata.get("rule", Rule()))
+            yield Leaf(f"{prefix}{f.name}", hints[f.name], value, f.metadata.get("help", ""), f.metadata.get("rule", Rule()))
 
 
 def defaults(cls: type) -> dict:
@@ -98,6 +111,7 @@ def defaults(cls: type) -> dict:
 
 
 # ---------------------------------------------------------------- checking
+
 
 def did_you_mean(name: str, known: list[str]) -> str:
     close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
@@ -153,6 +167,7 @@ def checked(cls: type, cfg: Any, prefix: str = "") -> DictConfig:
 
 
 # ---------------------------------------------------------------- the key table
+
 
 def _base_type(tp: Any) -> Any:
     args = [a for a in typing.get_args(tp) if a is not type(None)]

@@ -20,13 +20,20 @@ KL_ESTIMATORS = ("kl", "abs", "mse", "low_var_kl")  # grl.algo.kl.KL_ESTIMATORS
 @dataclass
 class Model:
     path: str = key(II("model_path"), "hub id, local folder, `embedded` or `tiny`")
-    dtype: str = key("auto", "auto: bfloat16 on GPU; on CPU bfloat16 where it is native (AMX, AVX512-BF16), "
-                     "else float32", choices=DTYPES)
+    dtype: str = key(
+        "auto", "auto: bfloat16 on GPU; on CPU bfloat16 where it is native (AMX, AVX512-BF16), else float32", choices=DTYPES
+    )
     enable_gradient_checkpointing: bool = key(True, "recompute activations in the backward pass to save memory")
-    trust_remote_code: bool = key(False, "verl's: let transformers run the model repository's own code",
-                                  no_effect="models load with transformers' own classes only")
-    lora_rank: int = key(0, "> 0 trains a LoRA adapter of this rank (peft; the policy's); the ref is the base "
-                         "with it off; 0: full fine-tuning", ge=0)
+    trust_remote_code: bool = key(
+        False,
+        "verl's: let transformers run the model repository's own code",
+        no_effect="models load with transformers' own classes only",
+    )
+    lora_rank: int = key(
+        0,
+        "> 0 trains a LoRA adapter of this rank (peft; the policy's); the ref is the base with it off; 0: full fine-tuning",
+        ge=0,
+    )
     lora_alpha: float = key(16.0, "LoRA scaling = lora_alpha / lora_rank")
     target_modules: Any = key("all-linear", "peft's target_modules: all-linear or a list like [q_proj, v_proj]")
 
@@ -37,8 +44,7 @@ class CriticModel(Model):
 
     lora_rank: int = key(0, "verl's critic LoRA rank", ge=0, no_effect="the critic is always fully fine-tuned")
     lora_alpha: float = key(16.0, "verl's critic LoRA scaling", no_effect="the critic is always fully fine-tuned")
-    target_modules: Any = key("all-linear", "verl's critic LoRA targets",
-                              no_effect="the critic is always fully fine-tuned")
+    target_modules: Any = key("all-linear", "verl's critic LoRA targets", no_effect="the critic is always fully fine-tuned")
 
 
 @dataclass
@@ -59,38 +65,49 @@ class FSDPConfig:
 @dataclass
 class RefFSDPConfig:
     param_offload: bool = key(False, "keep the reference's parameters in host memory between uses")
-    optimizer_offload: bool = key(False, "the reference has no optimizer: true keeps its parameters in host memory, as "
-                                  "param_offload does")
-    mixed_precision: bool = key(True, "verl's mixed precision for the reference",
-                                no_effect="the reference is not trained: it computes in the model's dtype")
+    optimizer_offload: bool = key(
+        False, "the reference has no optimizer: true keeps its parameters in host memory, as param_offload does"
+    )
+    mixed_precision: bool = key(
+        True,
+        "verl's mixed precision for the reference",
+        no_effect="the reference is not trained: it computes in the model's dtype",
+    )
 
 
 @dataclass
 class Actor:
-    strategy: str = key("fsdp2", "verl's sharding strategy", choices=("fsdp", "fsdp2"),
-                        no_effect="the workers always shard with FSDP2")
+    strategy: str = key(
+        "fsdp2", "verl's sharding strategy", choices=("fsdp", "fsdp2"), no_effect="the workers always shard with FSDP2"
+    )
     ppo_mini_batch_size: int = key(II("ppo_mini_batch_size"), "episodes per optimizer step", ge=1)
-    ppo_micro_batch_size_per_gpu: int = key(II("micro_batch_size_per_gpu"),
-                                            "episodes per forward/backward on one device", ge=1)
+    ppo_micro_batch_size_per_gpu: int = key(II("micro_batch_size_per_gpu"), "episodes per forward/backward on one device", ge=1)
     ppo_epochs: int = key(1, "passes over each batch", ge=1)
-    shuffle: bool = key(True, "shuffle the episodes (with rollout.share_prompts: a prompt's episodes as one) before "
-                        "splitting them into mini-batches")
+    shuffle: bool = key(
+        True,
+        "shuffle the episodes (with rollout.share_prompts: a prompt's episodes as one) before splitting them into mini-batches",
+    )
     grad_clip: float = key(1.0, "gradient norm clip", gt=0)
     clip_ratio_low: float = key(0.2, "PPO clips the ratio to 1 - low", gt=0, lt=1)
     clip_ratio_high: float = key(0.28, "PPO clips the ratio to 1 + high", gt=0)
     clip_ratio_c: float = key(3.0, "dual-clip bound on the loss of negative advantages", gt=1)
-    loss_agg_mode: str = key("token-mean", "how token losses become one loss",
-                             choices=AGG_MODES)
+    loss_agg_mode: str = key("token-mean", "how token losses become one loss", choices=AGG_MODES)
     entropy_coeff: float = key(0.001, "weight of the entropy bonus", ge=0)
     use_kl_loss: bool = key(False, "add a KL loss against the reference policy")
     kl_loss_coef: float = key(0.001, "weight of the KL loss", ge=0)
     kl_loss_type: str = key("low_var_kl", "KL estimator of the KL loss", choices=KL_ESTIMATORS)
-    tis_imp_ratio_cap: float = key(-1.0, "truncated importance sampling (verl's TIS): C > 0 weighs each token's "
-                                   "policy loss by min(pi_old / pi_rollout, C) against engine/trainer mismatch; -1: off")
-    recompute_old_log_probs: bool = key(True, "score the batch with the weights about to be trained for PPO's old "
-                                        "log-probs; false: the engine's log-probs of the sampled tokens are the old "
-                                        "ones (verl's rollout_correction.bypass_mode), which saves that pass and, "
-                                        "with rollout.max_staleness > 0, clips around the policy that sampled")
+    tis_imp_ratio_cap: float = key(
+        -1.0,
+        "truncated importance sampling (verl's TIS): C > 0 weighs each token's "
+        "policy loss by min(pi_old / pi_rollout, C) against engine/trainer mismatch; -1: off",
+    )
+    recompute_old_log_probs: bool = key(
+        True,
+        "score the batch with the weights about to be trained for PPO's old "
+        "log-probs; false: the engine's log-probs of the sampled tokens are the old "
+        "ones (verl's rollout_correction.bypass_mode), which saves that pass and, "
+        "with rollout.max_staleness > 0, clips around the policy that sampled",
+    )
     logits_chunk_size: int = key(1024, "tokens per chunk when turning hidden states into log-probs", ge=1)
     optim: Optim = section(Optim)
     fsdp_config: FSDPConfig = section(FSDPConfig)
@@ -98,8 +115,9 @@ class Actor:
 
 @dataclass
 class Ref:
-    log_prob_micro_batch_size_per_gpu: int = key(II("micro_batch_size_per_gpu"),
-                                                 "episodes per reference forward on one device", ge=1)
+    log_prob_micro_batch_size_per_gpu: int = key(
+        II("micro_batch_size_per_gpu"), "episodes per reference forward on one device", ge=1
+    )
     fsdp_config: RefFSDPConfig = section(RefFSDPConfig)
 
 
@@ -126,36 +144,39 @@ class SamplingOverrides:
 
 @dataclass
 class RolloutEngine:
-    name: str = key("auto", "auto: vllm where it imports and works, else hf; or an engine registered in "
-                    "grl/engines (grl.config checks it)")
+    name: str = key(
+        "auto", "auto: vllm where it imports and works, else hf; or an engine registered in grl/engines (grl.config checks it)"
+    )
     temperature: float = _temperature(1.0)
     top_p: float = _top_p(1.0)
     top_k: int = _top_k(-1)
-    prompt_length: int = key(II("max_prompt_length"), "verl's spelling of max_prompt_length; a value set here "
-                             "replaces it")
-    response_length: int = key(II("max_response_length"), "verl's spelling of max_response_length; a value set "
-                               "here replaces it")
-    gpu_memory_utilization: float = key(II("gpu_memory_utilization"), "share of the device's memory vLLM may take",
-                                        gt=0, le=1)
+    prompt_length: int = key(II("max_prompt_length"), "verl's spelling of max_prompt_length; a value set here replaces it")
+    response_length: int = key(II("max_response_length"), "verl's spelling of max_response_length; a value set here replaces it")
+    gpu_memory_utilization: float = key(II("gpu_memory_utilization"), "share of the device's memory vLLM may take", gt=0, le=1)
     enforce_eager: bool = key(True, "false: vLLM captures CUDA graphs for decoding")
-    free_cache_engine: bool = key(True, "sleep the engine (weights, KV cache) from the end of the rollout to the "
-                                  "weight sync")
+    free_cache_engine: bool = key(True, "sleep the engine (weights, KV cache) from the end of the rollout to the weight sync")
     tensor_model_parallel_size: int = key(1, "vLLM's tensor parallel degree", ge=1)
     max_model_len: Optional[int] = key(None, "null: prompt_length + response_length")
-    log_prob_micro_batch_size_per_gpu: int = key(II("micro_batch_size_per_gpu"),
-                                                 "episodes per old-log-prob forward on one device", ge=1)
-    rollout_filter_ratio: float = key(II("rollout.rollout_filter_ratio"), "GRL's spelling of "
-                                      "rollout.rollout_filter_ratio; a value set here replaces it")
-    rollout_filter_type: str = key(II("rollout.rollout_filter_type"), "GRL's spelling of "
-                                   "rollout.rollout_filter_type; a value set here replaces it")
+    log_prob_micro_batch_size_per_gpu: int = key(
+        II("micro_batch_size_per_gpu"), "episodes per old-log-prob forward on one device", ge=1
+    )
+    rollout_filter_ratio: float = key(
+        II("rollout.rollout_filter_ratio"), "GRL's spelling of rollout.rollout_filter_ratio; a value set here replaces it"
+    )
+    rollout_filter_type: str = key(
+        II("rollout.rollout_filter_type"), "GRL's spelling of rollout.rollout_filter_type; a value set here replaces it"
+    )
     val_kwargs: SamplingOverrides = section(SamplingOverrides)
 
 
 @dataclass
 class ActorRolloutRef:
-    hybrid_engine: bool = key(True, "verl's colocation switch: true, the rollout engine lives in the actor's "
-                              "ranks; false, in a rollout worker of its own (on CPU with its own share of the cores, "
-                              "on GPU on a GPU of its own), as rollout.max_staleness > 0 needs")
+    hybrid_engine: bool = key(
+        True,
+        "verl's colocation switch: true, the rollout engine lives in the actor's "
+        "ranks; false, in a rollout worker of its own (on CPU with its own share of the cores, "
+        "on GPU on a GPU of its own), as rollout.max_staleness > 0 needs",
+    )
     nccl_timeout: float = key(600, "seconds a collective may wait for its peers (torch.distributed timeout)", ge=1)
     model: Model = section(Model)
     actor: Actor = section(Actor)
@@ -169,8 +190,7 @@ class Critic:
     nccl_timeout: float = key(II("actor_rollout_ref.nccl_timeout"), "seconds a collective may wait", ge=1)
     model: CriticModel = section(CriticModel)
     ppo_mini_batch_size: int = key(II("ppo_mini_batch_size"), "episodes per optimizer step", ge=1)
-    ppo_micro_batch_size_per_gpu: int = key(II("micro_batch_size_per_gpu"),
-                                            "episodes per forward/backward on one device", ge=1)
+    ppo_micro_batch_size_per_gpu: int = key(II("micro_batch_size_per_gpu"), "episodes per forward/backward on one device", ge=1)
     ppo_epochs: int = key(II("actor_rollout_ref.actor.ppo_epochs"), "passes over each batch", ge=1)
     shuffle: bool = key(II("actor_rollout_ref.actor.shuffle"), "as the actor's")
     cliprange_value: float = key(0.5, "the value loss clips new values to old +- this", gt=0)

@@ -23,5 +23,15 @@ def make_tool(name: str, limits: SandboxLimits = SandboxLimits()):
     return TOOLS[name](limits)
 
 
-__all__ = ["PythonTool", "SandboxLimits", "SandboxResult", "SandboxUnavailable", "TOOLS", "ToolOutcome",
-           "check_isolation", "make_tool", "run_python", "tool_names"]
+__all__ = [
+    "PythonTool",
+    "SandboxLimits",
+    "SandboxResult",
+    "SandboxUnavailable",
+    "TOOLS",
+    "ToolOutcome",
+    "check_isolation",
+    "make_tool",
+    "run_python",
+    "tool_names",
+]

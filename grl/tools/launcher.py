@@ -32,8 +32,14 @@ MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 0x20, 0x1000, 0x4000, 0x40000
 MS_NOATIME, MS_NODIRATIME, MS_RELATIME = 0x400, 0x800, 0x200000
 PR_SET_PDEATHSIG = 1
 # Mount options a read-only remount must keep: the kernel refuses to clear locked ones.
-KEPT_FLAGS = {"nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC, "noatime": MS_NOATIME,
-              "nodiratime": MS_NODIRATIME, "relatime": MS_RELATIME}
+KEPT_FLAGS = {
+    "nosuid": MS_NOSUID,
+    "nodev": MS_NODEV,
+    "noexec": MS_NOEXEC,
+    "noatime": MS_NOATIME,
+    "nodiratime": MS_NODIRATIME,
+    "relatime": MS_RELATIME,
+}
 
 libc = ctypes.CDLL(None, use_errno=True)
 
@@ -119,8 +125,14 @@ def _walls(settings: dict) -> None:
         if libc.mount(None, point.encode(), None, ctypes.c_ulong(flags), None) != 0 and "ro" not in options.split(","):
             raise SetupError(f"read-only remount of {point}: {os.strerror(ctypes.get_errno())}")
     owner = "" if os.getuid() != 0 else f",uid={uid},gid={uid}"
-    _mount("tmpfs", workdir, "tmpfs", MS_NOSUID | MS_NODEV, f"size={settings['max_dir_mb']}m,mode=0700{owner}",
-           "mount the working folder")
+    _mount(
+        "tmpfs",
+        workdir,
+        "tmpfs",
+        MS_NOSUID | MS_NODEV,
+        f"size={settings['max_dir_mb']}m,mode=0700{owner}",
+        "mount the working folder",
+    )
 
 
 def _child(settings: dict, code: bytes) -> None:
@@ -137,9 +149,14 @@ def _child(settings: dict, code: bytes) -> None:
     os.dup2(devnull, 0)
     os.close(devnull)
     os.close(settings["status_fd"])
-    for name, value in (("RLIMIT_CPU", limits["cpu_s"]), ("RLIMIT_AS", limits["memory_mb"] << 20),
-                        ("RLIMIT_NPROC", limits["max_processes"]), ("RLIMIT_FSIZE", limits["max_file_mb"] << 20),
-                        ("RLIMIT_NOFILE", limits["max_open_files"]), ("RLIMIT_CORE", 0)):
+    for name, value in (
+        ("RLIMIT_CPU", limits["cpu_s"]),
+        ("RLIMIT_AS", limits["memory_mb"] << 20),
+        ("RLIMIT_NPROC", limits["max_processes"]),
+        ("RLIMIT_FSIZE", limits["max_file_mb"] << 20),
+        ("RLIMIT_NOFILE", limits["max_open_files"]),
+        ("RLIMIT_CORE", 0),
+    ):
         hard = value + 1 if name == "RLIMIT_CPU" else value  # SIGXCPU at the soft limit, SIGKILL a second on
         resource.setrlimit(getattr(resource, name), (value, hard))
     if os.getuid() == 0:
@@ -148,8 +165,14 @@ def _child(settings: dict, code: bytes) -> None:
         os.setuid(uid)
     # After the uid change, which clears it; the code may clear it again, but PID 1 dies with its namespace.
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": settings["workdir"], "TMPDIR": settings["workdir"],
-           "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1"}
+    env = {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "HOME": settings["workdir"],
+        "TMPDIR": settings["workdir"],
+        "LANG": "C.UTF-8",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONUNBUFFERED": "1",
+    }
     os.execve(settings["python"], [settings["python"], "-I", "main.py"], env)
 
 

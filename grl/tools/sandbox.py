@@ -88,18 +88,35 @@ def run_python(code: str, limits: SandboxLimits = SandboxLimits()) -> SandboxRes
     workdir = tempfile.mkdtemp(prefix="grl-tool-")
     slot = _slots.take()
     status_read, status_write = os.pipe()
-    settings = {"workdir": workdir, "uid": _UidSlots.uid(slot), "python": sys.executable,
-                "python_dirs": sorted({os.path.realpath(sys.prefix), os.path.realpath(sys.base_prefix)}),
-                "status_fd": status_write, "isolate_network": limits.isolate_network,
-                "max_dir_mb": int(limits.max_dir_mb),
-                "limits": {"cpu_s": int(limits.cpu_s), "memory_mb": int(limits.memory_mb),
-                           "max_processes": int(limits.max_processes), "max_file_mb": int(limits.max_file_mb),
-                           "max_open_files": int(limits.max_open_files)}}
+    settings = {
+        "workdir": workdir,
+        "uid": _UidSlots.uid(slot),
+        "python": sys.executable,
+        "python_dirs": sorted({os.path.realpath(sys.prefix), os.path.realpath(sys.base_prefix)}),
+        "status_fd": status_write,
+        "isolate_network": limits.isolate_network,
+        "max_dir_mb": int(limits.max_dir_mb),
+        "limits": {
+            "cpu_s": int(limits.cpu_s),
+            "memory_mb": int(limits.memory_mb),
+            "max_processes": int(limits.max_processes),
+            "max_file_mb": int(limits.max_file_mb),
+            "max_open_files": int(limits.max_open_files),
+        },
+    }
     status = _Status(status_read)
     try:
-        proc = subprocess.Popen([sys.executable, "-I", "-S", LAUNCHER], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd="/", env={},
-                                start_new_session=True, close_fds=True, pass_fds=(status_write,))
+        proc = subprocess.Popen(
+            [sys.executable, "-I", "-S", LAUNCHER],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            cwd="/",
+            env={},
+            start_new_session=True,
+            close_fds=True,
+            pass_fds=(status_write,),
+        )
     except BaseException:
         os.close(status_write)
         status.close()
@@ -127,8 +144,15 @@ def run_python(code: str, limits: SandboxLimits = SandboxLimits()) -> SandboxRes
         proc.stdout.close()
         _slots.give(slot)
         shutil.rmtree(workdir, ignore_errors=True)
-    return SandboxResult(output.decode("utf-8", "replace"), status.exit_code, status.signal, timed_out, truncated,
-                         time.monotonic() - started, status.setup_error)
+    return SandboxResult(
+        output.decode("utf-8", "replace"),
+        status.exit_code,
+        status.signal,
+        timed_out,
+        truncated,
+        time.monotonic() - started,
+        status.setup_error,
+    )
 
 
 class _Status:
@@ -230,4 +254,5 @@ def check_isolation(limits: SandboxLimits = SandboxLimits()) -> None:
         raise SandboxUnavailable(
             f"the Python tool's sandbox cannot start here ({why}); it needs "
             "root or unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1). Without a network "
-            "namespace only tools.python.isolate_network=false runs the tool, with the host's network")
+            "namespace only tools.python.isolate_network=false runs the tool, with the host's network"
+        )

@@ -34,8 +34,16 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 class Tracker:
-    def __init__(self, loggers: list[str], run_dir: str | os.PathLike, project: str, experiment: str,
-                 config: dict | None = None, total_steps: int | None = None, resume_step: int | None = None):
+    def __init__(
+        self,
+        loggers: list[str],
+        run_dir: str | os.PathLike,
+        project: str,
+        experiment: str,
+        config: dict | None = None,
+        total_steps: int | None = None,
+        resume_step: int | None = None,
+    ):
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.backends = []
@@ -76,9 +84,9 @@ class Tracker:
 
 def git_sha(repo: str | os.PathLike = REPO_ROOT) -> str | None:
     """The commit the code runs from (with `-dirty` if the tree has changes), or None outside git."""
+
     def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, timeout=10,
-                              check=True).stdout.strip()
+        return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, timeout=10, check=True).stdout.strip()
 
     try:
         sha = git("rev-parse", "HEAD")

@@ -125,8 +125,9 @@ class WandbLogger:
         import wandb
 
         mode = os.environ.get("WANDB_MODE") or ("online" if os.environ.get("WANDB_API_KEY") else "offline")
-        self.run = wandb.init(project=project, name=experiment, config=config, dir=str(run_dir), mode=mode,
-                              resume="allow", id=_wandb_id(run_dir))
+        self.run = wandb.init(
+            project=project, name=experiment, config=config, dir=str(run_dir), mode=mode, resume="allow", id=_wandb_id(run_dir)
+        )
 
     def log(self, metrics: Mapping[str, float | None], step: int) -> None:
         self.run.log({k: v for k, v in metrics.items() if v is not None}, step=step)

@@ -53,7 +53,7 @@ def smooth(values: list[float], weight: float) -> list[float]:
     out, avg = [], 0.0
     for k, value in enumerate(values, start=1):
         avg = weight * avg + (1 - weight) * value
-        out.append(avg / (1 - weight ** k) if weight < 1 else value)
+        out.append(avg / (1 - weight**k) if weight < 1 else value)
     return out
 
 
@@ -98,21 +98,29 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None, smoothing: floa
     colour_of = {task: colours[k % len(colours)] for k, task in enumerate(tasks)}
     panels: dict[str, list[tuple[str, str, str | None]]] = {}  # title -> (metric, label, colour)
     for title, names in by_task.items():
-        panels[f"{title} per task"] = [(n, n.rsplit("/", 1)[0], colour_of[n.split("/")[1]])
-                                       for task_names in names.values() for n in task_names]
+        panels[f"{title} per task"] = [
+            (n, n.rsplit("/", 1)[0], colour_of[n.split("/")[1]]) for task_names in names.values() for n in task_names
+        ]
     # The proof that the policy reads its input: success shown a decoy board stays low, and the answers
     # carry information about the observation (RAGEN-2's input_mi).
     for title, metric in (("success per task", "success_swapped"), ("input_mi (nats, validation)", "input_mi")):
         panels.setdefault(title, []).extend(
-            (n, f"{n.rsplit('/', 1)[0]} decoy board" if metric == "success_swapped" else n.rsplit("/", 1)[0],
-             colour_of.get(n.split("/")[1])) for task_names in task_metrics(rows, metric).values() for n in task_names)
+            (
+                n,
+                f"{n.rsplit('/', 1)[0]} decoy board" if metric == "success_swapped" else n.rsplit("/", 1)[0],
+                colour_of.get(n.split("/")[1]),
+            )
+            for task_names in task_metrics(rows, metric).values()
+            for n in task_names
+        )
     for title, names in PANELS.items():
         panels[title] = [(n, n, None) for n in names if any(n in row for row in rows)]
     timing = sorted({n for row in rows for n in row if n.startswith(TIMING_PREFIXES)})
     panels["time per phase (s)"] = [(n, n.split("/", 1)[1], None) for n in timing]
     # A panel with nothing logged (a critic-free run's critic loss) gives its place to the next.
-    panels = {title: curves for title, curves in panels.items()
-              if any(_series(rows, name)[0] for name, _, _ in curves)} or {"success per task": []}
+    panels = {title: curves for title, curves in panels.items() if any(_series(rows, name)[0] for name, _, _ in curves)} or {
+        "success per task": []
+    }
 
     n_rows = math.ceil(len(panels) / COLUMNS)
     fig, axes = plt.subplots(n_rows, COLUMNS, figsize=(5.2 * COLUMNS, 3.4 * n_rows), squeeze=False)
@@ -125,7 +133,7 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None, smoothing: floa
                 style = ":" if name.endswith("_swapped") else "--"
                 ax.plot(steps, values, style, marker="o", markersize=3, color=colour, label=label)
                 continue
-            line, = ax.plot(steps, smooth(values, smoothing), "-", color=colour, label=label)
+            (line,) = ax.plot(steps, smooth(values, smoothing), "-", color=colour, label=label)
             if smoothing > 0 and len(values) > 1:
                 ax.plot(steps, values, "-", color=line.get_color(), alpha=0.25, linewidth=0.8)
         ax.set_title(title)
@@ -135,7 +143,7 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None, smoothing: floa
             ax.legend(fontsize=7)
         else:
             ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes, color="gray")
-    for ax in list(axes.flat)[len(panels):]:
+    for ax in list(axes.flat)[len(panels) :]:
         ax.set_visible(False)
     fig.suptitle(f"{run_dir.name}  (training smoothed {smoothing:g}, validation dashed)")
     fig.tight_layout()
@@ -149,8 +157,11 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None, smoothing: floa
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="grl plot", description="Plot a run's curves from its metrics.jsonl.")
     parser.add_argument("run_dir", help="the run folder (trainer.run_dir), holding metrics.jsonl")
-    parser.add_argument("--out", default=None,
-                        help=f"file to write; its suffix picks the format: .png, .pdf, .svg (default: <run_dir>/{CURVES_FILE})")
+    parser.add_argument(
+        "--out",
+        default=None,
+        help=f"file to write; its suffix picks the format: .png, .pdf, .svg (default: <run_dir>/{CURVES_FILE})",
+    )
     parser.add_argument("--smooth", type=float, default=0.6, help="EMA weight of the training curves, 0 (raw) to <1")
     args = parser.parse_args(argv)
     if not 0 <= args.smooth < 1:

@@ -66,8 +66,7 @@ class AgentTrainer:
         self.hooks = list(hooks or [])
         self.plan = RunPlan.from_config(cfg)  # the groups were built from an equal one
         algo = cfg.algorithm
-        self.kl_ctrl = make_kl_controller(algo.kl_ctrl.type, algo.kl_ctrl.kl_coef, algo.kl_ctrl.target_kl,
-                                          algo.kl_ctrl.horizon)
+        self.kl_ctrl = make_kl_controller(algo.kl_ctrl.type, algo.kl_ctrl.kl_coef, algo.kl_ctrl.target_kl, algo.kl_ctrl.horizon)
         self.train_tasks = task_specs(cfg)
         self.curriculum = Curriculum.from_config(cfg.rollout.curriculum)  # None: the tasks as their blocks set them
         engine_cfg = cfg.actor_rollout_ref.rollout
@@ -116,10 +115,15 @@ class AgentTrainer:
         cfg = self.cfg.trainer
         try:
             resumed = self.resume()
-            self.tracker = Tracker(list(cfg.logger), cfg.run_dir, cfg.project_name, cfg.experiment_name,
-                                   config=OmegaConf.to_container(self.cfg, resolve=True),
-                                   total_steps=cfg.total_training_steps,
-                                   resume_step=self.global_step if resumed else None)
+            self.tracker = Tracker(
+                list(cfg.logger),
+                cfg.run_dir,
+                cfg.project_name,
+                cfg.experiment_name,
+                config=OmegaConf.to_container(self.cfg, resolve=True),
+                total_steps=cfg.total_training_steps,
+                resume_step=self.global_step if resumed else None,
+            )
             save_run_info(cfg.run_dir, OmegaConf.to_yaml(self.cfg, resolve=True))
             print(self.start_report(), flush=True)
             if cfg.val_only:
@@ -193,8 +197,11 @@ class AgentTrainer:
                 self._source.publish(step, syncs)
         if len(batch) > 0:
             metrics.update(batch_metrics(batch))
-            metrics.update(throughput_metrics(batch, timer.times, self.plan.world_size, self.mfu_shape, self.peak_flops,
-                                              self.plan.ppo_epochs))
+            metrics.update(
+                throughput_metrics(
+                    batch, timer.times, self.plan.world_size, self.mfu_shape, self.peak_flops, self.plan.ppo_epochs
+                )
+            )
         metrics.update(timer.metrics())
         return metrics, (batch if len(batch) > 0 else None)
 
@@ -204,16 +211,25 @@ class AgentTrainer:
         result = sampled.result
         episodes, stale = drop_stale_episodes(result.episodes, step - 1, self.plan.max_staleness)
         if stale:
-            log.error("step %d: %d episodes sampled more than rollout.max_staleness=%d versions ago were dropped",
-                      step, stale, self.plan.max_staleness)
-        metrics = {**sampled.metrics, **task_metrics(result.metrics, "train"), **reward_metrics(result.episodes),
-                   **turn_length_metrics(result.episodes, self.cfg.max_response_length, validation=False),
-                   "training/dropped_stale_episodes": float(stale)}
+            log.error(
+                "step %d: %d episodes sampled more than rollout.max_staleness=%d versions ago were dropped",
+                step,
+                stale,
+                self.plan.max_staleness,
+            )
+        metrics = {
+            **sampled.metrics,
+            **task_metrics(result.metrics, "train"),
+            **reward_metrics(result.episodes),
+            **turn_length_metrics(result.episodes, self.cfg.max_response_length, validation=False),
+            "training/dropped_stale_episodes": float(stale),
+        }
         if self.curriculum is not None:  # before this step's weights are published: a rollout ahead reads it
             metrics.update(self.curriculum.metrics(self._stage(step)))
             if self.curriculum.record(step, result.episodes):
-                log.info("step %d: curriculum moves to %s=%r", step, self.curriculum.key,
-                         self.curriculum.levels[self.curriculum.stage])
+                log.info(
+                    "step %d: curriculum moves to %s=%r", step, self.curriculum.key, self.curriculum.levels[self.curriculum.stage]
+                )
         if self.cfg.actor_rollout_ref.actor.use_kl_loss:
             metrics["actor/kl_coef"] = float(self.cfg.actor_rollout_ref.actor.kl_loss_coef)
         return episodes, metrics
@@ -222,8 +238,14 @@ class AgentTrainer:
         """The shaped batch (its metrics added to `metrics`), or None when nothing is left to train on."""
         failed = [ep for ep in episodes if ep.error is not None]
         if failed and len(failed) == len(episodes):  # nothing but env-error penalties to learn from
-            log.warning("step %d: all %d episodes ended in env errors (first: task %s, seed %d: %s); update skipped",
-                        step, len(failed), failed[0].task, failed[0].seed, failed[0].error.splitlines()[-1])
+            log.warning(
+                "step %d: all %d episodes ended in env errors (first: task %s, seed %d: %s); update skipped",
+                step,
+                len(failed),
+                failed[0].task,
+                failed[0].seed,
+                failed[0].error.splitlines()[-1],
+            )
             return None
         batch, shape_metrics = shape_batch(episodes, self.cfg.rollout, self.rollout.tokenizer.pad_token_id)
         metrics.update(shape_metrics)
@@ -242,18 +264,33 @@ class AgentTrainer:
         """Rollouts ahead of the update where the engine has a worker of its own (hybrid_engine=false),
         which grl.config requires of max_staleness > 0; otherwise each step samples, then trains."""
         if self.plan.engine_apart:  # its thread's rollouts move no progress bar
-            return RolloutAhead(partial(self._rollout, on_turn=None), self.actor.engine.load_weights,
-                                self.actor.weights_handle, max_staleness=self.plan.max_staleness, first_step=first_step,
-                                last_step=self.cfg.trainer.total_training_steps, version=first_step - 1)
-        return SynchronousRollout(partial(self._rollout, on_turn=self.progress.show_turn), self.rollout.engine, self.actor,
-                                  bool(self.cfg.actor_rollout_ref.rollout.free_cache_engine))
+            return RolloutAhead(
+                partial(self._rollout, on_turn=None),
+                self.actor.engine.load_weights,
+                self.actor.weights_handle,
+                max_staleness=self.plan.max_staleness,
+                first_step=first_step,
+                last_step=self.cfg.trainer.total_training_steps,
+                version=first_step - 1,
+            )
+        return SynchronousRollout(
+            partial(self._rollout, on_turn=self.progress.show_turn),
+            self.rollout.engine,
+            self.actor,
+            bool(self.cfg.actor_rollout_ref.rollout.free_cache_engine),
+        )
 
     def _rollout(self, step: int, on_turn: Callable | None):
         """Every training task's episodes of `step`, sampled by the engine's current weights."""
         sampling = replace(self.sampling, seed=training_base_seed(self.plan.seed, step))
         tasks = self.train_tasks if self.curriculum is None else self.curriculum.tasks(self.train_tasks, self._stage(step))
-        return self.rollout.run(tasks, training_base_seed(self.cfg.rollout.seed, step), sampling, turn_barrier=bool(
-            self.cfg.rollout.turn_barrier), on_turn=on_turn)
+        return self.rollout.run(
+            tasks,
+            training_base_seed(self.cfg.rollout.seed, step),
+            sampling,
+            turn_barrier=bool(self.cfg.rollout.turn_barrier),
+            on_turn=on_turn,
+        )
 
     def _stage(self, step: int) -> int:
         return self.curriculum.stage_for(step, self.plan.max_staleness)
@@ -262,8 +299,11 @@ class AgentTrainer:
         """Every validation task in one batched greedy rollout, `trainer.validation_steps`
         times with consecutive seeds -> `val-env/<task>/<metric>`, the mean over the rollouts."""
         timer = Timer()
-        with timer("testing"), self.progress.validation(self.global_step), (
-                self._source.engine_at(self.global_step) if self._source else nullcontext()):
+        with (
+            timer("testing"),
+            self.progress.validation(self.global_step),
+            self._source.engine_at(self.global_step) if self._source else nullcontext(),
+        ):
             metrics = self.validation.run(self.global_step, on_turn=self.progress.show_turn)
         return {**metrics, **timer.metrics()}
 
@@ -281,12 +321,17 @@ class AgentTrainer:
             if self.critic is not None:
                 self.critic.save_checkpoint(str(tmp / "critic"))
 
-        state = {"global_step": self.global_step, "kl_coef": self.kl_ctrl.value, "rng": rng_state(),
-                 "best_validation": [self.validation.best.step, self.validation.best.score],
-                 **({"curriculum": self.curriculum.state()} if self.curriculum is not None else {})}
+        state = {
+            "global_step": self.global_step,
+            "kl_coef": self.kl_ctrl.value,
+            "rng": rng_state(),
+            "best_validation": [self.validation.best.step, self.validation.best.score],
+            **({"curriculum": self.curriculum.state()} if self.curriculum is not None else {}),
+        }
         with timer("save_checkpoint"):
-            self.last_checkpoint = ckpt.write_checkpoint(cfg.default_local_dir, self.global_step, write_parts, state,
-                                                         cfg.max_ckpt_to_keep)
+            self.last_checkpoint = ckpt.write_checkpoint(
+                cfg.default_local_dir, self.global_step, write_parts, state, cfg.max_ckpt_to_keep
+            )
         return timer.metrics()
 
     def export_hf(self, only_path: bool = False) -> Path:

@@ -96,8 +96,9 @@ def resume_path(mode: str, root: str | os.PathLike) -> Path | None:
     return path
 
 
-def write_checkpoint(root: str | os.PathLike, step: int, write_parts: Callable[[Path], None],
-                     state: dict[str, Any], max_to_keep: int | None = None) -> Path:
+def write_checkpoint(
+    root: str | os.PathLike, step: int, write_parts: Callable[[Path], None], state: dict[str, Any], max_to_keep: int | None = None
+) -> Path:
     """Write `global_step_<step>` atomically and point `latest` at it.
 
     `write_parts(tmp_dir)` writes the model parts (the workers save actor/ and
@@ -127,7 +128,7 @@ def prune(root: str | os.PathLike, max_to_keep: int | None) -> list[Path]:
         latest = latest_checkpoint(root)
         steps = sorted((p for p in root.iterdir() if step_of(p) is not None and p.is_dir()), key=step_of)
         extra = len(steps) - max_to_keep
-        removed += [p for p in steps[:max(extra, 0)] if p != latest]
+        removed += [p for p in steps[: max(extra, 0)] if p != latest]
     for path in removed:
         shutil.rmtree(path, ignore_errors=True)
     return removed

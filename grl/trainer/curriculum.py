@@ -41,15 +41,13 @@ class Curriculum:
 
     def tasks(self, specs: list[TaskSpec], stage: int) -> list[TaskSpec]:
         value = self.levels[stage]
-        return [replace(s, config={**s.config, "env_config": {**s.config.get("env_config", {}), self.key: value}})
-                for s in specs]
+        return [replace(s, config={**s.config, "env_config": {**s.config.get("env_config", {}), self.key: value}}) for s in specs]
 
     def record(self, step: int, episodes: list[Episode]) -> bool:
         """Note the step's training success; True when it moved the curriculum to the next stage."""
         self.successes.append(fmean(float(ep.metrics.get("success", 0.0)) for ep in episodes) if episodes else 0.0)
-        recent = self.successes[-self.window:]
-        promoted = (self.stage < len(self.levels) - 1 and len(recent) == self.window
-                    and fmean(recent) >= self.promote_at)
+        recent = self.successes[-self.window :]
+        promoted = self.stage < len(self.levels) - 1 and len(recent) == self.window and fmean(recent) >= self.promote_at
         if promoted:
             self.stage, self.successes = self.stage + 1, []
         if not self.stage_after or self.stage_after[max(self.stage_after)] != self.stage:

@@ -51,16 +51,14 @@ def reward_metrics(episodes: list[Episode]) -> dict[str, float]:
     scores = finite(e.score for e in episodes)
     if not scores:
         return {}
-    return {"reward/mean": fmean(scores), "reward/std": pstdev(scores),
-            "reward/max": max(scores), "reward/min": min(scores)}
+    return {"reward/mean": fmean(scores), "reward/std": pstdev(scores), "reward/max": max(scores), "reward/min": min(scores)}
 
 
 def _masked_stats(name: str, x: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
     picked = x[mask > 0]
     if picked.numel() == 0:
         return {}
-    return {f"{name}/mean": picked.mean().item(), f"{name}/max": picked.max().item(),
-            f"{name}/min": picked.min().item()}
+    return {f"{name}/mean": picked.mean().item(), f"{name}/max": picked.max().item(), f"{name}/min": picked.min().item()}
 
 
 def _stats(name: str, x: torch.Tensor) -> dict[str, float]:
@@ -90,8 +88,12 @@ def batch_metrics(batch: Batch) -> dict[str, float]:
     scores = batch.meta.get("raw_score")
     if scores:
         out.update(_stats("critic/score", torch.tensor(scores, dtype=torch.float64)))
-    for name, key in (("critic/advantages", "advantages"), ("critic/returns", "returns"),
-                      ("critic/values", "values"), ("critic/rewards", "token_rewards")):
+    for name, key in (
+        ("critic/advantages", "advantages"),
+        ("critic/returns", "returns"),
+        ("critic/values", "values"),
+        ("critic/rewards", "token_rewards"),
+    ):
         if key in batch:
             out.update(_masked_stats(name, batch[key], mask))
     if "values" in batch and "returns" in batch:
@@ -102,8 +104,14 @@ def batch_metrics(batch: Batch) -> dict[str, float]:
     return out
 
 
-def throughput_metrics(batch: Batch, timings: dict[str, float], n_gpus: int, shape: ModelShape | None = None,
-                       peak_flops: float = 0.0, ppo_epochs: int = 1) -> dict[str, float]:
+def throughput_metrics(
+    batch: Batch,
+    timings: dict[str, float],
+    n_gpus: int,
+    shape: ModelShape | None = None,
+    peak_flops: float = 0.0,
+    ppo_epochs: int = 1,
+) -> dict[str, float]:
     """As verl: tokens per second per device (`perf/throughput`), step time, and each
     phase's milliseconds per token (generated tokens for `gen`, every token otherwise);
     plus ours: tokens per second of the step, the rollout and the actor update. With the
@@ -184,6 +192,9 @@ def old_log_prob_metrics(batch, cap: float) -> dict[str, float]:
     if cap <= 0 or not bool(sampled.any()):
         return rollout_mismatch_metrics(batch)
     ratio = (batch["old_log_probs"] - batch["rollout_log_probs"])[sampled].clamp(max=20.0).exp()
-    return {**rollout_mismatch_metrics(batch), "training/is_ratio_mean": ratio.mean().item(),
-            "training/is_ratio_max": ratio.max().item(),
-            "training/is_ratio_clipped_frac": (ratio > cap).float().mean().item()}
+    return {
+        **rollout_mismatch_metrics(batch),
+        "training/is_ratio_mean": ratio.mean().item(),
+        "training/is_ratio_max": ratio.max().item(),
+        "training/is_ratio_clipped_frac": (ratio > cap).float().mean().item(),
+    }

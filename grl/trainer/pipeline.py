@@ -84,8 +84,17 @@ class RolloutAhead:
     """`produce(step)` -> the step's RolloutResult, run by a thread of its own; `load(handle,
     version)` puts published weights into the engine."""
 
-    def __init__(self, produce: Callable[[int], Any], load: Callable[[Any, int], None], weights: Callable[[], Any], *,
-                 max_staleness: int, first_step: int, last_step: int, version: int):
+    def __init__(
+        self,
+        produce: Callable[[int], Any],
+        load: Callable[[Any, int], None],
+        weights: Callable[[], Any],
+        *,
+        max_staleness: int,
+        first_step: int,
+        last_step: int,
+        version: int,
+    ):
         self._produce, self._load, self._current_weights = produce, load, weights
         self.max_staleness = max_staleness
         self._first_version = version
@@ -116,8 +125,12 @@ class RolloutAhead:
             if step not in self._results:
                 raise self._error
             ahead = self._results.pop(step)
-        times = {"wait_prev_gen": time.perf_counter() - start, "gen": ahead.rollout_s,
-                 "rollout_wait_weights": ahead.waited_for_weights_s, "rollout_load_weights": ahead.load_s}
+        times = {
+            "wait_prev_gen": time.perf_counter() - start,
+            "gen": ahead.rollout_s,
+            "rollout_wait_weights": ahead.waited_for_weights_s,
+            "rollout_load_weights": ahead.load_s,
+        }
         for episode in ahead.result.episodes:
             episode.policy_version = ahead.version
         return Sampled(ahead.result, ahead.version, times, staleness_metrics(ahead.result.episodes, step - 1))

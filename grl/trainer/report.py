@@ -14,47 +14,55 @@ def start_report(cfg, plan, device: str) -> str:
 
     run_dir = Path(cfg.trainer.run_dir).absolute()
     groups = zip(cfg.rollout.training, cfg.rollout.agent_group_num, cfg.rollout.agent_group_size)
-    val_groups = zip(cfg.rollout.validation, cfg.rollout.validation_agent_group_num,
-                     cfg.rollout.validation_agent_group_size)
-    return "\n".join([
-        f"grl-train: {cfg.trainer.project_name}/{cfg.trainer.experiment_name}, "
-        f"{cfg.trainer.total_training_steps} steps, estimator {cfg.algorithm.adv_estimator}",
-        f"  run folder   {run_dir}",
-        f"  metrics      {run_dir / METRICS_FILE}  (grl plot {run_dir})",
-        f"  checkpoints  {Path(cfg.trainer.default_local_dir).absolute()}",
-        f"  device       {device} x {plan.world_size} rank(s), engine {cfg.actor_rollout_ref.rollout.name}"
-        f"{plan.engine_place()}, "
-        f"model {cfg.actor_rollout_ref.model.path}",
-        f"  compute      {compute_report(cfg.actor_rollout_ref.model.dtype, device)}",
-        f"  worker logs  {os.environ.get('RAY_TMPDIR', '/tmp/ray')}/session_latest/logs",
-        "  training     " + ", ".join(f"{t} ({n}x{k})" for t, n, k in groups),
-        "  validation   " + ", ".join(f"{t} ({n}x{k})" for t, n, k in val_groups),
-    ])
+    val_groups = zip(cfg.rollout.validation, cfg.rollout.validation_agent_group_num, cfg.rollout.validation_agent_group_size)
+    return "\n".join(
+        [
+            f"grl-train: {cfg.trainer.project_name}/{cfg.trainer.experiment_name}, "
+            f"{cfg.trainer.total_training_steps} steps, estimator {cfg.algorithm.adv_estimator}",
+            f"  run folder   {run_dir}",
+            f"  metrics      {run_dir / METRICS_FILE}  (grl plot {run_dir})",
+            f"  checkpoints  {Path(cfg.trainer.default_local_dir).absolute()}",
+            f"  device       {device} x {plan.world_size} rank(s), engine {cfg.actor_rollout_ref.rollout.name}"
+            f"{plan.engine_place()}, "
+            f"model {cfg.actor_rollout_ref.model.path}",
+            f"  compute      {compute_report(cfg.actor_rollout_ref.model.dtype, device)}",
+            f"  worker logs  {os.environ.get('RAY_TMPDIR', '/tmp/ray')}/session_latest/logs",
+            "  training     " + ", ".join(f"{t} ({n}x{k})" for t, n, k in groups),
+            "  validation   " + ", ".join(f"{t} ({n}x{k})" for t, n, k in val_groups),
+        ]
+    )
 
 
 def run_postfix(metrics: dict[str, float]) -> str:
     """The few numbers worth seeing on the run bar."""
     parts = [f"reward {metrics['reward/mean']:.3f}"] if "reward/mean" in metrics else []
-    parts += [f"{name.split('/')[1]} val {value:.2f}" for name, value in metrics.items()
-              if name.startswith("val-env/") and name.endswith("/success")]
+    parts += [
+        f"{name.split('/')[1]} val {value:.2f}"
+        for name, value in metrics.items()
+        if name.startswith("val-env/") and name.endswith("/success")
+    ]
     return ", ".join(parts)
 
 
-def finish_report(val_success: dict[str, list[tuple[int, float]]], checkpoint: Path | None,
-                  export: Path | None, export_step: int = 0) -> str:
+def finish_report(
+    val_success: dict[str, list[tuple[int, float]]], checkpoint: Path | None, export: Path | None, export_step: int = 0
+) -> str:
     """One "finished" line per validation task (first, best and last success), then where the model is."""
     lines = []
     for task, points in val_success.items():
         (first_step, first), (last_step, last) = points[0], points[-1]
         best_step, best = max(points, key=lambda p: (p[1], -p[0]))
-        lines.append(f"finished {task}: validation success {first:.3f} at step {first_step}, "
-                     f"best {best:.3f} at step {best_step}, last {last:.3f} at step {last_step}")
+        lines.append(
+            f"finished {task}: validation success {first:.3f} at step {first_step}, "
+            f"best {best:.3f} at step {best_step}, last {last:.3f} at step {last_step}"
+        )
     if not lines:
         lines.append("finished: no validation ran (trainer.test_freq off and trainer.val_before_train=false)")
     lines.append(f"checkpoint   {checkpoint.absolute() if checkpoint else 'none written'}")
     best = f" (the actor of step {export_step}, the best validation; the checkpoint holds the last step's)"
-    lines.append(f"HF export    {export.absolute() if export else 'off (trainer.export_hf=false)'}"
-                 f"{best if export and export_step else ''}")
+    lines.append(
+        f"HF export    {export.absolute() if export else 'off (trainer.export_hf=false)'}{best if export and export_step else ''}"
+    )
     return "\n".join(lines)
 
 
@@ -67,5 +75,7 @@ def abort_message(err, step: int, last_checkpoint: Path | None) -> str:
     what = f"worker {err.worker} died during step {step} ({err})" if died else f"{err} during step {step}"
     if last_checkpoint is None:
         return f"{what}; no checkpoint was written yet, so a rerun starts from step 0"
-    return (f"{what}; the last complete checkpoint is {last_checkpoint}; rerun with trainer.resume_mode=auto "
-            f"to continue from step {step_of(last_checkpoint)}")
+    return (
+        f"{what}; the last complete checkpoint is {last_checkpoint}; rerun with trainer.resume_mode=auto "
+        f"to continue from step {step_of(last_checkpoint)}"
+    )

@@ -22,8 +22,12 @@ def shape_batch(episodes: list[Episode], r: DictConfig, pad_token_id: int) -> tu
     kept_groups = {ep.group_id for ep in kept}  # whole groups are kept, in their order
     kept_scores = [score for ep, score in zip(episodes, scores) if ep.group_id in kept_groups]
     batch, build_metrics = build_batch(
-        kept, use_turn_scores=r.use_turn_scores, max_episode_length=r.max_episode_length,
-        pad_token_id=pad_token_id, scores=kept_scores if normalized else None)
+        kept,
+        use_turn_scores=r.use_turn_scores,
+        max_episode_length=r.max_episode_length,
+        pad_token_id=pad_token_id,
+        scores=kept_scores if normalized else None,
+    )
     return batch, {**task_metrics(filter_metrics, "train"), **build_metrics}
 
 
@@ -33,18 +37,31 @@ def add_advantages(batch: Batch, algo: DictConfig, kl_ctrl) -> dict[str, float]:
     metrics = {}
     if algo.use_kl_in_reward:
         batch["token_rewards"], mean_kl = apply_kl_penalty(
-            batch["token_rewards"], batch["old_log_probs"], batch["ref_log_probs"], batch["loss_mask"],
-            kl_ctrl.value, algo.kl_penalty)
+            batch["token_rewards"],
+            batch["old_log_probs"],
+            batch["ref_log_probs"],
+            batch["loss_mask"],
+            kl_ctrl.value,
+            algo.kl_penalty,
+        )
         metrics["actor/reward_kl_penalty"] = mean_kl.item()
         metrics["actor/reward_kl_penalty_coeff"] = kl_ctrl.value
         kl_ctrl.update(mean_kl.item(), n_steps=len(batch))
     batch["advantages"], batch["returns"] = compute_advantage(
-        algo.adv_estimator, token_rewards=batch["token_rewards"], loss_mask=batch["loss_mask"],
-        values=batch["values"] if "values" in batch else None, turn_ids=batch["turn_ids"],
-        group_ids=batch.meta["group_id"], gamma=algo.gamma, lam=algo.lam, high_level_gamma=algo.high_level_gamma,
-        turn_weight=algo.turn_advantage_weight, norm_adv_by_std=algo.norm_adv_by_std_in_grpo,
+        algo.adv_estimator,
+        token_rewards=batch["token_rewards"],
+        loss_mask=batch["loss_mask"],
+        values=batch["values"] if "values" in batch else None,
+        turn_ids=batch["turn_ids"],
+        group_ids=batch.meta["group_id"],
+        gamma=algo.gamma,
+        lam=algo.lam,
+        high_level_gamma=algo.high_level_gamma,
+        turn_weight=algo.turn_advantage_weight,
+        norm_adv_by_std=algo.norm_adv_by_std_in_grpo,
         turn_states=turn_states(batch.meta["state_keys"]) if ESTIMATORS[algo.adv_estimator].needs_step_keys else None,
-        gigpo_step_weight=algo.gigpo_step_weight)
+        gigpo_step_weight=algo.gigpo_step_weight,
+    )
     return metrics
 
 
@@ -52,8 +69,9 @@ def turn_states(state_keys: list[list]) -> torch.Tensor:
     """`[episodes, turns]` dense ids of the state keys (-1 past an episode's last turn)."""
     ids: dict = {}
     width = max((len(keys) for keys in state_keys), default=0)
-    return torch.tensor([[ids.setdefault(k, len(ids)) for k in keys] + [-1] * (width - len(keys)) for keys in state_keys],
-                        dtype=torch.long).view(len(state_keys), width)
+    return torch.tensor(
+        [[ids.setdefault(k, len(ids)) for k in keys] + [-1] * (width - len(keys)) for keys in state_keys], dtype=torch.long
+    ).view(len(state_keys), width)
 
 
 def drop_stale_episodes(episodes: list[Episode], trained_version: int, max_staleness: int) -> tuple[list[Episode], int]:

@@ -33,8 +33,7 @@ def validation_metrics(rollout, controls: dict, tasks, first_seed: int, runs: in
     metrics = {**_mean_metrics(results), **input_dependence_metrics(episodes)}
     native = [task for task in tasks if not is_program_task(task)]
     for name, control_rollout in controls.items() if native else ():
-        mean = _mean_metrics([control_rollout.run(native, first_seed + i, sampling, on_turn=on_turn)
-                              for i in range(runs)])
+        mean = _mean_metrics([control_rollout.run(native, first_seed + i, sampling, on_turn=on_turn) for i in range(runs)])
         for task in {t.name for t in native}:
             if f"{task}/success" in mean:
                 metrics[f"{task}/{CONTROL_METRIC[name]}"] = mean[f"{task}/success"]
@@ -46,6 +45,7 @@ class BestValidation:
     """The validation after a training step with the highest mean success over the validation tasks, for
     `trainer.export_best`; a tie goes to the later step (more training, the same score). The base model's
     validation (step 0) is not a candidate: the export is always a trained model."""
+
     step: int = 0
     score: float = float("-inf")
 
@@ -65,8 +65,7 @@ class Validation:
     def __init__(self, cfg, rollout):
         self.cfg, self.rollout = cfg, rollout
         self.tasks = task_specs(cfg, validation=True)
-        self.sampling = sampling_from_config(cfg.actor_rollout_ref.rollout, validate=True,
-                                             max_new_tokens=cfg.max_response_length)
+        self.sampling = sampling_from_config(cfg.actor_rollout_ref.rollout, validate=True, max_new_tokens=cfg.max_response_length)
         self.controls: dict = {}  # validation control -> its MultiTurnRollout (grl/agents/controls.py)
         self.success: dict[str, list[tuple[int, float]]] = {}
         self.best = BestValidation()
@@ -74,9 +73,15 @@ class Validation:
     def run(self, step: int, on_turn=None) -> dict[str, float]:
         """Every validation task in one batched greedy rollout, `trainer.validation_steps` times with
         consecutive seeds -> `val-env/<task>/<metric>`, the mean over the rollouts."""
-        mean, episodes = validation_metrics(self.rollout, self._control_rollouts(), self.tasks,
-                                            self.cfg.rollout.validation_seed, self.cfg.trainer.validation_steps,
-                                            self.sampling, on_turn=on_turn)
+        mean, episodes = validation_metrics(
+            self.rollout,
+            self._control_rollouts(),
+            self.tasks,
+            self.cfg.rollout.validation_seed,
+            self.cfg.trainer.validation_steps,
+            self.sampling,
+            on_turn=on_turn,
+        )
         metrics = task_metrics(mean, "val-env")
         for task in self.cfg.rollout.validation:
             if f"val-env/{task}/success" in metrics:
@@ -91,8 +96,9 @@ class Validation:
         """The rollouts of `trainer.validation_controls`, built on first use over the same engine."""
         for name in self.cfg.trainer.validation_controls:
             if name not in self.controls:
-                self.controls[name] = MultiTurnRollout.from_config(self.cfg, self.rollout.engine,
-                                                                   self.rollout.tokenizer, control=name)
+                self.controls[name] = MultiTurnRollout.from_config(
+                    self.cfg, self.rollout.engine, self.rollout.tokenizer, control=name
+                )
         return self.controls
 
     def close(self) -> None:

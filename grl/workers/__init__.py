@@ -42,5 +42,13 @@ from grl.workers.rollout_worker import WeightSyncTimeout
 from grl.workers.runtime import init_ray, resolve_device
 from grl.workers.sharding import plan_minibatches
 
-__all__ = ["ActorRolloutRefGroup", "CriticGroup", "EngineProxy", "WeightSyncTimeout", "WorkerDiedError", "init_ray",
-           "plan_minibatches", "resolve_device"]
+__all__ = [
+    "ActorRolloutRefGroup",
+    "CriticGroup",
+    "EngineProxy",
+    "WeightSyncTimeout",
+    "WorkerDiedError",
+    "init_ray",
+    "plan_minibatches",
+    "resolve_device",
+]

@@ -22,10 +22,20 @@ class ValueObjective:
     def loss(self, out, t: dict, mode: str) -> tuple[torch.Tensor, dict[str, float]]:
         from grl.algo import masked_mean, value_loss
 
-        loss, m = value_loss(out, t["values"], t["returns"], t["loss_mask"],
-                             cliprange_value=self.cfg.cliprange_value, loss_agg_mode=mode, segment_ids=seg_of(t))
-        return loss, {"vf_loss": loss.detach().item(), "vf_clipfrac": float(m["vf_clipfrac"]),
-                      "vpred_mean": float(masked_mean(out.detach(), t["loss_mask"]))}
+        loss, m = value_loss(
+            out,
+            t["values"],
+            t["returns"],
+            t["loss_mask"],
+            cliprange_value=self.cfg.cliprange_value,
+            loss_agg_mode=mode,
+            segment_ids=seg_of(t),
+        )
+        return loss, {
+            "vf_loss": loss.detach().item(),
+            "vf_clipfrac": float(m["vf_clipfrac"]),
+            "vpred_mean": float(masked_mean(out.detach(), t["loss_mask"])),
+        }
 
 
 class CriticWorker(Worker):
@@ -38,7 +48,8 @@ class CriticWorker(Worker):
 
     def compute_values(self, tensors: dict) -> torch.Tensor:
         size = self.section.ppo_micro_batch_size_per_gpu
-        values = torch.cat([self._score(self.module, self._to_device(m), grad=False)
-                            for m in self._micro_batches(tensors, size)]).cpu()
+        values = torch.cat(
+            [self._score(self.module, self._to_device(m), grad=False) for m in self._micro_batches(tensors, size)]
+        ).cpu()
         self.module.reshard()
         return values

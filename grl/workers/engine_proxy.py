@@ -23,16 +23,20 @@ class EngineProxy(Engine):
     def __init__(self, group: Ranks, ranks: list[int]):
         self._group, self._ranks = group, ranks
 
-    def generate(self, prompt_token_ids: list[list[int]], sampling: SamplingParams,
-                 constraints: list | None = None) -> list:
+    def generate(self, prompt_token_ids: list[list[int]], sampling: SamplingParams, constraints: list | None = None) -> list:
         n, k = len(prompt_token_ids), len(self._ranks)
         bounds = [round(i * n / k) for i in range(k + 1)]
         busy = [i for i in range(k) if bounds[i + 1] > bounds[i]]
         # Engines seed request j with seed + j (or its own of request_seeds); shift each piece so every
         # prompt keeps the seed it would get from one engine (no two share a stream).
-        pieces = [(prompt_token_ids[bounds[i]:bounds[i + 1]], _piece(sampling, bounds[i], bounds[i + 1]),
-                   None if constraints is None else constraints[bounds[i]:bounds[i + 1]])
-                  for i in busy]
+        pieces = [
+            (
+                prompt_token_ids[bounds[i] : bounds[i + 1]],
+                _piece(sampling, bounds[i], bounds[i + 1]),
+                None if constraints is None else constraints[bounds[i] : bounds[i + 1]],
+            )
+            for i in busy
+        ]
         results = self._group.call_ranks([self._ranks[i] for i in busy], "engine_generate", pieces)
         return [out for part in results for out in part]
 

@@ -40,8 +40,14 @@ def interface_of(ip: str) -> str | None:
     """The network interface that holds `ip` on this machine."""
     import psutil
 
-    return next((name for name, addrs in psutil.net_if_addrs().items()
-                 if any(a.family == socket.AF_INET and a.address == ip for a in addrs)), None)
+    return next(
+        (
+            name
+            for name, addrs in psutil.net_if_addrs().items()
+            if any(a.family == socket.AF_INET and a.address == ip for a in addrs)
+        ),
+        None,
+    )
 
 
 def process_group_backend(device: str) -> str:
@@ -65,8 +71,7 @@ def mixed_precision(fsdp_cfg, model_dtype: str, device: str) -> bool:
     The workers build by it and the memory planner (grl/planner/memory.py) sizes by it."""
     from grl.models import torch_dtype
 
-    return fsdp_cfg.mixed_precision and (
-        device == "cuda" or torch_dtype(model_dtype, device) == torch.bfloat16)
+    return fsdp_cfg.mixed_precision and (device == "cuda" or torch_dtype(model_dtype, device) == torch.bfloat16)
 
 
 def offloaded(fsdp_cfg) -> bool:
@@ -76,16 +81,24 @@ def offloaded(fsdp_cfg) -> bool:
     return fsdp_cfg.param_offload or fsdp_cfg.optimizer_offload
 
 
-def init_process_group(rank: int, world_size: int, master_addr: str, master_port: int, device: str,
-                       timeout_s: float, listening: socket.socket | None = None) -> None:
+def init_process_group(
+    rank: int,
+    world_size: int,
+    master_addr: str,
+    master_port: int,
+    device: str,
+    timeout_s: float,
+    listening: socket.socket | None = None,
+) -> None:
     """Join the group whose rank 0 listens at master_addr:master_port (`listening`: rank 0's socket,
     from `listen_for_peers`). A group on one node talks over the loopback interface only: its
     rendezvous store, gloo's and NCCL's sockets are not reachable from the network."""
     from datetime import timedelta
 
     timeout = timedelta(seconds=float(timeout_s))
-    os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(rank),
-                      WORLD_SIZE=str(world_size), LOCAL_RANK="0")
+    os.environ.update(
+        MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK="0"
+    )
     # gloo and NCCL's bootstrap otherwise pick an interface from the hostname, which may resolve to the
     # loopback address on a machine of a cluster, or to the network on a machine running alone.
     if interface := interface_of(LOOPBACK if master_addr == LOOPBACK else node_ip()):
@@ -94,14 +107,13 @@ def init_process_group(rank: int, world_size: int, master_addr: str, master_port
     if device == "cuda":
         torch.cuda.set_device(0)  # Ray gives each rank one visible GPU
     fd = listening.detach() if listening is not None else None
-    store = dist.TCPStore(master_addr, master_port, world_size, is_master=rank == 0, timeout=timeout,
-                          master_listen_fd=fd)
-    dist.init_process_group(process_group_backend(device), store=store, rank=rank, world_size=world_size,
-                            timeout=timeout)
+    store = dist.TCPStore(master_addr, master_port, world_size, is_master=rank == 0, timeout=timeout, master_listen_fd=fd)
+    dist.init_process_group(process_group_backend(device), store=store, rank=rank, world_size=world_size, timeout=timeout)
 
 
-def shard(module: nn.Module, layers: list[nn.Module], device: str, mixed_precision: bool,
-          offload: bool, role: str) -> torch.dtype:
+def shard(
+    module: nn.Module, layers: list[nn.Module], device: str, mixed_precision: bool, offload: bool, role: str
+) -> torch.dtype:
     """FSDP2 in place: every decoder layer, then the root. Returns the dtype
     the forward computes in. `mixed_precision` (bf16 compute, fp32 master
     weights and gradient reduction) is the GPU default; the caller asks for it
@@ -182,8 +194,13 @@ def make_optimizer(params, optim_cfg) -> torch.optim.Optimizer:
     # On CPU (a CPU run, or FSDP2 offload) torch's fused kernel steps 135M parameters in 0.08 s where
     # its default (foreach) takes 0.45 s on 2 cores; on GPU torch picks its own default.
     fused = True if params and all(p.device.type == "cpu" for p in params) else None
-    return torch.optim.AdamW(params, lr=float(optim_cfg.lr), betas=tuple(float(b) for b in optim_cfg.betas),
-                             weight_decay=float(optim_cfg.weight_decay), fused=fused)
+    return torch.optim.AdamW(
+        params,
+        lr=float(optim_cfg.lr),
+        betas=tuple(float(b) for b in optim_cfg.betas),
+        weight_decay=float(optim_cfg.weight_decay),
+        fused=fused,
+    )
 
 
 def make_scheduler(optimizer: torch.optim.Optimizer, warmup_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
@@ -215,8 +232,9 @@ def full_optimizer_state(module: nn.Module, optimizer: torch.optim.Optimizer) ->
     return get_optimizer_state_dict(module, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
-def load_full_state(module: nn.Module, optimizer: torch.optim.Optimizer | None, model_state: dict,
-                    optim_state: dict | None, strict: bool = True) -> None:
+def load_full_state(
+    module: nn.Module, optimizer: torch.optim.Optimizer | None, model_state: dict, optim_state: dict | None, strict: bool = True
+) -> None:
     """Every rank passes the full (unsharded) dicts; each keeps its shard. Not
     `strict`: `model_state` may hold a subset (a LoRA checkpoint's adapter)."""
     from torch.distributed.checkpoint.state_dict import (

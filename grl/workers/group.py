@@ -25,8 +25,7 @@ from grl.rollout.types import Batch
 from grl.config import typed_section
 from grl.run_plan import RunPlan
 from grl.workers.engine_proxy import EngineProxy
-from grl.workers.runtime import (PRODUCT_ENV, REPO_ROOT, WorkerDiedError, acquire_pool, init_ray, release_pool,
-                                 resolve_device)
+from grl.workers.runtime import PRODUCT_ENV, REPO_ROOT, WorkerDiedError, acquire_pool, init_ray, release_pool, resolve_device
 from grl.workers.sharding import equal_shards, minibatch_shards, pack, pad_rows, pick, row_capacity, unpack
 
 log = logging.getLogger("grl.workers")
@@ -43,8 +42,18 @@ PEER_DEATH_GRACE_S = 5
 SHUFFLE_SEED_STRIDE = 1_000_003
 
 CONSTRAINT_KEYS = ("constraint_size", "constraint_ids")  # present when replies were decoded under a grammar
-ACTOR_KEYS = ("input_ids", "attention_mask", "position_ids", "context_ids", "loss_mask", "advantages",
-              "old_log_probs", "ref_log_probs", "rollout_log_probs", *CONSTRAINT_KEYS)
+ACTOR_KEYS = (
+    "input_ids",
+    "attention_mask",
+    "position_ids",
+    "context_ids",
+    "loss_mask",
+    "advantages",
+    "old_log_probs",
+    "ref_log_probs",
+    "rollout_log_probs",
+    *CONSTRAINT_KEYS,
+)
 CRITIC_KEYS = ("input_ids", "attention_mask", "position_ids", "context_ids", "loss_mask", "values", "returns")
 # loss_mask: log-probs are needed where it is, and packing finds a prompt's end by it (rollout.share_prompts)
 SCORE_KEYS = ("input_ids", "attention_mask", "position_ids", "context_ids", "loss_mask")
@@ -52,6 +61,7 @@ POLICY_SCORE_KEYS = SCORE_KEYS + CONSTRAINT_KEYS
 
 
 # ---------------------------------------------------------------- groups
+
 
 class _WorkerGroup:
     """N ranks of one role; shared plumbing of the actor and critic groups."""
@@ -75,17 +85,25 @@ class _WorkerGroup:
         pg = acquire_pool(size, self.device, nnodes)
         self._pool = (size, self.device, nnodes)
         bundle = pg.bundle_specs[0]
-        options = {"num_cpus": bundle["CPU"] / GROUPS_PER_BUNDLE,
-                   "runtime_env": {"env_vars": dict(PRODUCT_ENV, PYTHONPATH=os.pathsep.join(
-                       p for p in (REPO_ROOT, os.environ.get("PYTHONPATH")) if p))}}
+        options = {
+            "num_cpus": bundle["CPU"] / GROUPS_PER_BUNDLE,
+            "runtime_env": {
+                "env_vars": dict(
+                    PRODUCT_ENV, PYTHONPATH=os.pathsep.join(p for p in (REPO_ROOT, os.environ.get("PYTHONPATH")) if p)
+                )
+            },
+        }
         if self.device == "cuda":
             options["num_gpus"] = 1.0 / GROUPS_PER_BUNDLE
         remote = ray.remote(worker_class)
         try:
             for rank in range(size):
                 strategy = PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=rank)
-                self.workers.append(remote.options(scheduling_strategy=strategy, **options).remote(
-                    rank, plan, section, self.device, *rank_args(rank)))
+                self.workers.append(
+                    remote.options(scheduling_strategy=strategy, **options).remote(
+                        rank, plan, section, self.device, *rank_args(rank)
+                    )
+                )
             self.nodes = self._gather([w.node_id.remote() for w in self.workers], list(range(size)))
             one_node = len(set(self.nodes)) == 1
             if not one_node:
@@ -160,8 +178,7 @@ class _WorkerGroup:
             return WorkerDiedError(f"{name} died: {first_line(err)}", worker=name)
         ip, node_id, reason = node
         because = f" ({reason.strip().splitlines()[0]})" if reason.strip() else ""
-        return WorkerDiedError(f"{name} died: its node {ip} (node id {node_id}) died{because}", worker=name,
-                               node=(ip, node_id))
+        return WorkerDiedError(f"{name} died: its node {ip} (node id {node_id}) died{because}", worker=name, node=(ip, node_id))
 
     def _dead_node(self, rank: int, wait_s: float) -> tuple[str, str, str] | None:
         """(IP, node id, Ray's reason) of the node `rank` ran on, once Ray has marked it dead; None if it
@@ -218,18 +235,17 @@ class _WorkerGroup:
         if len(tensors["input_ids"]) == 0:
             raise ValueError(f"{self.role}.{method}: the batch has no rows")
         capacity = self._packing_capacity()
-        sent, where = (pack(tensors, row_capacity(tensors, capacity), self._share_prompts()) if capacity is not None
-                       else (tensors, None))
+        sent, where = (
+            pack(tensors, row_capacity(tensors, capacity), self._share_prompts()) if capacity is not None else (tensors, None)
+        )
         padded, rows = pad_rows(sent, self.size)
-        results = [r if isinstance(r, tuple) else (r,) for r in
-                   self.call_sharded(method, equal_shards(padded, self.size), *args)]
+        results = [r if isinstance(r, tuple) else (r,) for r in self.call_sharded(method, equal_shards(padded, self.size), *args)]
         outs = [torch.cat([r[j] for r in results])[:rows] for j in range(len(results[0]))]
         return outs if where is None else [unpack(o, where, tensors["input_ids"].shape[1]) for o in outs]
 
     def _update(self, batch: Batch, keys: tuple[str, ...], train_cfg, step: int) -> dict[str, float]:
         seed = self.plan.seed * SHUFFLE_SEED_STRIDE + step - 1
-        shards = minibatch_shards(pick(batch, keys), train_cfg, self.size, seed, self._packing_capacity(),
-                                  self._share_prompts())
+        shards = minibatch_shards(pick(batch, keys), train_cfg, self.size, seed, self._packing_capacity(), self._share_prompts())
         return self.call_sharded("update", shards)[0]
 
     # -- checkpoints
@@ -296,17 +312,24 @@ class ActorRolloutRefGroup(_WorkerGroup):
         section = typed_section(cfg, "actor_rollout_ref")
         self.engine_name = section.rollout.name  # `auto` is resolved inside the rank
         engine_ranks = () if self.separate else tuple(range(plan.world_size)) if device == "cuda" else (0,)
-        super().__init__(PolicyWorker, cfg, plan, section,
-                         lambda rank: (self.engine_name if rank in engine_ranks else None,))
+        super().__init__(PolicyWorker, cfg, plan, section, lambda rank: (self.engine_name if rank in engine_ranks else None,))
         try:
-            self.engine: Engine = (SeparateEngine(section, plan, self.device, cfg.rollout.weight_sync_timeout)
-                                   if self.separate else EngineProxy(self, list(engine_ranks)))
+            self.engine: Engine = (
+                SeparateEngine(section, plan, self.device, cfg.rollout.weight_sync_timeout)
+                if self.separate
+                else EngineProxy(self, list(engine_ranks))
+            )
         except BaseException:
             self.shutdown()
             raise
-        log.info("actor group: %d ranks on %s, rollout engine %s %s%s", plan.world_size, self.device, self.engine_name,
-                 "in a worker of its own" if self.separate else f"in rank(s) {list(engine_ranks)}",
-                 ", with reference model" if self.use_ref else "")
+        log.info(
+            "actor group: %d ranks on %s, rollout engine %s %s%s",
+            plan.world_size,
+            self.device,
+            self.engine_name,
+            "in a worker of its own" if self.separate else f"in rank(s) {list(engine_ranks)}",
+            ", with reference model" if self.use_ref else "",
+        )
 
     def compute_log_probs(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """(old_log_probs, entropy), `[B, T]`, aligned with `loss_mask`."""

@@ -39,14 +39,28 @@ class PolicyObjective:
         old = t["old_log_probs"] if "old_log_probs" in t else log_probs.detach()
         seg, cap = seg_of(t), c.tis_imp_ratio_cap
         tis = truncated_is_weights(old, t["rollout_log_probs"], cap) if cap > 0 else None
-        pg, m = policy_loss(log_probs, old, t["advantages"], t["loss_mask"],
-                            clip_ratio_low=c.clip_ratio_low, clip_ratio_high=c.clip_ratio_high,
-                            clip_ratio_c=c.clip_ratio_c, loss_agg_mode=mode, segment_ids=seg, is_weights=tis)
+        pg, m = policy_loss(
+            log_probs,
+            old,
+            t["advantages"],
+            t["loss_mask"],
+            clip_ratio_low=c.clip_ratio_low,
+            clip_ratio_high=c.clip_ratio_high,
+            clip_ratio_c=c.clip_ratio_c,
+            loss_agg_mode=mode,
+            segment_ids=seg,
+            is_weights=tis,
+        )
         coeff = c.entropy_coeff
         ent = entropy_bonus(entropy if coeff else entropy.detach(), t["loss_mask"], mode, seg)
         loss = pg - coeff * ent
-        stats = {"pg_loss": pg.detach().item(), "entropy": ent.detach().item(), "pg_clipfrac": float(m["pg_clipfrac"]),
-                 "pg_clipfrac_lower": float(m["pg_clipfrac_lower"]), "ppo_kl": float(m["ppo_kl"])}
+        stats = {
+            "pg_loss": pg.detach().item(),
+            "entropy": ent.detach().item(),
+            "pg_clipfrac": float(m["pg_clipfrac"]),
+            "pg_clipfrac_lower": float(m["pg_clipfrac_lower"]),
+            "ppo_kl": float(m["ppo_kl"]),
+        }
         if "old_log_probs" not in t:  # the engine against the trainer, which the skipped pass would report
             diff = (t["rollout_log_probs"] - old).abs()[t["loss_mask"] > 0]
             # Present on every micro-batch, even one of padding rows only (its token weight is 0, and
@@ -55,8 +69,7 @@ class PolicyObjective:
             stats["rollout_probs_diff_mean"] = 0.0 if empty else diff.mean().item()
             stats["rollout_probs_diff_max"] = 0.0 if empty else diff.max().item()
         if self.uses_kl_loss(t):
-            kl = kl_loss(log_probs, t["ref_log_probs"], t["loss_mask"], kind=c.kl_loss_type, loss_agg_mode=mode,
-                         segment_ids=seg)
+            kl = kl_loss(log_probs, t["ref_log_probs"], t["loss_mask"], kind=c.kl_loss_type, loss_agg_mode=mode, segment_ids=seg)
             loss = loss + c.kl_loss_coef * kl
             stats["kl_loss"] = kl.detach().item()
         return loss, stats
@@ -86,8 +99,9 @@ class PolicyWorker(Worker):
     def _make_engine(self):
         from grl.workers.rollout_worker import build_engine
 
-        return build_engine(self.section, self.engine_name, self.device, self.plan.seed + self.rank,
-                            grammar=self.plan.reply_grammars)
+        return build_engine(
+            self.section, self.engine_name, self.device, self.plan.seed + self.rank, grammar=self.plan.reply_grammars
+        )
 
     def compute_log_probs(self, tensors: dict, ref: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """(log_probs, entropy) of this rank's shard under the policy (or ref)."""
@@ -107,8 +121,12 @@ class PolicyWorker(Worker):
 
     def _policy_tensors(self, state: dict, dtype: torch.dtype):
         """Plain Hugging Face names and full tensors in `dtype` (LoRA merged in), gathered one at a time."""
-        return streaming.policy_tensors(state, dtype, None if self.peft_model is None else self._lora_scaling(),
-                                        tied_lm_head=getattr(self.module.model.config, "tie_word_embeddings", False))
+        return streaming.policy_tensors(
+            state,
+            dtype,
+            None if self.peft_model is None else self._lora_scaling(),
+            tied_lm_head=getattr(self.module.model.config, "tie_word_embeddings", False),
+        )
 
     def export_hf(self, path: str) -> None:
         """The policy as a Hugging Face folder (config, safetensors, tokenizer); in a

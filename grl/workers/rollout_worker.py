@@ -39,10 +39,19 @@ def build_engine(section, name: str, device: str, seed: int, grammar: bool) -> E
 
     model, rollout = section.model, section.rollout
     max_len = rollout.max_model_len or rollout.prompt_length + rollout.response_length
-    return make_engine(name, model.path, dtype=model.dtype, device=device,
-                       gpu_memory_utilization=rollout.gpu_memory_utilization, max_model_len=max_len,
-                       enforce_eager=rollout.enforce_eager, free_cache_engine=rollout.free_cache_engine,
-                       tensor_model_parallel_size=rollout.tensor_model_parallel_size, seed=seed, grammar=grammar)
+    return make_engine(
+        name,
+        model.path,
+        dtype=model.dtype,
+        device=device,
+        gpu_memory_utilization=rollout.gpu_memory_utilization,
+        max_model_len=max_len,
+        enforce_eager=rollout.enforce_eager,
+        free_cache_engine=rollout.free_cache_engine,
+        tensor_model_parallel_size=rollout.tensor_model_parallel_size,
+        seed=seed,
+        grammar=grammar,
+    )
 
 
 class RolloutWorker:
@@ -79,13 +88,21 @@ class SeparateEngine(Engine):
         """`section`: the typed actor_rollout_ref the engine is built from."""
         import ray
 
-        options = {"num_cpus": 0, "runtime_env": {"env_vars": dict(PRODUCT_ENV, PYTHONPATH=os.pathsep.join(
-            p for p in (REPO_ROOT, os.environ.get("PYTHONPATH")) if p))}}
+        options = {
+            "num_cpus": 0,
+            "runtime_env": {
+                "env_vars": dict(
+                    PRODUCT_ENV, PYTHONPATH=os.pathsep.join(p for p in (REPO_ROOT, os.environ.get("PYTHONPATH")) if p)
+                )
+            },
+        }
         if device == "cuda":
             if ray.available_resources().get("GPU", 0) < 1:  # the actor's placement group holds the rest
-                raise RuntimeError("actor_rollout_ref.hybrid_engine=false: the rollout engine needs a GPU of its own "
-                                   f"and the Ray cluster has none free ({ray.cluster_resources().get('GPU', 0):g} in "
-                                   "all); lower trainer.n_gpus_per_node by one")
+                raise RuntimeError(
+                    "actor_rollout_ref.hybrid_engine=false: the rollout engine needs a GPU of its own "
+                    f"and the Ray cluster has none free ({ray.cluster_resources().get('GPU', 0):g} in "
+                    "all); lower trainer.n_gpus_per_node by one"
+                )
             options["num_gpus"] = 1
         self._worker = None
         self.timeout = weight_sync_timeout
@@ -93,22 +110,24 @@ class SeparateEngine(Engine):
         ready, _ = ray.wait([self._worker.ready.remote()], timeout=ENGINE_START_TIMEOUT_S)
         if not ready:
             self.shutdown()
-            raise RuntimeError(f"the rollout worker did not start in {ENGINE_START_TIMEOUT_S} s"
-                               + (" (on GPU it needs a GPU beside the actor's n_gpus_per_node)" if device == "cuda" else ""))
+            raise RuntimeError(
+                f"the rollout worker did not start in {ENGINE_START_TIMEOUT_S} s"
+                + (" (on GPU it needs a GPU beside the actor's n_gpus_per_node)" if device == "cuda" else "")
+            )
         self._get(ready[0])
 
     def _get(self, ref, timeout: float | None = None):
         import ray
         from ray.exceptions import RayActorError
 
-
         try:
             return ray.get(ref, timeout=timeout)
         except RayActorError as err:
             raise WorkerDiedError(f"rollout worker died: {first_line(err)}", worker="rollout worker") from err
 
-    def generate(self, prompt_token_ids: list[list[int]], sampling: SamplingParams,
-                 constraints: list | None = None) -> list[GenerationOutput]:
+    def generate(
+        self, prompt_token_ids: list[list[int]], sampling: SamplingParams, constraints: list | None = None
+    ) -> list[GenerationOutput]:
         return self._get(self._worker.generate.remote([list(p) for p in prompt_token_ids], sampling, constraints))
 
     def load_weights(self, handle, version: int) -> None:
@@ -119,8 +138,10 @@ class SeparateEngine(Engine):
         try:
             self._get(self._worker.update_weights.remote(handle), timeout=self.timeout)
         except GetTimeoutError:
-            raise WeightSyncTimeout(f"the rollout engine did not load the weights of policy version {version} within "
-                                    f"{self.timeout:g} s (rollout.weight_sync_timeout)") from None
+            raise WeightSyncTimeout(
+                f"the rollout engine did not load the weights of policy version {version} within "
+                f"{self.timeout:g} s (rollout.weight_sync_timeout)"
+            ) from None
 
     def update_weights(self, named_tensors: NamedTensors) -> None:
         import ray

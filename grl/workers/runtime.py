@@ -68,8 +68,7 @@ def require_token_locally() -> None:
     import ray._raylet
 
     os.environ.setdefault("RAY_AUTH_MODE", "token")
-    if os.environ["RAY_AUTH_MODE"] == "token" and not (os.environ.get("RAY_AUTH_TOKEN")
-                                                        or os.environ.get("RAY_AUTH_TOKEN_PATH")):
+    if os.environ["RAY_AUTH_MODE"] == "token" and not (os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH")):
         os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
     ray._raylet.Config.initialize("")  # Ray read its mode when first imported: read it again
     ray._raylet.AuthenticationTokenLoader.instance().reset_cache()  # and keeps the first token it loaded
@@ -172,7 +171,8 @@ def acquire_pool(size: int, device: str, nnodes: int = 1):
         # Each bundle's selector is a hard constraint that names its node, which leaves PACK no choice to make.
         pg = placement_group([dict(bundle) for _ in range(size)], strategy="PACK", bundle_label_selector=where)
         wanted = f"{per_node} worker rank(s) with {bundle} each on each of the nodes " + ", ".join(
-            f"{n['NodeManagerAddress']} ({n['NodeID']})" for n in nodes)
+            f"{n['NodeManagerAddress']} ({n['NodeID']})" for n in nodes
+        )
     else:
         bundle = _bundle(ray.cluster_resources().get("CPU", 1) / size, device)
         pg = placement_group([dict(bundle) for _ in range(size)], strategy="PACK")
@@ -206,13 +206,14 @@ def nodes_for(nnodes: int, per_node: int, device: str) -> list[dict]:
         return res.get("CPU", 0) > 0 and (device != "cuda" or res.get("GPU", 0) >= per_node)
 
     alive = [n for n in ray.nodes() if n["Alive"]]
-    fit = sorted((n for n in alive if fits(n)),
-                 key=lambda n: (n["NodeID"] != here, n["NodeManagerAddress"], n["NodeID"]))
+    fit = sorted((n for n in alive if fits(n)), key=lambda n: (n["NodeID"] != here, n["NodeManagerAddress"], n["NodeID"]))
     if len(fit) < nnodes:
         need = f"{per_node} GPU(s) and some CPU" if device == "cuda" else "some CPU"
-        raise RuntimeError(f"trainer.nnodes={nnodes} needs {nnodes} Ray nodes with {need} each, but the cluster "
-                           f"has {len(fit)} of {len(alive)} live node(s) that do; start more nodes "
-                           f"(`ray start --address=...`) or lower trainer.nnodes")
+        raise RuntimeError(
+            f"trainer.nnodes={nnodes} needs {nnodes} Ray nodes with {need} each, but the cluster "
+            f"has {len(fit)} of {len(alive)} live node(s) that do; start more nodes "
+            f"(`ray start --address=...`) or lower trainer.nnodes"
+        )
     return fit[:nnodes]
 
 

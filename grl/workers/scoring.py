@@ -28,8 +28,7 @@ from grl.engines.constraint import constrain_logits
 from grl.rollout.batch import packed_attention_mask
 
 
-def additive_packed_mask(segment_ids: torch.Tensor, dtype: torch.dtype,
-                         parent_ids: torch.Tensor | None = None) -> torch.Tensor:
+def additive_packed_mask(segment_ids: torch.Tensor, dtype: torch.dtype, parent_ids: torch.Tensor | None = None) -> torch.Tensor:
     """`grl.rollout.packed_attention_mask` in the additive `[B, 1, T, T]` form the
     attention kernels take. Padding queries see themselves, so no softmax row is
     empty (an empty row is NaN in sdpa)."""
@@ -38,8 +37,9 @@ def additive_packed_mask(segment_ids: torch.Tensor, dtype: torch.dtype,
     return torch.zeros(allowed.shape, dtype=dtype, device=segment_ids.device).masked_fill_(~allowed, torch.finfo(dtype).min)
 
 
-def predecessors(attention_mask: torch.Tensor, segment_ids: torch.Tensor | None,
-                 parent_ids: torch.Tensor | None = None) -> torch.Tensor:
+def predecessors(
+    attention_mask: torch.Tensor, segment_ids: torch.Tensor | None, parent_ids: torch.Tensor | None = None
+) -> torch.Tensor:
     """`[B, T]` column of the token each position is scored from (-1: not scored): t - 1 when
     both are real tokens of one episode; for the first token after a shared prompt, the prompt's
     last token (`parent_ids`)."""
@@ -62,8 +62,14 @@ def predecessors(attention_mask: torch.Tensor, segment_ids: torch.Tensor | None,
     return prev
 
 
-def _log_prob_and_entropy(head: nn.Module, hidden: torch.Tensor, labels: torch.Tensor, temperature: float,
-                          sizes: torch.Tensor | None = None, ids: torch.Tensor | None = None):
+def _log_prob_and_entropy(
+    head: nn.Module,
+    hidden: torch.Tensor,
+    labels: torch.Tensor,
+    temperature: float,
+    sizes: torch.Tensor | None = None,
+    ids: torch.Tensor | None = None,
+):
     logits = head(hidden).float() / temperature
     if sizes is not None:
         logits = constrain_logits(logits, sizes, ids)
@@ -93,8 +99,13 @@ class PolicyHead:
 class ValueHead:
     """The critic's one-label token classifier: (value,) of the state before each token."""
 
-    name, model_class, config_kwargs, loader, takes_adapters = ("value", "AutoModelForTokenClassification",
-                                                                {"num_labels": 1}, "load_critic", False)
+    name, model_class, config_kwargs, loader, takes_adapters = (
+        "value",
+        "AutoModelForTokenClassification",
+        {"num_labels": 1},
+        "load_critic",
+        False,
+    )
     loss_tokens_only, outputs = False, 1
 
     def module(self, model: nn.Module) -> nn.Module:
@@ -125,9 +136,19 @@ class TokenScorer(nn.Module):
     def head(self) -> nn.Module:
         return self.kind.module(self.model)
 
-    def forward(self, input_ids, attention_mask, position_ids, segment_ids=None, chunk_size: int = 1024,
-                temperature: float = 1.0, constraint_size=None, constraint_ids=None, loss_mask=None,
-                parent_ids=None):
+    def forward(
+        self,
+        input_ids,
+        attention_mask,
+        position_ids,
+        segment_ids=None,
+        chunk_size: int = 1024,
+        temperature: float = 1.0,
+        constraint_size=None,
+        constraint_ids=None,
+        loss_mask=None,
+        parent_ids=None,
+    ):
         """`loss_mask` (policy only): score just those positions; the vocabulary head is the
         costliest part of a small model and a multi-turn episode samples few of its tokens.
         `parent_ids`: the shared prompts of a packed row (grl/workers/sharding.py)."""
@@ -136,8 +157,7 @@ class TokenScorer(nn.Module):
             mask = additive_packed_mask(segment_ids, self.compute_dtype, parent_ids)
         else:
             mask = attention_mask
-        hidden = backbone(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
-                          use_cache=False).last_hidden_state
+        hidden = backbone(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=False).last_hidden_state
         B, T, H = hidden.shape
         prev = predecessors(attention_mask, segment_ids, parent_ids)
         keep = prev >= 0
@@ -158,8 +178,13 @@ class TokenScorer(nn.Module):
         outputs = []
         for i in range(0, flat_hidden.shape[0], step):
             part = slice(i, i + step)
-            fn, args = self.kind.scores(head, flat_hidden[part], flat_labels[part], float(temperature),
-                                        *((sizes[part], ids[part]) if sizes is not None else ()))
+            fn, args = self.kind.scores(
+                head,
+                flat_hidden[part],
+                flat_labels[part],
+                float(temperature),
+                *((sizes[part], ids[part]) if sizes is not None else ()),
+            )
             outputs.append(checkpoint(fn, *args, use_reentrant=False) if recompute else fn(*args))
 
         def assemble(parts):

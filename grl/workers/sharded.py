@@ -90,8 +90,10 @@ def refuse_old_format(folder: str | Path) -> None:
     """One clear line for a checkpoint of the full-state format this version no longer reads."""
     folder = Path(folder)
     if (folder / OLD_MODEL_FILE).is_file() and not (folder / SHARDS_DIR).is_dir():
-        raise ValueError(f"{folder}: a checkpoint of the old full-state format ({OLD_MODEL_FILE}); this version "
-                         f"resumes only sharded checkpoints ({SHARDS_DIR}/): start from its hf export or retrain")
+        raise ValueError(
+            f"{folder}: a checkpoint of the old full-state format ({OLD_MODEL_FILE}); this version "
+            f"resumes only sharded checkpoints ({SHARDS_DIR}/): start from its hf export or retrain"
+        )
 
 
 def check_format(folder: str | Path) -> None:
@@ -112,8 +114,13 @@ def load(folder: str | Path, module, optimizer, adapter_only: bool, world_size: 
     state = sharded_state(module, optimizer, adapter_only)
     meter = _ReadMeter()
     dcp.load(state, checkpoint_id=folder / SHARDS_DIR, planner=meter)
-    set_state_dict(module, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
-                   options=StateDictOptions(full_state_dict=False, strict=not adapter_only))
+    set_state_dict(
+        module,
+        optimizer,
+        model_state_dict=state["model"],
+        optim_state_dict=state["optim"],
+        options=StateDictOptions(full_state_dict=False, strict=not adapter_only),
+    )
     set_rng_state(torch.load(folder / rng_file(dist.get_rank()), weights_only=False))
     return trainer_state, meter.bytes_read
 

@@ -37,7 +37,7 @@ def pad_rows(tensors: dict[str, torch.Tensor], multiple: int) -> tuple[dict[str,
 def equal_shards(tensors: dict[str, torch.Tensor], parts: int) -> list[dict[str, torch.Tensor]]:
     n = next(iter(tensors.values())).shape[0]
     size = n // parts
-    return [{k: v[i * size:(i + 1) * size] for k, v in tensors.items()} for i in range(parts)]
+    return [{k: v[i * size : (i + 1) * size] for k, v in tensors.items()} for i in range(parts)]
 
 
 def _prompt_families(tensors: dict[str, torch.Tensor], lengths: list[int], capacity: int) -> list[tuple[list[int], int]]:
@@ -88,8 +88,9 @@ def row_capacity(tensors: dict[str, torch.Tensor], max_tokens: int) -> int:
     return min(max_tokens, 2 * longest)
 
 
-def pack(tensors: dict[str, torch.Tensor], capacity: int,
-         share_prompts: bool = False) -> tuple[dict[str, torch.Tensor], list[list[tuple[int, int, int]]]]:
+def pack(
+    tensors: dict[str, torch.Tensor], capacity: int, share_prompts: bool = False
+) -> tuple[dict[str, torch.Tensor], list[list[tuple[int, int, int]]]]:
     """Right-padded episode rows laid side by side, first-fit decreasing into rows of `capacity`
     tokens (a longer episode gets a row of its own), with `segment_ids` 1, 2, ... per episode of a
     row (0 on padding). Each episode's tokens keep their values, so its `position_ids` (and
@@ -121,9 +122,9 @@ def pack(tensors: dict[str, torch.Tensor], capacity: int,
             nonlocal start, segment
             segment += 1
             for k, v in tensors.items():
-                out[k][r, start:start + b - a] = v[i, a:b]
-            out["segment_ids"][r, start:start + b - a] = segment
-            parents[r, start:start + b - a] = parent
+                out[k][r, start : start + b - a] = v[i, a:b]
+            out["segment_ids"][r, start : start + b - a] = segment
+            parents[r, start : start + b - a] = parent
             start += b - a
 
         for u in row:
@@ -148,13 +149,14 @@ def unpack(values: torch.Tensor, where: list[list[tuple[int, int, int]]], width:
     for i, pieces in enumerate(where):
         at = 0
         for r, start, n in pieces:
-            out[i, at:at + n] = values[r, start:start + n]
+            out[i, at : at + n] = values[r, start : start + n]
             at += n
     return out
 
 
-def plan_minibatches(rows: int, mini_batch_size: int, epochs: int, shuffle: bool, seed: int,
-                     groups: list[list[int]] | None = None) -> list[list[int]]:
+def plan_minibatches(
+    rows: int, mini_batch_size: int, epochs: int, shuffle: bool, seed: int, groups: list[list[int]] | None = None
+) -> list[list[int]]:
     """Row indices of each mini-batch, epoch after epoch (a fresh permutation
     per epoch when shuffling, seeded so a resumed run draws the same ones).
     `groups` (rows that share a prompt) are shuffled as wholes and kept side by side, so a
@@ -165,20 +167,26 @@ def plan_minibatches(rows: int, mini_batch_size: int, epochs: int, shuffle: bool
     for _ in range(epochs):
         order = torch.randperm(len(groups), generator=generator).tolist() if shuffle else range(len(groups))
         flat = [row for g in order for row in groups[g]]
-        plan += [flat[i:i + mini_batch_size] for i in range(0, rows, mini_batch_size)]
+        plan += [flat[i : i + mini_batch_size] for i in range(0, rows, mini_batch_size)]
     return plan
 
 
-def minibatch_shards(tensors: dict[str, torch.Tensor], train_cfg, ranks: int, seed: int,
-                     capacity: int | None = None, share_prompts: bool = False) -> list[list[dict]]:
+def minibatch_shards(
+    tensors: dict[str, torch.Tensor], train_cfg, ranks: int, seed: int, capacity: int | None = None, share_prompts: bool = False
+) -> list[list[dict]]:
     """Each rank's share of every mini-batch, in order: `ppo_epochs` passes over mini-batches of
     `ppo_mini_batch_size` episodes, each packed into rows of at most `capacity` tokens when one is
     given (`row_capacity`; `pack`'s `share_prompts`, which also keeps a prompt's episodes in one
     mini-batch where they fit: drawn one by one, a group of 4 in a batch of 8 groups would rarely meet)."""
     shared = capacity is not None and share_prompts and "context_ids" not in tensors and "loss_mask" in tensors
-    plan = plan_minibatches(len(tensors["input_ids"]), int(train_cfg.ppo_mini_batch_size), int(train_cfg.ppo_epochs),
-                            bool(train_cfg.get("shuffle", True)), seed,
-                            prompt_groups(prompts_of(tensors)) if shared else None)
+    plan = plan_minibatches(
+        len(tensors["input_ids"]),
+        int(train_cfg.ppo_mini_batch_size),
+        int(train_cfg.ppo_epochs),
+        bool(train_cfg.get("shuffle", True)),
+        seed,
+        prompt_groups(prompts_of(tensors)) if shared else None,
+    )
     per_rank: list[list[dict]] = [[] for _ in range(ranks)]
     for picked in plan:
         chosen = {k: v[torch.tensor(picked)] for k, v in tensors.items()}

@@ -34,8 +34,9 @@ def full_tensor(value: torch.Tensor, dtype: torch.dtype | None = None) -> torch.
     return value.full_tensor()
 
 
-def policy_tensors(state: dict, dtype: torch.dtype, lora_scaling: float | None = None,
-                   tied_lm_head: bool = False) -> TensorStream:
+def policy_tensors(
+    state: dict, dtype: torch.dtype, lora_scaling: float | None = None, tied_lm_head: bool = False
+) -> TensorStream:
     """Plain Hugging Face weights of the policy as a stream. `state`: the sharded model's
     state dict under Hugging Face names (shards only, nothing gathered). A LoRA policy
     (`lora_scaling`) yields each adapted Linear merged, W + scaling * B @ A, made from its
@@ -48,8 +49,9 @@ def policy_tensors(state: dict, dtype: torch.dtype, lora_scaling: float | None =
             for name in names:
                 if lora_scaling is not None and name.endswith(lora.BASE + "weight"):
                     a, b = lora.adapter_names(name.split(lora.BASE)[0])
-                    merged = lora.merged_weight(full_tensor(state[name]), full_tensor(state[a]), full_tensor(state[b]),
-                                                lora_scaling)
+                    merged = lora.merged_weight(
+                        full_tensor(state[name]), full_tensor(state[a]), full_tensor(state[b]), lora_scaling
+                    )
                     yield lora.plain_name(name), merged.to(dtype)
                 else:
                     yield lora.plain_name(name), full_tensor(state[name], dtype)
@@ -71,8 +73,9 @@ def _file_plan(shapes: dict[str, tuple[int, ...]], itemsize: int, limit: int) ->
     return files
 
 
-def write_safetensors(stream: TensorStream, folder: Path, dtype: torch.dtype, write: bool,
-                      limit: int = EXPORT_FILE_BYTES) -> None:
+def write_safetensors(
+    stream: TensorStream, folder: Path, dtype: torch.dtype, write: bool, limit: int = EXPORT_FILE_BYTES
+) -> None:
     """The stream as Hugging Face weight files: `model.safetensors`, or numbered files with
     `model.safetensors.index.json` when it exceeds `limit`. Every rank runs the gathers;
     only a rank with `write` keeps tensors (on the host, one file's worth) and writes."""
@@ -93,6 +96,8 @@ def write_safetensors(stream: TensorStream, folder: Path, dtype: torch.dtype, wr
             save_file(held, str(folder / filename), metadata={"format": "pt"})
     if write and len(plan) > 1:
         total = sum(torch.Size(s).numel() for s in stream.shapes.values()) * torch.empty(0, dtype=dtype).element_size()
-        index = {"metadata": {"total_size": total},
-                 "weight_map": {name: file for file, members in zip(names, plan) for name in members}}
+        index = {
+            "metadata": {"total_size": total},
+            "weight_map": {name: file for file, members in zip(names, plan) for name in members},
+        }
         (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")

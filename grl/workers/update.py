@@ -28,7 +28,7 @@ def split_rows(tensors: dict, size: int, count: int | None = None) -> list[dict]
         a, b = spans[widest]
         if b - a < 2:
             raise ValueError(f"{len(spans)} rows cannot make {count} micro-batches; every rank needs as many rows")
-        spans[widest:widest + 1] = [(a, (a + b) // 2), ((a + b) // 2, b)]
+        spans[widest : widest + 1] = [(a, (a + b) // 2), ((a + b) // 2, b)]
     return [{k: v[a:b] for k, v in tensors.items()} for a, b in spans]
 
 
@@ -128,8 +128,9 @@ class UpdateLoop:
             minibatch = self._to_device(minibatch)
             # Weights are shares of the whole mini-batch (all ranks), so the micro-batches'
             # gradients add up to the gradient of the mini-batch loss.
-            tokens, units = fsdp.all_reduce_sum([loss_units(minibatch["loss_mask"], "token-mean"),
-                                                 loss_units(minibatch["loss_mask"], mode, seg_of(minibatch))])
+            tokens, units = fsdp.all_reduce_sum(
+                [loss_units(minibatch["loss_mask"], "token-mean"), loss_units(minibatch["loss_mask"], mode, seg_of(minibatch))]
+            )
             stats: dict[str, float] = {}
             for micro in self._micro_batches(minibatch, micro_size):
                 out, micro = self._score(self.module, micro, grad=True)

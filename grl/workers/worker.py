@@ -24,7 +24,7 @@ WRAPPER_PREFIX = "model."  # TokenScorer keeps the Hugging Face model under `.mo
 
 
 def hf_names(state: dict) -> dict:
-    return {k[len(WRAPPER_PREFIX):]: v for k, v in state.items()}
+    return {k[len(WRAPPER_PREFIX) :]: v for k, v in state.items()}
 
 
 class Worker(UpdateLoop):
@@ -57,9 +57,15 @@ class Worker(UpdateLoop):
         from grl.models import fetch_model
 
         fetch_model(self.section.model.path)
-        fsdp.init_process_group(self.rank, self.world_size, master_addr, master_port, self.device,
-                                timeout_s=self.section.nccl_timeout,
-                                listening=getattr(self, "_listening", None))
+        fsdp.init_process_group(
+            self.rank,
+            self.world_size,
+            master_addr,
+            master_port,
+            self.device,
+            timeout_s=self.section.nccl_timeout,
+            listening=getattr(self, "_listening", None),
+        )
         fsdp.seed_everything(self.plan.seed + self.rank)
         self.build()
         self.optimizer = fsdp.make_optimizer([p for p in self.module.parameters() if p.requires_grad], self.train_cfg.optim)
@@ -100,8 +106,9 @@ class Worker(UpdateLoop):
         if trainable and fsdp_cfg.optimizer_offload and not fsdp_cfg.param_offload:
             log.info("%s: FSDP2 offloads the optimizer together with the parameters; param offload is on too", self.role)
         name = f"{self.role}{'' if trainable else ' (ref)'}"
-        scorer.compute_dtype = fsdp.shard(scorer, fsdp.decoder_layers(model), self.device,
-                                          mixed_precision=trainable and mixed, offload=offload, role=name)
+        scorer.compute_dtype = fsdp.shard(
+            scorer, fsdp.decoder_layers(model), self.device, mixed_precision=trainable and mixed, offload=offload, role=name
+        )
         fsdp.load_from_rank0(scorer, None if source is None else TokenScorer(source, kind), self.device, offload)
         return scorer
 
@@ -114,11 +121,18 @@ class Worker(UpdateLoop):
         gathered copies instead of the shards the optimizer holds."""
         trimmed, width = trim_width(tensors)
         with torch.set_grad_enabled(grad):
-            out = scorer(trimmed["input_ids"], trimmed["attention_mask"], trimmed["position_ids"],
-                         attention_spans(trimmed), chunk_size=self.plan.logits_chunk_size,
-                         temperature=self.plan.score_temperature, constraint_size=trimmed.get("constraint_size"),
-                         constraint_ids=trimmed.get("constraint_ids"), loss_mask=trimmed.get("loss_mask"),
-                         parent_ids=trimmed.get("parent_ids"))
+            out = scorer(
+                trimmed["input_ids"],
+                trimmed["attention_mask"],
+                trimmed["position_ids"],
+                attention_spans(trimmed),
+                chunk_size=self.plan.logits_chunk_size,
+                temperature=self.plan.score_temperature,
+                constraint_size=trimmed.get("constraint_size"),
+                constraint_ids=trimmed.get("constraint_ids"),
+                loss_mask=trimmed.get("loss_mask"),
+                parent_ids=trimmed.get("parent_ids"),
+            )
         if grad:
             return out, trimmed
         return tuple(pad_width(o, width) for o in out) if isinstance(out, tuple) else pad_width(out, width)
@@ -136,8 +150,14 @@ class Worker(UpdateLoop):
     def save_checkpoint(self, path: str) -> None:
         """Collective: this rank's shards of the weights (only the adapter's in a LoRA run) and
         optimizer state, the scheduler (the learning rate's clock), this rank's RNG (grl/workers/sharded.py)."""
-        sharded.save(path, self.role, self.module, self.optimizer, adapter_only=self.peft_model is not None,
-                     trainer_state={"scheduler": self.scheduler.state_dict(), "world_size": self.world_size})
+        sharded.save(
+            path,
+            self.role,
+            self.module,
+            self.optimizer,
+            adapter_only=self.peft_model is not None,
+            trainer_state={"scheduler": self.scheduler.state_dict(), "world_size": self.world_size},
+        )
 
     def load_checkpoint(self, path: str) -> None:
         state, read = sharded.load(path, self.module, self.optimizer, self.peft_model is not None, self.world_size)

@@ -23,4 +23,3 @@ def task(agents_yaml):
         return block
 
     return build
-

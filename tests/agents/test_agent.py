@@ -25,10 +25,15 @@ def replay(seed, actions, **env_config):
 
 
 def test_registry():
-    assert {"sokobanAgent", "tetrisAgent", "blocksworldAgent", "gsm8kAgent", "webshopAgent",
-            "birdAgent"} <= set(grl.agents.agent_types())
-    assert [grl.agents.env_name(t) for t in ("sokobanAgent", "gsm8kAgent", "webshopAgent", "birdAgent")] == \
-        ["sokoban", "gsm8k", "webshop", "bird"]
+    assert {"sokobanAgent", "tetrisAgent", "blocksworldAgent", "gsm8kAgent", "webshopAgent", "birdAgent"} <= set(
+        grl.agents.agent_types()
+    )
+    assert [grl.agents.env_name(t) for t in ("sokobanAgent", "gsm8kAgent", "webshopAgent", "birdAgent")] == [
+        "sokoban",
+        "gsm8k",
+        "webshop",
+        "bird",
+    ]
     assert all(grl.agents.env_name(t) in grl.envs.names() for t in grl.agents.agent_types())
     with pytest.raises(KeyError, match="nopeAgent"):
         grl.agents.env_name("nopeAgent")
@@ -47,9 +52,14 @@ def test_first_messages(task):
     assert [m["role"] for m in messages] == ["system", "user"] and messages == agent.messages
     assert messages[0]["content"] == cfg["system_prompt"]
     user = messages[1]["content"]
-    for part in (cfg["prompt"].strip(), agent.env.legend(), agent.env.action_help(),
-                 "<think>your reasoning</think><answer>your answer</answer>", "at most 5 per answer",
-                 "You have 10 actions left"):
+    for part in (
+        cfg["prompt"].strip(),
+        agent.env.legend(),
+        agent.env.action_help(),
+        "<think>your reasoning</think><answer>your answer</answer>",
+        "at most 5 per answer",
+        "You have 10 actions left",
+    ):
         assert part in user
     assert state_of(user) == grl.envs.make("sokoban", dim_room=[6, 6]).reset(7)
     assert (agent.max_turns, agent.max_tokens, agent.format_penalty) == (6, 100, -0.1)
@@ -181,13 +191,16 @@ def test_env_error_ends_the_episode_without_raising(task, monkeypatch):
     assert result.info["env_error"] == "step() returned an `info` that is not a dict: NoneType None"
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"agent_config": {"max_turns": 0}}, r"simpleSokobanAgent.agent_config.max_turns: must be an integer >= 1"),
-    ({"agent_config": {"max_turn": 3}}, r"simpleSokobanAgent.agent_config.max_turn: unknown key \(did you mean"),
-    ({"agent_config": {"enable_think": "maybe"}}, r"simpleSokobanAgent.agent_config.enable_think"),
-    ({"env_config": {"dim_rooms": [5, 5]}}, r"simpleSokobanAgent.env_config.dim_rooms: unknown key for env sokoban"),
-    ({"agent_type": "sokoAgent"}, r"simpleSokobanAgent.agent_type: unknown agent_type 'sokoAgent'"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"agent_config": {"max_turns": 0}}, r"simpleSokobanAgent.agent_config.max_turns: must be an integer >= 1"),
+        ({"agent_config": {"max_turn": 3}}, r"simpleSokobanAgent.agent_config.max_turn: unknown key \(did you mean"),
+        ({"agent_config": {"enable_think": "maybe"}}, r"simpleSokobanAgent.agent_config.enable_think"),
+        ({"env_config": {"dim_rooms": [5, 5]}}, r"simpleSokobanAgent.env_config.dim_rooms: unknown key for env sokoban"),
+        ({"agent_type": "sokoAgent"}, r"simpleSokobanAgent.agent_type: unknown agent_type 'sokoAgent'"),
+    ],
+)
 def test_bad_task_blocks_name_the_key(task, change, message):
     block = task("simpleSokobanAgent", agent=change.get("agent_config"), env=change.get("env_config"))
     if "agent_type" in change:
@@ -212,9 +225,12 @@ def test_accepts_omegaconf_blocks(task):
 
 replies = st.one_of(
     st.text(max_size=200),
-    st.lists(st.sampled_from(["<think>", "</think>", "<answer>", "</answer>", "||", "Up", "left", " ", "Jump",
-                              "\n", "DOWN", "Right"]), max_size=20).map("".join),
-    st.none(), st.integers(),
+    st.lists(
+        st.sampled_from(["<think>", "</think>", "<answer>", "</answer>", "||", "Up", "left", " ", "Jump", "\n", "DOWN", "Right"]),
+        max_size=20,
+    ).map("".join),
+    st.none(),
+    st.integers(),
 )
 
 
@@ -266,8 +282,12 @@ def test_context_window_keeps_the_instructions_and_the_last_turns(task):
 def test_context_window_before_tool_output_gives_the_instructions_a_message():
     from grl.agents.base import context_window
 
-    chat = [{"role": "system", "content": "S"}, {"role": "user", "content": "I\n\nstate 1"},
-            {"role": "assistant", "content": "call"}, {"role": "tool", "content": "out"}]
+    chat = [
+        {"role": "system", "content": "S"},
+        {"role": "user", "content": "I\n\nstate 1"},
+        {"role": "assistant", "content": "call"},
+        {"role": "tool", "content": "out"},
+    ]
     assert context_window(chat, "I", 0) == [chat[0], {"role": "user", "content": "I"}, chat[3]]
     assert context_window(chat, "I", 1) == chat
     with pytest.raises(ValueError, match="t.agent_config.max_context_window"):

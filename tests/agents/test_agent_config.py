@@ -11,27 +11,47 @@ from grl.schema import PROGRAM, AgentConfig
 
 from agent_text import GSM8K_TEST
 
-OURS = ["simpleSokobanAgent", "largeSokobanAgent", "tetrisAgent_type_1_dim_4", "tetrisAgent_type_2_dim_3",
-        "tetrisAgent_type_2_dim_4", "blocksworldAgent_text", "blocksworldAgent_1d", "blocksworldAgent_2d_sparse",
-        "gsm8kAgent_single_turn", "gsm8kAgent_5_turn"]
-MATH = [f"{name}Agent_{turns}" for name in ("aime24", "aime25", "amc23", "math500", "minervamath")
-        for turns in ("single_turn", "5_turn")]
+OURS = [
+    "simpleSokobanAgent",
+    "largeSokobanAgent",
+    "tetrisAgent_type_1_dim_4",
+    "tetrisAgent_type_2_dim_3",
+    "tetrisAgent_type_2_dim_4",
+    "blocksworldAgent_text",
+    "blocksworldAgent_1d",
+    "blocksworldAgent_2d_sparse",
+    "gsm8kAgent_single_turn",
+    "gsm8kAgent_5_turn",
+]
+MATH = [
+    f"{name}Agent_{turns}"
+    for name in ("aime24", "aime25", "amc23", "math500", "minervamath")
+    for turns in ("single_turn", "5_turn")
+]
 
 
 def every_task_overrides(names):
     listed = ",".join(names)
     ones = ",".join("1" for _ in names)
-    return [f"rollout.training=[{listed}]", f"rollout.validation=[{listed}]",
-            f"rollout.agent_group_num=[{ones}]", f"rollout.agent_group_size=[{ones}]",
-            f"rollout.validation_agent_group_num=[{ones}]", f"rollout.validation_agent_group_size=[{ones}]"]
+    return [
+        f"rollout.training=[{listed}]",
+        f"rollout.validation=[{listed}]",
+        f"rollout.agent_group_num=[{ones}]",
+        f"rollout.agent_group_size=[{ones}]",
+        f"rollout.validation_agent_group_num=[{ones}]",
+        f"rollout.validation_agent_group_size=[{ones}]",
+    ]
 
 
 @pytest.fixture(scope="module")
 def validated(agents_yaml):
     """The composed config with every task instance in the rollout lists, so every env key is checked."""
-    usable = [name for name, block in agents_yaml.items()
-              if block["agent_type"] == PROGRAM  # a program has no env to be missing
-              or grl.envs.available().get(grl.agents.env_name(block["agent_type"])) is None]
+    usable = [
+        name
+        for name, block in agents_yaml.items()
+        if block["agent_type"] == PROGRAM  # a program has no env to be missing
+        or grl.envs.available().get(grl.agents.env_name(block["agent_type"])) is None
+    ]
     return load_config(every_task_overrides(usable)), usable
 
 
@@ -54,8 +74,11 @@ def test_promised_values(validated):
     assert env["dim_room"] == [6, 6] and env["num_boxes"] == 1
     assert (agent["max_turns"], agent["max_actions_per_turn"], agent["max_actions_all_turns"]) == (6, 5, 10)
     assert get("largeSokobanAgent")[1]["dim_room"] == [8, 8]
-    for name, box_type, dim in (("tetrisAgent_type_1_dim_4", 1, 4), ("tetrisAgent_type_2_dim_3", 2, 3),
-                                ("tetrisAgent_type_2_dim_4", 2, 4)):
+    for name, box_type, dim in (
+        ("tetrisAgent_type_1_dim_4", 1, 4),
+        ("tetrisAgent_type_2_dim_3", 2, 3),
+        ("tetrisAgent_type_2_dim_4", 2, 4),
+    ):
         agent, env = get(name)
         assert (env["box_type"], env["dim_x"], env["dim_y"]) == (box_type, dim, dim)
         assert (agent["max_turns"], agent["max_actions_per_turn"], agent["max_actions_all_turns"]) == (11, 5, 40)
@@ -118,8 +141,14 @@ def test_textworld_blocks_take_one_command_per_turn(validated):
 
 
 def test_left_out_agent_config_keys_take_grls_defaults():
-    cfg = load_config(["+bareSokoban.agent_type=sokobanAgent", "+bareSokoban.agent_config.max_turns=3",
-                       "rollout.training=[bareSokoban]", "rollout.validation=[bareSokoban]"])
+    cfg = load_config(
+        [
+            "+bareSokoban.agent_type=sokobanAgent",
+            "+bareSokoban.agent_config.max_turns=3",
+            "rollout.training=[bareSokoban]",
+            "rollout.validation=[bareSokoban]",
+        ]
+    )
     block = task_instance(cfg, "bareSokoban")
     assert block["agent_config"]["max_turns"] == 3
     assert block["agent_config"]["max_tokens"] == 100 and block["agent_config"]["action_separator"] == "||"

@@ -7,41 +7,50 @@ from hypothesis import strategies as st
 from grl.agents.parse import parse_reply, split_actions
 
 
-@pytest.mark.parametrize("reply, think, answer", [
-    ("<think>plan</think><answer>Up || Left</answer>", "plan", "Up || Left"),
-    ("  <THINK> plan </Think>\n<Answer>  Up </ANSWER> trailing", "plan", "Up"),
-    ("< think >a</ think >< answer >b</ answer >", "a", "b"),
-    ("plan</think><answer>Up</answer>", "plan", "Up"),                 # pre-filled <think>
-    ("<think>plan<answer>Up</answer>", "plan", "Up"),                  # unclosed think, closed by <answer>
-    ("<think>plan</think><answer>Up || Down", "plan", "Up || Down"),   # unclosed answer runs to the end
-    ("<think>plan</think><answer>Up || Down</ans", "plan", "Up || Down"),  # cut-off closing tag
-    ("<think>try <answer>Up</answer>?</think><answer>Down</answer>", "try <answer>Up</answer>?", "Down"),
-    ("<think>x</think><answer>A</answer><answer>B</answer>", "x", "A"),  # the first answer counts
-])
+@pytest.mark.parametrize(
+    "reply, think, answer",
+    [
+        ("<think>plan</think><answer>Up || Left</answer>", "plan", "Up || Left"),
+        ("  <THINK> plan </Think>\n<Answer>  Up </ANSWER> trailing", "plan", "Up"),
+        ("< think >a</ think >< answer >b</ answer >", "a", "b"),
+        ("plan</think><answer>Up</answer>", "plan", "Up"),  # pre-filled <think>
+        ("<think>plan<answer>Up</answer>", "plan", "Up"),  # unclosed think, closed by <answer>
+        ("<think>plan</think><answer>Up || Down", "plan", "Up || Down"),  # unclosed answer runs to the end
+        ("<think>plan</think><answer>Up || Down</ans", "plan", "Up || Down"),  # cut-off closing tag
+        ("<think>try <answer>Up</answer>?</think><answer>Down</answer>", "try <answer>Up</answer>?", "Down"),
+        ("<think>x</think><answer>A</answer><answer>B</answer>", "x", "A"),  # the first answer counts
+    ],
+)
 def test_think_mode_rules(reply, think, answer):
     parsed = parse_reply(reply, enable_think=True)
     assert (parsed.think, parsed.answer, parsed.format_ok, parsed.error) == (think, answer, True, "")
 
 
-@pytest.mark.parametrize("reply", [
-    "<answer>Up</answer>",                      # think required
-    "Up",                                       # no tags
-    "<think>plan</think>",                      # no answer
-    "<think>plan</think><answer>   </answer>",  # empty answer
-    "<think><answer>Up</answer></think>",       # the answer hides inside the think
-    "",
-])
+@pytest.mark.parametrize(
+    "reply",
+    [
+        "<answer>Up</answer>",  # think required
+        "Up",  # no tags
+        "<think>plan</think>",  # no answer
+        "<think>plan</think><answer>   </answer>",  # empty answer
+        "<think><answer>Up</answer></think>",  # the answer hides inside the think
+        "",
+    ],
+)
 def test_think_mode_format_errors(reply):
     parsed = parse_reply(reply, enable_think=True)
     assert not parsed.format_ok and parsed.answer is None and parsed.error
 
 
-@pytest.mark.parametrize("reply, answer", [
-    ("<answer>42</answer>", "42"),
-    ("Step 1: 6 * 7 = 42.\n<answer> 42 </answer>", "42"),
-    ("<think>6*7</think><answer>42</answer>", "42"),
-    ("<answer>42", "42"),
-])
+@pytest.mark.parametrize(
+    "reply, answer",
+    [
+        ("<answer>42</answer>", "42"),
+        ("Step 1: 6 * 7 = 42.\n<answer> 42 </answer>", "42"),
+        ("<think>6*7</think><answer>42</answer>", "42"),
+        ("<answer>42", "42"),
+    ],
+)
 def test_answer_only_mode(reply, answer):
     parsed = parse_reply(reply, enable_think=False)
     assert parsed.format_ok and parsed.answer == answer
@@ -59,8 +68,27 @@ def test_split_actions():
 
 
 # Tag-heavy strings: pieces of tags glued together find the edge cases faster than plain text.
-pieces = st.sampled_from(["<think>", "</think>", "<answer>", "</answer>", "< /Answer", "<", ">", "/", "||",
-                          " ", "\n", "Up", "think", "answer", "x", "\u0130", "\x00"])
+pieces = st.sampled_from(
+    [
+        "<think>",
+        "</think>",
+        "<answer>",
+        "</answer>",
+        "< /Answer",
+        "<",
+        ">",
+        "/",
+        "||",
+        " ",
+        "\n",
+        "Up",
+        "think",
+        "answer",
+        "x",
+        "\u0130",
+        "\x00",
+    ]
+)
 tag_soup = st.lists(pieces, max_size=30).map("".join)
 
 

@@ -34,6 +34,7 @@ def play(agent, seed, policy):
 
 # ---------------------------------------------------------------- Sokoban
 
+
 @pytest.mark.parametrize("name", ["simpleSokobanAgent", "largeSokobanAgent"])
 def test_sokoban_bfs_solves_through_the_agent(task, name):
     from grl.envs.solvers import solve_sokoban
@@ -65,6 +66,7 @@ def test_sokoban_short_puzzles_fit_the_task_budget(task):
 
 # ---------------------------------------------------------------- Tetris
 
+
 def tetris_policy(state: str) -> list[str]:
     """Greedy placement: try every column for the falling piece, drop it in a
     plain simulation of the shown board, and prefer cleared rows, then fewer
@@ -87,8 +89,9 @@ def tetris_policy(state: str) -> list[str]:
             cells = [(r + 1, c) for r, c in cells]
         board = filled | set(cells)
         cleared = sum(all((r, c) in board for c in range(width)) for r in range(height))
-        holes = sum((r, c) not in board and any((above, c) in board for above in range(r))
-                    for r in range(height) for c in range(width))
+        holes = sum(
+            (r, c) not in board and any((above, c) in board for above in range(r)) for r in range(height) for c in range(width)
+        )
         score = (cleared, -holes, sum(r for r, _ in cells), -abs(shift))
         if best is None or score > best[0]:
             best = (score, shift)
@@ -152,8 +155,7 @@ def test_gsm8k_five_turns_sum_the_rewards(task):
 
 @needs_gsm8k
 def test_gsm8k_answer_is_one_action_whatever_the_separator(task):
-    block = task("gsm8kAgent_5_turn", agent={"action_separator": ","},
-                 env={"data_path": str(GSM8K_TEST), "split": "test"})
+    block = task("gsm8kAgent_5_turn", agent={"action_separator": ","}, env={"data_path": str(GSM8K_TEST), "split": "test"})
     agent = make_agent("gsm8kAgent_5_turn", block)
     agent.reset(7)
     gold = json.loads(GSM8K_TEST.read_text(encoding="utf-8").splitlines()[7])["answer"].rsplit("####", 1)[1].strip()
@@ -162,6 +164,7 @@ def test_gsm8k_answer_is_one_action_whatever_the_separator(task):
 
 
 # ---------------------------------------------------------------- BlocksWorld
+
 
 def blocks_from_text(part: str) -> tuple[int, ...]:
     below = {int(b): 0 for b in re.findall(r"Block (\d+) is on the table", part)}
@@ -175,7 +178,7 @@ def blocks_from_drawing(lines: list[str]) -> tuple[int, ...]:
     rows = [line for line in lines if "[" in line]
     for upper, lower in zip(rows, rows[1:] + [""], strict=True):
         for match in re.finditer(r"\[(\d+)\]", upper):
-            under = re.match(r"\[(\d+)\]", lower[match.start():match.end()])
+            under = re.match(r"\[(\d+)\]", lower[match.start() : match.end()])
             below[int(match.group(1))] = int(under.group(1)) if under else 0
     return tuple(below[b] for b in sorted(below))
 
@@ -218,8 +221,9 @@ WEBSHOP = SHARED_DATA / "webshop"
 def test_webshop_shopper_buys_and_the_purchase_rate_counts_it(agents_yaml):
     """A scripted shopper: search the instruction, open the first result, buy it."""
     block = copy.deepcopy(agents_yaml["webshopAgent"])
-    block["env_config"].update(products_path=str(WEBSHOP / "products_1k.jsonl"),
-                               goals_path=str(WEBSHOP / "items_ins_v2_1000.json"))
+    block["env_config"].update(
+        products_path=str(WEBSHOP / "products_1k.jsonl"), goals_path=str(WEBSHOP / "items_ins_v2_1000.json")
+    )
     agent = make_agent("webshopAgent", block)
     instruction = state_of(agent.reset(0)[-1]["content"]).split("\n")[0].removeprefix("Instruction:").strip()
     result = agent.step(think_answer([f"search[{instruction}]"]))

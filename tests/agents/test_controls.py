@@ -48,8 +48,7 @@ def play(agent, seed: int, policy) -> tuple[float, list[Turn]]:
 @pytest.fixture
 def sokoban(task):
     # One move a turn and enough turns for any 6x6 puzzle the generator makes.
-    return task("simpleSokobanAgent", agent={"max_turns": 30, "max_actions_per_turn": 1,
-                                             "max_actions_all_turns": 30})
+    return task("simpleSokobanAgent", agent={"max_turns": 30, "max_actions_per_turn": 1, "max_actions_all_turns": 30})
 
 
 def success_rate(make, policy) -> float:
@@ -118,8 +117,7 @@ def test_mutual_information_of_a_constant_policy_is_zero_and_of_the_solver_posit
 
 def test_mutual_information_matches_a_hand_computed_table():
     # X uniform over {a, b}; Z = X half of the time, else the other letter: I = log 2 - H(1/2) = 0.
-    assert mutual_information([("a", "a"), ("a", "b"), ("b", "a"), ("b", "b")]) == pytest.approx((0, 0.6931, 0.6931),
-                                                                                                   abs=1e-4)
+    assert mutual_information([("a", "a"), ("a", "b"), ("b", "a"), ("b", "b")]) == pytest.approx((0, 0.6931, 0.6931), abs=1e-4)
     # Z a function of X with two values: I = H(Z) = log 2, nothing left given X.
     assert mutual_information([("a", 1), ("b", 2), ("a", 1), ("b", 2)]) == pytest.approx((0.6931, 0, 0.6931), abs=1e-4)
     # Three states, two map to the same answer: H(Z) = H(2/3, 1/3).

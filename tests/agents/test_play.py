@@ -13,15 +13,16 @@ from agent_text import GSM8K_TEST, ROOT
 
 
 def grl_cli(*args, stdin=""):
-    return subprocess.run([sys.executable, "-m", "grl.cli", *args], cwd=ROOT, input=stdin,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "grl.cli", *args], cwd=ROOT, input=stdin, capture_output=True, text=True, timeout=120
+    )
 
 
 def test_play_sokoban_with_bfs_replies():
-    seed, plan = next((s, p) for s in range(50)
-                      if len(p := solve_sokoban(grl.envs.make("sokoban", dim_room=[6, 6]).reset(s))) <= 10)
-    replies = "".join(f"<think>bfs</think><answer>{' || '.join(plan[i:i + 5])}</answer>\n"
-                      for i in range(0, len(plan), 5))
+    seed, plan = next(
+        (s, p) for s in range(50) if len(p := solve_sokoban(grl.envs.make("sokoban", dim_room=[6, 6]).reset(s))) <= 10
+    )
+    replies = "".join(f"<think>bfs</think><answer>{' || '.join(plan[i : i + 5])}</answer>\n" for i in range(0, len(plan), 5))
     out = grl_cli("play", "simpleSokobanAgent", "--seed", str(seed), stdin=replies)
     assert out.returncode == 0, out.stderr
     start = grl.envs.make("sokoban", dim_room=[6, 6]).reset(seed)
@@ -40,9 +41,15 @@ def test_play_sokoban_with_bfs_replies():
 def test_play_gsm8k_from_a_local_jsonl_with_a_multiline_reply():
     row = json.loads(GSM8K_TEST.read_text(encoding="utf-8").splitlines()[3])
     gold = row["answer"].rsplit("####", 1)[1].strip()
-    out = grl_cli("play", "gsm8kAgent_5_turn", f"gsm8kAgent_5_turn.env_config.data_path={GSM8K_TEST}",
-                  "gsm8kAgent_5_turn.env_config.split=test", "--seed", "3",
-                  stdin=f"I think it is 0.5\n<answer>\\\n{gold}</answer>\n")
+    out = grl_cli(
+        "play",
+        "gsm8kAgent_5_turn",
+        f"gsm8kAgent_5_turn.env_config.data_path={GSM8K_TEST}",
+        "gsm8kAgent_5_turn.env_config.split=test",
+        "--seed",
+        "3",
+        stdin=f"I think it is 0.5\n<answer>\\\n{gold}</answer>\n",
+    )
     assert out.returncode == 0, out.stderr
     assert row["question"].strip() in out.stdout
     assert "0.5 is not the right answer" in out.stdout and "Attempts left: 4." in out.stdout
@@ -51,23 +58,29 @@ def test_play_gsm8k_from_a_local_jsonl_with_a_multiline_reply():
 
 
 def test_play_shows_the_verdict_when_the_budget_is_spent():
-    out = grl_cli("play", "tetrisAgent_type_1_dim_4", "tetrisAgent_type_1_dim_4.agent_config.max_turns=1",
-                  stdin="<think>x</think><answer>Left</answer>\n")
+    out = grl_cli(
+        "play",
+        "tetrisAgent_type_1_dim_4",
+        "tetrisAgent_type_1_dim_4.agent_config.max_turns=1",
+        stdin="<think>x</think><answer>Left</answer>\n",
+    )
     assert out.returncode == 0, out.stderr
-    assert "[final state]" in out.stdout and "verdict: FAILED: the turn or action budget (1 turn(s)) is spent" \
-        in out.stdout
+    assert "[final state]" in out.stdout and "verdict: FAILED: the turn or action budget (1 turn(s)) is spent" in out.stdout
 
 
 def test_play_math500_on_a_fixture_file(tmp_path):
     rows = [{"problem": "What is $\\frac{1}{2}+\\frac{1}{4}$?", "answer": "\\frac{3}{4}", "level": 1}]
     path = tmp_path / "test.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    out = grl_cli("play", "math500Agent_single_turn", f"math500Agent_single_turn.env_config.data_path={path}",
-                  stdin="<think>add</think><answer>0.75</answer>\n")
+    out = grl_cli(
+        "play",
+        "math500Agent_single_turn",
+        f"math500Agent_single_turn.env_config.data_path={path}",
+        stdin="<think>add</think><answer>0.75</answer>\n",
+    )
     assert out.returncode == 0, out.stderr
     assert rows[0]["problem"] in out.stdout and "=> reward 10  done True" in out.stdout
-    missing = grl_cli("play", "math500Agent_single_turn",
-                      f"math500Agent_single_turn.env_config.data_path={tmp_path}/no.jsonl")
+    missing = grl_cli("play", "math500Agent_single_turn", f"math500Agent_single_turn.env_config.data_path={tmp_path}/no.jsonl")
     assert missing.returncode == 2 and "scripts/install_dataset.sh --math" in missing.stderr
     assert missing.stderr.strip().count("\n") == 0
 

@@ -5,8 +5,15 @@ import random
 import torch
 
 
-def random_episode_batch(batch: int, seed: int, max_turns: int = 4, max_env: int = 4, max_reply: int = 6,
-                         pad_to: int | None = None, garbage=float("nan")):
+def random_episode_batch(
+    batch: int,
+    seed: int,
+    max_turns: int = 4,
+    max_env: int = 4,
+    max_reply: int = 6,
+    pad_to: int | None = None,
+    garbage=float("nan"),
+):
     """-> dict of float64 [B, T] tensors (token_rewards, values, loss_mask) and long turn_ids.
 
     Each row: turns of (prompt/env tokens, mask 0) + (reply tokens, mask 1), reward on the last

@@ -27,6 +27,7 @@ SEEDS = range(6)
 
 # ---- references: one row at a time, generated positions gathered first --------------------------
 
+
 def generated(mask_row):
     return [t for t, m in enumerate(mask_row.tolist()) if m > 0]
 
@@ -139,6 +140,7 @@ def close(a, b):
 
 # ---- estimators vs references ---------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("seed", SEEDS)
 def test_gae_matches_reference(seed):
     batch = random_episode_batch(16, seed)
@@ -170,8 +172,9 @@ def test_long_episodes_span_many_scan_chunks():
         ref_adv, ref_ret = ref_gae(batch, gamma, lam)
         close(adv, ref_adv)
         close(ret, ref_ret)
-    adv, ret = compute_bi_level_gae(batch["token_rewards"], batch["values"], batch["loss_mask"], batch["turn_ids"],
-                                    0.99, 0.95, 0.9, 0.8)
+    adv, ret = compute_bi_level_gae(
+        batch["token_rewards"], batch["values"], batch["loss_mask"], batch["turn_ids"], 0.99, 0.95, 0.9, 0.8
+    )
     ref_adv, ref_ret = ref_bi_level(batch, 0.99, 0.95, 0.9, 0.8)
     close(adv, ref_adv)
     close(ret, ref_ret)
@@ -197,8 +200,9 @@ def test_gae_by_hand():
 def test_bi_level_gae_matches_reference(seed):
     batch = random_episode_batch(16, 100 + seed)
     gamma, lam, hgamma, hlam = [(1.0, 1.0, 0.95, 1.0), (0.99, 0.95, 0.9, 0.8), (0.9, 0.5, 1.0, 0.0)][seed % 3]
-    adv, ret = compute_bi_level_gae(batch["token_rewards"], batch["values"], batch["loss_mask"], batch["turn_ids"],
-                                    gamma, lam, hgamma, hlam)
+    adv, ret = compute_bi_level_gae(
+        batch["token_rewards"], batch["values"], batch["loss_mask"], batch["turn_ids"], gamma, lam, hgamma, hlam
+    )
     ref_adv, ref_ret = ref_bi_level(batch, gamma, lam, hgamma, hlam)
     close(adv, ref_adv)
     close(ret, ref_ret)
@@ -220,8 +224,9 @@ def test_turn_gae_matches_reference():
 def test_weighted_gae_matches_reference(seed):
     batch = random_episode_batch(16, 200 + seed)
     gamma, lam, hgamma, hlam, w = 0.99, 0.9, 0.95, 0.7, [0.0, 0.5, 2.0][seed % 3]
-    adv, ret = compute_weighted_gae(batch["token_rewards"], batch["values"], batch["loss_mask"], batch["turn_ids"],
-                                    gamma, lam, hgamma, w, hlam)
+    adv, ret = compute_weighted_gae(
+        batch["token_rewards"], batch["values"], batch["loss_mask"], batch["turn_ids"], gamma, lam, hgamma, w, hlam
+    )
     ref_adv, ref_ret = ref_weighted(batch, gamma, lam, hgamma, hlam, w)
     close(adv, ref_adv)
     close(ret, ref_ret)
@@ -307,8 +312,9 @@ def test_gigpo_matches_reference(seed):
     groups = (torch.arange(24) // 6).tolist()
     states = random_turn_states(batch, seed, num_states=3)
     gamma, w, norm = [(1.0, 1.0, True), (0.95, 0.5, True), (0.9, 2.0, False)][seed % 3]
-    adv, ret = compute_advantage("gigpo", **batch, turn_states=states, group_ids=groups, gamma=gamma,
-                                 gigpo_step_weight=w, norm_adv_by_std=norm)
+    adv, ret = compute_advantage(
+        "gigpo", **batch, turn_states=states, group_ids=groups, gamma=gamma, gigpo_step_weight=w, norm_adv_by_std=norm
+    )
     ref_adv, ref_ret = ref_gigpo(batch, states, groups, gamma, w, norm)
     close(adv, ref_adv)
     close(ret, ref_ret)
@@ -327,8 +333,9 @@ def test_gigpo_with_distinct_states_is_grpo():
     K = int(batch["turn_ids"].max()) + 1
     states = torch.arange(24 * K).view(24, K)  # every turn its own state
     for norm in (True, False):
-        adv, _ = compute_gigpo(batch["token_rewards"], batch["loss_mask"], batch["turn_ids"], states, groups, 0.9, 3.0,
-                               norm_by_std=norm)
+        adv, _ = compute_gigpo(
+            batch["token_rewards"], batch["loss_mask"], batch["turn_ids"], states, groups, 0.9, 3.0, norm_by_std=norm
+        )
         scores = torch.where(batch["loss_mask"] > 0, batch["token_rewards"], 0).sum(-1)
         grpo, _ = compute_grpo(scores, batch["loss_mask"], groups, norm)
         close(adv, grpo)
@@ -348,6 +355,7 @@ def test_gigpo_same_state_in_another_group_is_not_an_anchor():
 
 
 # ---- invariances and robustness --------------------------------------------------------------------
+
 
 def insert_env_tokens(batch, seed):
     """Insert 1-3 env tokens (mask 0, random values, reward 0) after every turn's last generated token."""
@@ -396,11 +404,18 @@ def test_env_tokens_between_turns_change_nothing(estimator):
 def test_non_generated_positions_are_ignored(estimator):
     """NaN/inf on padding and arbitrary numbers on env tokens never reach the outputs."""
     nan_batch = random_episode_batch(10, 600, garbage=float("nan"))
-    clean = {k: torch.where(nan_batch["loss_mask"] > 0, x, 0) if x.is_floating_point() and k != "loss_mask" else x
-             for k, x in nan_batch.items()}
+    clean = {
+        k: torch.where(nan_batch["loss_mask"] > 0, x, 0) if x.is_floating_point() and k != "loss_mask" else x
+        for k, x in nan_batch.items()
+    }
     groups = torch.arange(10) // 3
-    kw = {"gamma": 0.99, "lam": 0.95, "high_level_gamma": 0.9, "group_ids": groups,
-          "turn_states": random_turn_states(nan_batch, 601, num_states=2)}
+    kw = {
+        "gamma": 0.99,
+        "lam": 0.95,
+        "high_level_gamma": 0.9,
+        "group_ids": groups,
+        "turn_states": random_turn_states(nan_batch, 601, num_states=2),
+    }
     adv, ret = compute_advantage(estimator, **nan_batch, **kw)
     adv2, ret2 = compute_advantage(estimator, **clean, **kw)
     assert torch.isfinite(adv).all() and torch.isfinite(ret).all()
@@ -464,6 +479,13 @@ def test_empty_batch_rows():
     m = torch.zeros(3, 5, dtype=torch.float64)
     x = torch.randn(3, 5, dtype=torch.float64)
     for est in ESTIMATORS:
-        adv, ret = compute_advantage(est, token_rewards=x, values=x, loss_mask=m, turn_ids=torch.full((3, 5), -1),
-                                     group_ids=[0, 0, 1], turn_states=torch.zeros(3, 1, dtype=torch.long))
+        adv, ret = compute_advantage(
+            est,
+            token_rewards=x,
+            values=x,
+            loss_mask=m,
+            turn_ids=torch.full((3, 5), -1),
+            group_ids=[0, 0, 1],
+            turn_states=torch.zeros(3, 1, dtype=torch.long),
+        )
         assert (adv == 0).all() and (ret == 0).all(), est

@@ -56,9 +56,11 @@ def test_an_estimator_runs_on_the_inputs_it_declares(name):
     keys otherwise), and it is enough."""
     spec = ESTIMATORS[name]
     batch = random_episode_batch(6, 1234)
-    optional = {"values": (spec.needs_critic, batch.pop("values")),
-                "group_ids": (spec.group_based, [0, 0, 0, 1, 1, 1]),
-                "turn_states": (spec.needs_step_keys, torch.zeros(6, int(batch["turn_ids"].max()) + 1, dtype=torch.long))}
+    optional = {
+        "values": (spec.needs_critic, batch.pop("values")),
+        "group_ids": (spec.group_based, [0, 0, 0, 1, 1, 1]),
+        "turn_states": (spec.needs_step_keys, torch.zeros(6, int(batch["turn_ids"].max()) + 1, dtype=torch.long)),
+    }
     given = {key: value for key, (declared, value) in optional.items() if declared}
     advantages, returns = compute_advantage(name, **batch, **given)
     assert torch.isfinite(advantages).all() and torch.isfinite(returns).all()

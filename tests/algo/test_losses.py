@@ -37,11 +37,14 @@ LOSS = t([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0], [7.0, 8.0, 9.0]])
 MASK = t([[1, 1, 0], [1, 1, 1], [0, 0, 0]])
 
 
-@pytest.mark.parametrize("mode, expected", [
-    ("token-mean", (1 + 2 + 4 + 5 + 6) / 5),
-    ("seq-mean-token-sum", (3 + 15) / 2),  # the all-masked row is left out
-    ("seq-mean-token-mean", (1.5 + 5.0) / 2),
-])
+@pytest.mark.parametrize(
+    "mode, expected",
+    [
+        ("token-mean", (1 + 2 + 4 + 5 + 6) / 5),
+        ("seq-mean-token-sum", (3 + 15) / 2),  # the all-masked row is left out
+        ("seq-mean-token-mean", (1.5 + 5.0) / 2),
+    ],
+)
 def test_agg_loss_modes(mode, expected):
     assert agg_loss(LOSS, MASK, mode).item() == pytest.approx(expected)
 
@@ -72,11 +75,13 @@ def test_policy_loss_clip_higher_and_dual_clip_by_hand():
     new, old, adv, mask = policy_inputs()
     loss, m = policy_loss(new, old, adv, mask, clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=3.0)
     # per token: max(-A r, -A clip(r, 0.8, 1.28)), then min with -A*3 where A < 0
-    per_token = [-1.28,  # r 1.5 clipped at the higher bound 1.28 (not 1.2)
-                 -0.7,   # r 0.7 with A > 0: the unclipped term is the max
-                 0.8,    # r 0.5 with A < 0: clipped at the lower bound 0.8
-                 3.0,    # r 5.0 with A < 0: max is 5.0, dual-clip caps it at 3
-                 -2.2]   # r 1.1 inside the trust region
+    per_token = [
+        -1.28,  # r 1.5 clipped at the higher bound 1.28 (not 1.2)
+        -0.7,  # r 0.7 with A > 0: the unclipped term is the max
+        0.8,  # r 0.5 with A < 0: clipped at the lower bound 0.8
+        3.0,  # r 5.0 with A < 0: max is 5.0, dual-clip caps it at 3
+        -2.2,
+    ]  # r 1.1 inside the trust region
     assert loss.item() == pytest.approx(sum(per_token) / 5)
     assert m["pg_clipfrac"].item() == pytest.approx(2 / 5)
     assert m["pg_clipfrac_lower"].item() == pytest.approx(1 / 5)
@@ -109,6 +114,7 @@ def test_policy_loss_aggregates_like_agg_loss(mode):
 
 
 # ---- value loss, entropy, log-probs ---------------------------------------------------------------------
+
 
 def test_value_loss_clipping_by_hand():
     pred = t([[1.0, 2.0, 0.0, float("nan")]]).requires_grad_()
@@ -150,15 +156,19 @@ def test_entropy_and_log_probs_from_logits():
 
 # ---- KL ---------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("kind, formula", [
-    ("kl", lambda d: d),
-    ("k1", lambda d: d),
-    ("abs", abs),
-    ("mse", lambda d: 0.5 * d * d),
-    ("k2", lambda d: 0.5 * d * d),
-    ("low_var_kl", lambda d: math.exp(-d) + d - 1),
-    ("k3", lambda d: math.exp(-d) + d - 1),
-])
+
+@pytest.mark.parametrize(
+    "kind, formula",
+    [
+        ("kl", lambda d: d),
+        ("k1", lambda d: d),
+        ("abs", abs),
+        ("mse", lambda d: 0.5 * d * d),
+        ("k2", lambda d: 0.5 * d * d),
+        ("low_var_kl", lambda d: math.exp(-d) + d - 1),
+        ("k3", lambda d: math.exp(-d) + d - 1),
+    ],
+)
 def test_kl_estimators_match_formulas(kind, formula):
     logp, ref = t([-0.3, -2.0, -1.0, -0.01]), t([-1.3, -0.5, -1.0, -4.0])
     out = kl_estimate(logp, ref, kind)
@@ -210,6 +220,7 @@ def test_kl_controllers():
 
 # ---- masked statistics and guards ------------------------------------------------------------------------
 
+
 def test_masked_stats_against_python():
     x = t([[1.0, 2.0, float("nan")], [4.0, float("inf"), 7.0]])
     mask = t([[1, 1, 0], [1, 0, 1]])
@@ -221,8 +232,15 @@ def test_masked_stats_against_python():
     assert masked_var(x, mask, unbiased=False).item() == pytest.approx(var * 3 / 4)
     torch.testing.assert_close(masked_mean(x, mask, dim=-1), t([1.5, 5.5]))
     w = masked_whiten(x, mask)
-    torch.testing.assert_close(w, t([[(v - mean) / math.sqrt(var + 1e-8) for v in (1.0, 2.0)] + [0.0],
-                                     [(4.0 - mean) / math.sqrt(var + 1e-8), 0.0, (7.0 - mean) / math.sqrt(var + 1e-8)]]))
+    torch.testing.assert_close(
+        w,
+        t(
+            [
+                [(v - mean) / math.sqrt(var + 1e-8) for v in (1.0, 2.0)] + [0.0],
+                [(4.0 - mean) / math.sqrt(var + 1e-8), 0.0, (7.0 - mean) / math.sqrt(var + 1e-8)],
+            ]
+        ),
+    )
     torch.testing.assert_close(masked_whiten(x, mask, shift_mean=False), torch.where(mask > 0, w + mean, 0.0))
 
 

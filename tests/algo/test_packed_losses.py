@@ -28,8 +28,8 @@ def padded_and_packed(seed=0):
         start = 0
         for s, i in enumerate(row, start=1):
             n = LENGTHS[i]
-            p_loss[r, start:start + n], p_mask[r, start:start + n] = loss[i, :n], mask[i, :n]
-            seg[r, start:start + n], seq[r, start:start + n] = s, i
+            p_loss[r, start : start + n], p_mask[r, start : start + n] = loss[i, :n], mask[i, :n]
+            seg[r, start : start + n], seq[r, start : start + n] = s, i
             start += n
     return (loss, mask), (p_loss, p_mask, seg, seq)
 
@@ -73,7 +73,9 @@ def test_micro_batches_count_episodes():
     seg = torch.tensor([[1, 1, 2], [1, 2, 2], [1, 0, 0], [1, 1, 1]])
     parts = split_rows({"segment_ids": seg}, 3)
     assert [len(p["segment_ids"]) for p in parts] == [1, 2, 1]  # 2 | 2 + 1 | 1
-    shared = {"segment_ids": torch.tensor([[1, 2, 3, 4], [1, 2, 0, 0]]),  # row 0: a prompt (1) and 3 rests
-              "parent_ids": torch.tensor([[0, 1, 1, 1], [0, 0, 0, 0]])}
+    shared = {
+        "segment_ids": torch.tensor([[1, 2, 3, 4], [1, 2, 0, 0]]),  # row 0: a prompt (1) and 3 rests
+        "parent_ids": torch.tensor([[0, 1, 1, 1], [0, 0, 0, 0]]),
+    }
     assert [len(p["segment_ids"]) for p in split_rows(shared, 3)] == [1, 1]  # 3 | 2: a shared prompt is no episode
     assert [len(p["segment_ids"]) for p in split_rows(shared, 5)] == [2]

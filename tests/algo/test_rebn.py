@@ -79,14 +79,29 @@ def test_a_short_training_run_on_a_gem_game(tmp_path):
 
     task = "gemAgent_GuessTheNumber_easy"
     overrides = {
-        "model_path": "tiny", "n_gpus_per_node": 1, "trainer.device": "cpu", "actor_rollout_ref.rollout.name": "hf",
-        "max_response_length": 16, "rollout.training": f"[{task}]", "rollout.validation": f"[{task}]",
-        "rollout.agent_group_num": "[2]", "rollout.agent_group_size": "[2]",
-        f"{task}.agent_config.action_decoding": "constrained", "algorithm.adv_estimator": "rebn",
-        "algorithm.gamma": 0.9, "critic.enable": False, "ppo_mini_batch_size": 2, "micro_batch_size_per_gpu": 2,
-        "total_training_steps": 2, "test_freq": -1, "trainer.val_before_train": False, "save_freq": -1,
-        "trainer.logger": "[jsonl]", "trainer.run_dir": str(tmp_path / "run"),
-        "trainer.default_local_dir": str(tmp_path / "ckpt"), "actor_rollout_ref.actor.optim.lr": 1e-3,
+        "model_path": "tiny",
+        "n_gpus_per_node": 1,
+        "trainer.device": "cpu",
+        "actor_rollout_ref.rollout.name": "hf",
+        "max_response_length": 16,
+        "rollout.training": f"[{task}]",
+        "rollout.validation": f"[{task}]",
+        "rollout.agent_group_num": "[2]",
+        "rollout.agent_group_size": "[2]",
+        f"{task}.agent_config.action_decoding": "constrained",
+        "algorithm.adv_estimator": "rebn",
+        "algorithm.gamma": 0.9,
+        "critic.enable": False,
+        "ppo_mini_batch_size": 2,
+        "micro_batch_size_per_gpu": 2,
+        "total_training_steps": 2,
+        "test_freq": -1,
+        "trainer.val_before_train": False,
+        "save_freq": -1,
+        "trainer.logger": "[jsonl]",
+        "trainer.run_dir": str(tmp_path / "run"),
+        "trainer.default_local_dir": str(tmp_path / "ckpt"),
+        "actor_rollout_ref.actor.optim.lr": 1e-3,
     }
     init_ray(None, num_cpus=2)
     try:

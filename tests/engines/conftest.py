@@ -15,6 +15,7 @@ from prompts import chat_prompts
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+
 def save_perturbed(model, out_dir, seed=1, scale=10.0):
     """Save `model` with every weight moved by seeded noise, large enough that
     the random tiny model stops repeating its last prompt token (tied embeddings
@@ -23,8 +24,11 @@ def save_perturbed(model, out_dir, seed=1, scale=10.0):
 
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        state = {name: (t + scale * t.std() * torch.randn(t.shape, generator=generator)).contiguous()
-                 for name, t in model.state_dict().items() if name != "lm_head.weight"}
+        state = {
+            name: (t + scale * t.std() * torch.randn(t.shape, generator=generator)).contiguous()
+            for name, t in model.state_dict().items()
+            if name != "lm_head.weight"
+        }
     model.save_pretrained(out_dir, state_dict=state)
     for source in Path(model.name_or_path).iterdir():  # tokenizer and chat template
         if not (Path(out_dir) / source.name).exists():

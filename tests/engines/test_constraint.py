@@ -118,7 +118,6 @@ def test_constrain_logits_matches_a_python_loop():
         assert abs(float(got[row].sum()) - 1.0) < 1e-6
 
 
-
 def test_allowed_sets_tensors_lays_each_set_out_in_its_row():
     """Each row holds its set's ids first, then zeros; the sizes keep their signs. An empty list
     and a list of unconstrained sets still give one id column."""
@@ -135,18 +134,25 @@ def test_allowed_sets_tensors_lays_each_set_out_in_its_row():
         sizes, ids = allowed_sets_tensors(empty)
         assert sizes.shape == (len(empty),) and ids.shape == (len(empty), 1) and not ids.any()
 
+
 def grammars_for(tokenizer, n):
     """A mix of grammars: Sokoban moves, BlocksWorld moves, and moves after free think text."""
-    kinds = [make_grammar(tokenizer, SOKOBAN), make_grammar(tokenizer, BLOCKS),
-             make_grammar(tokenizer, SOKOBAN, think=True, max_tokens=20)]
+    kinds = [
+        make_grammar(tokenizer, SOKOBAN),
+        make_grammar(tokenizer, BLOCKS),
+        make_grammar(tokenizer, SOKOBAN, think=True, max_tokens=20),
+    ]
     return [kinds[i % len(kinds)] for i in range(n)]
 
 
-@pytest.mark.parametrize("sampling", [
-    SamplingParams(temperature=0.7, max_new_tokens=24, seed=5),
-    SamplingParams(temperature=1.0, max_new_tokens=24, seed=6),
-    SamplingParams(greedy=True, max_new_tokens=24),
-])
+@pytest.mark.parametrize(
+    "sampling",
+    [
+        SamplingParams(temperature=0.7, max_new_tokens=24, seed=5),
+        SamplingParams(temperature=1.0, max_new_tokens=24, seed=6),
+        SamplingParams(greedy=True, max_new_tokens=24),
+    ],
+)
 def test_hf_samples_inside_the_grammar_with_the_masked_log_probs(hf_tiny, tokenizer, prompts, sampling):
     batch = prompts[:6]
     grammars = grammars_for(tokenizer, len(batch))

@@ -48,8 +48,9 @@ def test_auto_follows_the_vllm_probe(caplog):
 
 def test_auto_falls_back_to_hf_without_vllm(monkeypatch, caplog):
     real_find_spec = engines.importlib.util.find_spec
-    monkeypatch.setattr(engines.importlib.util, "find_spec",
-                        lambda name, *a: None if name == "vllm" else real_find_spec(name, *a))
+    monkeypatch.setattr(
+        engines.importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real_find_spec(name, *a)
+    )
     engines.vllm_status.cache_clear()
     try:
         with caplog.at_level(logging.INFO, logger="grl.engines"):
@@ -73,8 +74,9 @@ def test_sampling_from_the_shipped_config():
 
 
 def test_sampling_training_and_validation_overrides():
-    cfg = rollout_block(temperature=0.7, top_p=0.9, top_k=20,
-                        val_kwargs={"do_sample": True, "temperature": 0.5, "top_p": 0.8, "top_k": 5})
+    cfg = rollout_block(
+        temperature=0.7, top_p=0.9, top_k=20, val_kwargs={"do_sample": True, "temperature": 0.5, "top_p": 0.8, "top_k": 5}
+    )
     train = sampling_from_config(cfg, validate=False, max_new_tokens=8)
     assert (train.temperature, train.top_p, train.top_k, train.greedy) == (0.7, 0.9, 20, False)
     val = sampling_from_config(cfg, validate=True, max_new_tokens=8)
@@ -82,28 +84,46 @@ def test_sampling_training_and_validation_overrides():
     assert sampling_from_config(rollout_block(temperature=0), validate=False, max_new_tokens=8).greedy
 
 
-@pytest.mark.parametrize("override, message", [
-    ("actor_rollout_ref.rollout.temperature=-1", r"^actor_rollout_ref\.rollout\.temperature: must be >= 0"),
-    ("actor_rollout_ref.rollout.top_p=0", r"^actor_rollout_ref\.rollout\.top_p: must be in \(0, 1\]"),
-    ("actor_rollout_ref.rollout.top_k=-5", r"^actor_rollout_ref\.rollout\.top_k: must be an integer >= -1"),
-    ("actor_rollout_ref.rollout.top_k=2.5", r"^actor_rollout_ref\.rollout\.top_k: Value '2.5' of type 'float'"),
-    ("actor_rollout_ref.rollout.temperature=hot", r"^actor_rollout_ref\.rollout\.temperature: Value 'hot'"),
-    ("actor_rollout_ref.rollout.val_kwargs.top_p=1.5", r"^actor_rollout_ref\.rollout\.val_kwargs\.top_p"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("actor_rollout_ref.rollout.temperature=-1", r"^actor_rollout_ref\.rollout\.temperature: must be >= 0"),
+        ("actor_rollout_ref.rollout.top_p=0", r"^actor_rollout_ref\.rollout\.top_p: must be in \(0, 1\]"),
+        ("actor_rollout_ref.rollout.top_k=-5", r"^actor_rollout_ref\.rollout\.top_k: must be an integer >= -1"),
+        ("actor_rollout_ref.rollout.top_k=2.5", r"^actor_rollout_ref\.rollout\.top_k: Value '2.5' of type 'float'"),
+        ("actor_rollout_ref.rollout.temperature=hot", r"^actor_rollout_ref\.rollout\.temperature: Value 'hot'"),
+        ("actor_rollout_ref.rollout.val_kwargs.top_p=1.5", r"^actor_rollout_ref\.rollout\.val_kwargs\.top_p"),
+    ],
+)
 def test_bad_sampling_values_name_the_key(override, message):
     """The config refuses them (grl/schema/workers.py); sampling_from_config reads checked values."""
     with pytest.raises(ConfigError, match=message):
         load_config([override])
 
 
-@pytest.mark.parametrize("overrides, constrained", [
-    ([], False),
-    (["simpleSokobanAgent.agent_config.action_decoding=constrained"], True),  # a training and validation task
-    (["rollout.training=[tetrisAgent_type_1_dim_4]", "rollout.validation=[simpleSokobanAgent]",
-      "simpleSokobanAgent.agent_config.action_decoding=constrained"], True),  # validation only
-    (["rollout.training=[tetrisAgent_type_1_dim_4]", "rollout.validation=[tetrisAgent_type_1_dim_4]",
-      "simpleSokobanAgent.agent_config.action_decoding=constrained"], False),  # a constrained task the run skips
-])
+@pytest.mark.parametrize(
+    "overrides, constrained",
+    [
+        ([], False),
+        (["simpleSokobanAgent.agent_config.action_decoding=constrained"], True),  # a training and validation task
+        (
+            [
+                "rollout.training=[tetrisAgent_type_1_dim_4]",
+                "rollout.validation=[simpleSokobanAgent]",
+                "simpleSokobanAgent.agent_config.action_decoding=constrained",
+            ],
+            True,
+        ),  # validation only
+        (
+            [
+                "rollout.training=[tetrisAgent_type_1_dim_4]",
+                "rollout.validation=[tetrisAgent_type_1_dim_4]",
+                "simpleSokobanAgent.agent_config.action_decoding=constrained",
+            ],
+            False,
+        ),  # a constrained task the run skips
+    ],
+)
 def test_the_engine_takes_grammars_when_a_task_of_the_run_decodes_constrained(overrides, constrained):
     from grl.config import load_config
     from grl.rollout import decodes_constrained

@@ -31,9 +31,17 @@ def reference_filter(logits, temperature, top_k, top_p):
     return torch.tensor(rows)
 
 
-@pytest.mark.parametrize("temperature, top_k, top_p", [
-    (1.0, -1, 1.0), (0.7, 3, 1.0), (1.0, -1, 0.6), (1.3, 5, 0.8), (0.5, 1, 0.99), (1.0, 0, 0.3),
-])
+@pytest.mark.parametrize(
+    "temperature, top_k, top_p",
+    [
+        (1.0, -1, 1.0),
+        (0.7, 3, 1.0),
+        (1.0, -1, 0.6),
+        (1.3, 5, 0.8),
+        (0.5, 1, 0.99),
+        (1.0, 0, 0.3),
+    ],
+)
 def test_filter_logits_matches_reference(temperature, top_k, top_p):
     logits = torch.randn(4, 12, generator=torch.Generator().manual_seed(7), dtype=torch.float64) * 2
     got = filter_logits(logits, temperature, top_k, top_p)
@@ -42,10 +50,13 @@ def test_filter_logits_matches_reference(temperature, top_k, top_p):
     assert torch.allclose(got[~torch.isinf(got)], want[~torch.isinf(want)])
 
 
-@pytest.mark.parametrize("sampling", [
-    SamplingParams(greedy=True, max_new_tokens=12),
-    SamplingParams(temperature=0.7, top_k=50, top_p=0.9, max_new_tokens=12, seed=3),
-])
+@pytest.mark.parametrize(
+    "sampling",
+    [
+        SamplingParams(greedy=True, max_new_tokens=12),
+        SamplingParams(temperature=0.7, top_k=50, top_p=0.9, max_new_tokens=12, seed=3),
+    ],
+)
 def test_log_probs_equal_teacher_forcing(hf_tiny, prompts, sampling):
     batch = prompts[:5]  # different lengths: exercises left padding
     outputs = hf_tiny.generate(batch, sampling)
@@ -76,8 +87,8 @@ def test_seed_i_goes_to_request_i(hf_tiny, prompts):
 def test_request_seeds_give_each_request_its_own_seed_whatever_its_place(hf_tiny, prompts):
     def alone(prompt, seed):
         return hf_tiny.generate([prompt], SamplingParams(temperature=1.0, max_new_tokens=8, seed=seed))[0].token_ids
-    mixed = hf_tiny.generate([prompts[1], prompts[0]],
-                             SamplingParams(temperature=1.0, max_new_tokens=8, request_seeds=[40, 7]))
+
+    mixed = hf_tiny.generate([prompts[1], prompts[0]], SamplingParams(temperature=1.0, max_new_tokens=8, request_seeds=[40, 7]))
     assert [o.token_ids for o in mixed] == [alone(prompts[1], 40), alone(prompts[0], 7)]
 
 
@@ -86,7 +97,7 @@ def test_stop_token_ends_the_response_and_is_kept(hf_tiny, prompts):
     full = hf_tiny.generate([prompts[1]], sampling)[0].token_ids
     stop = full[6]
     cut = hf_tiny.generate([prompts[1]], SamplingParams(**{**vars(sampling), "stop_token_ids": [stop]}))[0]
-    assert cut.token_ids == full[:full.index(stop) + 1]
+    assert cut.token_ids == full[: full.index(stop) + 1]
     assert cut.finish_reason == "stop"
 
 
@@ -95,9 +106,8 @@ def test_stop_string_cuts_right_after_the_completing_token(hf_tiny, tokenizer, p
     full = hf_tiny.generate([prompts[2]], sampling)[0].token_ids
     text = tokenizer.decode(full, skip_special_tokens=True)
     middle = len(text) // 2
-    stop = text[middle - 3:middle + 2]  # may straddle tokens
-    shortest = next(n for n in range(1, len(full) + 1)
-                    if stop in tokenizer.decode(full[:n], skip_special_tokens=True))
+    stop = text[middle - 3 : middle + 2]  # may straddle tokens
+    shortest = next(n for n in range(1, len(full) + 1) if stop in tokenizer.decode(full[:n], skip_special_tokens=True))
     cut = hf_tiny.generate([prompts[2]], SamplingParams(**{**vars(sampling), "stop": ["@@never@@", stop]}))[0]
     assert cut.token_ids == full[:shortest]
     assert cut.finish_reason == "stop"
@@ -120,10 +130,11 @@ def test_eos_is_kept_and_ignore_eos_runs_on(hf_embedded, prompts):
     assert all(t not in hf_embedded.eos_token_ids for o in stopped for t in o.token_ids[:-1])
     first = stopped[0]
     prompt = prompts[outs.index(first)]
-    longer = hf_embedded.generate([prompt], SamplingParams(greedy=True, max_new_tokens=len(first.token_ids) + 3,
-                                                            ignore_eos=True))[0]
+    longer = hf_embedded.generate(
+        [prompt], SamplingParams(greedy=True, max_new_tokens=len(first.token_ids) + 3, ignore_eos=True)
+    )[0]
     assert longer.finish_reason == "length" and len(longer.token_ids) == len(first.token_ids) + 3
-    assert longer.token_ids[:len(first.token_ids)] == first.token_ids
+    assert longer.token_ids[: len(first.token_ids)] == first.token_ids
 
 
 def test_update_weights_matches_a_fresh_engine(tiny_path, prompts, tmp_path, perturbed_copy):
@@ -139,10 +150,13 @@ def test_update_weights_matches_a_fresh_engine(tiny_path, prompts, tmp_path, per
     assert torch.allclose(torch.tensor([o.log_probs for o in after]), torch.tensor([o.log_probs for o in fresh]))
 
 
-@pytest.mark.parametrize("bad, message", [
-    ({"model.norm.weight": torch.ones(7)}, r"shape \(7\), expected \(64\)"),
-    ({"model.layers.0.mlp.gate.weight": torch.ones(64)}, "unknown tensor name"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ({"model.norm.weight": torch.ones(7)}, r"shape \(7\), expected \(64\)"),
+        ({"model.layers.0.mlp.gate.weight": torch.ones(64)}, "unknown tensor name"),
+    ],
+)
 def test_failed_update_keeps_the_old_weights(hf_tiny, prompts, bad, message):
     greedy = SamplingParams(greedy=True, max_new_tokens=8)
     before = hf_tiny.generate(prompts[:3], greedy)

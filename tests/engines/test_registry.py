@@ -31,7 +31,7 @@ class GreedyLoopEngine(Engine):
                     if token == self.eos:
                         reason = "stop"
                         break
-            outputs.append(GenerationOutput(ids[len(prompt):], log_probs, reason))
+            outputs.append(GenerationOutput(ids[len(prompt) :], log_probs, reason))
         return outputs
 
     def update_weights(self, named_tensors):

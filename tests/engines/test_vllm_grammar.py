@@ -42,8 +42,9 @@ SLOTS = 4  # fewer slots than requests: slots are recycled between grammar and f
 
 @pytest.fixture(scope="module")
 def engine_args(tiny_path):
-    return dict(model=tiny_path, tokenizer=tiny_path, dtype="float32", seed=0, enforce_eager=True,
-                logprobs_mode="processed_logprobs")
+    return dict(
+        model=tiny_path, tokenizer=tiny_path, dtype="float32", seed=0, enforce_eager=True, logprobs_mode="processed_logprobs"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -79,10 +80,11 @@ def real_grammars(tokenizer):
     end = [tokenizer.eos_token_id] + sorted(set(tokenizer.all_special_ids) - {tokenizer.eos_token_id})
     grammars = []
     for name, config, seed, think, budget in [
-            ("sokoban", {"dim_room": [6, 6], "num_boxes": 1, "max_steps": 100, "search_depth": 100}, 1, False, 24),
-            ("tetris", {"dim_x": 4, "dim_y": 4, "box_type": 1, "max_steps": 100}, 2, True, 20),
-            ("blocksworld", {}, 3, False, 24),
-            ("sokoban", {"dim_room": [6, 6], "num_boxes": 1, "max_steps": 100, "search_depth": 100}, 4, True, 16)]:
+        ("sokoban", {"dim_room": [6, 6], "num_boxes": 1, "max_steps": 100, "search_depth": 100}, 1, False, 24),
+        ("tetris", {"dim_x": 4, "dim_y": 4, "box_type": 1, "max_steps": 100}, 2, True, 20),
+        ("blocksworld", {}, 3, False, 24),
+        ("sokoban", {"dim_room": [6, 6], "num_boxes": 1, "max_steps": 100, "search_depth": 100}, 4, True, 16),
+    ]:
         env = grl.envs.make(name, **config)
         env.reset(seed)
         grammars.append(compile_reply_grammar(encode, end, env.valid_actions(), think, budget))
@@ -168,7 +170,7 @@ def admit(state, slot: int, request: Request) -> None:
     (a resumed request's prefill holds its earlier outputs)."""
     tokens = request.prompt + request.outputs
     state.prompt_len.np[slot] = len(request.prompt)
-    state.all_token_ids.gpu[slot, :len(tokens)] = torch.tensor(tokens, dtype=torch.int32)
+    state.all_token_ids.gpu[slot, : len(tokens)] = torch.tensor(tokens, dtype=torch.int32)
     state.total_len.gpu[slot] = len(tokens)
 
 
@@ -182,10 +184,15 @@ def commit(state, slot: int, token: int) -> None:
 def context(state, order: list[int]) -> LogitsContext:
     slots = torch.tensor(order, dtype=torch.int64)
     lengths = state.total_len.gpu[slots]
-    return LogitsContext(expanded_idx_mapping=slots, idx_mapping=slots, idx_mapping_np=np.array(order),
-                         expanded_local_pos=torch.zeros(len(order), dtype=torch.int32),
-                         input_ids=state.all_token_ids.gpu[slots, lengths - 1], pos=lengths - 1,
-                         seq_lens_upper_bound_np=lengths.numpy())
+    return LogitsContext(
+        expanded_idx_mapping=slots,
+        idx_mapping=slots,
+        idx_mapping_np=np.array(order),
+        expanded_local_pos=torch.zeros(len(order), dtype=torch.int32),
+        input_ids=state.all_token_ids.gpu[slots, lengths - 1],
+        pos=lengths - 1,
+        seq_lens_upper_bound_np=lengths.numpy(),
+    )
 
 
 def test_v2_apply_masks_exactly_the_grammars_allowed_sets(vllm_config, request_state, tokenizer, prompts):
@@ -197,8 +204,7 @@ def test_v2_apply_masks_exactly_the_grammars_allowed_sets(vllm_config, request_s
     processor = build_custom_logits_processors(vllm_config, state, False, [V2_PROCESSOR])[0]
     grammars = real_grammars(tokenizer)
     rng, generator = random.Random(0), torch.Generator().manual_seed(0)
-    queue = [Request(None if i % 4 == 3 else grammars[i % len(grammars)], prompts[i], rng.randint(3, 12))
-             for i in range(12)]
+    queue = [Request(None if i % 4 == 3 else grammars[i % len(grammars)], prompts[i], rng.randint(3, 12)) for i in range(12)]
     free, active = list(range(SLOTS)), {}
     seen = {"rows": 0, "forced": 0, "free text": 0, "reused across kinds": 0, "resumed": 0}
     kind_of_slot = {}
@@ -229,13 +235,13 @@ def test_v2_apply_masks_exactly_the_grammars_allowed_sets(vllm_config, request_s
         masked = processor.apply(logits.clone(), context(state, order))
         for row, slot in enumerate(order):
             request = active[slot]
-            want = logits[row:row + 1]
+            want = logits[row : row + 1]
             if request.grammar is not None:
                 size, ids = request.walk().allowed()
                 want = constrain_logits(want, *allowed_sets_tensors([(size, ids)]))
                 seen["forced"] += size == 1
                 seen["free text"] += size < 0
-            assert torch.equal(masked[row:row + 1], want), (slot, request.outputs)
+            assert torch.equal(masked[row : row + 1], want), (slot, request.outputs)
             seen["rows"] += 1
             token = int(torch.multinomial(masked[row].softmax(-1), 1, generator=generator))
             request.outputs.append(token)
@@ -255,8 +261,10 @@ def reference_mask(row: torch.Tensor, allowed) -> torch.Tensor:
     size, ids = allowed
     members = set(ids)
     values = row.tolist()
-    return torch.tensor([value if size == 0 or (token in members) == (size > 0) else float("-inf")
-                         for token, value in enumerate(values)], dtype=row.dtype)
+    return torch.tensor(
+        [value if size == 0 or (token in members) == (size > 0) else float("-inf") for token, value in enumerate(values)],
+        dtype=row.dtype,
+    )
 
 
 def test_mask_rows_matches_the_reference():
@@ -324,8 +332,21 @@ def test_v2_apply_matches_the_reference_on_random_states(vllm_config, tokenizer,
     wide = ReplyGrammar([{token: 1 for token in range(100, 600)}, {tokenizer.eos_token_id: 2}, {}], 8)
     grammars = real_grammars(tokenizer) + [wide]
     rng, generator = random.Random(1), torch.Generator().manual_seed(1)
-    seen = dict.fromkeys(["no grammar", "finished", "past the end", "forced", "choice", "free text",
-                          "caught up", "left out of a step", "refilled mid-reply", "refilled without a grammar"], 0)
+    seen = dict.fromkeys(
+        [
+            "no grammar",
+            "finished",
+            "past the end",
+            "forced",
+            "choice",
+            "free text",
+            "caught up",
+            "left out of a step",
+            "refilled mid-reply",
+            "refilled without a grammar",
+        ],
+        0,
+    )
     unfinished = set()  # slots left mid-reply by the last round
     for _ in range(8):
         replies, ends, active = {}, {}, {}
@@ -334,8 +355,11 @@ def test_v2_apply_matches_the_reference_on_random_states(vllm_config, tokenizer,
             seen["refilled mid-reply"] += slot in unfinished
             seen["refilled without a grammar"] += slot in unfinished and grammar is None
             extra = rng.choice([0, 0, 2])
-            reply = (random_reply(grammar, rng, vocab, extra) if grammar is not None
-                     else [rng.randrange(vocab) for _ in range(rng.randint(1, 6))])
+            reply = (
+                random_reply(grammar, rng, vocab, extra)
+                if grammar is not None
+                else [rng.randrange(vocab) for _ in range(rng.randint(1, 6))]
+            )
             ends[slot] = len(reply) - extra  # where the grammar's reply ends
             written = rng.choice([0, 0, rng.randint(0, len(reply))])
             request = Request(grammar, prompts[rng.randrange(len(prompts))], len(reply), reply[:written])
@@ -371,8 +395,11 @@ def test_v2_apply_matches_the_reference_on_random_states(vllm_config, tokenizer,
                 token = replies[slot][len(request.outputs)]
                 request.outputs.append(token)
                 commit(state, slot, token)
-        unfinished = {slot for slot, request in active.items()
-                      if request.grammar is not None and not walk_to(request.grammar, request.outputs).done}
+        unfinished = {
+            slot
+            for slot, request in active.items()
+            if request.grammar is not None and not walk_to(request.grammar, request.outputs).done
+        }
     print(f"\nV2 grammar processor against the reference: {seen}")
     assert all(count > 0 for count in seen.values()), seen
     assert len(processor._index_host) > 32 * slots  # the buffer grew, and the steps after used it

@@ -37,8 +37,11 @@ def test_state_dict_and_named_parameters_both_fit(tiny_model, spec):
 
 
 def test_alias_stands_in_for_its_canonical_name(tiny_model, spec):
-    state = {("lm_head.weight" if n == "model.embed_tokens.weight" else n): t
-             for n, t in tiny_model.state_dict().items() if n != "lm_head.weight"}
+    state = {
+        ("lm_head.weight" if n == "model.embed_tokens.weight" else n): t
+        for n, t in tiny_model.state_dict().items()
+        if n != "lm_head.weight"
+    }
     checked = dict(check_named_tensors(state, spec))
     assert checked["model.embed_tokens.weight"] is state["lm_head.weight"]
 
@@ -56,15 +59,21 @@ def _broken(tiny_model, edit):
     return state
 
 
-@pytest.mark.parametrize("edit, message", [
-    (lambda s: s.update({"model.layers.9.mlp.up_proj.weight": torch.zeros(2)}),
-     "unknown tensor name 'model.layers.9.mlp.up_proj.weight'"),
-    (lambda s: s.update({"model.norm.weight": torch.zeros(3)}),
-     r"'model.norm.weight' has shape \(3\), expected \(64\)"),
-    (lambda s: s.pop("model.layers.1.self_attn.q_proj.weight"),
-     "1 of 20 tensors missing, e.g. 'model.layers.1.self_attn.q_proj.weight'"),
-    (lambda s: s.update({"model.norm.weight": [1.0] * 64}), "'model.norm.weight' is a list, not a tensor"),
-])
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (
+            lambda s: s.update({"model.layers.9.mlp.up_proj.weight": torch.zeros(2)}),
+            "unknown tensor name 'model.layers.9.mlp.up_proj.weight'",
+        ),
+        (lambda s: s.update({"model.norm.weight": torch.zeros(3)}), r"'model.norm.weight' has shape \(3\), expected \(64\)"),
+        (
+            lambda s: s.pop("model.layers.1.self_attn.q_proj.weight"),
+            "1 of 20 tensors missing, e.g. 'model.layers.1.self_attn.q_proj.weight'",
+        ),
+        (lambda s: s.update({"model.norm.weight": [1.0] * 64}), "'model.norm.weight' is a list, not a tensor"),
+    ],
+)
 def test_mismatch_names_the_tensor(tiny_model, spec, edit, message):
     with pytest.raises(WeightMismatchError, match=message):
         check_named_tensors(_broken(tiny_model, edit), spec)

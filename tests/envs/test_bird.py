@@ -29,8 +29,10 @@ def write_bird_layout(root: Path, split: str = "train", records=None) -> tuple[P
     db_dir.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(DB_FILE, db_dir / "department_store.sqlite")
     if records is None:
-        records = [{"question": f"Gold question {i}", "SQL": sql, "db_id": "department_store",
-                    "evidence": f"hint {i}" if i % 2 else ""} for i, sql in enumerate(gold_queries())]
+        records = [
+            {"question": f"Gold question {i}", "SQL": sql, "db_id": "department_store", "evidence": f"hint {i}" if i % 2 else ""}
+            for i, sql in enumerate(gold_queries())
+        ]
     dataset = root / f"{split}.jsonl"
     dataset.write_text("".join(json.dumps(r) + "\n" for r in records))
     return dataset, root / f"{split}_databases"
@@ -84,8 +86,13 @@ def test_changed_queries_do_not_match_and_row_order_does_not_matter(layout):
 
 
 def test_concatenation_operator_survives(layout):
-    records = [{"question": "names", "SQL": "SELECT product_name || ' - ' || product_type_code FROM Products",
-                "db_id": "department_store"}]
+    records = [
+        {
+            "question": "names",
+            "SQL": "SELECT product_name || ' - ' || product_type_code FROM Products",
+            "db_id": "department_store",
+        }
+    ]
     dataset, db_root = write_bird_layout(layout[0].parent / "concat", records=records)
     env = BirdEnv(str(dataset), str(db_root))
     env.reset(0)
@@ -220,8 +227,15 @@ def test_agents_have_their_own_connections(layout):
 
 
 def test_schema_and_evidence_from_the_record_and_split_paths(tmp_path):
-    records = [{"question": "How many products?", "SQL": "SELECT count(*) FROM Products", "db_id": "department_store",
-                "evidence": "products are in Products", "schema": "CREATE TABLE Products (product_id INT);"}]
+    records = [
+        {
+            "question": "How many products?",
+            "SQL": "SELECT count(*) FROM Products",
+            "db_id": "department_store",
+            "evidence": "products are in Products",
+            "schema": "CREATE TABLE Products (product_id INT);",
+        }
+    ]
     write_bird_layout(tmp_path, split="dev", records=records)
     env = BirdEnv(dataset_path=str(tmp_path / "{split}.jsonl"), db_root=str(tmp_path / "{split}_databases"), split="dev")
     obs = env.reset(0)
@@ -320,16 +334,27 @@ def _bird_style_archive(path: Path, top: str, split: str, records) -> None:
 def test_install_script_bird_layout_feeds_the_env(tmp_path):
     import subprocess
 
-    records = [{"question_id": i, "db_id": "department_store", "question": f"q{i}", "evidence": "", "SQL": sql}
-               for i, sql in enumerate(gold_queries()[:6])]
+    records = [
+        {"question_id": i, "db_id": "department_store", "question": f"q{i}", "evidence": "", "SQL": sql}
+        for i, sql in enumerate(gold_queries()[:6])
+    ]
     _bird_style_archive(tmp_path / "train.zip", "train", "train", records)
     _bird_style_archive(tmp_path / "dev.zip", "dev_20240627", "dev", records[:2])
     script = Path(__file__).resolve().parents[2] / "scripts" / "install_dataset.sh"
     data = tmp_path / "data"
-    env_vars = {**os.environ, "GRL_BIRD_TRAIN_URL": (tmp_path / "train.zip").as_uri(),
-                "GRL_BIRD_DEV_URL": (tmp_path / "dev.zip").as_uri()}
-    done = subprocess.run(["bash", str(script), "--bird", "--data-dir", str(data)], capture_output=True, text=True,
-                          timeout=60, env=env_vars, check=False)
+    env_vars = {
+        **os.environ,
+        "GRL_BIRD_TRAIN_URL": (tmp_path / "train.zip").as_uri(),
+        "GRL_BIRD_DEV_URL": (tmp_path / "dev.zip").as_uri(),
+    }
+    done = subprocess.run(
+        ["bash", str(script), "--bird", "--data-dir", str(data)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env_vars,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     assert "BIRD train: 6 questions, 1 databases" in done.stdout
     for split, n in (("train", 6), ("dev", 2)):
@@ -337,9 +362,14 @@ def test_install_script_bird_layout_feeds_the_env(tmp_path):
         assert len(env.records) == n
         env.reset(1)
         assert env.step(fenced(env.question["SQL"]))[1] == 1.0
-    failed = subprocess.run(["bash", str(script), "--bird", "--small", "--data-dir", str(tmp_path / "d2")],
-                            capture_output=True, text=True, timeout=60, check=False,
-                            env={**os.environ, "GRL_BIRD_MINIDEV_URL": "file:///nonexistent/minidev.zip"})
+    failed = subprocess.run(
+        ["bash", str(script), "--bird", "--small", "--data-dir", str(tmp_path / "d2")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, "GRL_BIRD_MINIDEV_URL": "file:///nonexistent/minidev.zip"},
+    )
     assert failed.returncode == 1 and "BIRD minidev from file:///nonexistent/minidev.zip" in failed.stderr
 
 
@@ -358,12 +388,18 @@ def task_block(name: str, **env_config) -> dict:
 def test_bird_task_instances_pass_sql_with_concatenation_whole(tmp_path):
     import grl.agents
 
-    records = [{"question": "names", "SQL": "SELECT product_name || ' - ' || product_type_code FROM Products",
-                "db_id": "department_store"}]
+    records = [
+        {
+            "question": "names",
+            "SQL": "SELECT product_name || ' - ' || product_type_code FROM Products",
+            "db_id": "department_store",
+        }
+    ]
     dataset, db_root = write_bird_layout(tmp_path, records=records)
     paths = {"dataset_path": str(dataset), "db_root": str(db_root)}
-    reply = ("<think>join with ||</think><answer>```sql\nSELECT product_name || ' - ' || product_type_code "
-             "FROM Products\n```</answer>")
+    reply = (
+        "<think>join with ||</think><answer>```sql\nSELECT product_name || ' - ' || product_type_code FROM Products\n```</answer>"
+    )
 
     single = grl.agents.make_agent("birdAgent", task_block("birdAgent", **paths))
     single.reset(0)

@@ -70,8 +70,11 @@ def tokenizer():
     return load_tokenizer("tiny")
 
 
-@pytest.mark.parametrize("raw, clean", [("a\ud800b", "a\ufffdb"), ("a\x00b\x00", "a\ufffdb\ufffd"),
-                                        ("\udc80\ud83d\ude00", "\ufffd" * 3)], ids=["surrogate", "nul", "pairs"])
+@pytest.mark.parametrize(
+    "raw, clean",
+    [("a\ud800b", "a\ufffdb"), ("a\x00b\x00", "a\ufffdb\ufffd"), ("\udc80\ud83d\ude00", "\ufffd" * 3)],
+    ids=["surrogate", "nul", "pairs"],
+)
 def test_lone_surrogates_and_nul_are_replaced_and_the_tokenizer_takes_the_result(raw, clean, tokenizer):
     with pytest.raises(Exception):  # what the repair prevents: the tokenizer refuses a lone surrogate
         tokenizer.encode("a\ud800b")
@@ -81,9 +84,11 @@ def test_lone_surrogates_and_nul_are_replaced_and_the_tokenizer_takes_the_result
     text.encode("utf-8")
 
 
-@pytest.mark.parametrize("value", [[], (), "Up", ["Up", ""], ["Up", 3], ["Up", None], ["Up\x00"], ["\ud800"], 5],
-                         ids=["empty", "empty tuple", "a string", "empty action", "int action", "None action",
-                              "nul", "surrogate", "int"])
+@pytest.mark.parametrize(
+    "value",
+    [[], (), "Up", ["Up", ""], ["Up", 3], ["Up", None], ["Up\x00"], ["\ud800"], 5],
+    ids=["empty", "empty tuple", "a string", "empty action", "int action", "None action", "nul", "surrogate", "int"],
+)
 def test_malformed_valid_actions_are_refused(value):
     with pytest.raises(EnvValueError) as info:
         check_valid_actions(value)

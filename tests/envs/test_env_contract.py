@@ -66,8 +66,11 @@ def test_valid_actions_are_exactly_the_accepted_ones(name):
     rng = random.Random(5)
     env = grl.envs.make(name)
     env.reset(11)
-    candidates = ["Up", "Down", "Left", "Right"] + [str(n) for n in range(0, 102)] + \
-        [f"move {b} to {d}" for b in range(0, 6) for d in range(0, 6)]
+    candidates = (
+        ["Up", "Down", "Left", "Right"]
+        + [str(n) for n in range(0, 102)]
+        + [f"move {b} to {d}" for b in range(0, 6) for d in range(0, 6)]
+    )
     for _ in range(25):
         listed = env.valid_actions()
         assert listed, f"{name}: no valid action in a running episode"

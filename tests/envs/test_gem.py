@@ -22,10 +22,18 @@ DIRECTIONS = [r"I move \boxed{%s}." % d for d in ("up", "down", "left", "right",
 LETTERS = [r"\boxed{%d %d %s}" % (r, c, ch) for r in range(0, 4) for c in range(0, 4) for ch in "aeiost"]
 MOVES = NUMBERS + CODES + CELLS + ENTRIES + TOWERS + DIRECTIONS + LETTERS
 # Each offline game with moves in its syntax, right and wrong; a move without \boxed{} is a format error.
-GAMES = {"game:GuessTheNumber-v0-easy": NUMBERS, "game:GuessTheNumber-v0-random": NUMBERS,
-         "game:Mastermind-v0-easy": CODES, "game:Minesweeper-v0-easy": CELLS, "game:Sudoku-v0-easy": ENTRIES,
-         "game:TowerofHanoi-v0-easy": TOWERS, "game:FifteenPuzzle-v0-easy": DIRECTIONS,
-         "game:Game2048-v0-easy": DIRECTIONS, "game:Sokoban-v0-easy": DIRECTIONS, "game:Crosswords-v0-easy": LETTERS}
+GAMES = {
+    "game:GuessTheNumber-v0-easy": NUMBERS,
+    "game:GuessTheNumber-v0-random": NUMBERS,
+    "game:Mastermind-v0-easy": CODES,
+    "game:Minesweeper-v0-easy": CELLS,
+    "game:Sudoku-v0-easy": ENTRIES,
+    "game:TowerofHanoi-v0-easy": TOWERS,
+    "game:FifteenPuzzle-v0-easy": DIRECTIONS,
+    "game:Game2048-v0-easy": DIRECTIONS,
+    "game:Sokoban-v0-easy": DIRECTIONS,
+    "game:Crosswords-v0-easy": LETTERS,
+}
 
 
 def gem_text(observation, info):
@@ -98,8 +106,9 @@ def probe(env, action):
     return before != after, info["action_is_valid"]
 
 
-@pytest.mark.parametrize("env_id", ["game:GuessTheNumber-v0-easy", "game:TowerofHanoi-v0-easy",
-                                    "game:Game2048-v0-easy", "game:Minesweeper-v0-easy"])
+@pytest.mark.parametrize(
+    "env_id", ["game:GuessTheNumber-v0-easy", "game:TowerofHanoi-v0-easy", "game:Game2048-v0-easy", "game:Minesweeper-v0-easy"]
+)
 def test_valid_actions_are_exactly_the_accepted_ones(env_id):
     """Every listed move is taken, every bare move GEM takes is listed, and the valid flag says which."""
     rng = random.Random(2)
@@ -145,10 +154,13 @@ def test_envs_on_threads_play_as_they_do_alone():
     assert alone[0] != alone[1]
 
 
-@pytest.mark.parametrize("env_id, message", [
-    ("game:NotAGame-v0", "is not a GEM env id"),
-    ("game:FifteenPuzzle-v0-random", "cannot be built here: TypeError"),  # a fault in gem-llm 0.1.0 itself
-])
+@pytest.mark.parametrize(
+    "env_id, message",
+    [
+        ("game:NotAGame-v0", "is not a GEM env id"),
+        ("game:FifteenPuzzle-v0-random", "cannot be built here: TypeError"),  # a fault in gem-llm 0.1.0 itself
+    ],
+)
 def test_an_id_that_cannot_run_fails_in_one_line(env_id, message):
     with pytest.raises(ValueError, match=message) as err:
         grl.envs.make("gem", env_id=env_id)

@@ -29,12 +29,24 @@ def tiny(tmp_path):
     return path
 
 
-@pytest.mark.parametrize("text, value", [
-    ("1000", "1000"), ("1,000", "1000"), ("$1,000", "1000"), ("1000.0", "1000"), (" 1000. ", "1000"),
-    ("50%", "50"), ("-7", "-7"), (".5", "0.5"),
-    ("so the answer is 18 dollars", "18"), ("3 apples and 4 pears: 7", "7"),
-    ("between 3-5 days, so 5", "5"), ("It costs $1,450,000.", "1450000"), ("x = -4", "-4"),
-])
+@pytest.mark.parametrize(
+    "text, value",
+    [
+        ("1000", "1000"),
+        ("1,000", "1000"),
+        ("$1,000", "1000"),
+        ("1000.0", "1000"),
+        (" 1000. ", "1000"),
+        ("50%", "50"),
+        ("-7", "-7"),
+        (".5", "0.5"),
+        ("so the answer is 18 dollars", "18"),
+        ("3 apples and 4 pears: 7", "7"),
+        ("between 3-5 days, so 5", "5"),
+        ("It costs $1,450,000.", "1450000"),
+        ("x = -4", "-4"),
+    ],
+)
 def test_extract_answer(text, value):
     assert extract_answer(text) == Decimal(value)
 
@@ -113,9 +125,11 @@ def test_missing_file_and_bad_rows(tmp_path):
 
 def test_unreachable_hub_id_fails_with_one_clear_error():
     # Offline mode makes the (unreachable) hub fail at once instead of after retries.
-    code = ("from grl.envs.gsm8k import GSM8KEnv\n"
-            "try:\n    GSM8KEnv(data_path='hf:openai/gsm8k')\n"
-            "except Exception as e:\n    print(type(e).__name__ + '|' + str(e))\n")
+    code = (
+        "from grl.envs.gsm8k import GSM8KEnv\n"
+        "try:\n    GSM8KEnv(data_path='hf:openai/gsm8k')\n"
+        "except Exception as e:\n    print(type(e).__name__ + '|' + str(e))\n"
+    )
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     kind, message = out.stdout.strip().split("|", 1)

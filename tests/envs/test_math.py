@@ -10,25 +10,57 @@ from grl.envs.math_grading import grade, last_boxed
 
 # (gold as the set writes it, a model's answer, equal?) in the styles of MATH-500, AIME, AMC and Minerva.
 EQUIVALENCE = [
-    ("\\frac{3}{4}", "0.75", True), ("\\frac{3}{4}", "3/4", True), ("\\dfrac{9}{7}", "\\frac{9}{7}", True),
-    ("12", "\\boxed{12}", True), ("12", "$12$", True), ("2\\sqrt{3}", "\\sqrt{12}", True),
-    ("11\\sqrt2", "11\\sqrt{2}", True), ("\\frac{\\sqrt{3}}{2}", "\\sqrt{3}/2", True),
-    ("(-\\infty, 2]", "(-\\infty,2]", True), ("(-\\infty, 2]", "(-\\infty,2)", False),
-    ("(-\\infty,-2)\\cup(2,\\infty)", "(-\\infty, -2) \\cup (2, \\infty)", True), ("[1,2]", "[1, 2)", False),
-    ("30^\\circ", "30", True), ("90^\\circ", "90 degrees", True), ("90^\\circ", "\\boxed{90^{\\circ}}", True),
-    ("1000", "1,000", True), ("\\$32,348", "32348", True), ("1{,}000", "1000", True), ("10\\%", "10", True),
-    ("204", "The answer is 204.", True), ("204", "So the final answer is $\\boxed{204}$.", True),
-    ("12", "12 apples", True), ("12", "12 or 13", False), ("033", "33", True), ("113", "131", False),
-    ("\\text{(C)}", "C", True), ("\\text{(C)}", "(C)", True), ("\\text{(C)}", "D", False),
-    ("\\text{Evelyn}", "Evelyn", True), ("\\text{Evelyn}", "Evlyne", False), ("\\text{east}", "West", False),
+    ("\\frac{3}{4}", "0.75", True),
+    ("\\frac{3}{4}", "3/4", True),
+    ("\\dfrac{9}{7}", "\\frac{9}{7}", True),
+    ("12", "\\boxed{12}", True),
+    ("12", "$12$", True),
+    ("2\\sqrt{3}", "\\sqrt{12}", True),
+    ("11\\sqrt2", "11\\sqrt{2}", True),
+    ("\\frac{\\sqrt{3}}{2}", "\\sqrt{3}/2", True),
+    ("(-\\infty, 2]", "(-\\infty,2]", True),
+    ("(-\\infty, 2]", "(-\\infty,2)", False),
+    ("(-\\infty,-2)\\cup(2,\\infty)", "(-\\infty, -2) \\cup (2, \\infty)", True),
+    ("[1,2]", "[1, 2)", False),
+    ("30^\\circ", "30", True),
+    ("90^\\circ", "90 degrees", True),
+    ("90^\\circ", "\\boxed{90^{\\circ}}", True),
+    ("1000", "1,000", True),
+    ("\\$32,348", "32348", True),
+    ("1{,}000", "1000", True),
+    ("10\\%", "10", True),
+    ("204", "The answer is 204.", True),
+    ("204", "So the final answer is $\\boxed{204}$.", True),
+    ("12", "12 apples", True),
+    ("12", "12 or 13", False),
+    ("033", "33", True),
+    ("113", "131", False),
+    ("\\text{(C)}", "C", True),
+    ("\\text{(C)}", "(C)", True),
+    ("\\text{(C)}", "D", False),
+    ("\\text{Evelyn}", "Evelyn", True),
+    ("\\text{Evelyn}", "Evlyne", False),
+    ("\\text{east}", "West", False),
     ("\\left( 3, \\frac{\\pi}{2} \\right)", "(3, \\pi/2)", True),
     ("\\left( 3, \\frac{\\pi}{2} \\right)", "(3, \\pi)", False),
-    ("6 - 5i", "6-5i", True), ("x^2+7x+10", "(x+2)(x+5)", True), ("3, 5", "5, 3", True), ("3, 5", "3", False),
+    ("6 - 5i", "6-5i", True),
+    ("x^2+7x+10", "(x+2)(x+5)", True),
+    ("3, 5", "5, 3", True),
+    ("3, 5", "3", False),
     ("\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}", "\\begin{pmatrix}1\\\\2\\end{pmatrix}", True),
-    ("4.5 \\times 10^{-7}", "4.5e-7", True), ("7.5\\times10^{-7}", "7.6\\times 10^{-7}", False),
-    ("y = 2x+3", "2x+3", True), ("\\frac{1}{2}", "\\frac{1}{3}", False), ("5", "5.0", True), ("27", "27.0", True),
-    ("p - q", "p-q", True), ("\\pi", "3.14159", False), ("\\frac{1}{6}", "0.17", False), ("5\\text{ cm}", "5", True),
-    ("0.5", "1/2", True), ("2", "x=2", True), ("-4", "4", False),
+    ("4.5 \\times 10^{-7}", "4.5e-7", True),
+    ("7.5\\times10^{-7}", "7.6\\times 10^{-7}", False),
+    ("y = 2x+3", "2x+3", True),
+    ("\\frac{1}{2}", "\\frac{1}{3}", False),
+    ("5", "5.0", True),
+    ("27", "27.0", True),
+    ("p - q", "p-q", True),
+    ("\\pi", "3.14159", False),
+    ("\\frac{1}{6}", "0.17", False),
+    ("5\\text{ cm}", "5", True),
+    ("0.5", "1/2", True),
+    ("2", "x=2", True),
+    ("-4", "4", False),
 ]
 
 
@@ -49,12 +81,32 @@ def test_last_boxed():
 
 # The sets' own layouts (a few real-style rows each), as the hub serves them and as the installer writes them.
 LAYOUTS = {
-    "math500": [{"problem": "Compute $\\dbinom{8}{4}$.", "solution": "... $\\boxed{70}$.", "answer": "70",
-                 "subject": "Counting & Probability", "level": 2, "unique_id": "test/counting_and_probability/1.json"},
-                {"problem": "Solve $x^2 < 4$.", "solution": "...", "answer": "(-2,2)", "subject": "Algebra",
-                 "level": 3, "unique_id": "test/algebra/2.json"}],
-    "aime24": [{"id": 60, "problem": "Find the remainder ...", "solution": "Hence the answer is \\boxed{204}.",
-                "url": "https://artofproblemsolving.com/wiki/index.php/2024_AIME_I_Problems/Problem_1"}],
+    "math500": [
+        {
+            "problem": "Compute $\\dbinom{8}{4}$.",
+            "solution": "... $\\boxed{70}$.",
+            "answer": "70",
+            "subject": "Counting & Probability",
+            "level": 2,
+            "unique_id": "test/counting_and_probability/1.json",
+        },
+        {
+            "problem": "Solve $x^2 < 4$.",
+            "solution": "...",
+            "answer": "(-2,2)",
+            "subject": "Algebra",
+            "level": 3,
+            "unique_id": "test/algebra/2.json",
+        },
+    ],
+    "aime24": [
+        {
+            "id": 60,
+            "problem": "Find the remainder ...",
+            "solution": "Hence the answer is \\boxed{204}.",
+            "url": "https://artofproblemsolving.com/wiki/index.php/2024_AIME_I_Problems/Problem_1",
+        }
+    ],
     "aime25": [{"problem": "Find the sum of all integer bases ...", "answer": "70", "id": "0"}],
     "amc23": [{"id": 0, "question": "How many positive perfect squares ...", "answer": 12.0, "url": "..."}],
     "minervamath": [{"question": "Compute the wavelength in meters ...", "answer": "4.5e-7", "type": "Physics"}],
@@ -70,8 +122,10 @@ def sets(tmp_path_factory):
     return root
 
 
-@pytest.mark.parametrize("name, gold_reply", [("math500", "70"), ("aime24", "204"), ("aime25", "70"),
-                                              ("amc23", "12"), ("minervamath", "4.5 \\times 10^{-7}")])
+@pytest.mark.parametrize(
+    "name, gold_reply",
+    [("math500", "70"), ("aime24", "204"), ("aime25", "70"), ("amc23", "12"), ("minervamath", "4.5 \\times 10^{-7}")],
+)
 def test_every_layout_loads_and_grades(sets, name, gold_reply):
     env = grl.envs.make("math", data_path=str(sets / name / "{split}.jsonl"))
     problem = env.reset(0)

@@ -45,9 +45,11 @@ def local_servers() -> list[int]:
     """The OpenEnv servers this process started that still run (the module's `served` one among them)."""
     import psutil
 
-    return [child.pid for child in psutil.Process().children(recursive=True)
-            if child.is_running() and child.status() != psutil.STATUS_ZOMBIE
-            and "grl.envs.openenv_env" in " ".join(child.cmdline())]
+    return [
+        child.pid
+        for child in psutil.Process().children(recursive=True)
+        if child.is_running() and child.status() != psutil.STATUS_ZOMBIE and "grl.envs.openenv_env" in " ".join(child.cmdline())
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -184,8 +186,7 @@ def test_observation_fields_are_configurable(served):
         assert text.startswith("{") and '"text":"' in text and "\n" not in text
         assert env.valid_actions() is None
         _, reward, done, info = env.step("jump")
-        assert (reward, done) == (0.0, False) and info == {"success": False, "action_is_valid": True,
-                                                           "action_is_effective": True}
+        assert (reward, done) == (0.0, False) and info == {"success": False, "action_is_valid": True, "action_is_effective": True}
     finally:
         env.close()
     assert served.reset(7) == grl.envs.make("tetris", **TETRIS).reset(7)  # the first session was not disturbed

@@ -245,7 +245,11 @@ def test_same_seed_same_level_across_processes():
     root = str(Path(__file__).resolve().parents[2])
     outputs = {
         subprocess.run(
-            [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root,
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=root,
             env={"PYTHONHASHSEED": hash_seed, "PYTHONPATH": root},
         ).stdout
         for hash_seed in ("1", "2")

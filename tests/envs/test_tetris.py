@@ -17,6 +17,7 @@ def parse(obs):
 
 def drop(height, width, filled, cells):
     """Slow reference: move cells down one row at a time until blocked; return the locked board."""
+
     def fits(cs):
         return all(0 <= r < height and 0 <= c < width and (r, c) not in filled for r, c in cs)
 
@@ -204,8 +205,17 @@ def test_bad_config_raises_clear_errors():
         grl.envs.make("tetris", box_type=4)
     with pytest.raises(ValueError, match="dim_x"):
         grl.envs.make("tetris", dim_x=1)
-    assert grl.envs.config_keys("tetris") == {"dim_x", "dim_y", "box_type", "max_steps", "gap_rows", "max_pieces",
-                                              "coordinates", "step_reward", "spawn_over_gap"}
+    assert grl.envs.config_keys("tetris") == {
+        "dim_x",
+        "dim_y",
+        "box_type",
+        "max_steps",
+        "gap_rows",
+        "max_pieces",
+        "coordinates",
+        "step_reward",
+        "spawn_over_gap",
+    }
 
 
 def grid_of(obs):
@@ -214,8 +224,7 @@ def grid_of(obs):
 
 
 def gap_env(**kw):
-    return grl.envs.make("tetris", dim_x=4, dim_y=3, box_type=1, max_steps=5, gap_rows=1, max_pieces=1,
-                         coordinates=True, **kw)
+    return grl.envs.make("tetris", dim_x=4, dim_y=3, box_type=1, max_steps=5, gap_rows=1, max_pieces=1, coordinates=True, **kw)
 
 
 def test_gap_board_defeats_dropping_at_once_and_rewards_reading():
@@ -271,10 +280,21 @@ def test_gap_rows_and_max_pieces_in_a_longer_game():
         assert done
 
 
-@pytest.mark.parametrize("key,value", [("gap_rows", 2), ("gap_rows", -1), ("gap_rows", 1.5), ("max_pieces", -2),
-                                       ("max_pieces", True), ("coordinates", "yes"),
-                                       ("step_reward", 0.5), ("step_reward", "0"), ("step_reward", float("nan")),
-                                       ("spawn_over_gap", 0)])
+@pytest.mark.parametrize(
+    "key,value",
+    [
+        ("gap_rows", 2),
+        ("gap_rows", -1),
+        ("gap_rows", 1.5),
+        ("max_pieces", -2),
+        ("max_pieces", True),
+        ("coordinates", "yes"),
+        ("step_reward", 0.5),
+        ("step_reward", "0"),
+        ("step_reward", float("nan")),
+        ("spawn_over_gap", 0),
+    ],
+)
 def test_gap_keys_refused_with_their_name(key, value):
     with pytest.raises(ValueError, match=key):
         grl.envs.make("tetris", **{"dim_x": 4, "dim_y": 3, key: value})

@@ -78,8 +78,14 @@ def same_game(serialized: str) -> dict:
 def test_same_seed_same_game_in_a_fresh_process(tmp_path, envs):
     runs = []
     for name in ("a", "b"):
-        out = subprocess.run([sys.executable, "-c", FRESH_PROCESS, str(tmp_path / name)], cwd=ROOT,
-                             capture_output=True, text=True, timeout=120, check=True)
+        out = subprocess.run(
+            [sys.executable, "-c", FRESH_PROCESS, str(tmp_path / name)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        )
         runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
     assert runs[0] == runs[1]
     here = envs["medium"]
@@ -91,8 +97,23 @@ def test_same_seed_same_game_in_a_fresh_process(tmp_path, envs):
     other.close()
 
 
-GARBAGE = ["", "   ", "\n", "x" * 100_000, "\x00\xff\ufffe\u202e", "go nowhere", "quit", "restart", "save",
-           "undo", "open fridge; eat meal", "take red bell pepper from fridge\nprepare meal", None, 12, b"look"]
+GARBAGE = [
+    "",
+    "   ",
+    "\n",
+    "x" * 100_000,
+    "\x00\xff\ufffe\u202e",
+    "go nowhere",
+    "quit",
+    "restart",
+    "save",
+    "undo",
+    "open fridge; eat meal",
+    "take red bell pepper from fridge\nprepare meal",
+    None,
+    12,
+    b"look",
+]
 
 
 def test_non_admissible_commands_are_invalid_and_change_nothing(envs):
@@ -102,8 +123,13 @@ def test_non_admissible_commands_are_invalid_and_change_nothing(envs):
     for command in GARBAGE:
         obs, reward, done, info = env.step(command)
         assert isinstance(obs, str) and start in obs
-        assert (reward, done, info["action_is_valid"], info["action_is_effective"], info["success"]) == \
-               (0.0, False, False, False, False)
+        assert (reward, done, info["action_is_valid"], info["action_is_effective"], info["success"]) == (
+            0.0,
+            False,
+            False,
+            False,
+            False,
+        )
         assert env.valid_actions() == valid
     total, (_, _, done, info) = play(env, env.walkthrough())  # the game is where it started
     assert done and info["success"] and total == info["max_score"]
@@ -150,11 +176,14 @@ def test_step_after_close_never_raises():
     env.close()
 
 
-@pytest.mark.parametrize("config, message", [
-    ({"challenge": "tw-cookin"}, "challenge must be one of"),
-    ({"level": "expert"}, "level must be one of"),
-    ({"games_dir": "/no/such/folder"}, "games_dir '/no/such/folder' is not a folder"),
-])
+@pytest.mark.parametrize(
+    "config, message",
+    [
+        ({"challenge": "tw-cookin"}, "challenge must be one of"),
+        ({"level": "expert"}, "level must be one of"),
+        ({"games_dir": "/no/such/folder"}, "games_dir '/no/such/folder' is not a folder"),
+    ],
+)
 def test_bad_config_is_one_clear_line(config, message):
     with pytest.raises(ValueError, match=message):
         TextWorldEnv(**config)
@@ -170,7 +199,7 @@ def test_eating_an_ingredient_of_the_recipe_loses(envs):
     env.reset(0)
     take = next(c for c in env.walkthrough() if c.startswith("take "))
     env.step(take)
-    food = take[len("take "):].rsplit(" from ", 1)[0]
+    food = take[len("take ") :].rsplit(" from ", 1)[0]
     _, reward, done, info = env.step(f"eat {food}")
     assert done and info["action_is_valid"] and not info["success"] and env.valid_actions() == []
 
@@ -183,6 +212,7 @@ def test_a_game_without_its_json_is_refused(tmp_path):
 
 def test_envs_on_threads_play_as_they_do_alone(envs):
     """Rollouts step many envs on threads; each game (its own interpreter) must not see the others."""
+
     def transcript(env, seed):
         lines = [env.reset(seed)]
         for command in env.walkthrough():
@@ -195,11 +225,13 @@ def test_envs_on_threads_play_as_they_do_alone(envs):
     together, threads = [None] * len(seeds), []
     start = threading.Barrier(len(seeds))  # every thread loads its game at the same moment
     for i, seed in enumerate(seeds):
+
         def run(i=i, seed=seed):
             env = TextWorldEnv(level="medium")
             start.wait()
             together[i] = transcript(env, seed)
             env.close()
+
         threads.append(threading.Thread(target=run))
     for thread in threads:
         thread.start()
@@ -230,6 +262,5 @@ def test_first_resets_of_a_process_on_threads_at_once(envs):
     """A rollout's first resets load TextWorld's rules on several threads at once (its parser is shared)."""
     for seed in range(8):
         envs["easy"].reset(seed)  # the games are built, so the child only loads them
-    out = subprocess.run([sys.executable, "-c", COLD_THREADS], cwd=ROOT, capture_output=True, text=True,
-                         timeout=120, check=True)
+    out = subprocess.run([sys.executable, "-c", COLD_THREADS], cwd=ROOT, capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout + out.stderr

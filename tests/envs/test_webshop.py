@@ -203,7 +203,7 @@ def test_pages_list_their_actions_and_invalid_actions_change_nothing(make_env):
         obs, reward, done, info = env.step(bad)
         assert (reward, done, info["action_is_valid"], info["action_is_effective"]) == (0.0, False, False, False)
         assert obs.startswith("Invalid action") and obs.endswith(page.splitlines()[-1])
-    obs, *_ , info = env.step("SEARCH[ Pink   Desk Pad ]")
+    obs, *_, info = env.step("SEARCH[ Pink   Desk Pad ]")
     assert info["action_is_valid"] and 'results for "pink desk pad"' in obs
     actions = env.available_actions()
     assert "click[back to search]" in actions and "click[< prev]" not in actions
@@ -276,20 +276,41 @@ def test_registered_as_webshop(tmp_path):
 def _tiny_raw_set(tmp_path):
     """Three products in WebShop's raw `items_shuffle` layout and their `items_ins_v2` entries."""
     raw = [
-        {"asin": "B000SHOE01", "name": "Trail Running Shoe for Men", "full_description": "Light mesh trail shoe.",
-         "pricing": "$40.00 - $60.00", "small_description": "Rubber sole", "category": "fashion",
-         "query": "Running Shoes ", "product_category": "Clothing › Men › Shoes › Athletic › Running",
-         "images": ["x.jpg"], "customization_options": {
-             "Color": [{"value": "Navy/White", "image": None}, {"value": "Black", "image": None}],
-             "Size": [{"value": "9"}, {"value": "10"}]}},
-        {"asin": "B000MUG002", "name": "Ceramic Coffee Mug", "full_description": "A mug.", "pricing": "$12.50",
-         "small_description": ["Dishwasher safe"], "category": "garden", "query": "mugs",
-         "product_category": "Home › Kitchen › Mugs", "images": [], "customization_options": ""},
+        {
+            "asin": "B000SHOE01",
+            "name": "Trail Running Shoe for Men",
+            "full_description": "Light mesh trail shoe.",
+            "pricing": "$40.00 - $60.00",
+            "small_description": "Rubber sole",
+            "category": "fashion",
+            "query": "Running Shoes ",
+            "product_category": "Clothing › Men › Shoes › Athletic › Running",
+            "images": ["x.jpg"],
+            "customization_options": {
+                "Color": [{"value": "Navy/White", "image": None}, {"value": "Black", "image": None}],
+                "Size": [{"value": "9"}, {"value": "10"}],
+            },
+        },
+        {
+            "asin": "B000MUG002",
+            "name": "Ceramic Coffee Mug",
+            "full_description": "A mug.",
+            "pricing": "$12.50",
+            "small_description": ["Dishwasher safe"],
+            "category": "garden",
+            "query": "mugs",
+            "product_category": "Home › Kitchen › Mugs",
+            "images": [],
+            "customization_options": "",
+        },
         {"asin": "nan", "name": "skipped", "pricing": "", "customization_options": None},
     ]
     goals = {
-        "B000SHOE01": {"attributes": ["rubber sole", "mesh"], "instruction": "i want trail running shoes with a rubber sole",
-                       "instruction_attributes": ["rubber sole"]},
+        "B000SHOE01": {
+            "attributes": ["rubber sole", "mesh"],
+            "instruction": "i want trail running shoes with a rubber sole",
+            "instruction_attributes": ["rubber sole"],
+        },
         "B000MUG002": {"attributes": ["dishwasher safe"]},
     }
     (tmp_path / "items.json").write_text(json.dumps(raw))
@@ -317,14 +338,23 @@ def test_raw_items_shuffle_format(tmp_path):
 
 
 def test_literal_string_fields_are_parsed_safely(tmp_path):
-    product = {"asin": "B0LITERAL1", "Title": "[2 Pack] Cotton Socks", "Description": "Socks.",
-               "BulletPoints": "['Soft cotton', 'Warm']", "options": "{'size': ['s', 'm']}",
-               "pricing": "[5.0, 7.0]", "Attributes": "__import__('os').system('false')", "query": "socks",
-               "product_category": "Clothing › Socks", "category": "fashion"}
+    product = {
+        "asin": "B0LITERAL1",
+        "Title": "[2 Pack] Cotton Socks",
+        "Description": "Socks.",
+        "BulletPoints": "['Soft cotton', 'Warm']",
+        "options": "{'size': ['s', 'm']}",
+        "pricing": "[5.0, 7.0]",
+        "Attributes": "__import__('os').system('false')",
+        "query": "socks",
+        "product_category": "Clothing › Socks",
+        "category": "fashion",
+    }
     path = tmp_path / "p.jsonl"
     path.write_text(json.dumps({"id": "B0LITERAL1", "contents": "cotton socks", "product": product}) + "\n")
-    (tmp_path / "g.json").write_text(json.dumps({"B0LITERAL1": {
-        "instruction": "i need socks", "instruction_attributes": ["cotton"]}}))
+    (tmp_path / "g.json").write_text(
+        json.dumps({"B0LITERAL1": {"instruction": "i need socks", "instruction_attributes": ["cotton"]}})
+    )
     env = WebShopEnv(str(path), str(tmp_path / "g.json"), title_parser="plain")
     p = env.catalog.by_asin["B0LITERAL1"]
     assert p.name == "[2 Pack] Cotton Socks" and p.bullet_points == ("Soft cotton", "Warm")
@@ -406,10 +436,10 @@ def test_normalize_color_takes_the_first_base_colour():
 
 
 def test_type_reward_with_the_plain_title_parser():
-    shoe = cat.Product("A", "Trail Running Shoe", "running shoes", "fashion", "Clothing › Men › Shoes", "", (), (), "",
-                       "$1", 1.0, {}, (), "")
-    mug = cat.Product("B", "Ceramic Coffee Mug", "mugs", "garden", "Home › Kitchen › Mugs", "", (), (), "", "$1", 1.0,
-                      {}, (), "")
+    shoe = cat.Product(
+        "A", "Trail Running Shoe", "running shoes", "fashion", "Clothing › Men › Shoes", "", (), (), "", "$1", 1.0, {}, (), ""
+    )
+    mug = cat.Product("B", "Ceramic Coffee Mug", "mugs", "garden", "Home › Kitchen › Mugs", "", (), (), "", "$1", 1.0, {}, (), "")
     goal = {"name": "Trail Running Shoe", "query": "running shoes", "product_category": "Clothing › Men › Shoes"}
     assert rw.type_reward(shoe, goal, rw.plain_nouns)["r_type"] == 1.0
     assert rw.type_reward(mug, goal, rw.plain_nouns)["r_type"] == 0.0
@@ -435,8 +465,9 @@ def run_script(*args, env=None):
     import os
     import subprocess
 
-    return subprocess.run(["bash", str(SCRIPT), *args], check=False, capture_output=True, text=True, timeout=60,
-                          env={**os.environ, **(env or {})})
+    return subprocess.run(
+        ["bash", str(SCRIPT), *args], check=False, capture_output=True, text=True, timeout=60, env={**os.environ, **(env or {})}
+    )
 
 
 def test_install_script_arguments():
@@ -450,9 +481,13 @@ def test_install_script_arguments():
 def test_install_script_says_what_it_could_not_fetch(tmp_path):
     page = tmp_path / "page.html"
     page.write_text("<!DOCTYPE html><html>quota exceeded</html>")
-    done = run_script("--webshop", "--small", "--data-dir", str(tmp_path / "data"), env={
-        "GRL_WEBSHOP_SMALL_ITEMS_URL": "file:///nonexistent/items.json",
-        "GRL_WEBSHOP_SMALL_ATTRS_URL": page.as_uri()})
+    done = run_script(
+        "--webshop",
+        "--small",
+        "--data-dir",
+        str(tmp_path / "data"),
+        env={"GRL_WEBSHOP_SMALL_ITEMS_URL": "file:///nonexistent/items.json", "GRL_WEBSHOP_SMALL_ATTRS_URL": page.as_uri()},
+    )
     assert done.returncode == 1
     assert "Could not fetch 2 item(s)" in done.stderr
     assert "items_shuffle_1000.json from file:///nonexistent/items.json (download error)" in done.stderr
@@ -463,8 +498,13 @@ def test_install_script_says_what_it_could_not_fetch(tmp_path):
 def test_install_script_webshop_layout_feeds_the_env(tmp_path):
     items, goals = _tiny_raw_set(tmp_path)
     data = tmp_path / "data"
-    done = run_script("--webshop", "--small", "--data-dir", str(data), env={
-        "GRL_WEBSHOP_SMALL_ITEMS_URL": Path(items).as_uri(), "GRL_WEBSHOP_SMALL_ATTRS_URL": Path(goals).as_uri()})
+    done = run_script(
+        "--webshop",
+        "--small",
+        "--data-dir",
+        str(data),
+        env={"GRL_WEBSHOP_SMALL_ITEMS_URL": Path(items).as_uri(), "GRL_WEBSHOP_SMALL_ATTRS_URL": Path(goals).as_uri()},
+    )
     assert done.returncode == 0, done.stderr
     env = WebShopEnv(str(data / "webshop" / "items_shuffle_1000.json"), str(data / "webshop" / "items_ins_v2_1000.json"))
     env.reset(0)

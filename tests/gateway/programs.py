@@ -13,9 +13,14 @@ import time
 FRUITS = ("apple", "pear", "plum", "fig")
 SEEN: dict[tuple[str, int, int], list[dict]] = {}  # (task, seed, attempt) -> the `grl` field of each answer
 
-PYTHON_TOOL = {"type": "function", "function": {
-    "name": "python", "description": "Run Python code; what it prints comes back.",
-    "parameters": {"type": "object", "properties": {"code": {"type": "string"}}, "required": ["code"]}}}
+PYTHON_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "python",
+        "description": "Run Python code; what it prints comes back.",
+        "parameters": {"type": "object", "properties": {"code": {"type": "string"}}, "required": ["code"]},
+    },
+}
 
 
 def _ask(client, task, messages, **kwargs):
@@ -32,8 +37,10 @@ def fruit_picker(client, task):
     """tests/test_learning.py's fruit game as a program: three rounds, one of four fruits a round
     (`allowed_replies`), the conversation carried on; reward = rounds right, success = all three."""
     wanted = task.config["wanted"]
-    messages = [{"role": "system", "content": "You pick fruit."},
-                {"role": "user", "content": "Pick the right fruit each round. Round 1 of 3. Pick a fruit."}]
+    messages = [
+        {"role": "system", "content": "You pick fruit."},
+        {"role": "user", "content": "Pick the right fruit each round. Round 1 of 3. Pick a fruit."},
+    ]
     right = 0
     for round_ in range(3):
         reply = _ask(client, task, messages, max_tokens=12, extra_body={"allowed_replies": list(FRUITS)})
@@ -51,12 +58,12 @@ def gsm8k_with_python(client, task):
 
     problem = load_problems(task.config["data_path"], "test", None)[task.seed % 20]
     a, b = re.findall(r"\d+", problem.question)[:2]
-    candidates = [f'<tool_call>{{"name": "python", "arguments": {{"code": "print({a} {op} {b})"}}}}</tool_call>'
-                  for op in "+-*"]
-    messages = [{"role": "system", "content": "Solve the problem. You may run Python."},
-                {"role": "user", "content": problem.question}]
-    call = _ask(client, task, messages, tools=[PYTHON_TOOL], max_tokens=48,
-                extra_body={"allowed_replies": candidates})
+    candidates = [f'<tool_call>{{"name": "python", "arguments": {{"code": "print({a} {op} {b})"}}}}</tool_call>' for op in "+-*"]
+    messages = [
+        {"role": "system", "content": "Solve the problem. You may run Python."},
+        {"role": "user", "content": problem.question},
+    ]
+    call = _ask(client, task, messages, tools=[PYTHON_TOOL], max_tokens=48, extra_body={"allowed_replies": candidates})
     messages.append(_as_dict(call))
     python = make_tool("python")
     for tool_call in call.tool_calls or []:
@@ -71,8 +78,12 @@ def rewrites_history(client, task):
     """Asks twice; the second time with its first answer edited: a prefix break."""
     messages = [{"role": "user", "content": "Say something."}]
     first = _ask(client, task, messages, max_tokens=4)
-    _ask(client, task, [*messages, {"role": "assistant", "content": (first.content or "") + " (edited)"},
-                        {"role": "user", "content": "Again."}], max_tokens=4)
+    _ask(
+        client,
+        task,
+        [*messages, {"role": "assistant", "content": (first.content or "") + " (edited)"}, {"role": "user", "content": "Again."}],
+        max_tokens=4,
+    )
     return 0.5
 
 
@@ -111,8 +122,11 @@ def floods(client, task):
 
     async def all_at_once():
         async with openai.AsyncOpenAI(base_url=str(client.base_url), api_key="grl", max_retries=0) as flood:
-            calls = [flood.chat.completions.create(model=task.model, messages=[{"role": "user", "content": str(i)}],
-                                                   max_tokens=1) for i in range(1000)]
+            calls = [
+                flood.chat.completions.create(model=task.model, messages=[{"role": "user", "content": str(i)}], max_tokens=1)
+                for i in range(1000)
+            ]
             return await asyncio.gather(*calls, return_exceptions=True)
+
     results = asyncio.run(all_at_once())
     return {"reward": 1.0, "answered": float(sum(not isinstance(r, Exception) for r in results))}

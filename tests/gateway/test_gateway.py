@@ -87,33 +87,37 @@ def test_a_program_that_continues_its_conversation_trains_on_one_row_of_the_samp
     gateway, base = served
     talk = client(base, "/episodes/continued/v1")
     first = talk.chat.completions.create(model="tiny", messages=QUESTION, max_tokens=6, temperature=1.0, seed=3)
-    history = QUESTION + [{"role": "assistant", "content": first.choices[0].message.content},
-                          {"role": "user", "content": "And 3 + 4?"}]
+    history = QUESTION + [
+        {"role": "assistant", "content": first.choices[0].message.content},
+        {"role": "user", "content": "And 3 + 4?"},
+    ]
     second = talk.chat.completions.create(model="tiny", messages=history, max_tokens=6, temperature=1.0, seed=4)
     log = gateway.episodes["continued"]
     one, two = grl_ids(first), grl_ids(second)
     assert [c.continues for c in log.calls] == [False, True] and log.prefix_breaks == 0
     # The second prompt holds the first reply as sampled, then only what the template puts after it.
     sampled_first = one["completion_token_ids"][0]
-    assert two["prompt_token_ids"][:len(one["prompt_token_ids"]) + len(sampled_first)] == \
-        one["prompt_token_ids"] + sampled_first
-    between = two["prompt_token_ids"][len(one["prompt_token_ids"]) + len(sampled_first):]
+    assert two["prompt_token_ids"][: len(one["prompt_token_ids"]) + len(sampled_first)] == one["prompt_token_ids"] + sampled_first
+    between = two["prompt_token_ids"][len(one["prompt_token_ids"]) + len(sampled_first) :]
     assert "And 3 + 4?" in gateway.tokenizer.decode(between)
     row = trained_row(log)
     assert row.input_ids == two["prompt_token_ids"] + two["completion_token_ids"][0]
     assert set(row.context_ids) == {1}  # one sequence: the second call attends to the first
     trained = [t for t, m in zip(row.input_ids, row.loss_mask) if m]
     assert trained == sampled_first + two["completion_token_ids"][0]
-    assert [p for p, m in zip(row.rollout_log_probs, row.loss_mask) if m] == \
-        pytest.approx(one["log_probs"][0] + two["log_probs"][0])
+    assert [p for p, m in zip(row.rollout_log_probs, row.loss_mask) if m] == pytest.approx(
+        one["log_probs"][0] + two["log_probs"][0]
+    )
 
 
 def test_an_edited_history_starts_a_row_of_its_own_and_is_counted(served):
     gateway, base = served
     talk = client(base, "/episodes/edited/v1")
     first = talk.chat.completions.create(model="tiny", messages=QUESTION, max_tokens=6, temperature=0)
-    edited = QUESTION + [{"role": "assistant", "content": first.choices[0].message.content + " (edited)"},
-                         {"role": "user", "content": "Again?"}]
+    edited = QUESTION + [
+        {"role": "assistant", "content": first.choices[0].message.content + " (edited)"},
+        {"role": "user", "content": "Again?"},
+    ]
     second = talk.chat.completions.create(model="tiny", messages=edited, max_tokens=6, temperature=0)
     log = gateway.episodes["edited"]
     assert log.prefix_breaks == 1
@@ -121,7 +125,7 @@ def test_an_edited_history_starts_a_row_of_its_own_and_is_counted(served):
     second_ids = grl_ids(second)["prompt_token_ids"] + grl_ids(second)["completion_token_ids"][0]
     # The second call is a sequence of its own: its positions restart and it attends only to itself.
     assert [t for t, c in zip(row.input_ids, row.context_ids) if c == 2] == second_ids
-    assert row.position_ids[-len(second_ids):] == list(range(len(second_ids)))
+    assert row.position_ids[-len(second_ids) :] == list(range(len(second_ids)))
     assert grl_ids(second)["prompt_token_ids"] == ChatTokens(gateway.tokenizer).first_prompt(edited)
 
 
@@ -129,8 +133,8 @@ def test_allowed_replies_decode_with_the_agents_grammar(served):
     _, base = served
     moves = ["Left", "Right", "Down"]
     response = client(base).chat.completions.create(
-        model="tiny", messages=QUESTION, max_tokens=16, temperature=1.0, n=6, seed=0,
-        extra_body={"allowed_replies": moves})
+        model="tiny", messages=QUESTION, max_tokens=16, temperature=1.0, n=6, seed=0, extra_body={"allowed_replies": moves}
+    )
     assert {c.message.content for c in response.choices} <= {f"<answer>{m}</answer>" for m in moves}
     assert all(c.finish_reason == "stop" for c in response.choices)
 
@@ -145,23 +149,33 @@ def test_hermes_tool_calls_become_openai_tool_calls():
 
 def test_tools_reach_the_chat_template(served):
     gateway, base = served
-    tools = [{"type": "function", "function": {"name": "python", "description": "run Python code",
-                                                "parameters": {"type": "object", "properties": {"code": {"type": "string"}}}}}]
-    response = client(base).chat.completions.create(model="tiny", messages=QUESTION, tools=tools, max_tokens=4,
-                                                    temperature=0)
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "python",
+                "description": "run Python code",
+                "parameters": {"type": "object", "properties": {"code": {"type": "string"}}},
+            },
+        }
+    ]
+    response = client(base).chat.completions.create(model="tiny", messages=QUESTION, tools=tools, max_tokens=4, temperature=0)
     rendered = gateway.tokenizer.apply_chat_template(QUESTION, tools=tools, tokenize=False, add_generation_prompt=True)
     assert grl_ids(response)["prompt_token_ids"] == ChatTokens(gateway.tokenizer).encode(rendered)
 
 
-@pytest.mark.parametrize("change, says", [
-    ({"messages": []}, "messages: a non-empty list"),
-    ({"messages": [{"role": "robot", "content": "hi"}]}, "messages[0]: role must be one of"),
-    ({"stream": True}, "stream: streaming is not supported"),
-    ({"n": 0}, "n: a number in [1, 16]"),
-    ({"temperature": "hot"}, "temperature: a number"),
-    ({"max_tokens": 10**9}, "max_tokens: a number in [1, 2048]"),
-    ({"allowed_replies": []}, "allowed_replies: a non-empty list"),
-])
+@pytest.mark.parametrize(
+    "change, says",
+    [
+        ({"messages": []}, "messages: a non-empty list"),
+        ({"messages": [{"role": "robot", "content": "hi"}]}, "messages[0]: role must be one of"),
+        ({"stream": True}, "stream: streaming is not supported"),
+        ({"n": 0}, "n: a number in [1, 16]"),
+        ({"temperature": "hot"}, "temperature: a number"),
+        ({"max_tokens": 10**9}, "max_tokens: a number in [1, 2048]"),
+        ({"allowed_replies": []}, "allowed_replies: a non-empty list"),
+    ],
+)
 def test_a_bad_request_is_refused_in_one_line(served, change, says):
     _, base = served
     body = {"model": "tiny", "messages": QUESTION, **change}
@@ -176,15 +190,26 @@ def test_concurrent_callers_are_served_one_generate_at_a_time(served):
     _, base = served
     talk = client(base)
     with ThreadPoolExecutor(16) as pool:
-        replies = list(pool.map(lambda i: talk.chat.completions.create(
-            model="tiny", messages=[{"role": "user", "content": f"count {i}"}], max_tokens=4, temperature=0), range(32)))
+        replies = list(
+            pool.map(
+                lambda i: talk.chat.completions.create(
+                    model="tiny", messages=[{"role": "user", "content": f"count {i}"}], max_tokens=4, temperature=0
+                ),
+                range(32),
+            )
+        )
     assert len(replies) == 32 and all(r.choices[0].finish_reason in ("stop", "length") for r in replies)
 
 
 def test_grl_serve_answers_on_loopback_and_stops_on_sigterm():
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "grl.cli", "serve", "tiny", "--engine", "hf", "--port", str(port)],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "grl.cli", "serve", "tiny", "--engine", "hf", "--port", str(port)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         deadline, listed = time.monotonic() + 120, None
         while time.monotonic() < deadline and proc.poll() is None:

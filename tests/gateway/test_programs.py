@@ -41,8 +41,7 @@ def engine():
 
 @pytest.fixture(scope="module")
 def runner(engine):
-    runner = ProgramRunner(engine, load_tokenizer("tiny"), context=4096, max_response_length=64,
-                           max_failed_agent_ratio=1.0)
+    runner = ProgramRunner(engine, load_tokenizer("tiny"), context=4096, max_response_length=64, max_failed_agent_ratio=1.0)
     yield runner
     runner.close()
 
@@ -51,16 +50,22 @@ PROGRAMS = "tests.gateway.programs"
 
 
 def task(name: str, program: str, groups: int = 1, size: int = 1, env_config: dict | None = None, **agent) -> TaskSpec:
-    block = {"agent_type": "program", "agent_config": {"program": f"{PROGRAMS}:{program}", "max_turns": 4, **agent},
-             "env_config": env_config or {}}
+    block = {
+        "agent_type": "program",
+        "agent_config": {"program": f"{PROGRAMS}:{program}", "max_turns": 4, **agent},
+        "env_config": env_config or {},
+    }
     return TaskSpec(name, block, groups, size)
 
 
 def trained(episode):
     """(ids, log-probs) at the positions the trainer trains on."""
     row = episode_tokens(episode, use_turn_scores=False)
-    return ([t for t, m in zip(row.input_ids, row.loss_mask) if m],
-            [p for p, m in zip(row.rollout_log_probs, row.loss_mask) if m], row)
+    return (
+        [t for t, m in zip(row.input_ids, row.loss_mask) if m],
+        [p for p, m in zip(row.rollout_log_probs, row.loss_mask) if m],
+        row,
+    )
 
 
 def test_gsm8k_through_the_gateway_trains_on_exactly_the_ids_the_program_received(runner):
@@ -104,9 +109,15 @@ def test_calls_of_concurrent_programs_share_engine_calls(runner, engine):
 
 
 def test_bad_programs_end_their_own_episodes_and_are_counted(runner):
-    tasks = [task("good", "one_call"), task("raising", "raises"), task("hanging", "hangs", program_timeout=2),
-             task("text", "returns_text"), task("nan", "returns_nan"), task("floods", "floods"),
-             task("by_messages", "returns_a_function_of_the_messages")]
+    tasks = [
+        task("good", "one_call"),
+        task("raising", "raises"),
+        task("hanging", "hangs", program_timeout=2),
+        task("text", "returns_text"),
+        task("nan", "returns_nan"),
+        task("floods", "floods"),
+        task("by_messages", "returns_a_function_of_the_messages"),
+    ]
     start = time.monotonic()
     episodes, metrics = runner.run(tasks, 0, 0, SamplingParams(temperature=1.0, seed=0))
     by_task = {e.task: e for e in episodes}
@@ -121,8 +132,7 @@ def test_bad_programs_end_their_own_episodes_and_are_counted(runner):
     flood = by_task["floods"]
     assert flood.error is None and flood.metrics["answered"] == 4 and len(flood.turns) == 4
     assert metrics["gateway/refused_calls"] == 996
-    assert (metrics["gateway/program_errors"], metrics["gateway/program_timeouts"], metrics["gateway/bad_rewards"]) == \
-        (1, 1, 2)
+    assert (metrics["gateway/program_errors"], metrics["gateway/program_timeouts"], metrics["gateway/bad_rewards"]) == (1, 1, 2)
     assert metrics["gateway/episodes_without_calls"] == 1  # returns_nan never called
     # The rollout goes on: the next one is served as before, and a late call of the hung program is refused.
     again, _ = runner.run([task("good", "one_call", groups=2)], 1, 0, SamplingParams(temperature=1.0))
@@ -137,8 +147,7 @@ def test_the_rollout_plays_program_and_native_tasks_side_by_side(runner):
     grl.envs.register("fruit", FruitEnv)
     grl.agents.register("fruitAgent", "fruit")
     native = runner.engine.engine
-    rollout = MultiTurnRollout(native, load_tokenizer("tiny"), max_prompt_length=1024, max_response_length=12,
-                               programs=runner)
+    rollout = MultiTurnRollout(native, load_tokenizer("tiny"), max_prompt_length=1024, max_response_length=12, programs=runner)
     program = task("fruitProgram", "fruit_picker", 2, 2, {"wanted": "plum"}, max_turns=3, max_tokens=12)
     result = rollout.run([TaskSpec("fruit", FRUIT_TASK, 2, 2), program], 100, SamplingParams(temperature=1.0, seed=3))
     assert sorted({e.group_id for e in result.episodes if e.task == "fruit"}) == [0, 1]
@@ -153,8 +162,11 @@ def test_reward_and_program_checks():
         with pytest.raises(ValueError):
             reward_of(bad)
     assert load_program(f"{PROGRAMS}:one_call") is programs.one_call
-    for path, says in ((PROGRAMS, "expected 'package.module:function'"), ("no_such_module:f", "cannot import"),
-                       (f"{PROGRAMS}:missing", "has no callable missing")):
+    for path, says in (
+        (PROGRAMS, "expected 'package.module:function'"),
+        ("no_such_module:f", "cannot import"),
+        (f"{PROGRAMS}:missing", "has no callable missing"),
+    ):
         with pytest.raises(ValueError, match=says):
             load_program(path)
     assert ProgramTask("t", 1, 0, 0, {}).model == "grl-policy"
@@ -168,8 +180,9 @@ def test_the_batching_engine_refuses_calls_outside_a_rollout(engine):
         batching.generate([[1, 2]], SamplingParams(max_new_tokens=1))
     batching.serving(True)
     answer = {}
-    caller = threading.Thread(target=lambda: answer.setdefault("out", batching.generate([[1, 2]], SamplingParams(
-        max_new_tokens=2))))
+    caller = threading.Thread(
+        target=lambda: answer.setdefault("out", batching.generate([[1, 2]], SamplingParams(max_new_tokens=2)))
+    )
     caller.start()
     while batching.serve(wait=0.1) == 0:
         pass
@@ -190,10 +203,17 @@ def test_validation_controls_leave_program_tasks_out(runner):
     grl.agents.register("fruitAgent", "fruit")
     engine, tokenizer = runner.engine.engine, load_tokenizer("tiny")
     rollout = MultiTurnRollout(engine, tokenizer, max_prompt_length=1024, max_response_length=12, programs=runner)
-    swap = MultiTurnRollout(engine, tokenizer, max_prompt_length=1024, max_response_length=12,
-                            agent_factory=lambda name, block: VALIDATION_CONTROLS["swap"](name, block, None))
-    tasks = [TaskSpec("fruit", FRUIT_TASK, 2, 1), task("fruitProgram", "fruit_picker", 2, 1, {"wanted": "plum"},
-                                                         max_turns=3, max_tokens=12)]
+    swap = MultiTurnRollout(
+        engine,
+        tokenizer,
+        max_prompt_length=1024,
+        max_response_length=12,
+        agent_factory=lambda name, block: VALIDATION_CONTROLS["swap"](name, block, None),
+    )
+    tasks = [
+        TaskSpec("fruit", FRUIT_TASK, 2, 1),
+        task("fruitProgram", "fruit_picker", 2, 1, {"wanted": "plum"}, max_turns=3, max_tokens=12),
+    ]
     metrics, episodes = validation_metrics(rollout, {"swap": swap}, tasks, 5, 1, SamplingParams(greedy=True))
     assert "fruit/success_swapped" in metrics and "fruitProgram/success_swapped" not in metrics
     assert "fruitProgram/success" in metrics and len(episodes) == 4
@@ -204,9 +224,11 @@ def test_too_many_failed_programs_stop_the_rollout_in_one_line(runner):
 
     runner.max_failed_agent_ratio = 0.5
     try:
-        with pytest.raises(RolloutError, match=r"^2 of 3 programs failed, more than max_failed_agent_ratio 0.5; "
-                                               r"first: task raising seed 0: RuntimeError: the program's own bug$"):
-            runner.run([task("raising", "raises", groups=2), task("good", "one_call")], 0, 0,
-                       SamplingParams(temperature=1.0))
+        with pytest.raises(
+            RolloutError,
+            match=r"^2 of 3 programs failed, more than max_failed_agent_ratio 0.5; "
+            r"first: task raising seed 0: RuntimeError: the program's own bug$",
+        ):
+            runner.run([task("raising", "raises", groups=2), task("good", "one_call")], 0, 0, SamplingParams(temperature=1.0))
     finally:
         runner.max_failed_agent_ratio = 1.0

@@ -10,10 +10,17 @@ torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vllm")
 
-QUESTIONS = ["What is 2 + 3?", "Name a primary colour.", "Say hello in French.", "What is the capital of Italy?",
-             "How many legs does a spider have?", "What do bees make?", "What colour is grass?",
-             "Translate 'thank you' into Spanish."]
-GIB = 1024 ** 3
+QUESTIONS = [
+    "What is 2 + 3?",
+    "Name a primary colour.",
+    "Say hello in French.",
+    "What is the capital of Italy?",
+    "How many legs does a spider have?",
+    "What do bees make?",
+    "What colour is grass?",
+    "Translate 'thank you' into Spanish.",
+]
+GIB = 1024**3
 
 
 @pytest.fixture(scope="module")
@@ -28,8 +35,12 @@ def prompts(model_path):
     from grl.models import load_tokenizer
 
     tokenizer = load_tokenizer(model_path)
-    return [tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
-                                          tokenize=True, return_dict=False) for q in QUESTIONS]
+    return [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+        for q in QUESTIONS
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -40,8 +51,7 @@ def vllm_engine(model_path):
     # process-wide singleton whose pool must be empty when an engine loads its weights
     # (vllm/v1/worker/gpu_worker.py, "one instance per process"), and shutdown does not promise to empty
     # it. Every test that sleeps shares this engine; test_vllm_grammar_gpu.py builds its own without.
-    engine = make_engine("vllm", model_path, dtype="float32", device="cuda", gpu_memory_utilization=0.3,
-                         free_cache_engine=True)
+    engine = make_engine("vllm", model_path, dtype="float32", device="cuda", gpu_memory_utilization=0.3, free_cache_engine=True)
     yield engine
     engine.shutdown()
 

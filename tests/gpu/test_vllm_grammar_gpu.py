@@ -11,8 +11,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
-              pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vllm")]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+    pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vllm"),
+]
 
 SOKOBAN = ["Up", "Down", "Left", "Right"]
 BLOCKS = ["move 1 to 0", "move 1 to 3", "move 2 to 0", "move 2 to 1", "move 12 to 0"]
@@ -49,9 +52,11 @@ def grammars(tokenizer):
         return tokenizer(text, add_special_tokens=False)["input_ids"]
 
     end = [tokenizer.eos_token_id] + sorted(set(tokenizer.all_special_ids) - {tokenizer.eos_token_id})
-    kinds = [compile_reply_grammar(encode, end, SOKOBAN, False, 24),
-             compile_reply_grammar(encode, end, BLOCKS, False, 24),
-             compile_reply_grammar(encode, end, SOKOBAN, True, 20)]
+    kinds = [
+        compile_reply_grammar(encode, end, SOKOBAN, False, 24),
+        compile_reply_grammar(encode, end, BLOCKS, False, 24),
+        compile_reply_grammar(encode, end, SOKOBAN, True, 20),
+    ]
     return [kinds[i % len(kinds)] for i in range(N)]
 
 
@@ -62,8 +67,9 @@ def vllm_engine(model_path, grammar):
     # pool per process that refuses a model while it holds another's memory ("CuMem allocator can only
     # be used for one instance per process", vllm/v1/worker/gpu_worker.py). These two engines live at
     # once, and after test_engines_gpu.py's sleep-mode engine in the same pytest process.
-    return make_engine("vllm", model_path, dtype="float32", device="cuda", gpu_memory_utilization=0.25,
-                       free_cache_engine=False, grammar=grammar)
+    return make_engine(
+        "vllm", model_path, dtype="float32", device="cuda", gpu_memory_utilization=0.25, free_cache_engine=False, grammar=grammar
+    )
 
 
 @pytest.fixture(scope="module")

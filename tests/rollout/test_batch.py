@@ -90,8 +90,7 @@ def test_episodes_that_share_a_prompt_hold_it_once():
     padded, _ = build_batch(eps)
     packed, where = pack(padded.tensors, capacity=21, share_prompts=True)
     # row 0: the prompt (3 tokens) once, then the rests of episodes 0, 2, 3 (6, 5, 7); row 1: episode 1
-    assert packed["input_ids"][0].tolist() == [10, 11, 12, 20, 21, 13, 22, 23, 24, 25, 13, 22, 23, 24,
-                                               26, 27, 28, 13, 22, 23, 24]
+    assert packed["input_ids"][0].tolist() == [10, 11, 12, 20, 21, 13, 22, 23, 24, 25, 13, 22, 23, 24, 26, 27, 28, 13, 22, 23, 24]
     assert packed["segment_ids"][0].tolist() == [1] * 3 + [2] * 6 + [3] * 5 + [4] * 7
     assert packed["parent_ids"].tolist() == [[0] * 3 + [1] * 18, [0] * 21]
     assert where == [[(0, 0, 3), (0, 3, 6)], [(1, 0, 3)], [(0, 0, 3), (0, 9, 5)], [(0, 0, 3), (0, 14, 7)]]
@@ -143,9 +142,11 @@ def test_packed_forward_matches_separate_forwards(hf_engine):
 
 def windowed_episode():
     """Three turns, each prompted afresh (agent_config.max_context_window): every prompt is whole."""
-    turns = [Turn([5, 6, 7], [30, 31], [-0.1, -0.2], 0.0, new_context=True),
-             Turn([5, 6, 8], [32], [-0.3], 0.0, new_context=True),
-             Turn([5, 9], [33, 34, 35], [-0.4, -0.5, -0.6], 1.0, new_context=True)]
+    turns = [
+        Turn([5, 6, 7], [30, 31], [-0.1, -0.2], 0.0, new_context=True),
+        Turn([5, 6, 8], [32], [-0.3], 0.0, new_context=True),
+        Turn([5, 9], [33, 34, 35], [-0.4, -0.5, -0.6], 1.0, new_context=True),
+    ]
     return Episode("taskW", 2, 9, turns, 1.0)
 
 
@@ -175,10 +176,12 @@ def test_windowed_rows_score_each_turn_prompt_as_if_alone(hf_engine, packing):
         assert torch.equal(unpack(tensors["context_ids"], place, batch["context_ids"].shape[1]), batch["context_ids"])
     spans = attention_spans(tensors)
     with torch.no_grad():
-        scored, _ = TokenScorer(model, "policy")(tensors["input_ids"], tensors["attention_mask"], tensors["position_ids"],
-                                                 spans, chunk_size=4)
-        blind, _ = TokenScorer(model, "policy")(tensors["input_ids"], tensors["attention_mask"], tensors["position_ids"],
-                                                tensors.get("segment_ids"), chunk_size=4)
+        scored, _ = TokenScorer(model, "policy")(
+            tensors["input_ids"], tensors["attention_mask"], tensors["position_ids"], spans, chunk_size=4
+        )
+        blind, _ = TokenScorer(model, "policy")(
+            tensors["input_ids"], tensors["attention_mask"], tensors["position_ids"], tensors.get("segment_ids"), chunk_size=4
+        )
     if packing:
         scored, blind = (unpack(x, place, batch["input_ids"].shape[1]) for x in (scored, blind))
     row, where = 0, batch["attention_mask"][0] > 0
@@ -188,7 +191,7 @@ def test_windowed_rows_score_each_turn_prompt_as_if_alone(hf_engine, packing):
         ids = torch.tensor(turn.prompt_ids + turn.response_ids)
         with torch.no_grad():
             alone = model(input_ids=ids[None]).logits[0].log_softmax(-1)
-        want = alone[:-1].gather(-1, ids[1:, None])[:, 0][-len(turn.response_ids):]
+        want = alone[:-1].gather(-1, ids[1:, None])[:, 0][-len(turn.response_ids) :]
         span = slice(start + len(turn.prompt_ids), start + len(ids))
         assert mask[span].tolist() == [1.0] * len(turn.response_ids)
         assert torch.allclose(got[span], want, atol=1e-4)

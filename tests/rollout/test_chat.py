@@ -22,8 +22,10 @@ def test_first_prompt_is_the_rendered_template(chat):
 
 
 def test_turn_delta_closes_the_turn_only_when_the_engine_did_not(chat):
-    after = MESSAGES + [{"role": "assistant", "content": "a reply that is never re-encoded"},
-                        {"role": "user", "content": "State 2"}]
+    after = MESSAGES + [
+        {"role": "assistant", "content": "a reply that is never re-encoded"},
+        {"role": "user", "content": "State 2"},
+    ]
     im_end = chat.tokenizer.convert_tokens_to_ids("<|im_end|>")
     tail = "\n<|im_start|>user\nState 2<|im_end|>\n<|im_start|>assistant\n"
     stopped = chat.turn_delta(after, last_sampled_id=im_end)

@@ -36,8 +36,15 @@ class ScriptedEnv(Env):
     instances: ClassVar[list["ScriptedEnv"]] = []
     release = threading.Event()
 
-    def __init__(self, fault: str = "none", fault_step: int = 3, fault_seeds: list | None = None, length: int = 0,
-                 slow_seeds: list | None = None, delay: float = 0.0):
+    def __init__(
+        self,
+        fault: str = "none",
+        fault_step: int = 3,
+        fault_seeds: list | None = None,
+        length: int = 0,
+        slow_seeds: list | None = None,
+        delay: float = 0.0,
+    ):
         self.fault, self.fault_step, self.fault_seeds, self.length = fault, fault_step, fault_seeds or [], length
         self.slow_seeds, self.delay = slow_seeds or [], delay
         self.resets = self.steps = 0
@@ -86,12 +93,21 @@ grl.agents.register("scriptedRolloutAgent", "scripted_rollout_test", AlwaysAct()
 def scripted(name="scripted", groups=2, size=2, max_turns=4, decoding="free", **env_config) -> TaskSpec:
     """With `decoding="constrained"` the model may only write `<answer>go</answer>` or
     `<answer>stay</answer>` (at most 10 tokens with the end token), so its format is always right."""
-    agent_config = {"system_prompt": "You are a test agent.", "prompt": "Walk.", "enable_think": False,
-                    "max_tokens": REPLY_TOKENS if decoding == "free" else CONSTRAINED_TOKENS, "max_turns": max_turns,
-                    "max_actions_per_turn": 1, "max_actions_all_turns": 10, "format_penalty": -0.1,
-                    "action_separator": None, "action_decoding": decoding}
-    return TaskSpec(name, {"agent_type": "scriptedRolloutAgent", "agent_config": agent_config,
-                           "env_config": env_config}, groups, size)
+    agent_config = {
+        "system_prompt": "You are a test agent.",
+        "prompt": "Walk.",
+        "enable_think": False,
+        "max_tokens": REPLY_TOKENS if decoding == "free" else CONSTRAINED_TOKENS,
+        "max_turns": max_turns,
+        "max_actions_per_turn": 1,
+        "max_actions_all_turns": 10,
+        "format_penalty": -0.1,
+        "action_separator": None,
+        "action_decoding": decoding,
+    }
+    return TaskSpec(
+        name, {"agent_type": "scriptedRolloutAgent", "agent_config": agent_config, "env_config": env_config}, groups, size
+    )
 
 
 def real_task(name, groups=1, size=2, max_turns=2, **env_config) -> TaskSpec:
@@ -115,8 +131,7 @@ class RecordingEngine(Engine):
 
 
 def rollout(engine, tokenizer, **kw):
-    options = {"max_prompt_length": 4096, "max_response_length": CONSTRAINED_TOKENS, "env_workers": 4,
-               "env_step_timeout": 30}
+    options = {"max_prompt_length": 4096, "max_response_length": CONSTRAINED_TOKENS, "env_workers": 4, "env_step_timeout": 30}
     options.update(kw)
     return MultiTurnRollout(engine, tokenizer, **options)
 
@@ -142,14 +157,21 @@ GREEDY = SamplingParams(greedy=True)
 def test_loss_mask_tokens_are_exactly_the_sampled_replies(hf_engine, tokenizer):
     engine = RecordingEngine(hf_engine)
     ro = rollout(engine, tokenizer)
-    tasks = [real_task("simpleSokobanAgent"), real_task("gsm8kAgent_5_turn", data_path=str(GSM8K_TEST), split="test"),
-             scripted(groups=1)]
+    tasks = [
+        real_task("simpleSokobanAgent"),
+        real_task("gsm8kAgent_5_turn", data_path=str(GSM8K_TEST), split="test"),
+        scripted(groups=1),
+    ]
     result = ro.run(tasks, base_seed=5, sampling=SAMPLED)
     episodes = result.episodes
     assert [(e.task, e.group_id, e.seed, e.member) for e in episodes] == [
-        ("simpleSokobanAgent", 0, 5, 0), ("simpleSokobanAgent", 0, 5, 1),
-        ("gsm8kAgent_5_turn", 1, 6, 0), ("gsm8kAgent_5_turn", 1, 6, 1),
-        ("scripted", 2, 7, 0), ("scripted", 2, 7, 1)]
+        ("simpleSokobanAgent", 0, 5, 0),
+        ("simpleSokobanAgent", 0, 5, 1),
+        ("gsm8kAgent_5_turn", 1, 6, 0),
+        ("gsm8kAgent_5_turn", 1, 6, 1),
+        ("scripted", 2, 7, 0),
+        ("scripted", 2, 7, 1),
+    ]
     # Every prompt the engine saw is an episode's ids so far, and each of its
     # outputs is the reply recorded for that turn: nothing else reached it.
     seen = sorted((tuple(p), tuple(o.token_ids)) for prompts, outs in engine.calls for p, o in zip(prompts, outs))
@@ -167,9 +189,15 @@ def test_loss_mask_tokens_are_exactly_the_sampled_replies(hf_engine, tokenizer):
             assert tokenizer.decode(sampled, skip_special_tokens=True) == replies[k]
         assert mask.sum().item() == sum(len(t.response_ids) for t in episode.turns)
         assert batch["rollout_log_probs"][row][mask == 1].tolist() == pytest.approx(
-            [x for t in episode.turns for x in t.response_log_probs])
-    assert {"simpleSokobanAgent/success", "gsm8kAgent_5_turn/success", "scripted/num_turns",
-            "scripted/response_length", "scripted/env_errors"} <= set(result.metrics)
+            [x for t in episode.turns for x in t.response_log_probs]
+        )
+    assert {
+        "simpleSokobanAgent/success",
+        "gsm8kAgent_5_turn/success",
+        "scripted/num_turns",
+        "scripted/response_length",
+        "scripted/env_errors",
+    } <= set(result.metrics)
 
 
 @pytest.mark.parametrize("window", [0, 1])
@@ -225,7 +253,7 @@ def test_finished_agents_leave_the_batch_and_prompts_keep_the_system(hf_engine, 
     full = [p for e in episodes for p in prompts_before(e)]
     assert sorted(map(tuple, sent)) == sorted(tuple(truncate_prompt(p, limit, len(system_ids))) for p in full)
     assert any(len(p) > limit for p in full)  # truncation happened ...
-    assert all(len(p) <= limit and p[:len(system_ids)] == system_ids for p in sent)  # ... and kept the system prompt
+    assert all(len(p) <= limit and p[: len(system_ids)] == system_ids for p in sent)  # ... and kept the system prompt
     assert result.metrics["rollout/truncated_prompts"] == sum(len(p) > limit for p in full)
 
     lengths = sorted(e.num_tokens for e in episodes)
@@ -253,12 +281,12 @@ def test_without_the_turn_barrier_a_slow_env_holds_only_its_own_agent(hf_engine,
     assert [len(prompts) for prompts, _ in engine.calls] == [3, 2, 2, 1, 1]
 
 
-def test_without_the_turn_barrier_a_reply_depends_on_its_agent_and_turn_not_on_who_waited_with_it(
-        hf_engine, tokenizer):
+def test_without_the_turn_barrier_a_reply_depends_on_its_agent_and_turn_not_on_who_waited_with_it(hf_engine, tokenizer):
     tasks = [scripted(groups=2, size=2, length=3, slow_seeds=[5], delay=0.5)]
     uneven = rollout(hf_engine, tokenizer).run(tasks, base_seed=5, sampling=SAMPLED, turn_barrier=False)
-    even = rollout(hf_engine, tokenizer).run([scripted(groups=2, size=2, length=3)], base_seed=5, sampling=SAMPLED,
-                                             turn_barrier=False)
+    even = rollout(hf_engine, tokenizer).run(
+        [scripted(groups=2, size=2, length=3)], base_seed=5, sampling=SAMPLED, turn_barrier=False
+    )
     assert episode_signature(uneven.episodes) == episode_signature(even.episodes)
     replies = [tuple(t.response_ids) for e in even.episodes for t in e.turns]
     assert len(set(replies)) > len(replies) // 2  # the agents of a group drew their own replies
@@ -330,19 +358,28 @@ def test_hung_env_times_out_is_abandoned_and_never_reused(hf_engine, tokenizer, 
 def test_too_many_failures_stop_the_step(hf_engine, tokenizer, decoding):
     ro = rollout(hf_engine, tokenizer, max_failed_agent_ratio=0.25)
     with pytest.raises(RolloutError, match="2 of 4 agents failed.*max_failed_agent_ratio"):
-        ro.run([scripted(groups=2, size=2, fault="raise", fault_step=1, fault_seeds=[1], length=3, decoding=decoding)],
-               base_seed=0, sampling=GREEDY)
+        ro.run(
+            [scripted(groups=2, size=2, fault="raise", fault_step=1, fault_seeds=[1], length=3, decoding=decoding)],
+            base_seed=0,
+            sampling=GREEDY,
+        )
     # At the default 50%, the same half-failed step goes on; all failing stops it at reset.
     ro = rollout(hf_engine, tokenizer)
-    result = ro.run([scripted(groups=2, size=2, fault="raise", fault_step=1, fault_seeds=[1], length=3,
-                              decoding=decoding)], base_seed=0, sampling=GREEDY)
+    result = ro.run(
+        [scripted(groups=2, size=2, fault="raise", fault_step=1, fault_seeds=[1], length=3, decoding=decoding)],
+        base_seed=0,
+        sampling=GREEDY,
+    )
     assert result.metrics["rollout/env_errors"] == 2
     with pytest.raises(RolloutError, match="4 of 4 agents failed"):
         ro.run([scripted(groups=2, size=2, fault="reset", decoding=decoding)], base_seed=0, sampling=GREEDY)
     # Bad values count as failures too: a mostly broken step still stops.
     with pytest.raises(RolloutError, match="3 of 4 agents failed.*non-finite reward"):
-        ro.run([scripted(groups=4, size=1, fault="nan", fault_step=1, fault_seeds=[0, 1, 2], length=3,
-                         decoding=decoding)], base_seed=0, sampling=GREEDY)
+        ro.run(
+            [scripted(groups=4, size=1, fault="nan", fault_step=1, fault_seeds=[0, 1, 2], length=3, decoding=decoding)],
+            base_seed=0,
+            sampling=GREEDY,
+        )
 
 
 @pytest.mark.parametrize("decoding", DECODINGS)

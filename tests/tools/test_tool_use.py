@@ -27,10 +27,19 @@ class CountEnv(Env):
 
 
 def task(**agent_config):
-    return {"agent_type": "countAgent",
-            "agent_config": {"enable_think": False, "max_turns": 4, "format_penalty": -0.1, "tools": ["python"],
-                             "max_tool_calls_per_turn": 1, "max_tool_calls": 2, "max_tool_output_chars": 50,
-                             **agent_config}}
+    return {
+        "agent_type": "countAgent",
+        "agent_config": {
+            "enable_think": False,
+            "max_turns": 4,
+            "format_penalty": -0.1,
+            "tools": ["python"],
+            "max_tool_calls_per_turn": 1,
+            "max_tool_calls": 2,
+            "max_tool_output_chars": 50,
+            **agent_config,
+        },
+    }
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -39,17 +48,20 @@ def count_agent():
     grl.agents.register("countAgent", "count")
 
 
-@pytest.mark.parametrize("reply, expected", [
-    ("<python>print(1)</python>", [("python", "print(1)")]),
-    ("a <PYTHON >x = 2\nprint(x)</ python> b <python>print(3)", [("python", "x = 2\nprint(x)"), ("python", "print(3)")]),
-    ("<python>print(1)</pyt", [("python", "print(1)")]),
-    ('<tool_call>{"name": "python", "arguments": {"code": "print(4)"}}</tool_call>', [("python", "print(4)")]),
-    ('<tool_call>{"name": "python", "arguments": "{\\"code\\": \\"print(5)\\"}"}</tool_call>', [("python", "print(5)")]),
-    ("<tool_call>not json</tool_call>", [("", "")]),
-    ('<tool_call>{"name": "python"}</tool_call>', [("", "")]),
-    ("<answer>5</answer>", []),
-    ("", []),
-])
+@pytest.mark.parametrize(
+    "reply, expected",
+    [
+        ("<python>print(1)</python>", [("python", "print(1)")]),
+        ("a <PYTHON >x = 2\nprint(x)</ python> b <python>print(3)", [("python", "x = 2\nprint(x)"), ("python", "print(3)")]),
+        ("<python>print(1)</pyt", [("python", "print(1)")]),
+        ('<tool_call>{"name": "python", "arguments": {"code": "print(4)"}}</tool_call>', [("python", "print(4)")]),
+        ('<tool_call>{"name": "python", "arguments": "{\\"code\\": \\"print(5)\\"}"}</tool_call>', [("python", "print(5)")]),
+        ("<tool_call>not json</tool_call>", [("", "")]),
+        ('<tool_call>{"name": "python"}</tool_call>', [("", "")]),
+        ("<answer>5</answer>", []),
+        ("", []),
+    ],
+)
 def test_parse_tool_calls(reply, expected):
     assert [(c.tool, c.code) for c in parse_tool_calls(reply)] == expected
 
@@ -72,8 +84,10 @@ def test_limits_errors_and_truncation_come_back_as_text():
     agent.reset(1)
     agent.step("<python>print('x' * 500)</python><python>print(2)</python>")
     output = agent.messages[-1]["content"]
-    assert "[call 1]\n" + "x" * 25 + "\n...\n" + "x" * 24 + "\n[output truncated: 501 characters, the first 25 and " \
+    assert (
+        "[call 1]\n" + "x" * 25 + "\n...\n" + "x" * 24 + "\n[output truncated: 501 characters, the first 25 and "
         "last 25 shown]" in output
+    )
     assert "[call 2]\n[not run: 1 call(s) a reply, 2 an episode]" in output
     agent.step("<python>import time\ntime.sleep(30)</python>")
     assert "[stopped: time limit of 3 s]" in agent.messages[-1]["content"]
@@ -85,8 +99,9 @@ def test_limits_errors_and_truncation_come_back_as_text():
     assert counts == {"tool_calls": 2.0, "tool_errors": 0.0, "tool_timeouts": 1.0}
     agent.reset(2)
     agent.step("<python>1/0</python>")
-    assert agent.messages[-1]["content"].endswith("Error: division by zero\n[output truncated: 148 characters, the "
-                                                  "first 25 and last 25 shown]\n[exit code 1]")
+    assert agent.messages[-1]["content"].endswith(
+        "Error: division by zero\n[output truncated: 148 characters, the first 25 and last 25 shown]\n[exit code 1]"
+    )
     agent.step('<tool_call>{"name": "bash", "arguments": {"code": "ls"}}</tool_call>')
     assert "[tool call not run: unknown tool 'bash' (tools: python)]" in agent.messages[-1]["content"]
     assert agent.episode_metrics()["tool_errors"] == 2.0  # counters start again with the episode
@@ -126,8 +141,7 @@ def test_tool_output_is_rendered_in_the_template_tool_role_or_as_user():
     from grl.rollout.chat import ChatTokens
 
     tokenizer = load_tokenizer("tiny")
-    messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"},
-                {"role": "tool", "content": "42"}]
+    messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}, {"role": "tool", "content": "42"}]
     assert "<|im_start|>tool\n42<|im_end|>" in ChatTokens(tokenizer).render(messages, True)
 
     class NoToolRole:  # a template that knows only user and assistant turns, as many do
@@ -178,19 +192,25 @@ def test_tool_output_is_environment_tokens_in_the_rollout_batch():
 
     grl.envs.register("tool_only", ToolOnlyEnv)
     grl.agents.register("toolOnlyAgent", "tool_only")
-    block = task(action_decoding="constrained", max_turns=2, max_tokens=40, max_tool_calls=1) | \
-        {"agent_type": "toolOnlyAgent"}
+    block = task(action_decoding="constrained", max_turns=2, max_tokens=40, max_tool_calls=1) | {"agent_type": "toolOnlyAgent"}
     engine = make_engine("hf", "tiny", device="cpu")
-    rollout = MultiTurnRollout(engine, engine.tokenizer, max_prompt_length=512, max_response_length=40,
-                               agent_factory=lambda name, cfg: make_agent(name, cfg, LIMITS))
+    rollout = MultiTurnRollout(
+        engine,
+        engine.tokenizer,
+        max_prompt_length=512,
+        max_response_length=40,
+        agent_factory=lambda name, cfg: make_agent(name, cfg, LIMITS),
+    )
     episode = rollout.run([TaskSpec("tool_only", block, 1, 1)], 0, SamplingParams(greedy=True)).episodes[0]
     engine.shutdown()
-    assert [turn.info.get("tool_output") for turn in episode.turns] == \
-        ["zebrazebrazebra", "[not run: 1 call(s) a reply, 1 an episode]"]
+    assert [turn.info.get("tool_output") for turn in episode.turns] == [
+        "zebrazebrazebra",
+        "[not run: 1 call(s) a reply, 1 an episode]",
+    ]
     batch, _ = build_batch([episode])
     ids, mask = batch["input_ids"][0].tolist(), batch["loss_mask"][0].tolist()
     second_prompt = episode.turns[1].prompt_ids
-    start = next(i for i in range(len(ids)) if ids[i:i + len(second_prompt)] == second_prompt)
+    start = next(i for i in range(len(ids)) if ids[i : i + len(second_prompt)] == second_prompt)
     assert "<|im_start|>tool\nzebrazebrazebra<|im_end|>" in engine.tokenizer.decode(second_prompt)
-    assert all(m == 0.0 for m in mask[start:start + len(second_prompt)])  # tool output: environment tokens
+    assert all(m == 0.0 for m in mask[start : start + len(second_prompt)])  # tool output: environment tokens
     assert sum(mask) == len(episode.turns[0].response_ids) + len(episode.turns[1].response_ids)

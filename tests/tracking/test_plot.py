@@ -12,11 +12,20 @@ from grl.tracking.plot import plot_run, smooth, success_metrics
 def write_run(run_dir, steps=6):
     rows = []
     for step in range(1, steps + 1):
-        row = {"step": step, "reward/mean": 0.1 * step, "response_length/mean": 40 + step,
-               "actor/ppo_kl": 0.001 * step, "actor/entropy": 2.0 - 0.1 * step,
-               "env/simpleSokobanAgent/success": step / steps, "env/simpleSokobanAgent/score": step / steps,
-               "actor/pg_loss": 0.1, "critic/vf_loss": 1.0 / step, "actor/grad_norm": 0.5,
-               "timing_s/rollout": 3.0, "timing_s/update_actor": 2.0}
+        row = {
+            "step": step,
+            "reward/mean": 0.1 * step,
+            "response_length/mean": 40 + step,
+            "actor/ppo_kl": 0.001 * step,
+            "actor/entropy": 2.0 - 0.1 * step,
+            "env/simpleSokobanAgent/success": step / steps,
+            "env/simpleSokobanAgent/score": step / steps,
+            "actor/pg_loss": 0.1,
+            "critic/vf_loss": 1.0 / step,
+            "actor/grad_norm": 0.5,
+            "timing_s/rollout": 3.0,
+            "timing_s/update_actor": 2.0,
+        }
         if step % 2 == 0:
             row["val-env/simpleSokobanAgent/success"] = step / steps / 2
             row["val-env/tetrisAgent_type_1_dim_4/success"] = None  # non-finite values are logged as null
@@ -45,31 +54,45 @@ def test_panels_name_every_quantity(tmp_path, monkeypatch):
 
     monkeypatch.setattr(plt.Figure, "savefig", keep_titles)
     plot_run(tmp_path)
-    assert titles == ["success per task", "reward per task", "actor loss", "critic loss", "KL", "entropy",
-                      "grad norm", "response length (tokens)", "time per phase (s)"]
+    assert titles == [
+        "success per task",
+        "reward per task",
+        "actor loss",
+        "critic loss",
+        "KL",
+        "entropy",
+        "grad norm",
+        "response length (tokens)",
+        "time per phase (s)",
+    ]
 
 
 def test_a_critic_free_run_with_a_decoy_control_draws_the_proof_in_place_of_the_critic(tmp_path, monkeypatch):
     import matplotlib.pyplot as plt
 
-    rows = [{"step": step, "actor/pg_loss": 0.1, "actor/entropy": 1.0, "train/tetris/success": step / 4,
-             "timing_s/rollout": 3.0} for step in range(5)]
+    rows = [
+        {"step": step, "actor/pg_loss": 0.1, "actor/entropy": 1.0, "train/tetris/success": step / 4, "timing_s/rollout": 3.0}
+        for step in range(5)
+    ]
     for row in rows[::2]:
-        row.update({"val-env/tetris/success": row["step"] / 5, "val-env/tetris/success_swapped": 0.2,
-                    "val-env/tetris/input_mi": 0.1 * row["step"]})
+        row.update(
+            {
+                "val-env/tetris/success": row["step"] / 5,
+                "val-env/tetris/success_swapped": 0.2,
+                "val-env/tetris/input_mi": 0.1 * row["step"],
+            }
+        )
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     panels = {}
     real_savefig = plt.Figure.savefig
 
     def keep_panels(fig, *args, **kwargs):
-        panels.update({ax.get_title(): [line.get_label() for line in ax.get_lines()]
-                       for ax in fig.axes if ax.get_visible()})
+        panels.update({ax.get_title(): [line.get_label() for line in ax.get_lines()] for ax in fig.axes if ax.get_visible()})
         return real_savefig(fig, *args, **kwargs)
 
     monkeypatch.setattr(plt.Figure, "savefig", keep_panels)
     plot_run(tmp_path)
-    assert list(panels) == ["success per task", "input_mi (nats, validation)", "actor loss", "entropy",
-                            "time per phase (s)"]
+    assert list(panels) == ["success per task", "input_mi (nats, validation)", "actor loss", "entropy", "time per phase (s)"]
     assert {"val-env/tetris", "val-env/tetris decoy board", "train/tetris"} <= set(panels["success per task"])
     assert "val-env/tetris" in panels["input_mi (nats, validation)"]
 
@@ -79,8 +102,11 @@ def test_success_curves_pair_training_and_validation_per_task(tmp_path):
     from grl.tracking import read_jsonl
 
     names = success_metrics(read_jsonl(tmp_path / "metrics.jsonl"))
-    assert names == ["env/simpleSokobanAgent/success", "val-env/simpleSokobanAgent/success",
-                     "val-env/tetrisAgent_type_1_dim_4/success"]
+    assert names == [
+        "env/simpleSokobanAgent/success",
+        "val-env/simpleSokobanAgent/success",
+        "val-env/tetrisAgent_type_1_dim_4/success",
+    ]
 
 
 def test_train_prefix_is_read_too(tmp_path):
@@ -93,7 +119,7 @@ def test_smoothing_matches_a_plain_ema():
     w, avg, expected = 0.5, 0.0, []
     for k, v in enumerate(values, start=1):
         avg = w * avg + (1 - w) * v
-        expected.append(avg / (1 - w ** k))
+        expected.append(avg / (1 - w**k))
     assert smooth(values, 0.5) == expected
     assert smooth(values, 0.0) == values
 
@@ -101,17 +127,20 @@ def test_smoothing_matches_a_plain_ema():
 def test_cli(tmp_path):
     write_run(tmp_path)
     out = tmp_path / "x.pdf"
-    result = subprocess.run([sys.executable, "-m", "grl.cli", "plot", str(tmp_path), "--out", str(out)],
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "grl.cli", "plot", str(tmp_path), "--out", str(out)], capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, result.stderr
     assert out.read_bytes().startswith(b"%PDF")
-    missing = subprocess.run([sys.executable, "-m", "grl.cli", "plot", str(tmp_path / "nope")],
-                             capture_output=True, text=True, timeout=120)
+    missing = subprocess.run(
+        [sys.executable, "-m", "grl.cli", "plot", str(tmp_path / "nope")], capture_output=True, text=True, timeout=120
+    )
     assert missing.returncode == 2 and "metrics.jsonl" in missing.stderr
     (tmp_path / "empty").mkdir()
     (tmp_path / "empty" / "metrics.jsonl").write_text("")
-    empty = subprocess.run([sys.executable, "-m", "grl.cli", "plot", str(tmp_path / "empty")],
-                           capture_output=True, text=True, timeout=120)
+    empty = subprocess.run(
+        [sys.executable, "-m", "grl.cli", "plot", str(tmp_path / "empty")], capture_output=True, text=True, timeout=120
+    )
     assert empty.returncode == 2 and "no logged step" in empty.stderr
 
 

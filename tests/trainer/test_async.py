@@ -1,10 +1,10 @@
 """Rollouts ahead of the update (rollout.max_staleness) with the engine in a worker of its own.
 
-  - the engine apart at max_staleness=0 trains exactly as the engine in the actor's rank;
-  - at max_staleness=1 every batch is at most one version old, the correction's statistics are
-    reported, and validation in the middle of the run gets the engine holding the newest weights;
-  - without the old-log-prob pass, PPO's old log-probs are the engine's;
-  - a weight transfer that hangs ends the run with one line.
+- the engine apart at max_staleness=0 trains exactly as the engine in the actor's rank;
+- at max_staleness=1 every batch is at most one version old, the correction's statistics are
+  reported, and validation in the middle of the run gets the engine holding the newest weights;
+- without the old-log-prob pass, PPO's old log-probs are the engine's;
+- a weight transfer that hangs ends the run with one line.
 """
 
 import pytest
@@ -18,20 +18,41 @@ from grl.trainer.transforms import drop_stale_episodes, staleness_metrics
 
 ray = pytest.importorskip("ray")
 
-DETERMINISTIC = ("reward/mean", "reward/std", "response_length/mean", "actor/pg_loss", "actor/entropy",
-                 "actor/pg_clipfrac", "actor/ppo_kl", "actor/grad_norm", "training/rollout_probs_diff_max",
-                 "val-env/tetrisAgent_gap_dim_4/success")
+DETERMINISTIC = (
+    "reward/mean",
+    "reward/std",
+    "response_length/mean",
+    "actor/pg_loss",
+    "actor/entropy",
+    "actor/pg_clipfrac",
+    "actor/ppo_kl",
+    "actor/grad_norm",
+    "training/rollout_probs_diff_max",
+    "val-env/tetrisAgent_gap_dim_4/success",
+)
 
 
 def config(tmp_path, name, **over):
     overrides = {
-        "preset": "cpu", "model_path": "tiny", "max_response_length": 8,
-        "rollout.agent_group_num": "[2]", "rollout.agent_group_size": "[2]", "rollout.rollout_filter_ratio": 1.0,
-        "rollout.validation_agent_group_num": "[2]", "ppo_mini_batch_size": 2, "micro_batch_size_per_gpu": 2,
-        "total_training_steps": 3, "test_freq": 2, "save_freq": -1, "trainer.logger": "[jsonl]",
-        "trainer.export_hf": False, "trainer.validation_controls": "[]", "actor_rollout_ref.actor.optim.lr": 1e-3,
+        "preset": "cpu",
+        "model_path": "tiny",
+        "max_response_length": 8,
+        "rollout.agent_group_num": "[2]",
+        "rollout.agent_group_size": "[2]",
+        "rollout.rollout_filter_ratio": 1.0,
+        "rollout.validation_agent_group_num": "[2]",
+        "ppo_mini_batch_size": 2,
+        "micro_batch_size_per_gpu": 2,
+        "total_training_steps": 3,
+        "test_freq": 2,
+        "save_freq": -1,
+        "trainer.logger": "[jsonl]",
+        "trainer.export_hf": False,
+        "trainer.validation_controls": "[]",
+        "actor_rollout_ref.actor.optim.lr": 1e-3,
         "actor_rollout_ref.actor.recompute_old_log_probs": True,  # the corrected path; the bypass test turns it off
-        "trainer.run_dir": str(tmp_path / name / "run"), "trainer.default_local_dir": str(tmp_path / name / "ckpt"),
+        "trainer.run_dir": str(tmp_path / name / "run"),
+        "trainer.default_local_dir": str(tmp_path / name / "ckpt"),
     }
     overrides.update(over)
     return load_config([f"{k}={v}" for k, v in overrides.items()])
@@ -76,9 +97,16 @@ def test_the_engine_apart_at_staleness_0_trains_as_the_engine_in_the_rank(tmp_pa
 
 @pytest.mark.slow
 def test_one_step_off_trains_on_episodes_at_most_one_version_old(tmp_path, ray_runtime):
-    cfg = config(tmp_path, "ahead", total_training_steps=4, **{
-        "actor_rollout_ref.hybrid_engine": False, "rollout.max_staleness": 1,
-        "actor_rollout_ref.actor.tis_imp_ratio_cap": 2.0})
+    cfg = config(
+        tmp_path,
+        "ahead",
+        total_training_steps=4,
+        **{
+            "actor_rollout_ref.hybrid_engine": False,
+            "rollout.max_staleness": 1,
+            "actor_rollout_ref.actor.tis_imp_ratio_cap": 2.0,
+        },
+    )
     metrics, batches = recorded_run(cfg)
     # Steps 1 and 2 are both sampled by the initial weights; from then on each by the step before last.
     assert [metrics[s]["async/staleness_max"] for s in (1, 2, 3, 4)] == [0, 1, 1, 1]
@@ -95,9 +123,16 @@ def test_one_step_off_trains_on_episodes_at_most_one_version_old(tmp_path, ray_r
 
 @pytest.mark.slow
 def test_one_step_off_without_the_old_pass_clips_around_the_engines_log_probs(tmp_path, ray_runtime):
-    cfg = config(tmp_path, "bypass", test_freq=-1, **{
-        "actor_rollout_ref.hybrid_engine": False, "rollout.max_staleness": 1,
-        "actor_rollout_ref.actor.recompute_old_log_probs": False})
+    cfg = config(
+        tmp_path,
+        "bypass",
+        test_freq=-1,
+        **{
+            "actor_rollout_ref.hybrid_engine": False,
+            "rollout.max_staleness": 1,
+            "actor_rollout_ref.actor.recompute_old_log_probs": False,
+        },
+    )
     trained = {}
 
     def record(trainer, step, step_metrics, batch):
@@ -113,15 +148,25 @@ def test_one_step_off_without_the_old_pass_clips_around_the_engines_log_probs(tm
 
 @pytest.mark.slow
 def test_a_weight_transfer_that_hangs_ends_the_run_with_one_line(tmp_path, ray_runtime):
-    cfg = config(tmp_path, "stuck", **{
-        "actor_rollout_ref.hybrid_engine": False, "rollout.max_staleness": 1, "rollout.weight_sync_timeout": 3,
-        "actor_rollout_ref.actor.tis_imp_ratio_cap": 2.0, "test_freq": -1, "trainer.val_before_train": False})
+    cfg = config(
+        tmp_path,
+        "stuck",
+        **{
+            "actor_rollout_ref.hybrid_engine": False,
+            "rollout.max_staleness": 1,
+            "rollout.weight_sync_timeout": 3,
+            "actor_rollout_ref.actor.tis_imp_ratio_cap": 2.0,
+            "test_freq": -1,
+            "trainer.val_before_train": False,
+        },
+    )
 
     def hang_on_load(trainer):
         def stall(worker):
             import time
 
             worker.engine.update_weights = lambda _weights: time.sleep(3600)
+
         trainer.actor.engine.execute(stall)
 
     with pytest.raises(RunAborted) as info:
@@ -132,8 +177,10 @@ def test_a_weight_transfer_that_hangs_ends_the_run_with_one_line(tmp_path, ray_r
 
 
 def test_an_episode_older_than_max_staleness_is_never_trained_on():
-    episodes = [Episode(task="t", group_id=0, seed=1, turns=[Turn([1], [2], None, 0.0)], score=0.0,
-                        policy_version=v, member=i) for i, v in enumerate([5, 4, 3, 2])]
+    episodes = [
+        Episode(task="t", group_id=0, seed=1, turns=[Turn([1], [2], None, 0.0)], score=0.0, policy_version=v, member=i)
+        for i, v in enumerate([5, 4, 3, 2])
+    ]
     kept, dropped = drop_stale_episodes(episodes, trained_version=5, max_staleness=1)
     assert [ep.policy_version for ep in kept] == [5, 4] and dropped == 2
     assert drop_stale_episodes(episodes, 5, 0)[1] == 3

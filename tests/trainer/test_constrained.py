@@ -16,19 +16,27 @@ ray = pytest.importorskip("ray")
 
 WEBSHOP = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "webshop"
 # WebShop (free <think> text, then a click or a search with free-text keywords) where its data is.
-TASKS = ["simpleSokobanAgent", "blocksworldAgent_text", "tetrisAgent_type_1_dim_4"] + \
-    (["webshopAgent"] if (WEBSHOP / "products_1k.jsonl").exists() else [])
+TASKS = ["simpleSokobanAgent", "blocksworldAgent_text", "tetrisAgent_type_1_dim_4"] + (
+    ["webshopAgent"] if (WEBSHOP / "products_1k.jsonl").exists() else []
+)
 
 
 @pytest.fixture(scope="module")
 def cfg(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("constrained")
     overrides = {
-        "model_path": "tiny", "trainer.device": "cpu", "actor_rollout_ref.rollout.name": "hf",
-        "actor_rollout_ref.rollout.temperature": 0.7, "max_response_length": 48, "max_prompt_length": 4096,
-        "rollout.training": f"[{','.join(TASKS)}]", "rollout.agent_group_num": f"[{','.join(['2'] * len(TASKS))}]",
-        "rollout.agent_group_size": f"[{','.join(['2'] * len(TASKS))}]", "trainer.run_dir": str(tmp / "run"),
-        "trainer.default_local_dir": str(tmp / "ckpt"), "critic.enable": False,
+        "model_path": "tiny",
+        "trainer.device": "cpu",
+        "actor_rollout_ref.rollout.name": "hf",
+        "actor_rollout_ref.rollout.temperature": 0.7,
+        "max_response_length": 48,
+        "max_prompt_length": 4096,
+        "rollout.training": f"[{','.join(TASKS)}]",
+        "rollout.agent_group_num": f"[{','.join(['2'] * len(TASKS))}]",
+        "rollout.agent_group_size": f"[{','.join(['2'] * len(TASKS))}]",
+        "trainer.run_dir": str(tmp / "run"),
+        "trainer.default_local_dir": str(tmp / "ckpt"),
+        "critic.enable": False,
         "algorithm.adv_estimator": "grpo",
     }
     for task in TASKS:
@@ -115,8 +123,9 @@ def test_left_truncation_shows_in_the_mismatch_metrics(cfg, actor):
     the trained policy is then not the one that acted, and the metrics say so."""
     from grl.models import load_tokenizer
 
-    rollout = MultiTurnRollout(actor.engine, load_tokenizer(cfg.actor_rollout_ref.model.path),
-                               max_prompt_length=128, max_response_length=48)
+    rollout = MultiTurnRollout(
+        actor.engine, load_tokenizer(cfg.actor_rollout_ref.model.path), max_prompt_length=128, max_response_length=48
+    )
     sampling = sampling_from_config(cfg.actor_rollout_ref.rollout, validate=False, max_new_tokens=48)
     result = rollout.run(task_specs(cfg)[:1], 11, sampling)
     rollout.close()

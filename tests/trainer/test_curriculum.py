@@ -33,19 +33,25 @@ def test_a_stage_sets_the_env_key_of_every_training_task_and_the_env_plays_it():
     specs = task_specs(cfg)
     easy = c.tasks(specs, 0)
     assert easy[0].config["env_config"]["dim_x"] == 3 and specs[0].config["env_config"]["dim_x"] == 4
-    assert {k: v for k, v in easy[0].config["env_config"].items() if k != "dim_x"} == \
-        {k: v for k, v in specs[0].config["env_config"].items() if k != "dim_x"}
+    assert {k: v for k, v in easy[0].config["env_config"].items() if k != "dim_x"} == {
+        k: v for k, v in specs[0].config["env_config"].items() if k != "dim_x"
+    }
     env = make("tetris", **easy[0].config["env_config"])
     board = env.reset(7)
     assert all(len(row) == 3 for row in env.board) and board
     assert Curriculum.from_config(load_config(["preset=cpu"]).rollout.curriculum) is None
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["rollout.curriculum.env_key=dim_x"], "rollout.curriculum.levels: name the values of dim_x"),
-    (["rollout.curriculum.env_key=width", "rollout.curriculum.levels=[3]"],
-     "rollout.curriculum.env_key: env tetris of tetrisAgent_gap_dim_4 has no key 'width'"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["rollout.curriculum.env_key=dim_x"], "rollout.curriculum.levels: name the values of dim_x"),
+        (
+            ["rollout.curriculum.env_key=width", "rollout.curriculum.levels=[3]"],
+            "rollout.curriculum.env_key: env tetris of tetrisAgent_gap_dim_4 has no key 'width'",
+        ),
+    ],
+)
 def test_a_curriculum_the_tasks_cannot_play_stops_before_the_run(overrides, message):
     with pytest.raises(ConfigError, match=message):
         load_config(["preset=cpu", *overrides])

@@ -21,26 +21,51 @@ from grl.trainer.agent_trainer import AgentTrainer
 ray = pytest.importorskip("ray")
 
 # Metrics that depend only on the data and the weights (timings and throughput excluded).
-DETERMINISTIC = ("reward/mean", "reward/std", "response_length/mean", "actor/pg_loss", "actor/entropy",
-                 "actor/pg_clipfrac", "actor/ppo_kl", "actor/grad_norm", "critic/vf_loss", "critic/grad_norm",
-                 "critic/advantages/mean", "critic/returns/mean", "critic/values/mean",
-                 "train/simpleSokobanAgent/format_ok", "val-env/simpleSokobanAgent/success",
-                 "val-env/simpleSokobanAgent/response_length")
+DETERMINISTIC = (
+    "reward/mean",
+    "reward/std",
+    "response_length/mean",
+    "actor/pg_loss",
+    "actor/entropy",
+    "actor/pg_clipfrac",
+    "actor/ppo_kl",
+    "actor/grad_norm",
+    "critic/vf_loss",
+    "critic/grad_norm",
+    "critic/advantages/mean",
+    "critic/returns/mean",
+    "critic/values/mean",
+    "train/simpleSokobanAgent/format_ok",
+    "val-env/simpleSokobanAgent/success",
+    "val-env/simpleSokobanAgent/response_length",
+)
 
 
 def config(tmp_path, name, **over):
     overrides = {
-        "model_path": "tiny", "n_gpus_per_node": 2, "trainer.device": "cpu", "max_response_length": 12,
+        "model_path": "tiny",
+        "n_gpus_per_node": 2,
+        "trainer.device": "cpu",
+        "max_response_length": 12,
         "actor_rollout_ref.rollout.name": "hf",
-        "rollout.agent_group_num": "[2]", "rollout.agent_group_size": "[2]",
-        "rollout.validation_agent_group_num": "[2]", "rollout.validation_agent_group_size": "[1]",
+        "rollout.agent_group_num": "[2]",
+        "rollout.agent_group_size": "[2]",
+        "rollout.validation_agent_group_num": "[2]",
+        "rollout.validation_agent_group_size": "[1]",
         "simpleSokobanAgent.agent_config.max_turns": 2,
-        "ppo_mini_batch_size": 2, "micro_batch_size_per_gpu": 1, "total_training_steps": 2,
-        "test_freq": 2, "save_freq": 1, "trainer.logger": "[jsonl]", "trainer.export_hf": True,
-        "trainer.run_dir": str(tmp_path / name / "run"), "trainer.default_local_dir": str(tmp_path / name / "ckpt"),
+        "ppo_mini_batch_size": 2,
+        "micro_batch_size_per_gpu": 1,
+        "total_training_steps": 2,
+        "test_freq": 2,
+        "save_freq": 1,
+        "trainer.logger": "[jsonl]",
+        "trainer.export_hf": True,
+        "trainer.run_dir": str(tmp_path / name / "run"),
+        "trainer.default_local_dir": str(tmp_path / name / "ckpt"),
         "actor_rollout_ref.model.enable_gradient_checkpointing": False,
         "critic.model.enable_gradient_checkpointing": False,
-        "actor_rollout_ref.actor.optim.lr": 1e-3, "critic.optim.lr": 1e-3,
+        "actor_rollout_ref.actor.optim.lr": 1e-3,
+        "critic.optim.lr": 1e-3,
     }
     overrides.update(over)
     return load_config([f"{k}={v}" for k, v in overrides.items()])
@@ -75,11 +100,23 @@ def test_train_checkpoint_kill_and_resume(tmp_path, ray_runtime, capsys):
     assert sorted(history) == [0, 1, 2]
     assert "val-env/simpleSokobanAgent/success" in history[0] and "val-env/simpleSokobanAgent/success" in history[2]
     assert history[1]["actor/grad_norm"] > 0 and history[1]["critic/vf_loss"] >= 0
-    grl_names = ["train/simpleSokobanAgent/success", "timing_s/gen", "timing_s/adv", "timing_s/testing",
-                 "timing_per_token_ms/gen", "timing_per_token_ms/update_actor", "perf/throughput",
-                 "perf/time_per_step", "perf/max_memory_allocated_gb", "perf/cpu_memory_used_gb", "critic/score/mean",
-                 "critic/vf_explained_var", "prompt_length/mean", "response_length/clip_ratio",
-                 "val-env/response_length"]
+    grl_names = [
+        "train/simpleSokobanAgent/success",
+        "timing_s/gen",
+        "timing_s/adv",
+        "timing_s/testing",
+        "timing_per_token_ms/gen",
+        "timing_per_token_ms/update_actor",
+        "perf/throughput",
+        "perf/time_per_step",
+        "perf/max_memory_allocated_gb",
+        "perf/cpu_memory_used_gb",
+        "critic/score/mean",
+        "critic/vf_explained_var",
+        "prompt_length/mean",
+        "response_length/clip_ratio",
+        "val-env/response_length",
+    ]
     assert [n for n in grl_names if n not in history[2]] == []
     assert {p.name for p in (a_dir / "ckpt").iterdir()} >= {"global_step_1", "global_step_2", "latest", "hf_actor"}
     assert (a_dir / "ckpt" / "latest").read_text().strip() == "global_step_2"
@@ -91,8 +128,7 @@ def test_train_checkpoint_kill_and_resume(tmp_path, ray_runtime, capsys):
     assert exported.config.num_hidden_layers == 2
 
     # val_only: resume A's last checkpoint, validate once, exit without training
-    cfg_val = config(tmp_path, "a", resume_mode="auto", **{"trainer.val_only": True,
-                                                            "trainer.run_dir": str(a_dir / "val_only")})
+    cfg_val = config(tmp_path, "a", resume_mode="auto", **{"trainer.val_only": True, "trainer.run_dir": str(a_dir / "val_only")})
     AgentTrainer.from_config(cfg_val).fit()
     only = by_step(a_dir / "val_only")
     assert sorted(only) == [2] and "val-env/simpleSokobanAgent/success" in only[2]
@@ -131,9 +167,15 @@ def test_lora_gigpo_run_resumes_to_equal_metrics(tmp_path, ray_runtime):
 
     from grl.workers.sharded import saved_names
 
-    lora = {"actor_rollout_ref.model.lora_rank": 4, "actor_rollout_ref.model.lora_alpha": 8,
-            "actor_rollout_ref.actor.optim.lr": 0.02, "actor_rollout_ref.actor.use_kl_loss": True,
-            "algorithm.adv_estimator": "gigpo", "algorithm.gamma": 0.9, "critic.enable": False}
+    lora = {
+        "actor_rollout_ref.model.lora_rank": 4,
+        "actor_rollout_ref.model.lora_alpha": 8,
+        "actor_rollout_ref.actor.optim.lr": 0.02,
+        "actor_rollout_ref.actor.use_kl_loss": True,
+        "algorithm.adv_estimator": "gigpo",
+        "algorithm.gamma": 0.9,
+        "critic.enable": False,
+    }
 
     def kill_after_step_1(trainer, step, metrics, batch):
         if step == 1:
@@ -175,9 +217,21 @@ def test_export_best_holds_the_actor_of_the_best_validation(tmp_path, ray_runtim
     def keep_weights(trainer, step, metrics, batch):
         trainer.actor.export_hf(str(tmp_path / f"step_{step}"))
 
-    cfg = config(tmp_path, "best", resume_mode="disable", n_gpus_per_node=1, total_training_steps=3, test_freq=1,
-                 save_freq=-1, **{"trainer.export_best": True, "trainer.val_before_train": False,
-                                  "critic.enable": False, "algorithm.adv_estimator": "grpo"})
+    cfg = config(
+        tmp_path,
+        "best",
+        resume_mode="disable",
+        n_gpus_per_node=1,
+        total_training_steps=3,
+        test_freq=1,
+        save_freq=-1,
+        **{
+            "trainer.export_best": True,
+            "trainer.val_before_train": False,
+            "critic.enable": False,
+            "algorithm.adv_estimator": "grpo",
+        },
+    )
     ScriptedScores.from_config(cfg, hooks=[keep_weights]).fit()
     best = max(scripted, key=lambda s: (scripted[s], s))
     weights = {name: load_file(tmp_path / name / "model.safetensors") for name in ("step_2", "step_3")}

@@ -57,15 +57,24 @@ ACTION_FAULTS = {
 }
 # kind -> (the kind grl/envs/checks.py reports, what its log line shows of the value)
 LOGGED = {
-    "nan_reward": ("nonfinite_reward", "float nan"), "inf_reward": ("nonfinite_reward", "float inf"),
-    "neg_inf_reward": ("nonfinite_reward", "float -inf"), "none_reward": ("reward", "NoneType None"),
-    "text_reward": ("reward", "str '1.0 points'"), "bytes_observation": ("observation", "bytes b'Turn 2"),
-    "int_observation": ("observation", "int 7"), "none_observation": ("observation", "NoneType None"),
+    "nan_reward": ("nonfinite_reward", "float nan"),
+    "inf_reward": ("nonfinite_reward", "float inf"),
+    "neg_inf_reward": ("nonfinite_reward", "float -inf"),
+    "none_reward": ("reward", "NoneType None"),
+    "text_reward": ("reward", "str '1.0 points'"),
+    "bytes_observation": ("observation", "bytes b'Turn 2"),
+    "int_observation": ("observation", "int 7"),
+    "none_observation": ("observation", "NoneType None"),
     "huge_observation": ("observation_cut", f"{len('Turn 2 of 2. Pick left or right.') + 10 * 2**20} characters"),
-    "two_tuple": ("result", "a 2-tuple"), "five_tuple": ("result", "a 5-tuple"), "int_done": ("done", "int 0"),
-    "info_not_dict": ("info", "list [("), "surrogate_observation": ("observation_repaired", "\\ud800"),
-    "nul_observation": ("observation_repaired", "\\x00"), "actions_raise": ("exception", "valid_actions exploded"),
-    "actions_empty": ("valid_actions", "empty list"), "actions_not_strings": ("valid_actions", "int 1"),
+    "two_tuple": ("result", "a 2-tuple"),
+    "five_tuple": ("result", "a 5-tuple"),
+    "int_done": ("done", "int 0"),
+    "info_not_dict": ("info", "list [("),
+    "surrogate_observation": ("observation_repaired", "\\ud800"),
+    "nul_observation": ("observation_repaired", "\\x00"),
+    "actions_raise": ("exception", "valid_actions exploded"),
+    "actions_empty": ("valid_actions", "empty list"),
+    "actions_not_strings": ("valid_actions", "int 1"),
 }
 REPAIRED = {"huge_observation", "surrogate_observation", "nul_observation"}  # cut or cleaned; episode goes on
 NONFINITE = {"nan_reward", "inf_reward", "neg_inf_reward"}
@@ -107,11 +116,22 @@ class HostileEnv(Env):
 
 
 def task_block(kind: str) -> dict:
-    return {"agent_type": "hostileAgent",
-            "agent_config": {"system_prompt": "You pick a side.", "prompt": "Pick left.", "enable_think": False,
-                             "max_tokens": 10, "max_turns": 2, "max_actions_per_turn": 1, "max_actions_all_turns": 2,
-                             "format_penalty": -0.1, "action_separator": None, "action_decoding": "constrained"},
-            "env_config": {"kind": kind}}
+    return {
+        "agent_type": "hostileAgent",
+        "agent_config": {
+            "system_prompt": "You pick a side.",
+            "prompt": "Pick left.",
+            "enable_think": False,
+            "max_tokens": 10,
+            "max_turns": 2,
+            "max_actions_per_turn": 1,
+            "max_actions_all_turns": 2,
+            "format_penalty": -0.1,
+            "action_separator": None,
+            "action_decoding": "constrained",
+        },
+        "env_config": {"kind": kind},
+    }
 
 
 def hostile_config(tmp_path):
@@ -119,16 +139,31 @@ def hostile_config(tmp_path):
     grl.agents.register("hostileAgent", "hostile")
     n = len(KINDS)
     keys = {
-        "model_path": "tiny", "n_gpus_per_node": 1, "trainer.device": "cpu", "actor_rollout_ref.rollout.name": "hf",
-        "max_response_length": 10, "max_prompt_length": 256, "rollout.max_episode_length": 512,
-        "rollout.seed": BASE_SEED, "rollout.training": f"[{','.join(KINDS)}]",
-        "rollout.agent_group_num": f"[{','.join(['2'] * n)}]", "rollout.agent_group_size": f"[{','.join(['2'] * n)}]",
+        "model_path": "tiny",
+        "n_gpus_per_node": 1,
+        "trainer.device": "cpu",
+        "actor_rollout_ref.rollout.name": "hf",
+        "max_response_length": 10,
+        "max_prompt_length": 256,
+        "rollout.max_episode_length": 512,
+        "rollout.seed": BASE_SEED,
+        "rollout.training": f"[{','.join(KINDS)}]",
+        "rollout.agent_group_num": f"[{','.join(['2'] * n)}]",
+        "rollout.agent_group_size": f"[{','.join(['2'] * n)}]",
         # Step 3 breaks every episode to show the skip; the ratio's stop is tested in tests/rollout.
         "rollout.max_failed_agent_ratio": 1.0,
-        "algorithm.adv_estimator": "grpo", "critic.enable": False, "total_training_steps": 3,
-        "ppo_mini_batch_size": 64, "micro_batch_size_per_gpu": 64, "test_freq": -1, "save_freq": -1,
-        "trainer.val_before_train": False, "trainer.export_hf": False, "trainer.logger": "[jsonl]",
-        "resume_mode": "disable", "trainer.run_dir": str(tmp_path / "run"),
+        "algorithm.adv_estimator": "grpo",
+        "critic.enable": False,
+        "total_training_steps": 3,
+        "ppo_mini_batch_size": 64,
+        "micro_batch_size_per_gpu": 64,
+        "test_freq": -1,
+        "save_freq": -1,
+        "trainer.val_before_train": False,
+        "trainer.export_hf": False,
+        "trainer.logger": "[jsonl]",
+        "resume_mode": "disable",
+        "trainer.run_dir": str(tmp_path / "run"),
         "trainer.default_local_dir": str(tmp_path / "ckpt"),
         "actor_rollout_ref.model.enable_gradient_checkpointing": False,
     }
@@ -212,9 +247,18 @@ def test_a_step_where_every_episode_failed_is_skipped(run):
 
 def episodes_with(scores):
     """Two groups of two; each episode one turn of 3 sampled tokens with the given score."""
-    return [Episode(task="t", group_id=i // 2, seed=i // 2, member=i % 2, score=score, metrics={"success": score},
-                    turns=[Turn(prompt_ids=[1, 2], response_ids=[3, 4, 5], response_log_probs=None, reward=score)])
-            for i, score in enumerate(scores)]
+    return [
+        Episode(
+            task="t",
+            group_id=i // 2,
+            seed=i // 2,
+            member=i % 2,
+            score=score,
+            metrics={"success": score},
+            turns=[Turn(prompt_ids=[1, 2], response_ids=[3, 4, 5], response_log_probs=None, reward=score)],
+        )
+        for i, score in enumerate(scores)
+    ]
 
 
 def test_metrics_and_shaping_skip_a_nonfinite_score_that_got_through():

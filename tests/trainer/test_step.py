@@ -20,27 +20,56 @@ def episodes(num_groups=3, group_size=4, seed=0, shared_prompts=False):
     for g in range(num_groups):
         first = [rng.randrange(1, 50) for _ in range(rng.randint(2, 6))] if shared_prompts else None
         for m in range(group_size):
-            turns = [Turn(prompt_ids=list(first) if shared_prompts and k == 0 else
-                          [rng.randrange(1, 50) for _ in range(rng.randint(2, 6))],
-                          response_ids=[rng.randrange(1, 50) for _ in range(rng.randint(1, 5))],
-                          response_log_probs=None, reward=rng.choice([0.0, 1.0, -0.1]), state_key=f"s{(k + m) % 2}")
-                     for k in range(rng.randint(1, 3))]
-            out.append(Episode(task="t", group_id=g, seed=100 + g, turns=turns, score=sum(t.reward for t in turns),
-                               metrics={"success": float(rng.random() < 0.5)}, member=m))
+            turns = [
+                Turn(
+                    prompt_ids=list(first)
+                    if shared_prompts and k == 0
+                    else [rng.randrange(1, 50) for _ in range(rng.randint(2, 6))],
+                    response_ids=[rng.randrange(1, 50) for _ in range(rng.randint(1, 5))],
+                    response_log_probs=None,
+                    reward=rng.choice([0.0, 1.0, -0.1]),
+                    state_key=f"s{(k + m) % 2}",
+                )
+                for k in range(rng.randint(1, 3))
+            ]
+            out.append(
+                Episode(
+                    task="t",
+                    group_id=g,
+                    seed=100 + g,
+                    turns=turns,
+                    score=sum(t.reward for t in turns),
+                    metrics={"success": float(rng.random() < 0.5)},
+                    member=m,
+                )
+            )
     return out
 
 
 def rollout_cfg(**over):
-    cfg = {"use_turn_scores": False, "max_episode_length": 4096, "rollout_filter_ratio": 1.0,
-           "rollout_filter_type": "std", "reward_normalization": {"grouping": "state", "method": "identity"}}
+    cfg = {
+        "use_turn_scores": False,
+        "max_episode_length": 4096,
+        "rollout_filter_ratio": 1.0,
+        "rollout_filter_type": "std",
+        "reward_normalization": {"grouping": "state", "method": "identity"},
+    }
     cfg.update(over)
     return OmegaConf.create(cfg)
 
 
 def algo_cfg(estimator, **over):
-    cfg = {"adv_estimator": estimator, "gamma": 1.0, "lam": 0.95, "high_level_gamma": 0.95,
-           "turn_advantage_weight": 1.0, "gigpo_step_weight": 1.0, "norm_adv_by_std_in_grpo": True, "kl_penalty": "kl",
-           "use_kl_in_reward": False}
+    cfg = {
+        "adv_estimator": estimator,
+        "gamma": 1.0,
+        "lam": 0.95,
+        "high_level_gamma": 0.95,
+        "turn_advantage_weight": 1.0,
+        "gigpo_step_weight": 1.0,
+        "norm_adv_by_std_in_grpo": True,
+        "kl_penalty": "kl",
+        "use_kl_in_reward": False,
+    }
     cfg.update(over)
     return OmegaConf.create(cfg)
 
@@ -62,6 +91,7 @@ def recording(group, sent):
         parts = [part for rank in shards for part in rank] if method == "update" else shards
         sent.append((method, "segment_ids" in parts[0], any("parent_ids" in part for part in parts)))
         return real(method, shards, *args)
+
     return call
 
 
@@ -76,10 +106,21 @@ def test_packing_at_the_workers_scores_and_trains_as_padded_rows(tmp_path, monke
 
     started = not ray.is_initialized()
     init_ray(None, num_cpus=4, include_dashboard=False)
-    cfg = compose(["model_path=tiny", "n_gpus_per_node=2", "nnodes=1", "ppo_mini_batch_size=6",
-                   "micro_batch_size_per_gpu=2", "trainer.device=cpu", "actor_rollout_ref.rollout.name=hf",
-                   "actor_rollout_ref.actor.logits_chunk_size=5", "actor_rollout_ref.actor.use_kl_loss=true",
-                   "rollout.max_episode_length=40", "actor_rollout_ref.actor.shuffle=false"])
+    cfg = compose(
+        [
+            "model_path=tiny",
+            "n_gpus_per_node=2",
+            "nnodes=1",
+            "ppo_mini_batch_size=6",
+            "micro_batch_size_per_gpu=2",
+            "trainer.device=cpu",
+            "actor_rollout_ref.rollout.name=hf",
+            "actor_rollout_ref.actor.logits_chunk_size=5",
+            "actor_rollout_ref.actor.use_kl_loss=true",
+            "rollout.max_episode_length=40",
+            "actor_rollout_ref.actor.shuffle=false",
+        ]
+    )
     actor = critic = None  # unshuffled, the groups' mini-batches are the same rows packed or padded
     try:
         actor, critic = ActorRolloutRefGroup(cfg, RunPlan.from_config(cfg)), CriticGroup(cfg, RunPlan.from_config(cfg))
@@ -107,8 +148,7 @@ def test_packing_at_the_workers_scores_and_trains_as_padded_rows(tmp_path, monke
         for key in ("old_log_probs", "entropy", "ref_log_probs", "values", "advantages", "returns"):
             torch.testing.assert_close(packed[key], padded[key], atol=1e-5, rtol=0, msg=key)
         assert padded["old_log_probs"].abs().max() > 0
-        for key in ("actor/pg_loss", "actor/entropy", "actor/kl_loss", "actor/grad_norm", "critic/vf_loss",
-                    "critic/grad_norm"):
+        for key in ("actor/pg_loss", "actor/entropy", "actor/kl_loss", "actor/grad_norm", "critic/vf_loss", "critic/grad_norm"):
             assert packed_m[key] == pytest.approx(padded_m[key], abs=1e-5), key
         for key, value in padded_after.items():  # the same steps: the same weights after them
             torch.testing.assert_close(packed_after[key], value, atol=1e-5, rtol=0)
@@ -134,9 +174,17 @@ def test_an_on_policy_update_needs_no_old_log_prob_pass(tmp_path):
 
     started = not ray.is_initialized()
     init_ray(None, num_cpus=4, include_dashboard=False)
-    cfg = compose(["model_path=tiny", "n_gpus_per_node=2", "ppo_mini_batch_size=12", "micro_batch_size_per_gpu=2",
-                   "trainer.device=cpu", "actor_rollout_ref.rollout.name=hf",
-                   "actor_rollout_ref.actor.logits_chunk_size=5"])
+    cfg = compose(
+        [
+            "model_path=tiny",
+            "n_gpus_per_node=2",
+            "ppo_mini_batch_size=12",
+            "micro_batch_size_per_gpu=2",
+            "trainer.device=cpu",
+            "actor_rollout_ref.rollout.name=hf",
+            "actor_rollout_ref.actor.logits_chunk_size=5",
+        ]
+    )
     assert not RunPlan.from_config(cfg).old_log_prob_pass(12)
     assert RunPlan.from_config(cfg).old_log_prob_pass(13)  # a second mini-batch trains on a moved policy
     actor = None
@@ -180,9 +228,11 @@ def test_kl_in_reward_lowers_rewards_and_moves_the_adaptive_coefficient():
 
 def test_normalisation_and_filtering_shape_the_batch():
     eps = episodes(num_groups=4, group_size=4, seed=3)
-    batch, metrics = shape_batch(eps, rollout_cfg(rollout_filter_ratio=0.5,
-                                                  reward_normalization={"grouping": "state", "method": "mean_std"}),
-                                 pad_token_id=0)
+    batch, metrics = shape_batch(
+        eps,
+        rollout_cfg(rollout_filter_ratio=0.5, reward_normalization={"grouping": "state", "method": "mean_std"}),
+        pad_token_id=0,
+    )
     assert metrics["train/t/kept_groups"] == 2 and len(batch) == 8
     by_group = {}
     for g, s in zip(batch.meta["group_id"], batch.meta["episode_score"]):
@@ -220,37 +270,48 @@ def test_metrics_of_a_step():
     assert rewards["reward/max"] == max(scores)
     batch, _ = shape_batch(eps, rollout_cfg(), pad_token_id=0)
     m = batch_metrics(batch)
-    assert m["response_length/mean"] == pytest.approx(
-        sum(len(t.response_ids) for e in eps for t in e.turns) / len(eps))
+    assert m["response_length/mean"] == pytest.approx(sum(len(t.response_ids) for e in eps for t in e.turns) / len(eps))
     assert 0 <= m["perf/padding_ratio"] < 1
     assert task_metrics({"t/success": 0.5, "rollout/env_errors": 1.0}, "val-env") == {
-        "val-env/t/success": 0.5, "val-rollout/env_errors": 1.0}
+        "val-env/t/success": 0.5,
+        "val-rollout/env_errors": 1.0,
+    }
     assert task_metrics({"t/success": 0.5, "rollout/env_errors": 1.0}, "train") == {
-        "train/t/success": 0.5, "rollout/env_errors": 1.0}
+        "train/t/success": 0.5,
+        "rollout/env_errors": 1.0,
+    }
 
 
 def test_finish_report_names_first_best_and_last_validation(tmp_path):
     from grl.trainer.report import finish_report
 
-    text = finish_report({"gsm8k": [(0, 0.25), (2, 0.5), (4, 0.5), (6, 0.375)]}, tmp_path / "global_step_6",
-                         tmp_path / "hf_actor")
-    assert text.splitlines()[0] == ("finished gsm8k: validation success 0.250 at step 0, best 0.500 at step 2, "
-                                    "last 0.375 at step 6")
+    text = finish_report(
+        {"gsm8k": [(0, 0.25), (2, 0.5), (4, 0.5), (6, 0.375)]}, tmp_path / "global_step_6", tmp_path / "hf_actor"
+    )
+    assert text.splitlines()[0] == (
+        "finished gsm8k: validation success 0.250 at step 0, best 0.500 at step 2, last 0.375 at step 6"
+    )
     assert str(tmp_path / "hf_actor") in text and str(tmp_path / "global_step_6") in text
     assert "no validation ran" in finish_report({}, None, None)
     assert "(the actor of step 2, the best validation; the checkpoint holds the last step's)" in finish_report(
-        {"gsm8k": [(2, 0.5)]}, None, tmp_path / "hf_actor", export_step=2)
+        {"gsm8k": [(2, 0.5)]}, None, tmp_path / "hf_actor", export_step=2
+    )
 
 
 def test_best_validation_is_the_highest_mean_success_after_training_a_tie_to_the_later_step():
     from grl.trainer.validation import BestValidation
 
-    history = [(0, {"a": 0.875, "b": 0.875}), (1, {"a": 0.5, "b": 0.25}), (2, {"a": 0.25, "b": 0.5}),
-               (3, {"a": 0.375, "b": 0.375}), (4, {"a": 0.0, "b": 0.125}), (5, {"a": 0.625})]
+    history = [
+        (0, {"a": 0.875, "b": 0.875}),
+        (1, {"a": 0.5, "b": 0.25}),
+        (2, {"a": 0.25, "b": 0.5}),
+        (3, {"a": 0.375, "b": 0.375}),
+        (4, {"a": 0.0, "b": 0.125}),
+        (5, {"a": 0.625}),
+    ]
     best, chosen = BestValidation(), []
     for step, success in history:
-        if best.offer(step, {f"val-env/{t}/success": v for t, v in success.items()} | {"val-env/a/reward": 9.0},
-                      ["a", "b"]):
+        if best.offer(step, {f"val-env/{t}/success": v for t, v in success.items()} | {"val-env/a/reward": 9.0}, ["a", "b"]):
             chosen.append(step)
     # reference: the running maximum of the mean over the tasks present, steps >= 1, ties to the later step
     means = {step: sum(s.values()) / len(s) for step, s in history if step >= 1}

@@ -37,8 +37,15 @@ def test_resume_drops_steps_after_the_checkpoint(tmp_path):
 
 
 def test_console_line_is_one_readable_line():
-    metrics = clean({"reward/mean": 0.25, "actor/pg_loss": -0.01, "timing_s/step": 3.2,
-                     "val-env/simpleSokobanAgent/success": 0.5, "critic/vf_loss": math.inf})
+    metrics = clean(
+        {
+            "reward/mean": 0.25,
+            "actor/pg_loss": -0.01,
+            "timing_s/step": 3.2,
+            "val-env/simpleSokobanAgent/success": 0.5,
+            "critic/vf_loss": math.inf,
+        }
+    )
     line = console_line(metrics, 3, 10)
     assert "\n" not in line
     assert line.startswith("step 3/10 | reward +0.250")

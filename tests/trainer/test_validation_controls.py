@@ -17,12 +17,21 @@ TASK = "tetrisAgent_type_1_dim_4"
 def trainer(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("controls")
     overrides = {
-        "model_path": "tiny", "trainer.device": "cpu", "actor_rollout_ref.rollout.name": "hf",
-        "max_response_length": 16, "rollout.validation": f"[{TASK}]", "rollout.validation_agent_group_num": "[6]",
-        "rollout.validation_agent_group_size": "[1]", "trainer.validation_controls": "[swap]",
-        "trainer.run_dir": str(tmp / "run"), "trainer.default_local_dir": str(tmp / "ckpt"), "critic.enable": False,
-        "algorithm.adv_estimator": "grpo", f"{TASK}.agent_config.action_decoding": "constrained",
-        f"{TASK}.agent_config.enable_think": False, f"{TASK}.agent_config.max_turns": 4,
+        "model_path": "tiny",
+        "trainer.device": "cpu",
+        "actor_rollout_ref.rollout.name": "hf",
+        "max_response_length": 16,
+        "rollout.validation": f"[{TASK}]",
+        "rollout.validation_agent_group_num": "[6]",
+        "rollout.validation_agent_group_size": "[1]",
+        "trainer.validation_controls": "[swap]",
+        "trainer.run_dir": str(tmp / "run"),
+        "trainer.default_local_dir": str(tmp / "ckpt"),
+        "critic.enable": False,
+        "algorithm.adv_estimator": "grpo",
+        f"{TASK}.agent_config.action_decoding": "constrained",
+        f"{TASK}.agent_config.enable_think": False,
+        f"{TASK}.agent_config.max_turns": 4,
     }
     cfg = validate(compose([f"{k}={v}" for k, v in overrides.items()]))
     engine = make_engine("hf", "tiny", seed=0)

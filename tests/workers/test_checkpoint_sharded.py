@@ -23,8 +23,10 @@ ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 def _full_optimizer_state(worker):
     from grl.workers.fsdp import full_optimizer_state
 
-    return {name: {k: v.clone() for k, v in s.items()}
-            for name, s in full_optimizer_state(worker.module, worker.optimizer).get("state", {}).items()}  # rank 0
+    return {
+        name: {k: v.clone() for k, v in s.items()}
+        for name, s in full_optimizer_state(worker.module, worker.optimizer).get("state", {}).items()
+    }  # rank 0
 
 
 def _load_and_count(worker, path):
@@ -87,8 +89,7 @@ def test_each_rank_writes_and_reads_only_its_shards_and_resumes_exactly(actor, b
     full += sum(v.numel() * v.element_size() for s in moments.values() for v in s.values())
     shards = tmp_path / "ckpt" / SHARDS_DIR
     assert sorted(p.name for p in shards.iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
-    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == [
-        SHARDS_DIR, "rng_rank0.pt", "rng_rank1.pt", "state.pt"]
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == [SHARDS_DIR, "rng_rank0.pt", "rng_rank1.pt", "state.pt"]
     sizes = [(shards / f"__{rank}_0.distcp").stat().st_size for rank in (0, 1)]
     assert all(size < 0.6 * full for size in sizes), (sizes, full)  # neither rank wrote the whole state
     assert full <= sum(sizes) < 1.02 * full

@@ -35,12 +35,21 @@ TIMEOUT_S = 77  # actor_rollout_ref.nccl_timeout in the ranks: odd, so it cannot
 LENGTHS = [7, 5, 9, 6, 8, 4]  # six episodes
 PADDED = [[[0], [1], [2]], [[3], [4], [5]]]  # rank -> its rows -> episodes: one per row
 PACKED = [[[0, 1], [2, 3]], [[4], [5]]]  # rank -> its rows -> episodes: 2 rows each, 4 vs 2 episodes
-OVERRIDES = ["model_path=tiny", "n_gpus_per_node=2", "nnodes=1", "micro_batch_size_per_gpu=2", "trainer.device=cpu",
-             "actor_rollout_ref.actor.logits_chunk_size=5", "actor_rollout_ref.actor.optim.lr=1e-3",
-             "critic.optim.lr=1e-2", f"actor_rollout_ref.nccl_timeout={TIMEOUT_S}"]
+OVERRIDES = [
+    "model_path=tiny",
+    "n_gpus_per_node=2",
+    "nnodes=1",
+    "micro_batch_size_per_gpu=2",
+    "trainer.device=cpu",
+    "actor_rollout_ref.actor.logits_chunk_size=5",
+    "actor_rollout_ref.actor.optim.lr=1e-3",
+    "critic.optim.lr=1e-2",
+    f"actor_rollout_ref.nccl_timeout={TIMEOUT_S}",
+]
 
 
 # ---------------------------------------------------------------- two spawned ranks
+
 
 def _rank_main(fn, rank, ports, args, results):
     torch.set_num_threads(1)  # two ranks on a shared 2-core machine
@@ -96,6 +105,7 @@ def _join(rank, port, backend, timeout_s=60):
 
 # ---------------------------------------------------------------- 1. backends under offload
 
+
 def gloo_stand_in(backend: str) -> str:
     """The same device -> backend map with gloo for every device: NCCL is not built here."""
     return ",".join(f"{device}:gloo" for device in BackendConfig(backend).get_device_backend_map())
@@ -116,7 +126,7 @@ def _offloaded_fsdp_step(rank, ports, backend):
     for module in (model[0], model[2], model):
         fully_shard(module, offload_policy=CPUOffloadPolicy(pin_memory=False))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    model(x[3 * rank:3 * rank + 3]).square().sum().backward()
+    model(x[3 * rank : 3 * rank + 3]).square().sum().backward()
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0).full_tensor()
     optimizer.step()
     reference(x).square().sum().backward()
@@ -156,13 +166,16 @@ def test_gpu_rank_takes_its_share_of_the_cores():
 
 # ---------------------------------------------------------------- 2-3. building and micro-batches
 
+
 def episodes(seed=0) -> dict[str, list[torch.Tensor]]:
     g = torch.Generator().manual_seed(seed)
-    return {"input_ids": [torch.randint(0, 2000, (n,), generator=g) for n in LENGTHS],
-            "loss_mask": [(torch.arange(n) >= 2).float() for n in LENGTHS],
-            "advantages": [torch.randn(n, generator=g) for n in LENGTHS],
-            "returns": [torch.randn(n, generator=g) for n in LENGTHS],
-            "values": [torch.zeros(n) for n in LENGTHS]}
+    return {
+        "input_ids": [torch.randint(0, 2000, (n,), generator=g) for n in LENGTHS],
+        "loss_mask": [(torch.arange(n) >= 2).float() for n in LENGTHS],
+        "advantages": [torch.randn(n, generator=g) for n in LENGTHS],
+        "returns": [torch.randn(n, generator=g) for n in LENGTHS],
+        "values": [torch.zeros(n) for n in LENGTHS],
+    }
 
 
 def layout(rows: list[list[int]], per_token: dict[str, list[torch.Tensor]]) -> dict[str, torch.Tensor]:
@@ -175,11 +188,11 @@ def layout(rows: list[list[int]], per_token: dict[str, list[torch.Tensor]]) -> d
         start = 0
         for s, i in enumerate(row, start=1):
             n = LENGTHS[i]
-            out["attention_mask"][r, start:start + n] = 1
-            out["position_ids"][r, start:start + n] = torch.arange(n)
-            out["segment_ids"][r, start:start + n] = s
+            out["attention_mask"][r, start : start + n] = 1
+            out["position_ids"][r, start : start + n] = torch.arange(n)
+            out["segment_ids"][r, start : start + n] = s
             for key, values in per_token.items():
-                out[key][r, start:start + n] = values[i]
+                out[key][r, start : start + n] = values[i]
             start += n
     if all(len(row) == 1 for row in rows):
         del out["segment_ids"]
@@ -191,7 +204,7 @@ def by_episode(rows: list[list[int]], tensor: torch.Tensor) -> dict[int, torch.T
     for r, row in enumerate(rows):
         start = 0
         for i in row:
-            out[i] = tensor[r, start:start + LENGTHS[i]]
+            out[i] = tensor[r, start : start + LENGTHS[i]]
             start += LENGTHS[i]
     return out
 
@@ -363,6 +376,7 @@ def test_asymmetric_packed_update_finishes_and_matches_padded(ranks):
 
 
 # ---------------------------------------------------------------- 4. per-step memory peak
+
 
 def test_memory_peak_is_the_steps_own():
     memory_metrics("cpu")  # the previous step ends here

@@ -21,8 +21,11 @@ from grl.workers.sharded import saved_names
 from tests.workers.test_worker_groups import OVERRIDES, _full_weights, cfg, make_batch, reference_scores  # noqa: F401 (cfg: Ray)
 
 RANK, ALPHA = 4, 8
-LORA = [f"actor_rollout_ref.model.lora_rank={RANK}", f"actor_rollout_ref.model.lora_alpha={ALPHA}",
-        "actor_rollout_ref.actor.optim.lr=0.05"]
+LORA = [
+    f"actor_rollout_ref.model.lora_rank={RANK}",
+    f"actor_rollout_ref.model.lora_alpha={ALPHA}",
+    "actor_rollout_ref.actor.optim.lr=0.05",
+]
 
 
 @pytest.fixture(scope="module")

@@ -19,8 +19,15 @@ def _model_folder(path) -> int:
     holding them all differ by far more than the allocator's noise. Returns its bytes in fp32."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(vocab_size=256, hidden_size=256, intermediate_size=1024, num_hidden_layers=16,
-                         num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=True)
+    config = LlamaConfig(
+        vocab_size=256,
+        hidden_size=256,
+        intermediate_size=1024,
+        num_hidden_layers=16,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        tie_word_embeddings=True,
+    )
     torch.manual_seed(0)
     model = LlamaForCausalLM(config)
     model.save_pretrained(path)
@@ -55,8 +62,15 @@ def test_only_rank0_holds_the_weights_it_hands_to_the_rollout_worker(tmp_path):
     from transformers import AutoModelForCausalLM
 
     full = _model_folder(tmp_path / "model")
-    cfg = compose([f"model_path={tmp_path / 'model'}", "n_gpus_per_node=2", "nnodes=1", "trainer.device=cpu",
-                   "actor_rollout_ref.model.dtype=float32"])
+    cfg = compose(
+        [
+            f"model_path={tmp_path / 'model'}",
+            "n_gpus_per_node=2",
+            "nnodes=1",
+            "trainer.device=cpu",
+            "actor_rollout_ref.model.dtype=float32",
+        ]
+    )
     (rank0, rank1), errors = run_two_ranks(_hand_over, cfg)
     assert errors == [None, None], next(e for e in errors if e)
 

@@ -43,12 +43,20 @@ GRL_TRAIN = str(Path(sys.executable).with_name("grl-train"))
 # placement puts them there, not because one node is too small for both.
 CPUS_PER_NODE = 4
 START_TIMEOUT_S = 120
-OVERRIDES = ["model_path=tiny", "n_gpus_per_node=1", "nnodes=2", "ppo_mini_batch_size=6",
-             "micro_batch_size_per_gpu=1", "trainer.device=cpu", "actor_rollout_ref.rollout.name=hf",
-             "actor_rollout_ref.actor.optim.lr=1e-3"]
+OVERRIDES = [
+    "model_path=tiny",
+    "n_gpus_per_node=1",
+    "nnodes=2",
+    "ppo_mini_batch_size=6",
+    "micro_batch_size_per_gpu=1",
+    "trainer.device=cpu",
+    "actor_rollout_ref.rollout.name=hf",
+    "actor_rollout_ref.actor.optim.lr=1e-3",
+]
 
 
 # ---------------------------------------------------------------- the cluster
+
 
 class Node:
     def __init__(self, name: str, proc: subprocess.Popen, log: Path):
@@ -68,8 +76,17 @@ def _start_node(name: str, args: list[str], temp: Path, env: dict) -> Node:
     """`ray start --block`: the process stays in the foreground as the parent of the node's processes, so
     its pid ends them all (SIGTERM: it stops the raylet, GCS and agents it started, then exits)."""
     log = temp.parent / f"{name}.log"
-    cmd = [RAY_CLI, "start", *args, f"--num-cpus={CPUS_PER_NODE}", "--num-gpus=0", f"--temp-dir={temp}",
-           "--object-store-memory=100000000", "--disable-usage-stats", "--block"]
+    cmd = [
+        RAY_CLI,
+        "start",
+        *args,
+        f"--num-cpus={CPUS_PER_NODE}",
+        "--num-gpus=0",
+        f"--temp-dir={temp}",
+        "--object-store-memory=100000000",
+        "--disable-usage-stats",
+        "--block",
+    ]
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     node = Node(name, proc, log)
@@ -133,8 +150,7 @@ def cluster():
     env.pop("RAY_ADDRESS", None)
     nodes: list[Node] = []
     try:
-        nodes.append(_start_node("head", ["--head", f"--port={port}", "--include-dashboard=false"],
-                                 temp / "head", env))
+        nodes.append(_start_node("head", ["--head", f"--port={port}", "--include-dashboard=false"], temp / "head", env))
         nodes.append(_start_node("second", [f"--address=127.0.0.1:{port}"], temp / "second", env))
         # The driver holds the cluster's token like its nodes; Ray reads the mode when first imported.
         os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=env["RAY_AUTH_TOKEN"])
@@ -166,12 +182,17 @@ def _clean(nodes: int) -> bool:
 
     groups = ray.util.placement_group_table().values()
     total, free = ray.cluster_resources(), ray.available_resources()
-    return (len(_alive_nodes()) == nodes and all(g["state"] == "REMOVED" for g in groups)
-            and all(a["State"] == "DEAD" for a in actors().values())
-            and not any("_group_" in k for k in total) and free.get("CPU") == total["CPU"] == nodes * CPUS_PER_NODE)
+    return (
+        len(_alive_nodes()) == nodes
+        and all(g["state"] == "REMOVED" for g in groups)
+        and all(a["State"] == "DEAD" for a in actors().values())
+        and not any("_group_" in k for k in total)
+        and free.get("CPU") == total["CPU"] == nodes * CPUS_PER_NODE
+    )
 
 
 # ---------------------------------------------------------------- a group over both nodes
+
 
 def _master_addr(worker):
     return os.environ["MASTER_ADDR"]
@@ -223,13 +244,17 @@ def test_more_nodes_than_the_cluster_has_is_one_line(cluster):
         ActorRolloutRefGroup(three, RunPlan.from_config(three))
     assert str(err.value) == (
         "trainer.nnodes=3 needs 3 Ray nodes with some CPU each, but the cluster has 2 of 2 live node(s) that "
-        "do; start more nodes (`ray start --address=...`) or lower trainer.nnodes")
+        "do; start more nodes (`ray start --address=...`) or lower trainer.nnodes"
+    )
 
 
 def test_a_checkpoint_written_on_both_nodes_resumes_exactly(group, batch, tmp_path):
     group.save_checkpoint(tmp_path / "ckpt")
     assert sorted(p.name for p in (tmp_path / "ckpt" / SHARDS_DIR).iterdir()) == [
-        ".metadata", "__0_0.distcp", "__1_0.distcp"]  # each node's rank wrote its own shards
+        ".metadata",
+        "__0_0.distcp",
+        "__1_0.distcp",
+    ]  # each node's rank wrote its own shards
     weights, moments = group.execute(_full_weights)[0], group.execute(_full_optimizer_state)[0]
     assert moments  # the first test's update left AdamW state to restore
     log_probs, _ = group.compute_log_probs(batch)
@@ -253,27 +278,48 @@ def test_closing_the_group_leaves_both_nodes_up_and_clean(cluster, group):
 
 # ---------------------------------------------------------------- a whole run that joins the cluster
 
+
 def _run_overrides(tmp_path: Path, steps: int) -> list[str]:
     """A `grl-train` run of the tiny model on both nodes: one Sokoban group of 2 agents a step, no critic."""
-    return [*OVERRIDES, "max_response_length=12", "algorithm.adv_estimator=grpo",
-            "rollout.training=[simpleSokobanAgent]", "rollout.validation=[simpleSokobanAgent]",
-            "rollout.agent_group_num=[1]", "rollout.agent_group_size=[2]", "ppo_mini_batch_size=2",
-            "simpleSokobanAgent.agent_config.max_turns=1", f"total_training_steps={steps}", "test_freq=0",
-            "save_freq=0", "trainer.val_before_train=false", "trainer.logger=[jsonl]",
-            f"trainer.run_dir={tmp_path / 'run'}", f"trainer.default_local_dir={tmp_path / 'ckpt'}"]
+    return [
+        *OVERRIDES,
+        "max_response_length=12",
+        "algorithm.adv_estimator=grpo",
+        "rollout.training=[simpleSokobanAgent]",
+        "rollout.validation=[simpleSokobanAgent]",
+        "rollout.agent_group_num=[1]",
+        "rollout.agent_group_size=[2]",
+        "ppo_mini_batch_size=2",
+        "simpleSokobanAgent.agent_config.max_turns=1",
+        f"total_training_steps={steps}",
+        "test_freq=0",
+        "save_freq=0",
+        "trainer.val_before_train=false",
+        "trainer.logger=[jsonl]",
+        f"trainer.run_dir={tmp_path / 'run'}",
+        f"trainer.default_local_dir={tmp_path / 'ckpt'}",
+    ]
 
 
 def test_a_run_joining_through_ray_address_leaves_the_cluster_running_and_clean(cluster, tmp_path):
     env = {**os.environ, "RAY_ADDRESS": cluster.address}
     started = time.perf_counter()
-    out = subprocess.run([GRL_TRAIN, *_run_overrides(tmp_path, steps=3)], env=env, cwd=ROOT, capture_output=True,
-                         text=True, timeout=300, check=False)
+    out = subprocess.run(
+        [GRL_TRAIN, *_run_overrides(tmp_path, steps=3)],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     wall = time.perf_counter() - started
     assert out.returncode == 0, out.stderr[-3000:]
     assert "device       cpu x 2 rank(s)" in out.stdout
     assert (tmp_path / "ckpt" / "global_step_3").is_dir()
-    steps = sorted(json.loads(line)["perf/time_per_step"]
-                   for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines())
+    steps = sorted(
+        json.loads(line)["perf/time_per_step"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    )
     print(f"\n[two nodes] grl-train, 3 steps: {wall:.1f} s in all, perf/time_per_step {steps}")
     _wait_for(lambda: _clean(nodes=2), 30, "the cluster clean after the run")
 
@@ -281,8 +327,9 @@ def test_a_run_joining_through_ray_address_leaves_the_cluster_running_and_clean(
 def test_a_run_stopped_with_sigterm_leaves_the_cluster_running_and_clean(cluster, tmp_path):
     env = {**os.environ, "RAY_ADDRESS": cluster.address}
     with open(tmp_path / "stderr", "w") as err:
-        run = subprocess.Popen([GRL_TRAIN, *_run_overrides(tmp_path, steps=1000)], env=env, cwd=ROOT,
-                               stdout=subprocess.PIPE, stderr=err, text=True)
+        run = subprocess.Popen(
+            [GRL_TRAIN, *_run_overrides(tmp_path, steps=1000)], env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=err, text=True
+        )
     try:
         for line in run.stdout:  # the start report: both groups are up and the first step begins
             if line.startswith("  run folder"):
@@ -299,6 +346,7 @@ def test_a_run_stopped_with_sigterm_leaves_the_cluster_running_and_clean(cluster
 
 
 # ---------------------------------------------------------------- a node that dies mid-call
+
 
 def test_a_node_dying_mid_call_ends_it_with_one_line_naming_the_node(cluster, cfg, batch):
     group = ActorRolloutRefGroup(cfg, RunPlan.from_config(cfg))

@@ -27,18 +27,30 @@ ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 LR, CLIP_LOW, CLIP_HIGH, CLIP_C, ENT_COEF, KL_COEF, GRAD_CLIP = 1e-3, 0.2, 0.28, 3.0, 0.01, 0.1, 1.0
 OVERRIDES = [
-    "model_path=tiny", "n_gpus_per_node=2", "nnodes=1", "ppo_mini_batch_size=6", "micro_batch_size_per_gpu=1",
-    "trainer.device=cpu", "actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.actor.logits_chunk_size=5",
-    f"actor_rollout_ref.actor.optim.lr={LR}", f"actor_rollout_ref.actor.clip_ratio_low={CLIP_LOW}",
-    f"actor_rollout_ref.actor.clip_ratio_high={CLIP_HIGH}", f"actor_rollout_ref.actor.clip_ratio_c={CLIP_C}",
-    f"actor_rollout_ref.actor.entropy_coeff={ENT_COEF}", "actor_rollout_ref.actor.use_kl_loss=true",
-    f"actor_rollout_ref.actor.kl_loss_coef={KL_COEF}", "actor_rollout_ref.actor.kl_loss_type=low_var_kl",
-    f"actor_rollout_ref.actor.grad_clip={GRAD_CLIP}", "actor_rollout_ref.actor.optim.weight_decay=0.01",
+    "model_path=tiny",
+    "n_gpus_per_node=2",
+    "nnodes=1",
+    "ppo_mini_batch_size=6",
+    "micro_batch_size_per_gpu=1",
+    "trainer.device=cpu",
+    "actor_rollout_ref.rollout.name=hf",
+    "actor_rollout_ref.actor.logits_chunk_size=5",
+    f"actor_rollout_ref.actor.optim.lr={LR}",
+    f"actor_rollout_ref.actor.clip_ratio_low={CLIP_LOW}",
+    f"actor_rollout_ref.actor.clip_ratio_high={CLIP_HIGH}",
+    f"actor_rollout_ref.actor.clip_ratio_c={CLIP_C}",
+    f"actor_rollout_ref.actor.entropy_coeff={ENT_COEF}",
+    "actor_rollout_ref.actor.use_kl_loss=true",
+    f"actor_rollout_ref.actor.kl_loss_coef={KL_COEF}",
+    "actor_rollout_ref.actor.kl_loss_type=low_var_kl",
+    f"actor_rollout_ref.actor.grad_clip={GRAD_CLIP}",
+    "actor_rollout_ref.actor.optim.weight_decay=0.01",
     "critic.optim.lr=1e-3",
 ]
 
 
 # ---------------------------------------------------------------- helpers run in the ranks
+
 
 def _full_weights(worker):
     from grl.workers.fsdp import full_state_dict
@@ -66,6 +78,7 @@ def _fresh_optimizer(worker):
 
 def _inf_gradient(worker, on):
     """Make every gradient flowing out of layer 0 infinite (the loss stays finite)."""
+
     def poison(module, args, out):
         (out[0] if isinstance(out, tuple) else out).register_hook(lambda g: g * math.inf)
 
@@ -78,8 +91,9 @@ def _inf_gradient(worker, on):
 def _listening(worker):
     import psutil
 
-    return sorted({(c.laddr.ip, c.laddr.port) for c in psutil.Process().net_connections("inet")
-                   if c.status == psutil.CONN_LISTEN})
+    return sorted(
+        {(c.laddr.ip, c.laddr.port) for c in psutil.Process().net_connections("inet") if c.status == psutil.CONN_LISTEN}
+    )
 
 
 def _poison_weights(worker):
@@ -88,6 +102,7 @@ def _poison_weights(worker):
 
 
 # ---------------------------------------------------------------- fixtures
+
 
 @pytest.fixture(scope="module")
 def cfg():
@@ -123,9 +138,16 @@ def make_batch(seed=0):
         mask[i, :n] = 1
     loss_mask = mask.float()
     loss_mask[:, :4] = 0
-    return Batch({"input_ids": ids, "attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1).clamp(min=0),
-                  "loss_mask": loss_mask, "advantages": torch.randn(rows, width, generator=g),
-                  "returns": torch.randn(rows, width, generator=g)})
+    return Batch(
+        {
+            "input_ids": ids,
+            "attention_mask": mask,
+            "position_ids": (mask.cumsum(-1) - 1).clamp(min=0),
+            "loss_mask": loss_mask,
+            "advantages": torch.randn(rows, width, generator=g),
+            "returns": torch.randn(rows, width, generator=g),
+        }
+    )
 
 
 @pytest.fixture(scope="module")
@@ -167,8 +189,7 @@ def policy_with(weights):
 
 def reference_scores(model, b):
     """Plain forward -> (log-probs, entropy), [B, T], t scored from < t."""
-    logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"],
-                   position_ids=b["position_ids"]).logits.float()
+    logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"]).logits.float()
     logp = torch.log_softmax(logits[:, :-1], -1)
     picked = logp.gather(-1, b["input_ids"][:, 1:, None]).squeeze(-1)
     entropy = -(logp.exp() * logp).sum(-1)
@@ -206,6 +227,7 @@ def max_diff(a, b):
 
 # ---------------------------------------------------------------- tests
 
+
 def test_a_rank_listens_beyond_loopback_only_on_its_ray_port(actor):
     """What a rank opens for the process group (the rendezvous store, gloo) listens on 127.0.0.1; the one
     port reachable from the network is the rank's Ray core-worker server, which the run's token guards."""
@@ -220,11 +242,22 @@ def test_a_rank_listens_beyond_loopback_only_on_its_ray_port(actor):
 def test_the_local_runtime_refuses_clients_without_its_token(cfg):
     gcs = ray.get_runtime_context().gcs_address
     probe = f"import ray; ray.init(address={gcs!r}); print('joined')"
-    tries = {"its token": {}, "another token": {"RAY_AUTH_TOKEN": "not-this-runs-token"},
-             "no authentication": {"RAY_AUTH_MODE": "disabled", "RAY_AUTH_TOKEN": ""}}
+    tries = {
+        "its token": {},
+        "another token": {"RAY_AUTH_TOKEN": "not-this-runs-token"},
+        "no authentication": {"RAY_AUTH_MODE": "disabled", "RAY_AUTH_TOKEN": ""},
+    }
     # At once: a refused client retries for ~20 s before ray.init gives up
-    probes = {name: subprocess.Popen([sys.executable, "-c", probe], env={**os.environ, **change}, text=True,
-                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL) for name, change in tries.items()}
+    probes = {
+        name: subprocess.Popen(
+            [sys.executable, "-c", probe],
+            env={**os.environ, **change},
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+        )
+        for name, change in tries.items()
+    }
     joined = {name: "joined" in proc.communicate(timeout=180)[0] for name, proc in probes.items()}
     assert os.environ["RAY_AUTH_MODE"] == "token" and len(os.environ["RAY_AUTH_TOKEN"]) == 64
     assert joined == {"its token": True, "another token": False, "no authentication": False}
@@ -284,8 +317,9 @@ def test_values_match_single_process_critic(critic, batch):
     model = load_critic("tiny", dtype="float32")
     model.load_state_dict(critic.execute(_full_weights)[0])
     with torch.no_grad():
-        hidden = model.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                             position_ids=batch["position_ids"]).last_hidden_state
+        hidden = model.model(
+            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], position_ids=batch["position_ids"]
+        ).last_hidden_state
         want = torch.cat([torch.zeros(len(batch), 1), model.score(hidden).squeeze(-1)[:, :-1]], 1)
     valid = (batch["attention_mask"] * batch["attention_mask"].roll(1, 1)).bool()
     valid[:, 0] = False
@@ -294,8 +328,7 @@ def test_values_match_single_process_critic(critic, batch):
     assert (got - want.where(valid, 0.0)).abs().max() < 1e-5
 
 
-def test_an_episode_dropped_on_the_driver_trains_as_if_absent_and_inf_gradient_skips_the_step(
-        actor, batch, tmp_path):
+def test_an_episode_dropped_on_the_driver_trains_as_if_absent_and_inf_gradient_skips_the_step(actor, batch, tmp_path):
     """The trainer drops non-finite episodes once; the ranks, on packed rows, train as if the
     episode had never been there."""
     from grl.trainer.transforms import drop_nonfinite_rows

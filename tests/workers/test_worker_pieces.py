@@ -27,8 +27,7 @@ def reference_log_probs(model, ids, mask, pos):
     entropy = -(logp.exp() * logp).sum(-1)
     valid = (mask[:, 1:] * mask[:, :-1]).bool()
     zero = torch.zeros(ids.shape[0], 1, dtype=torch.float64)
-    return (torch.cat([zero, torch.where(valid, picked, 0.0)], 1),
-            torch.cat([zero, torch.where(valid, entropy, 0.0)], 1))
+    return (torch.cat([zero, torch.where(valid, picked, 0.0)], 1), torch.cat([zero, torch.where(valid, entropy, 0.0)], 1))
 
 
 def right_padded(lengths, width, seed=0):
@@ -94,13 +93,20 @@ def group_rows(prompt_lengths=(7, 4), replies=((3, 5, 2), (6, 1)), seed=5):
         tensors["input_ids"][i, :n] = torch.cat([prompt, reply])
         tensors["attention_mask"][i, :n] = 1
         tensors["position_ids"][i, :n] = torch.arange(n)
-        tensors["loss_mask"][i, len(prompt):n] = 1
+        tensors["loss_mask"][i, len(prompt) : n] = 1
     return tensors
 
 
 def score_rows(scorer, tensors, **extra):
-    return scorer(tensors["input_ids"], tensors["attention_mask"], tensors["position_ids"], chunk_size=4,
-                  segment_ids=tensors.get("segment_ids"), parent_ids=tensors.get("parent_ids"), **extra)
+    return scorer(
+        tensors["input_ids"],
+        tensors["attention_mask"],
+        tensors["position_ids"],
+        chunk_size=4,
+        segment_ids=tensors.get("segment_ids"),
+        parent_ids=tensors.get("parent_ids"),
+        **extra,
+    )
 
 
 @pytest.mark.parametrize("kind", ["policy", "value"])
@@ -176,8 +182,9 @@ def test_micro_batch_shares_add_up_to_the_mini_batch_loss(mode):
     mask[3] = 0  # a row without loss tokens
     whole = agg_loss(loss, mask, mode)
     total_units = loss_units(mask, mode)
-    shares = sum(agg_loss(loss[i:i + 2], mask[i:i + 2], mode) * loss_units(mask[i:i + 2], mode) / total_units
-                 for i in range(0, 7, 2))
+    shares = sum(
+        agg_loss(loss[i : i + 2], mask[i : i + 2], mode) * loss_units(mask[i : i + 2], mode) / total_units for i in range(0, 7, 2)
+    )
     assert torch.allclose(shares, whole, atol=1e-6)
 
 
@@ -215,9 +222,9 @@ def test_minibatch_shards_group_episodes_by_prompt_when_sharing():
     ids = torch.zeros(9, 6, dtype=torch.long)
     loss = torch.zeros(9, 6)
     for i, p in enumerate(prompts):
-        ids[i, :len(p)] = torch.tensor(p)
-        ids[i, len(p):len(p) + 2] = 100 + i
-        loss[i, len(p):len(p) + 2] = 1
+        ids[i, : len(p)] = torch.tensor(p)
+        ids[i, len(p) : len(p) + 2] = 100 + i
+        loss[i, len(p) : len(p) + 2] = 1
     tensors = {"input_ids": ids, "loss_mask": loss, "attention_mask": (ids > 0).long()}
     assert prompt_groups(prompts_of(tensors)) == [[0, 3, 6], [1, 4, 7], [2, 5, 8]]
     train = OmegaConf.create({"ppo_mini_batch_size": 3, "ppo_epochs": 2, "shuffle": True})
@@ -248,8 +255,12 @@ def test_warmup_is_linear_over_optimizer_steps():
 
 
 def test_non_finite_entries_names_the_bad_tensors():
-    state = {"a": torch.ones(2), "b": {"c": torch.tensor([1.0, math.nan])}, "d": [torch.tensor([math.inf])],
-             "step": torch.tensor(3)}
+    state = {
+        "a": torch.ones(2),
+        "b": {"c": torch.tensor([1.0, math.nan])},
+        "d": [torch.tensor([math.inf])],
+        "step": torch.tensor(3),
+    }
     assert non_finite_entries(state) == ["b.c", "d[0]"]
     assert non_finite_entries({"a": torch.zeros(3)}) == []
 

@@ -27,7 +27,6 @@ def parse_action(text: str) -> tuple[str, str] | None:
     return match.group(1).lower(), " ".join(match.group(2).split()).lower()
 
 
-
 @dataclass
 class _Session:
     page: str = SEARCH
@@ -205,8 +204,13 @@ class WebShopEnv(Env):
         s = self._session
         if s is None:
             raise RuntimeError("webshop: call reset(seed) before render()")
-        body = {SEARCH: self._render_search, RESULTS: self._render_results, ITEM: self._render_item,
-                DETAIL: self._render_detail, DONE: self._render_done}[s.page]()
+        body = {
+            SEARCH: self._render_search,
+            RESULTS: self._render_results,
+            ITEM: self._render_item,
+            DETAIL: self._render_detail,
+            DONE: self._render_done,
+        }[s.page]()
         lines = [f"Instruction: {self.goal.get('instruction', '')}", body]
         if s.page != DONE:
             lines.append("Available actions: " + ", ".join(self.available_actions()))
