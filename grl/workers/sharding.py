@@ -181,9 +181,9 @@ def minibatch_shards(
     shared = capacity is not None and share_prompts and "context_ids" not in tensors and "loss_mask" in tensors
     plan = plan_minibatches(
         len(tensors["input_ids"]),
-        int(train_cfg.ppo_mini_batch_size),
-        int(train_cfg.ppo_epochs),
-        bool(train_cfg.get("shuffle", True)),
+        train_cfg.ppo_mini_batch_size,
+        train_cfg.ppo_epochs,
+        train_cfg.shuffle,
         seed,
         prompt_groups(prompts_of(tensors)) if shared else None,
     )
