@@ -23,6 +23,7 @@ ENGINE_LOG_PROBS, SCORED_LOG_PROBS = "engine", "scored"
 
 @dataclass(frozen=True)
 class RunPlan:
+    device: str  # trainer.device as asked; `auto` is resolved against the cluster's GPUs once Ray runs
     nnodes: int
     ranks_per_node: int  # processes on CPU
     engine_apart: bool  # the engine in a rollout worker of its own (hybrid_engine=false), else in the actor's ranks
@@ -35,6 +36,8 @@ class RunPlan:
     reply_grammars: bool  # some task decodes from valid actions or is a program (allowed_replies): the engine takes grammars
     score_temperature: float  # the scoring distribution is the sampling one: the rollout's temperature, 1 for greedy (0)
     logits_chunk_size: int  # positions per chunk through a head, for every role
+    packing_capacity: int | None  # tokens of a packed row sent to the ranks (rollout.packing); None: an episode a row
+    share_prompts: bool  # a packed row holds a group's shared first prompt once
     # Whether the update's first optimizer step is taken at the weights that sampled, so that the
     # log-probs it computes are the old ones and no pass of their own is needed (TRL's num_iterations=1).
     ppo_epochs: int
@@ -48,6 +51,7 @@ class RunPlan:
         actor, temperature = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout.temperature
         use_reference = bool(actor.use_kl_loss or cfg.algorithm.use_kl_in_reward)
         return cls(
+            device=cfg.trainer.device,
             nnodes=cfg.trainer.nnodes,
             ranks_per_node=cfg.trainer.n_gpus_per_node,
             engine_apart=not cfg.actor_rollout_ref.hybrid_engine,
@@ -60,6 +64,8 @@ class RunPlan:
             reply_grammars=decodes_constrained(cfg),
             score_temperature=temperature if temperature > 0 else 1.0,
             logits_chunk_size=actor.logits_chunk_size,
+            packing_capacity=cfg.rollout.max_episode_length if cfg.rollout.packing else None,
+            share_prompts=cfg.rollout.share_prompts,
             ppo_epochs=actor.ppo_epochs,
             ppo_mini_batch_size=actor.ppo_mini_batch_size,
             kl_in_reward=bool(cfg.algorithm.use_kl_in_reward),

@@ -38,6 +38,9 @@ def test_what_the_config_asks_for_is_what_the_plan_decides():
     assert (apart.engine_apart, apart.rollout_ahead, apart.max_staleness) == (True, True, 2)
     assert (apart.world_size, apart.seed, apart.old_log_probs) == (6, 7, SCORED_LOG_PROBS)
     assert apart.engine_place() == " in a worker of its own, rollouts up to 2 versions ahead"
+    packed = plan_of("rollout.packing=true", "rollout.max_episode_length=512", "rollout.share_prompts=true")
+    assert (packed.packing_capacity, packed.share_prompts) == (512, True)
+    assert plan_of("rollout.packing=false").packing_capacity is None and plan_of("trainer.device=cpu").device == "cpu"
     colocated = plan_of("actor_rollout_ref.actor.recompute_old_log_probs=false")
     assert (colocated.engine_apart, colocated.old_log_probs, colocated.engine_place()) == (False, ENGINE_LOG_PROBS, "")
 
@@ -80,7 +83,15 @@ def test_cpu_threads_split_the_node_between_the_ranks_and_an_engine_generating_b
 
 # Keys whose consequences the plan decides: read from a config only by the plan's builder and by
 # grl/config.py's checks (the schema declares them).
-PLANNED_KEYS = ("max_staleness", "hybrid_engine", "recompute_old_log_probs", "n_gpus_per_node", "nnodes")
+PLANNED_KEYS = (
+    "max_staleness",
+    "hybrid_engine",
+    "recompute_old_log_probs",
+    "n_gpus_per_node",
+    "nnodes",
+    "packing",
+    "share_prompts",
+)
 ALLOWED_FILES = {GRL / "run_plan.py", GRL / "config.py"}
 
 

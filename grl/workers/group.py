@@ -66,7 +66,7 @@ POLICY_SCORE_KEYS = SCORE_KEYS + CONSTRAINT_KEYS
 class _WorkerGroup:
     """N ranks of one role; shared plumbing of the actor and critic groups."""
 
-    def __init__(self, worker_class: type, cfg, plan: RunPlan, section, rank_args=lambda rank: ()):
+    def __init__(self, worker_class: type, plan: RunPlan, section, rank_args=lambda rank: ()):
         """`plan.world_size` ranks of `worker_class` (grl/workers/policy.py or critic.py), each built
         with (rank, plan, section, device, *rank_args(rank)); `section` is the role's typed config section."""
         import ray
@@ -75,8 +75,8 @@ class _WorkerGroup:
         size = plan.world_size
         if size < 1:
             raise ValueError(f"a worker group needs at least one rank, got {size}")
-        self.role, self.cfg, self.plan, self.size = worker_class.role, cfg, plan, size
-        self.device = resolve_device(cfg.trainer.device)
+        self.role, self.plan, self.section, self.size = worker_class.role, plan, section, size
+        self.device = resolve_device(plan.device)
         self.workers: list = []
         self.nodes: list[str] = []  # the Ray node id of each rank
         self._abandoned: list = []  # results of peers of a failed rank, collected at shutdown
@@ -220,23 +220,14 @@ class _WorkerGroup:
         if self._closed:
             raise RuntimeError(f"the {self.role} group has been shut down")
 
-    def _packing_capacity(self) -> int | None:
-        """The most tokens of a packed row sent to the ranks (`rollout.packing`; `row_capacity` caps it
-        by the batch); None: one episode per row."""
-        rollout = self.cfg.rollout
-        return int(rollout.max_episode_length) if rollout.packing else None
-
-    def _share_prompts(self) -> bool:
-        return bool(self.cfg.rollout.share_prompts)
-
     def _score(self, method: str, tensors: dict[str, torch.Tensor], *args) -> list[torch.Tensor]:
         """The per-token results of `method` (a tensor or a tuple of them per rank), each `[B, T]`
         like the batch's rows, whether the ranks computed them on those rows or on packed ones."""
         if len(tensors["input_ids"]) == 0:
             raise ValueError(f"{self.role}.{method}: the batch has no rows")
-        capacity = self._packing_capacity()
+        capacity = self.plan.packing_capacity
         sent, where = (
-            pack(tensors, row_capacity(tensors, capacity), self._share_prompts()) if capacity is not None else (tensors, None)
+            pack(tensors, row_capacity(tensors, capacity), self.plan.share_prompts) if capacity is not None else (tensors, None)
         )
         padded, rows = pad_rows(sent, self.size)
         results = [r if isinstance(r, tuple) else (r,) for r in self.call_sharded(method, equal_shards(padded, self.size), *args)]
@@ -245,7 +236,9 @@ class _WorkerGroup:
 
     def _update(self, batch: Batch, keys: tuple[str, ...], train_cfg, step: int) -> dict[str, float]:
         seed = self.plan.seed * SHUFFLE_SEED_STRIDE + step - 1
-        shards = minibatch_shards(pick(batch, keys), train_cfg, self.size, seed, self._packing_capacity(), self._share_prompts())
+        shards = minibatch_shards(
+            pick(batch, keys), train_cfg, self.size, seed, self.plan.packing_capacity, self.plan.share_prompts
+        )
         return self.call_sharded("update", shards)[0]
 
     # -- checkpoints
@@ -308,11 +301,11 @@ class ActorRolloutRefGroup(_WorkerGroup):
 
         self.use_ref, self.separate = plan.use_reference, plan.engine_apart
         init_ray(cfg.trainer.ray_address)
-        device = resolve_device(cfg.trainer.device)
+        device = resolve_device(plan.device)
         section = typed_section(cfg, "actor_rollout_ref")
         self.engine_name = section.rollout.name  # `auto` is resolved inside the rank
         engine_ranks = () if self.separate else tuple(range(plan.world_size)) if device == "cuda" else (0,)
-        super().__init__(PolicyWorker, cfg, plan, section, lambda rank: (self.engine_name if rank in engine_ranks else None,))
+        super().__init__(PolicyWorker, plan, section, lambda rank: (self.engine_name if rank in engine_ranks else None,))
         try:
             self.engine: Engine = (
                 SeparateEngine(section, plan, self.device, cfg.rollout.weight_sync_timeout)
@@ -348,7 +341,7 @@ class ActorRolloutRefGroup(_WorkerGroup):
         for key in ("advantages", "loss_mask"):
             if key not in batch:
                 raise KeyError(f"actor update: the batch has no {key!r}")
-        return self._update(batch, ACTOR_KEYS, self.cfg.actor_rollout_ref.actor, step)
+        return self._update(batch, ACTOR_KEYS, self.section.actor, step)
 
     def sync_weights(self) -> None:
         """Push the actor's current weights into the rollout engine(s), in memory."""
@@ -379,7 +372,7 @@ class CriticGroup(_WorkerGroup):
         from grl.workers.critic import CriticWorker
 
         init_ray(cfg.trainer.ray_address)
-        super().__init__(CriticWorker, cfg, plan, typed_section(cfg, "critic"))
+        super().__init__(CriticWorker, plan, typed_section(cfg, "critic"))
 
     def compute_values(self, batch: Batch) -> torch.Tensor:
         return self._score("compute_values", pick(batch, SCORE_KEYS))[0]
@@ -389,4 +382,4 @@ class CriticGroup(_WorkerGroup):
         for key in ("returns", "values", "loss_mask"):
             if key not in batch:
                 raise KeyError(f"critic update: the batch has no {key!r}")
-        return self._update(batch, CRITIC_KEYS, self.cfg.critic, step)
+        return self._update(batch, CRITIC_KEYS, self.section, step)

@@ -2,6 +2,7 @@
 group's engine, the token batch, and the trainer's log-probs (the ranks scoring padded or packed rows) of the same tokens.
 The policy that is trained must be the policy that acted: same mask, same temperature."""
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -60,11 +61,12 @@ def actor(cfg):
 
 
 @pytest.fixture(params=[False, True], ids=["padded", "packed"])
-def packing(request, actor):
-    """`rollout.packing` of the actor group: whether the ranks score packed rows."""
-    actor.cfg.rollout.packing = request.param
+def packing(request, actor, cfg):
+    """`rollout.packing` of the actor group (its plan's packing capacity): whether the ranks score packed rows."""
+    planned = actor.plan
+    actor.plan = replace(planned, packing_capacity=cfg.rollout.max_episode_length if request.param else None)
     yield request.param
-    actor.cfg.rollout.packing = False
+    actor.plan = planned
 
 
 @pytest.fixture(scope="module")

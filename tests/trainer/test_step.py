@@ -1,6 +1,7 @@
 """The pure phases of a training step: shape, advantage, non-finite rows."""
 
 import random
+from dataclasses import replace
 
 import pytest
 import torch
@@ -130,7 +131,8 @@ def test_packing_at_the_workers_scores_and_trains_as_padded_rows(tmp_path, monke
             group.save_checkpoint(tmp_path / group.role)
         results = []
         for packing in (False, True):
-            cfg.rollout.packing = packing
+            for group in (actor, critic):
+                group.plan = replace(group.plan, packing_capacity=40 if packing else None)
             batch, _ = shape_batch(episodes(shared_prompts=True), rollout_cfg(max_episode_length=40), pad_token_id=0)
             batch["old_log_probs"], batch["entropy"] = actor.compute_log_probs(batch)
             batch["ref_log_probs"] = actor.compute_ref_log_probs(batch)
@@ -154,7 +156,6 @@ def test_packing_at_the_workers_scores_and_trains_as_padded_rows(tmp_path, monke
             torch.testing.assert_close(packed_after[key], value, atol=1e-5, rtol=0)
             assert (value - padded[key if key == "values" else "old_log_probs"]).abs().max() > 1e-4, key
     finally:
-        cfg.rollout.packing = False
         for group in (actor, critic):
             if group is not None:
                 group.shutdown()

@@ -161,17 +161,16 @@ def batch(actor):
 
 @contextmanager
 def packing(group, capacity):
-    """The group sends its ranks packed rows of `capacity` tokens (`rollout.packing`); yields the
-    list of what each of its calls sent the ranks."""
-    rollout, sent, real = group.cfg.rollout, [], group.call_sharded
-    saved = rollout.packing, rollout.max_episode_length
-    rollout.packing, rollout.max_episode_length = True, capacity
+    """The group sends its ranks packed rows of `capacity` tokens (its plan's `rollout.packing`); yields
+    the list of what each of its calls sent the ranks."""
+    planned, sent, real = group.plan, [], group.call_sharded
+    group.plan = replace(planned, packing_capacity=capacity)
     group.call_sharded = lambda method, shards, *args: sent.append(shards) or real(method, shards, *args)
     try:
         yield sent
     finally:
         del group.call_sharded
-        rollout.packing, rollout.max_episode_length = saved
+        group.plan = planned
 
 
 def episodes_per_row(shard_lists) -> list[int]:
@@ -420,7 +419,7 @@ def test_packed_and_padded_batches_train_alike(actor, batch, tmp_path, mode):
     gradients (3 episodes per mini-batch -> 2 steps; micro-batches of 1 episode, a packed row of 2
     goes alone)."""
     actor.save_checkpoint(tmp_path / "start")
-    section = actor.cfg.actor_rollout_ref.actor
+    section = actor.section.actor
     section.ppo_mini_batch_size = 3
     results = []
     for packed in (False, True):
