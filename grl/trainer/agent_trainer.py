@@ -58,13 +58,13 @@ StepHook = Callable[["AgentTrainer", int, dict, "Batch | None"], None]
 
 
 class AgentTrainer:
-    def __init__(self, cfg: DictConfig, actor, critic, rollout, hooks: list[StepHook] | None = None):
+    def __init__(self, cfg: DictConfig, actor, critic, rollout, hooks: list[StepHook] | None = None, plan: RunPlan | None = None):
         self.cfg = cfg
         self.actor = actor  # grl.workers.ActorRolloutRefGroup (policy, reference model, rollout engine)
         self.critic = critic  # grl.workers.CriticGroup, or None for critic-free estimators
         self.rollout = rollout  # grl.rollout.MultiTurnRollout over the actor's engine
         self.hooks = list(hooks or [])
-        self.plan = RunPlan.from_config(cfg)  # the groups were built from an equal one
+        self.plan = plan or RunPlan.from_config(cfg)  # from_config hands over the one its groups were built from
         algo = cfg.algorithm
         self.kl_ctrl = make_kl_controller(algo.kl_ctrl.type, algo.kl_ctrl.kl_coef, algo.kl_ctrl.target_kl, algo.kl_ctrl.horizon)
         self.train_tasks = task_specs(cfg)
@@ -105,7 +105,7 @@ class AgentTrainer:
 
             programs = ProgramRunner.from_config(cfg, actor.engine, tokenizer)
         rollout = MultiTurnRollout.from_config(cfg, actor.engine, tokenizer, programs=programs)
-        return cls(cfg, actor, critic, rollout, hooks)
+        return cls(cfg, actor, critic, rollout, hooks, plan)
 
     # ------------------------------------------------------------------ loop
 
