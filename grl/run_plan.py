@@ -5,7 +5,9 @@ than one place needs the answer: how many ranks on how many nodes, where the eng
 its rollouts run ahead, where PPO's old log-probs come from, whether a critic and a reference model
 are built, how a CPU node's cores are split, and the phases of a step under their one name each. The
 trainer, the worker groups and their ranks (the plan is pickled to each), the memory planner and
-preflight read it; none of them works these out again.
+preflight read it; none of them works these out again. It also carries what the driver needs of the
+sections the worker groups own (the model, the engine and how it samples), so that each module reads
+only the sections its component owns (tests/test_run_plan.py scans the package for it).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from grl.algo.estimators import ESTIMATORS
+from grl.engines import SamplingParams, sampling_from_config
 from grl.engines.base import engine_cpu_threads
 
 # A training step's phases in order, by the one name the progress bar shows, `timing_s/<name>` times
@@ -43,13 +46,27 @@ class RunPlan:
     ppo_epochs: int
     ppo_mini_batch_size: int
     kl_in_reward: bool  # applied before the update, so it needs the old log-probs beforehand
+    tis_imp_ratio_cap: float  # the truncated importance weight between the sampler's and the trained weights
+    kl_loss_coef: float | None  # the actor's KL loss to the reference (a metric too); None: no KL loss
+    # What the driver needs of the sections the worker groups own: the model (tokenizer, FLOPs per token,
+    # banner), the engine, how it samples in training and in validation, and whether it sleeps between rollouts.
+    model_path: str
+    model_dtype: str
+    engine_name: str
+    max_response_length: int  # tokens per turn: the samplers' limit and the turn-length metrics' cap
+    sampling: SamplingParams
+    validation_sampling: SamplingParams
+    free_cache_engine: bool
+    ray_address: str | None
+    weight_sync_timeout: float  # seconds a separate engine waits for the trained weights
 
     @classmethod
     def from_config(cls, cfg) -> RunPlan:
         from grl.rollout.tasks import decodes_constrained
 
-        actor, temperature = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout.temperature
-        use_reference = bool(actor.use_kl_loss or cfg.algorithm.use_kl_in_reward)
+        actor, engine = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout
+        temperature = engine.temperature
+        use_reference = actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
         return cls(
             device=cfg.trainer.device,
             nnodes=cfg.trainer.nnodes,
@@ -68,7 +85,18 @@ class RunPlan:
             share_prompts=cfg.rollout.share_prompts,
             ppo_epochs=actor.ppo_epochs,
             ppo_mini_batch_size=actor.ppo_mini_batch_size,
-            kl_in_reward=bool(cfg.algorithm.use_kl_in_reward),
+            kl_in_reward=cfg.algorithm.use_kl_in_reward,
+            tis_imp_ratio_cap=actor.tis_imp_ratio_cap,
+            kl_loss_coef=actor.kl_loss_coef if actor.use_kl_loss else None,
+            model_path=cfg.actor_rollout_ref.model.path,
+            model_dtype=cfg.actor_rollout_ref.model.dtype,
+            engine_name=engine.name,
+            max_response_length=cfg.max_response_length,
+            sampling=sampling_from_config(engine, validate=False, max_new_tokens=cfg.max_response_length),
+            validation_sampling=sampling_from_config(engine, validate=True, max_new_tokens=cfg.max_response_length),
+            free_cache_engine=engine.free_cache_engine,
+            ray_address=cfg.trainer.ray_address,
+            weight_sync_timeout=cfg.rollout.weight_sync_timeout,
         )
 
     @property

@@ -149,3 +149,56 @@ def test_no_rank_reads_the_root_config():
     assert reads == []
     assert ROOT_SECTIONS.search("temperature = self.cfg.actor_rollout_ref.rollout.temperature")
     assert not ROOT_SECTIONS.search("size = self.section.rollout.log_prob_micro_batch_size_per_gpu")
+
+
+# Who reads which part of the root config. The builders check the whole config and build the plan and
+# the components from it; every other module reads the root sections its component owns (a root key or
+# a dotted prefix; `[]` is a task instance, cfg[name]) and takes the rest from the plan.
+BUILDERS = ("config.py", "run_plan.py", "preflight.py", "train.py", "cli.py", "schema/")
+TASKS = "[]"
+ROLLOUT_OWNS = {"rollout", "tools", "max_prompt_length", "max_response_length", TASKS}
+OWNERS = {
+    "trainer/": {"trainer", "algorithm", "rollout", TASKS},  # the driver: the loop, advantages, its rollout settings
+    "rollout/": ROLLOUT_OWNS,
+    "gateway/": ROLLOUT_OWNS,  # the rollout of agent programs
+    # The planner models the workers from the typed sections their groups build them from, the engine's
+    # cache from the rollout's worst case, and owns the memory it plans for.
+    "planner/": {*ROLLOUT_OWNS, "trainer.gpu_memory_gb", "typed:actor_rollout_ref", "typed:critic"},
+    "workers/group.py": {"typed:actor_rollout_ref", "typed:critic"},  # each rank gets its role's section
+}
+ROOT_READ = re.compile(r"(?<![\w.])(?:self\s*\.\s*)?cfg\s*(?:\.\s*(\w+)(?:\s*\.\s*(\w+))?|\[)")
+TYPED_READ = re.compile(r"""typed_section\(\s*(?:self\.)?cfg\s*,\s*["'](\w+)["']""")
+
+
+def root_reads(source: str) -> set[str]:
+    """The root config's sections read in `source`, as `section.key`, `key`, `[]` or `typed:section`."""
+    reads = {f"typed:{m.group(1)}" for m in TYPED_READ.finditer(source)}
+    for m in ROOT_READ.finditer(_code_without_strings(source)):
+        reads.add(TASKS if m.group(1) is None else ".".join(filter(None, m.groups())))
+    return reads
+
+
+def test_each_module_reads_only_the_config_its_component_owns():
+    from typing import get_type_hints
+
+    from grl.schema import GRLConfig
+
+    root_keys = set(get_type_hints(GRLConfig))
+    strays = []
+    for path in sorted(GRL.rglob("*.py")):
+        name = path.relative_to(GRL).as_posix()
+        if name.startswith(BUILDERS):
+            continue
+        owned = next((keys for prefix, keys in OWNERS.items() if name.startswith(prefix)), set())
+        for read in root_reads(path.read_text()):
+            key = read.removeprefix("typed:").split(".")[0]
+            if read != TASKS and key not in root_keys:
+                continue  # an attribute of something else called cfg, e.g. a task instance's block
+            if not any(read == o or read.startswith(o + ".") for o in owned):
+                strays.append(f"{name}: {read}")
+    assert strays == []
+    # the scan finds each kind of read, and not the ones in messages or of other objects
+    assert root_reads("x = self.cfg.actor_rollout_ref.actor.use_kl_loss") == {"actor_rollout_ref.actor"}
+    assert root_reads("b = cfg[name].agent_config\nn = cfg.max_response_length") == {TASKS, "max_response_length"}
+    assert root_reads('s = typed_section(cfg, "critic")  # cfg.trainer.seed') == {"typed:critic"}
+    assert root_reads('log("cfg.trainer.seed"); train_cfg.ppo_epochs; self.section.rollout.name') == set()

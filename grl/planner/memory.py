@@ -52,6 +52,7 @@ of each phase (docs/PERFORMANCE.md, "Memory planner").
 
 from __future__ import annotations
 
+from grl.config import typed_section
 from grl.planner.shapes import ModelShape, model_shape
 from grl.planner.table import GIB, Plan
 from grl.run_plan import PHASES as STEP_PHASES
@@ -114,15 +115,14 @@ def gathered_bytes(shape: ModelShape, e: int, value_head: bool = False) -> float
 def sampled_per_episode(cfg) -> int:
     """Tokens the model writes in one episode at most: max_turns x tokens per reply, over the training tasks."""
     per_task = [
-        int(cfg[name].agent_config.max_turns) * min(int(cfg[name].agent_config.max_tokens), int(cfg.max_response_length))
+        cfg[name].agent_config.max_turns * min(cfg[name].agent_config.max_tokens, cfg.max_response_length)
         for name in cfg.rollout.training
     ]
     return max(per_task)
 
 
-def engine_name(cfg, device: str) -> str:
-    name = str(cfg.actor_rollout_ref.rollout.name)
-    return name if name != "auto" else ("vllm" if device == "cuda" else "hf")
+def engine_name(run: RunPlan, device: str) -> str:
+    return run.engine_name if run.engine_name != "auto" else ("vllm" if device == "cuda" else "hf")
 
 
 # ---------------------------------------------------------------- the planner
@@ -143,21 +143,22 @@ def plan(
     # The workers' own decisions, here and not at the top: importing grl.workers imports torch.
     from grl.workers import fsdp as fsdp_rules
 
-    arr, critic_cfg, trainer = cfg.actor_rollout_ref, cfg.critic, cfg.trainer
-    shape = shape or model_shape(str(arr.model.path))
-    gpu_memory_gib = gpu_memory_gib if gpu_memory_gib is not None else trainer.get("gpu_memory_gb")
-    device = trainer.device if trainer.device != "auto" else ("cuda" if gpu_memory_gib else "cpu")
-    on_gpu = device == "cuda"
+    # The sections the worker groups build their ranks from (grl/workers/group.py), and the same plan.
+    arr, critic_cfg = typed_section(cfg, "actor_rollout_ref"), typed_section(cfg, "critic")
     run = run or RunPlan.from_config(cfg)
+    shape = shape or model_shape(arr.model.path)
+    gpu_memory_gib = gpu_memory_gib if gpu_memory_gib is not None else cfg.trainer.gpu_memory_gb
+    device = run.device if run.device != "auto" else ("cuda" if gpu_memory_gib else "cpu")
+    on_gpu = device == "cuda"
     per_node, world = run.ranks_per_node, run.world_size
-    s = int(seq_len or cfg.rollout.max_episode_length)
-    sampled = min(s, int(sampled_tokens or sampled_per_episode(cfg)))
+    s = seq_len or cfg.rollout.max_episode_length
+    sampled = min(s, sampled_tokens or sampled_per_episode(cfg))
     agents = rollout_agents or max(
         sum(n * k for n, k in zip(cfg.rollout.agent_group_num, cfg.rollout.agent_group_size)),
         sum(n * k for n, k in zip(cfg.rollout.validation_agent_group_num, cfg.rollout.validation_agent_group_size)),
     )
     use_ref, use_critic = run.reference_model, run.use_critic
-    engine = engine_name(cfg, device)
+    engine = engine_name(run, device)
     phases = tuple(p for p in PHASES if p in run.phases and (p != "ref" or use_ref))
     capacity = gpu_memory_gib * GIB if on_gpu and gpu_memory_gib else _host_share(per_node) if not on_gpu else None
     what = f"{world} x {'GPU' if on_gpu else 'CPU rank'}"
@@ -189,10 +190,10 @@ def plan(
     fix = "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true" if not offload else f"n_gpus_per_node={2 * per_node}"
     state("actor weights (master)", shape.params * m / world, offload, fix=fix)
     # A LoRA policy trains (and keeps AdamW state for) its adapter only.
-    trained = shape.lora_params(int(arr.model.lora_rank)) if int(arr.model.lora_rank) > 0 else shape.params
+    trained = shape.lora_params(arr.model.lora_rank) if arr.model.lora_rank > 0 else shape.params
     state("actor optimizer (AdamW m, v)", 2 * trained * m / world, offload, fix=fix)
     state("actor gradients", trained * m / world, offload, ["update_actor"], fix=fix)
-    if int(arr.model.lora_rank) == 0:  # a LoRA policy's root is frozen
+    if arr.model.lora_rank == 0:  # a LoRA policy's root is frozen
         p.add("device", "unsharded root gradients", root_gradient_bytes(shape, mixed, e), ["update_actor"], cached=True)
     if use_ref:
         state(
@@ -216,9 +217,9 @@ def plan(
     p.add("device", "gathered weights", gathered_bytes(shape, e), ["old_log_prob", "ref", "update_actor"], cached=True)
 
     # Activations and the vocabulary-sized log-prob chunk of each pass.
-    b_train, b_score = int(arr.actor.ppo_micro_batch_size_per_gpu), int(arr.rollout.log_prob_micro_batch_size_per_gpu)
-    b_ref, b_critic = int(arr.ref.log_prob_micro_batch_size_per_gpu), int(critic_cfg.ppo_micro_batch_size_per_gpu)
-    checkpointing = bool(arr.model.enable_gradient_checkpointing)
+    b_train, b_score = arr.actor.ppo_micro_batch_size_per_gpu, arr.rollout.log_prob_micro_batch_size_per_gpu
+    b_ref, b_critic = arr.ref.log_prob_micro_batch_size_per_gpu, critic_cfg.ppo_micro_batch_size_per_gpu
+    checkpointing = arr.model.enable_gradient_checkpointing
     act_fix = (
         "actor_rollout_ref.model.enable_gradient_checkpointing=true"
         if not checkpointing
@@ -232,10 +233,10 @@ def plan(
         p.add(
             "device",
             "activations",
-            training_activations(shape, b_critic, s, e, bool(critic_cfg.model.enable_gradient_checkpointing)),
+            training_activations(shape, b_critic, s, e, critic_cfg.model.enable_gradient_checkpointing),
             ["update_critic"],
         )
-    chunk = int(arr.actor.logits_chunk_size)
+    chunk = run.logits_chunk_size
     chunk_fix = f"actor_rollout_ref.actor.logits_chunk_size={max(chunk // 2, 1)}"
     for phase, b, copies in (
         ("old_log_prob", b_score, SCORE_LOGIT_COPIES),
@@ -245,7 +246,7 @@ def plan(
         p.add("device", "log-prob chunk", logit_bytes(shape, min(chunk, b * sampled), copies), [phase], chunk_fix, cached=True)
 
     separate = run.engine_apart
-    _engine(p, cfg, shape, engine, on_gpu, per_node, e, agents, s, separate)
+    _engine(p, cfg, arr.rollout, shape, engine, on_gpu, per_node, e, agents, s, separate)
 
     # Weight sync: a stream (grl/workers/streaming.py) gathers one parameter at a time, cast to the
     # engine's dtype first; the gathered tensor and the engine's copy of it are alive together.
@@ -253,7 +254,7 @@ def plan(
     if on_gpu and use_critic:
         # The engine's sleep empties the actor's cache after the rollout (vLLM's CuMemAllocator.sleep,
         # the hf engine's sleep); a process without an engine keeps the sync's blocks too.
-        emptied = bool(arr.rollout.free_cache_engine) and not separate
+        emptied = run.free_cache_engine and not separate
         passes = [x for x in ("old_log_prob", "ref", *(() if emptied else ("sync_weights",))) if x in p.phases]
         held = max(sum(p.device.get(name, {}).get(x, 0.0) for name in p.cached) for x in passes)
         p.add("device", "cached by the actor's process", held, ["values", "update_critic"])
@@ -261,10 +262,19 @@ def plan(
 
 
 def _engine(
-    p: Plan, cfg, shape: ModelShape, engine: str, on_gpu: bool, per_node: int, e: int, agents: int, s: int, separate: bool
+    p: Plan,
+    cfg,
+    rollout,
+    shape: ModelShape,
+    engine: str,
+    on_gpu: bool,
+    per_node: int,
+    e: int,
+    agents: int,
+    s: int,
+    separate: bool,
 ) -> None:
-    rollout = cfg.actor_rollout_ref.rollout
-    asleep = bool(rollout.free_cache_engine)
+    asleep = rollout.free_cache_engine
     awake_phases = ("gen", "sync_weights") if asleep else None
     weights = shape.params * e  # each engine holds the whole model (preflight refuses tensor parallelism)
     if separate:
@@ -275,7 +285,7 @@ def _engine(
         if on_gpu:
             return  # the rollout worker asks Ray for a GPU of its own (grl/workers/rollout_worker.py)
     if engine == "vllm" and on_gpu:
-        util = float(rollout.gpu_memory_utilization)
+        util = rollout.gpu_memory_utilization
         p.add(
             "device",
             "engine (gpu_memory_utilization)",
@@ -301,7 +311,7 @@ def _engine(
         cache_gib = float(os.environ.get("VLLM_CPU_KVCACHE_SPACE", DEFAULT_CPU_KVCACHE_GIB))
         p.add("host", "engine process (weights, VLLM_CPU_KVCACHE_SPACE)", weights + cache_gib * GIB)
     else:
-        context = min(s, int(cfg.max_prompt_length) + int(cfg.max_response_length))
+        context = min(s, cfg.max_prompt_length + cfg.max_response_length)
         kv = agents * context * shape.layers * 2 * shape.kv * e * 3
         # A rollout worker of its own is a process on the host that generates beside the update.
         place, phases = ("host", None) if separate else ("device", ["gen"])
@@ -334,6 +344,6 @@ def detect_gpu_memory_gib() -> float | None:
 def plan_run(cfg, **shapes) -> Plan:
     """The plan of a run as configured: GPU memory from trainer.gpu_memory_gb, else from CUDA here."""
     memory = cfg.trainer.gpu_memory_gb
-    if memory is None and cfg.trainer.device != "cpu":
+    if memory is None and RunPlan.from_config(cfg).device != "cpu":
         memory = detect_gpu_memory_gib()
     return plan(cfg, gpu_memory_gib=memory, **shapes)

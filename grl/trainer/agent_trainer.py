@@ -18,7 +18,6 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from grl.algo import make_kl_controller
-from grl.engines import sampling_from_config
 from grl.rng import rng_state, set_rng_state
 from grl.run_plan import RunPlan
 from grl.rollout import Batch, MultiTurnRollout, task_specs, training_base_seed
@@ -69,18 +68,16 @@ class AgentTrainer:
         self.kl_ctrl = make_kl_controller(algo.kl_ctrl.type, algo.kl_ctrl.kl_coef, algo.kl_ctrl.target_kl, algo.kl_ctrl.horizon)
         self.train_tasks = task_specs(cfg)
         self.curriculum = Curriculum.from_config(cfg.rollout.curriculum)  # None: the tasks as their blocks set them
-        engine_cfg = cfg.actor_rollout_ref.rollout
-        self.sampling = sampling_from_config(engine_cfg, validate=False, max_new_tokens=cfg.max_response_length)
         self.global_step = 0
-        self.mfu_shape, self.peak_flops = mfu_inputs(str(cfg.actor_rollout_ref.model.path), str(cfg.trainer.device))
+        self.mfu_shape, self.peak_flops = mfu_inputs(self.plan.model_path, self.plan.device)
         self.last_checkpoint: Path | None = None
         self.tracker: Tracker | None = None
         self.progress = Progress(enabled="console" in cfg.trainer.logger)
-        self.validation = Validation(cfg, rollout)
+        self.validation = Validation(cfg, self.plan, rollout)
         # Where each step's episodes and old log-probs come from (grl/trainer/pipeline.py): the step reads
         # the same in every mode. The rollout source starts with the first step, after any resume.
         self._source: SynchronousRollout | RolloutAhead | None = None
-        self.old_log_probs = old_log_probs_from(self.plan, cfg.actor_rollout_ref.actor.tis_imp_ratio_cap)
+        self.old_log_probs = old_log_probs_from(self.plan)
 
     @classmethod
     def from_config(cls, cfg: DictConfig, hooks: list[StepHook] | None = None) -> AgentTrainer:
@@ -90,15 +87,15 @@ class AgentTrainer:
 
         # Worker output (Ray, vLLM, transformers on every rank) stays in Ray's session logs, off the console;
         # errors still reach the driver as exceptions.
-        init_ray(cfg.trainer.ray_address, log_to_driver=False)
         plan = RunPlan.from_config(cfg)
+        init_ray(plan.ray_address, log_to_driver=False)
         actor = ActorRolloutRefGroup(cfg, plan)
         try:
             critic = CriticGroup(cfg, plan) if plan.use_critic else None
         except BaseException:
             actor.shutdown()
             raise
-        tokenizer = load_tokenizer(cfg.actor_rollout_ref.model.path)
+        tokenizer = load_tokenizer(plan.model_path)
         programs = None
         if any(is_program_task(task) for validation in (False, True) for task in task_specs(cfg, validation)):
             from grl.gateway.programs import ProgramRunner
@@ -112,42 +109,42 @@ class AgentTrainer:
     def fit(self) -> None:
         """Validate, then train step by step, validating every `test_freq` and
         checkpointing every `save_freq` steps (and both at the end)."""
-        cfg = self.cfg.trainer
+        run = self.cfg.trainer
         try:
             resumed = self.resume()
             self.tracker = Tracker(
-                list(cfg.logger),
-                cfg.run_dir,
-                cfg.project_name,
-                cfg.experiment_name,
+                list(run.logger),
+                run.run_dir,
+                run.project_name,
+                run.experiment_name,
                 config=OmegaConf.to_container(self.cfg, resolve=True),
-                total_steps=cfg.total_training_steps,
+                total_steps=run.total_training_steps,
                 resume_step=self.global_step if resumed else None,
             )
-            save_run_info(cfg.run_dir, OmegaConf.to_yaml(self.cfg, resolve=True))
+            save_run_info(run.run_dir, OmegaConf.to_yaml(self.cfg, resolve=True))
             print(self.start_report(), flush=True)
-            if cfg.val_only:
+            if run.val_only:
                 self.tracker.log(self.validate(), self.global_step)
                 return
-            self.progress.start_run(cfg.total_training_steps, done=self.global_step)
-            if cfg.val_before_train and self.global_step == 0:
+            self.progress.start_run(run.total_training_steps, done=self.global_step)
+            if run.val_before_train and self.global_step == 0:
                 self.tracker.log(self.validate(), self.global_step)
-            while self.global_step < cfg.total_training_steps:
+            while self.global_step < run.total_training_steps:
                 self.global_step += 1
-                step, last = self.global_step, self.global_step == cfg.total_training_steps
+                step, last = self.global_step, self.global_step == run.total_training_steps
                 metrics, batch = self.train_step(step)
-                if cfg.test_freq > 0 and (step % cfg.test_freq == 0 or last):
+                if run.test_freq > 0 and (step % run.test_freq == 0 or last):
                     metrics.update(self.validate())
-                    if cfg.export_hf and cfg.export_best and self.validation.is_best(step, metrics):
+                    if run.export_hf and run.export_best and self.validation.is_best(step, metrics):
                         self.export_hf()
-                if (cfg.save_freq > 0 and step % cfg.save_freq == 0) or last:
+                if (run.save_freq > 0 and step % run.save_freq == 0) or last:
                     metrics.update(self.save_checkpoint())
                 self.tracker.log(metrics, step)
                 self.progress.step_done(metrics)
                 for hook in self.hooks:
                     hook(self, step, metrics, batch)
             best = self.validation.best.step  # 0: none after a training step, or trainer.export_best off
-            export = None if not cfg.export_hf else self.export_hf(only_path=best > 0)
+            export = None if not run.export_hf else self.export_hf(only_path=best > 0)
             print(finish_report(self.validation.success, self.last_checkpoint, export, best), flush=True)
         except (WorkerDiedError, WeightSyncTimeout) as err:
             message = abort_message(err, self.global_step, self.last_checkpoint)
@@ -221,7 +218,7 @@ class AgentTrainer:
             **sampled.metrics,
             **task_metrics(result.metrics, "train"),
             **reward_metrics(result.episodes),
-            **turn_length_metrics(result.episodes, self.cfg.max_response_length, validation=False),
+            **turn_length_metrics(result.episodes, self.plan.max_response_length, validation=False),
             "training/dropped_stale_episodes": float(stale),
         }
         if self.curriculum is not None:  # before this step's weights are published: a rollout ahead reads it
@@ -230,8 +227,8 @@ class AgentTrainer:
                 log.info(
                     "step %d: curriculum moves to %s=%r", step, self.curriculum.key, self.curriculum.levels[self.curriculum.stage]
                 )
-        if self.cfg.actor_rollout_ref.actor.use_kl_loss:
-            metrics["actor/kl_coef"] = float(self.cfg.actor_rollout_ref.actor.kl_loss_coef)
+        if self.plan.kl_loss_coef is not None:
+            metrics["actor/kl_coef"] = self.plan.kl_loss_coef
         return episodes, metrics
 
     def _batch_of(self, step: int, episodes: list, metrics: dict[str, float]) -> Batch | None:
@@ -277,18 +274,18 @@ class AgentTrainer:
             partial(self._rollout, on_turn=self.progress.show_turn),
             self.rollout.engine,
             self.actor,
-            bool(self.cfg.actor_rollout_ref.rollout.free_cache_engine),
+            self.plan.free_cache_engine,
         )
 
     def _rollout(self, step: int, on_turn: Callable | None):
         """Every training task's episodes of `step`, sampled by the engine's current weights."""
-        sampling = replace(self.sampling, seed=training_base_seed(self.plan.seed, step))
+        sampling = replace(self.plan.sampling, seed=training_base_seed(self.plan.seed, step))
         tasks = self.train_tasks if self.curriculum is None else self.curriculum.tasks(self.train_tasks, self._stage(step))
         return self.rollout.run(
             tasks,
             training_base_seed(self.cfg.rollout.seed, step),
             sampling,
-            turn_barrier=bool(self.cfg.rollout.turn_barrier),
+            turn_barrier=self.cfg.rollout.turn_barrier,
             on_turn=on_turn,
         )
 
@@ -314,7 +311,7 @@ class AgentTrainer:
 
     def save_checkpoint(self) -> dict[str, float]:
         timer = Timer()
-        cfg = self.cfg.trainer
+        run = self.cfg.trainer
 
         def write_parts(tmp: Path) -> None:
             self.actor.save_checkpoint(str(tmp / "actor"))
@@ -330,7 +327,7 @@ class AgentTrainer:
         }
         with timer("save_checkpoint"):
             self.last_checkpoint = ckpt.write_checkpoint(
-                cfg.default_local_dir, self.global_step, write_parts, state, cfg.max_ckpt_to_keep
+                run.default_local_dir, self.global_step, write_parts, state, run.max_ckpt_to_keep
             )
         return timer.metrics()
 
@@ -342,8 +339,8 @@ class AgentTrainer:
 
     def resume(self) -> bool:
         """Load the checkpoint `trainer.resume_mode` points at; True if one was loaded."""
-        cfg = self.cfg.trainer
-        path = ckpt.resume_path(cfg.resume_mode, cfg.default_local_dir)
+        run = self.cfg.trainer
+        path = ckpt.resume_path(run.resume_mode, run.default_local_dir)
         if path is None:
             return False
         state = ckpt.read_state(path)

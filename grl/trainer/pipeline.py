@@ -211,16 +211,16 @@ class ScoredLogProbs:
     """PPO's old log-probs scored by the weights about to be trained, in a pass of their own when the
     update needs them beforehand (`RunPlan.old_log_prob_pass`); otherwise the update's first pass gives them."""
 
-    def __init__(self, plan: RunPlan, tis_imp_ratio_cap: float):
-        self._plan, self._tis_cap = plan, tis_imp_ratio_cap
+    def __init__(self, plan: RunPlan):
+        self._plan = plan
 
     def fill(self, batch, actor, timer) -> dict[str, float]:
         if not self._plan.old_log_prob_pass(len(batch)):
             return {}
         with timer("old_log_prob"):
             batch["old_log_probs"], _ = actor.compute_log_probs(batch)
-        return old_log_prob_metrics(batch, self._tis_cap)
+        return old_log_prob_metrics(batch, self._plan.tis_imp_ratio_cap)
 
 
-def old_log_probs_from(plan: RunPlan, tis_imp_ratio_cap: float) -> EngineLogProbs | ScoredLogProbs:
-    return ScoredLogProbs(plan, tis_imp_ratio_cap) if plan.old_log_probs == SCORED_LOG_PROBS else EngineLogProbs()
+def old_log_probs_from(plan: RunPlan) -> EngineLogProbs | ScoredLogProbs:
+    return ScoredLogProbs(plan) if plan.old_log_probs == SCORED_LOG_PROBS else EngineLogProbs()

@@ -22,10 +22,10 @@ def start_report(cfg, plan, device: str) -> str:
             f"  run folder   {run_dir}",
             f"  metrics      {run_dir / METRICS_FILE}  (grl plot {run_dir})",
             f"  checkpoints  {Path(cfg.trainer.default_local_dir).absolute()}",
-            f"  device       {device} x {plan.world_size} rank(s), engine {cfg.actor_rollout_ref.rollout.name}"
+            f"  device       {device} x {plan.world_size} rank(s), engine {plan.engine_name}"
             f"{plan.engine_place()}, "
-            f"model {cfg.actor_rollout_ref.model.path}",
-            f"  compute      {compute_report(cfg.actor_rollout_ref.model.dtype, device)}",
+            f"model {plan.model_path}",
+            f"  compute      {compute_report(plan.model_dtype, device)}",
             f"  worker logs  {os.environ.get('RAY_TMPDIR', '/tmp/ray')}/session_latest/logs",
             "  training     " + ", ".join(f"{t} ({n}x{k})" for t, n, k in groups),
             "  validation   " + ", ".join(f"{t} ({n}x{k})" for t, n, k in val_groups),

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from statistics import fmean
 
 from grl.agents.controls import CONTROL_METRIC
-from grl.engines import sampling_from_config
 from grl.rollout import MultiTurnRollout, task_specs
 from grl.rollout.diagnostics import input_dependence_metrics
 from grl.rollout.tasks import is_program_task
@@ -62,10 +61,9 @@ class Validation:
     """The run's validations over the rollout's engine: each task's success at every validation (the
     finish report's first, best and last) and the best one after a training step (`trainer.export_best`)."""
 
-    def __init__(self, cfg, rollout):
-        self.cfg, self.rollout = cfg, rollout
+    def __init__(self, cfg, plan, rollout):
+        self.cfg, self.plan, self.rollout = cfg, plan, rollout
         self.tasks = task_specs(cfg, validation=True)
-        self.sampling = sampling_from_config(cfg.actor_rollout_ref.rollout, validate=True, max_new_tokens=cfg.max_response_length)
         self.controls: dict = {}  # validation control -> its MultiTurnRollout (grl/agents/controls.py)
         self.success: dict[str, list[tuple[int, float]]] = {}
         self.best = BestValidation()
@@ -79,14 +77,14 @@ class Validation:
             self.tasks,
             self.cfg.rollout.validation_seed,
             self.cfg.trainer.validation_steps,
-            self.sampling,
+            self.plan.validation_sampling,
             on_turn=on_turn,
         )
         metrics = task_metrics(mean, "val-env")
         for task in self.cfg.rollout.validation:
             if f"val-env/{task}/success" in metrics:
                 self.success.setdefault(task, []).append((step, metrics[f"val-env/{task}/success"]))
-        return {**metrics, **turn_length_metrics(episodes, self.cfg.max_response_length, validation=True)}
+        return {**metrics, **turn_length_metrics(episodes, self.plan.max_response_length, validation=True)}
 
     def is_best(self, step: int, metrics: dict[str, float]) -> bool:
         """Whether this validation is the best after a training step so far (and is recorded as it)."""

@@ -196,9 +196,9 @@ def make_optimizer(params, optim_cfg) -> torch.optim.Optimizer:
     fused = True if params and all(p.device.type == "cpu" for p in params) else None
     return torch.optim.AdamW(
         params,
-        lr=float(optim_cfg.lr),
-        betas=tuple(float(b) for b in optim_cfg.betas),
-        weight_decay=float(optim_cfg.weight_decay),
+        lr=optim_cfg.lr,
+        betas=tuple(optim_cfg.betas),
+        weight_decay=optim_cfg.weight_decay,
         fused=fused,
     )
 

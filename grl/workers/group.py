@@ -300,7 +300,7 @@ class ActorRolloutRefGroup(_WorkerGroup):
         from grl.workers.rollout_worker import SeparateEngine
 
         self.use_ref, self.separate = plan.use_reference, plan.engine_apart
-        init_ray(cfg.trainer.ray_address)
+        init_ray(plan.ray_address)
         device = resolve_device(plan.device)
         section = typed_section(cfg, "actor_rollout_ref")
         self.engine_name = section.rollout.name  # `auto` is resolved inside the rank
@@ -308,7 +308,7 @@ class ActorRolloutRefGroup(_WorkerGroup):
         super().__init__(PolicyWorker, plan, section, lambda rank: (self.engine_name if rank in engine_ranks else None,))
         try:
             self.engine: Engine = (
-                SeparateEngine(section, plan, self.device, cfg.rollout.weight_sync_timeout)
+                SeparateEngine(section, plan, self.device, plan.weight_sync_timeout)
                 if self.separate
                 else EngineProxy(self, list(engine_ranks))
             )
@@ -371,7 +371,7 @@ class CriticGroup(_WorkerGroup):
     def __init__(self, cfg, plan: RunPlan):
         from grl.workers.critic import CriticWorker
 
-        init_ray(cfg.trainer.ray_address)
+        init_ray(plan.ray_address)
         super().__init__(CriticWorker, plan, typed_section(cfg, "critic"))
 
     def compute_values(self, batch: Batch) -> torch.Tensor:

@@ -88,10 +88,10 @@ class PolicyWorker(Worker):
         section = self.section
         self.model_cfg, self.train_cfg = section.model, section.actor
         self.module = self._build(section.model, section.actor.fsdp_config, "policy", trainable=True)
-        if self.use_ref and self.peft_model is not None:
-            self.ref = lora.AdapterOff(self.module, self.peft_model)
-        elif self.use_ref:
+        if self.plan.reference_model:
             self.ref = self._build(section.model, section.ref.fsdp_config, "policy", trainable=False)
+        elif self.use_ref:  # the plan's LoRA reference: the trained model with its adapter off
+            self.ref = lora.AdapterOff(self.module, self.peft_model)
         if self.engine_name is not None:
             self.engine = self._make_engine()
         self.objective = PolicyObjective(self.train_cfg)

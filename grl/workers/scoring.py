@@ -7,9 +7,9 @@ and the first token of every packed episode get 0. In a row whose episodes share
 a prompt (`parent_ids`), the token after the prompt is scored from its last token.
 
 The backbone runs once; the head (`lm_head`, or the tied input embedding) is
-then applied to `chunk_size` hidden states at a time, and in training each
-chunk is recomputed in backward, so at most one chunk of `[tokens, vocab]`
-logits is alive at once.
+then applied to `chunk_size` hidden states at a time, and in training with more
+than one chunk each is recomputed in backward, so at most one chunk of
+`[tokens, vocab]` logits is alive at once.
 
 The policy's log-probs are those of the distribution the engine sampled from:
 logits divided by the rollout temperature and, for tokens decoded under a
@@ -174,7 +174,9 @@ class TokenScorer(nn.Module):
             sizes, ids = constraint_size[rows, columns], constraint_ids[rows, columns]
         head = self.head()
         step = max(int(chunk_size), 1)
-        recompute = torch.is_grad_enabled()
+        # Recomputing a chunk in backward keeps one chunk's logits alive at a time; with one chunk its
+        # saved tensors are that one chunk anyway, so the recompute would cost time and save no memory.
+        recompute = torch.is_grad_enabled() and flat_hidden.shape[0] > step
         outputs = []
         for i in range(0, flat_hidden.shape[0], step):
             part = slice(i, i + step)

@@ -51,9 +51,9 @@ def test_validation_reports_the_swapped_success_and_the_input_dependence(trainer
 def test_the_swap_pass_plays_the_same_games_but_shows_the_decoys(trainer):
     trainer.validate()
     validation = trainer.validation
-    true_pass = trainer.rollout.run(validation.tasks, 123, validation.sampling)
-    swap_pass = validation.controls["swap"].run(validation.tasks, 123, validation.sampling)
-    decoys = trainer.rollout.run(validation.tasks, decoy_seed(123), validation.sampling)
+    true_pass = trainer.rollout.run(validation.tasks, 123, validation.plan.validation_sampling)
+    swap_pass = validation.controls["swap"].run(validation.tasks, 123, validation.plan.validation_sampling)
+    decoys = trainer.rollout.run(validation.tasks, decoy_seed(123), validation.plan.validation_sampling)
     for real, swapped, decoy in zip(true_pass.episodes, swap_pass.episodes, decoys.episodes, strict=True):
         assert swapped.seed == real.seed
         # What the model saw first is the decoy's board, token for token.
