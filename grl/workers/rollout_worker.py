@@ -106,6 +106,7 @@ class SeparateEngine(Engine):
             options["num_gpus"] = 1
         self._worker = None
         self.timeout = weight_sync_timeout
+        self._stuck = False
         self._worker = ray.remote(RolloutWorker).options(**options).remote(section, plan, device)
         ready, _ = ray.wait([self._worker.ready.remote()], timeout=ENGINE_START_TIMEOUT_S)
         if not ready:
@@ -138,6 +139,7 @@ class SeparateEngine(Engine):
         try:
             self._get(self._worker.update_weights.remote(handle), timeout=self.timeout)
         except GetTimeoutError:
+            self._stuck = True
             raise WeightSyncTimeout(
                 f"the rollout engine did not load the weights of policy version {version} within "
                 f"{self.timeout:g} s (rollout.weight_sync_timeout)"
@@ -159,7 +161,8 @@ class SeparateEngine(Engine):
             return
         worker, self._worker = self._worker, None
         try:
-            ray.wait([worker.teardown.remote()], timeout=timeout)
+            # A worker past its weight-sync deadline is still in the transfer: it would answer only after.
+            ray.wait([worker.teardown.remote()], timeout=0 if self._stuck else timeout)
         except Exception as err:  # noqa: BLE001 - the actor may be gone already
             log.debug("rollout worker teardown: %s", err)
         try:

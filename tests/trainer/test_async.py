@@ -7,6 +7,8 @@
 - a weight transfer that hangs ends the run with one line.
 """
 
+import time
+
 import pytest
 import torch
 
@@ -15,6 +17,7 @@ from grl.rollout.types import Episode, Turn
 from grl.trainer import RunAborted
 from grl.trainer.agent_trainer import AgentTrainer
 from grl.trainer.transforms import drop_stale_episodes, staleness_metrics
+from grl.workers.group import TEARDOWN_TIMEOUT_S
 
 ray = pytest.importorskip("ray")
 
@@ -161,6 +164,8 @@ def test_a_weight_transfer_that_hangs_ends_the_run_with_one_line(tmp_path, ray_r
         },
     )
 
+    started = []
+
     def hang_on_load(trainer):
         def stall(worker):
             import time
@@ -168,12 +173,17 @@ def test_a_weight_transfer_that_hangs_ends_the_run_with_one_line(tmp_path, ray_r
             worker.engine.update_weights = lambda _weights: time.sleep(3600)
 
         trainer.actor.engine.execute(stall)
+        started.append(time.monotonic())
 
     with pytest.raises(RunAborted) as info:
         recorded_run(cfg, before_fit=hang_on_load)
     message = str(info.value)
     assert "did not load the weights of policy version 1 within 3 s (rollout.weight_sync_timeout)" in message
     assert "\n" not in message
+    # The stuck worker is killed without the teardown wait it could not answer: the run ends about the
+    # sync timeout after the stall (3.8 s here), not that plus TEARDOWN_TIMEOUT_S (13.8 s before).
+    ended = time.monotonic() - started[0]
+    assert ended < TEARDOWN_TIMEOUT_S, ended
 
 
 def test_an_episode_older_than_max_staleness_is_never_trained_on():
