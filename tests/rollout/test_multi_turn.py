@@ -270,9 +270,9 @@ def episode_signature(episodes):
 
 
 def test_without_the_turn_barrier_a_slow_env_holds_only_its_own_agent(hf_engine, tokenizer):
-    """Seed 1's env takes 2 s a step: the other agents play all their turns meanwhile, and every
+    """Seed 1's env takes 1 s a step: the other agents play all their turns meanwhile, and every
     episode is the one the barrier gives (greedy)."""
-    task = scripted(groups=3, size=1, length=3, slow_seeds=[1], delay=2.0)
+    task = scripted(groups=3, size=1, length=3, slow_seeds=[1], delay=1.0)
     engine = RecordingEngine(hf_engine)
     free = rollout(engine, tokenizer).run([task], base_seed=0, sampling=GREEDY, turn_barrier=False).episodes
     together = rollout(hf_engine, tokenizer).run([task], base_seed=0, sampling=GREEDY).episodes

@@ -11,7 +11,7 @@ import pytest
 
 from grl.tools.sandbox import UID_BASE, UID_SLOTS, SandboxLimits, check_isolation, run_python
 
-LIMITS = SandboxLimits(wall_s=4.0, cpu_s=2, memory_mb=512, max_processes=16, max_output_bytes=65536)
+LIMITS = SandboxLimits(wall_s=2.5, cpu_s=1, memory_mb=512, max_processes=16, max_output_bytes=65536)
 SECRET = f"grl-secret-{uuid.uuid4().hex}"
 MARK = uuid.uuid4().hex  # names of the files hostile code tries to write
 
