@@ -83,18 +83,13 @@ class AgentTrainer:
     def from_config(cls, cfg: DictConfig, hooks: list[StepHook] | None = None) -> AgentTrainer:
         """Start Ray, the actor (+ref, +engine) and critic workers, and the rollout."""
         from grl.models import load_tokenizer
-        from grl.workers import ActorRolloutRefGroup, CriticGroup, init_ray
+        from grl.workers import init_ray, start_groups
 
         # Worker output (Ray, vLLM, transformers on every rank) stays in Ray's session logs, off the console;
         # errors still reach the driver as exceptions.
         plan = RunPlan.from_config(cfg)
         init_ray(plan.ray_address, log_to_driver=False)
-        actor = ActorRolloutRefGroup(cfg, plan)
-        try:
-            critic = CriticGroup(cfg, plan) if plan.use_critic else None
-        except BaseException:
-            actor.shutdown()
-            raise
+        actor, critic = start_groups(cfg, plan)
         tokenizer = load_tokenizer(plan.model_path)
         programs = None
         if any(is_program_task(task) for validation in (False, True) for task in task_specs(cfg, validation)):

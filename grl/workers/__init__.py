@@ -36,11 +36,36 @@ The trainer uses only what is exported here (docs/CONTRACTS.md, Workers).
   the call that noticed; `shutdown()` always works, also twice.
 """
 
+from concurrent.futures import Future, ThreadPoolExecutor
+
 from grl.workers.engine_proxy import EngineProxy
 from grl.workers.group import ActorRolloutRefGroup, CriticGroup, WorkerDiedError
 from grl.workers.rollout_worker import WeightSyncTimeout
 from grl.workers.runtime import init_ray, resolve_device
 from grl.workers.sharding import plan_minibatches
+
+
+def start_groups(cfg, plan) -> tuple[ActorRolloutRefGroup, CriticGroup | None]:
+    """The actor group and, where the plan has a critic, the critic group, started side by side: each
+    group's ranks start their processes and load their model while the other's do. A group that
+    started is shut down when the other fails (or the start is interrupted)."""
+    pool = ThreadPoolExecutor(2, thread_name_prefix="grl-start")
+    starts = [pool.submit(ActorRolloutRefGroup, cfg, plan), *([pool.submit(CriticGroup, cfg, plan)] if plan.use_critic else [])]
+    try:
+        groups = [start.result() for start in starts]
+    except BaseException:
+        for start in starts:
+            start.add_done_callback(_shut_down_if_started)
+        raise
+    finally:
+        pool.shutdown(wait=False)
+    return groups[0], (groups[1] if len(groups) > 1 else None)
+
+
+def _shut_down_if_started(start: Future) -> None:
+    if start.exception() is None:
+        start.result().shutdown()
+
 
 __all__ = [
     "ActorRolloutRefGroup",
@@ -51,4 +76,5 @@ __all__ = [
     "init_ray",
     "plan_minibatches",
     "resolve_device",
+    "start_groups",
 ]

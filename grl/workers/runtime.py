@@ -142,6 +142,7 @@ def resolve_device(requested: str) -> str:
 # (Ray job, world size, device, nodes) -> [placement group, users]; the job id keeps
 # a pool from outliving the Ray runtime it was made in.
 _pools: dict[tuple[str, int, str, int], list] = {}
+_pools_lock = threading.Lock()  # the actor and critic groups start side by side and share a pool
 
 
 def _pool_key(size: int, device: str, nnodes: int) -> tuple[str, int, str, int]:
@@ -154,6 +155,11 @@ def acquire_pool(size: int, device: str, nnodes: int = 1):
     """The placement group of `size` ranks: bundle r holds rank r. On one node (nnodes=1) Ray packs the
     bundles where they fit; on nnodes > 1 bundle r is pinned to node r // (size / nnodes) of
     `nodes_for`, so each node holds size / nnodes ranks in rank order."""
+    with _pools_lock:
+        return _acquire_pool(size, device, nnodes)
+
+
+def _acquire_pool(size: int, device: str, nnodes: int):
     import ray
     from ray.util.placement_group import placement_group
 
@@ -221,13 +227,15 @@ def release_pool(size: int, device: str, nnodes: int = 1) -> None:
     import ray
 
     key = _pool_key(size, device, nnodes)
-    entry = _pools.get(key)
-    if entry is None:
-        return
-    entry[1] -= 1
-    if entry[1] <= 0:
+    with _pools_lock:
+        entry = _pools.get(key)
+        if entry is None:
+            return
+        entry[1] -= 1
+        if entry[1] > 0:
+            return
         del _pools[key]
-        try:
-            ray.util.remove_placement_group(entry[0])
-        except Exception as err:  # noqa: BLE001 - Ray already gone (ray.shutdown came first)
-            log.debug("remove_placement_group: %s", err)
+    try:
+        ray.util.remove_placement_group(entry[0])
+    except Exception as err:  # noqa: BLE001 - Ray already gone (ray.shutdown came first)
+        log.debug("remove_placement_group: %s", err)

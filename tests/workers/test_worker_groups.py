@@ -5,6 +5,7 @@ import math
 import os
 import subprocess
 import sys
+import time
 from contextlib import contextmanager
 from dataclasses import replace
 
@@ -442,3 +443,32 @@ def test_packed_and_padded_batches_train_alike(actor, batch, tmp_path, mode):
     for key in ("actor/pg_loss", "actor/entropy", "actor/kl_loss", "actor/ppo_kl", "actor/grad_norm"):
         assert packed_m[key] == pytest.approx(padded_m[key], abs=1e-5), key
     assert max_diff(padded_g, packed_g) / 0.1 < 1e-5
+
+
+def _rank_processes() -> set[int]:
+    import psutil
+
+    return {p.pid for p in psutil.process_iter(["cmdline"]) if any("Worker" in a for a in (p.info["cmdline"] or [])[:1])}
+
+
+def test_a_group_that_fails_to_start_takes_the_one_started_beside_it_down(cfg, tmp_path):
+    """The actor and critic groups start side by side; the critic's model folder holds no model, so
+    its start fails, and the actor group started meanwhile is shut down: none of their ranks lives on."""
+    from omegaconf import OmegaConf
+
+    from grl.workers import start_groups
+
+    bad = OmegaConf.merge(cfg, {"critic": {"model": {"path": str(tmp_path)}}})
+    plan = RunPlan.from_config(bad)
+    assert plan.use_critic
+    before = _rank_processes()
+    from grl.models import ModelLoadError
+
+    with pytest.raises(ModelLoadError, match=str(tmp_path)):
+        start_groups(bad, plan)
+    for _ in range(120):
+        left = _rank_processes() - before
+        if not left:
+            break
+        time.sleep(0.25)
+    assert left == set()
