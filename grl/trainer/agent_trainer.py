@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import replace
 from functools import partial
@@ -89,14 +90,21 @@ class AgentTrainer:
         # errors still reach the driver as exceptions.
         plan = RunPlan.from_config(cfg)
         init_ray(plan.ray_address, log_to_driver=False)
-        actor, critic = start_groups(cfg, plan)
-        tokenizer = load_tokenizer(plan.model_path)
-        programs = None
-        if any(is_program_task(task) for validation in (False, True) for task in task_specs(cfg, validation)):
-            from grl.gateway.programs import ProgramRunner
+        with ThreadPoolExecutor(1) as driver:
+            tokenizer = driver.submit(load_tokenizer, plan.model_path)  # while the ranks start
+            actor, critic = start_groups(cfg, plan)
+        try:
+            programs = None
+            if any(is_program_task(task) for validation in (False, True) for task in task_specs(cfg, validation)):
+                from grl.gateway.programs import ProgramRunner
 
-            programs = ProgramRunner.from_config(cfg, actor.engine, tokenizer)
-        rollout = MultiTurnRollout.from_config(cfg, actor.engine, tokenizer, programs=programs)
+                programs = ProgramRunner.from_config(cfg, actor.engine, tokenizer.result())
+            rollout = MultiTurnRollout.from_config(cfg, actor.engine, tokenizer.result(), programs=programs)
+        except BaseException:
+            for group in (actor, critic):
+                if group is not None:
+                    group.shutdown()
+            raise
         return cls(cfg, actor, critic, rollout, hooks, plan)
 
     # ------------------------------------------------------------------ loop
