@@ -253,7 +253,7 @@ def _build_score_and_train(rank, ports, cfg):
     padded = layout(PADDED[rank], {k: data[k] for k in policy_keys})
     packed = layout(PACKED[rank], {k: data[k] for k in policy_keys})
 
-    with_ref = replace(RunPlan.from_config(cfg), use_reference=True)
+    with_ref = replace(RunPlan.from_config(cfg), use_reference=True, reference_model=True)
     actor = PolicyWorker(rank, with_ref, typed_section(cfg, "actor_rollout_ref"), "cpu")
     actor.setup("127.0.0.1", ports[0])
     out["timeouts_s"] = [group_timeout_s()]
