@@ -343,7 +343,8 @@ def detect_gpu_memory_gib() -> float | None:
 
 def plan_run(cfg, **shapes) -> Plan:
     """The plan of a run as configured: GPU memory from trainer.gpu_memory_gb, else from CUDA here."""
+    run = RunPlan.from_config(cfg)
     memory = cfg.trainer.gpu_memory_gb
-    if memory is None and RunPlan.from_config(cfg).device != "cpu":
+    if memory is None and run.device != "cpu":
         memory = detect_gpu_memory_gib()
-    return plan(cfg, gpu_memory_gib=memory, **shapes)
+    return plan(cfg, gpu_memory_gib=memory, run=run, **shapes)

@@ -112,42 +112,42 @@ class AgentTrainer:
     def fit(self) -> None:
         """Validate, then train step by step, validating every `test_freq` and
         checkpointing every `save_freq` steps (and both at the end)."""
-        run = self.cfg.trainer
+        trainer_cfg = self.cfg.trainer
         try:
             resumed = self.resume()
             self.tracker = Tracker(
-                list(run.logger),
-                run.run_dir,
-                run.project_name,
-                run.experiment_name,
+                list(trainer_cfg.logger),
+                trainer_cfg.run_dir,
+                trainer_cfg.project_name,
+                trainer_cfg.experiment_name,
                 config=OmegaConf.to_container(self.cfg, resolve=True),
-                total_steps=run.total_training_steps,
+                total_steps=trainer_cfg.total_training_steps,
                 resume_step=self.global_step if resumed else None,
             )
-            save_run_info(run.run_dir, OmegaConf.to_yaml(self.cfg, resolve=True))
+            save_run_info(trainer_cfg.run_dir, OmegaConf.to_yaml(self.cfg, resolve=True))
             print(self.start_report(), flush=True)
-            if run.val_only:
+            if trainer_cfg.val_only:
                 self.tracker.log(self.validate(), self.global_step)
                 return
-            self.progress.start_run(run.total_training_steps, done=self.global_step)
-            if run.val_before_train and self.global_step == 0:
+            self.progress.start_run(trainer_cfg.total_training_steps, done=self.global_step)
+            if trainer_cfg.val_before_train and self.global_step == 0:
                 self.tracker.log(self.validate(), self.global_step)
-            while self.global_step < run.total_training_steps:
+            while self.global_step < trainer_cfg.total_training_steps:
                 self.global_step += 1
-                step, last = self.global_step, self.global_step == run.total_training_steps
+                step, last = self.global_step, self.global_step == trainer_cfg.total_training_steps
                 metrics, batch = self.train_step(step)
-                if run.test_freq > 0 and (step % run.test_freq == 0 or last):
+                if trainer_cfg.test_freq > 0 and (step % trainer_cfg.test_freq == 0 or last):
                     metrics.update(self.validate())
-                    if run.export_hf and run.export_best and self.validation.is_best(step, metrics):
+                    if trainer_cfg.export_hf and trainer_cfg.export_best and self.validation.is_best(step, metrics):
                         self.export_hf()
-                if (run.save_freq > 0 and step % run.save_freq == 0) or last:
+                if (trainer_cfg.save_freq > 0 and step % trainer_cfg.save_freq == 0) or last:
                     metrics.update(self.save_checkpoint())
                 self.tracker.log(metrics, step)
                 self.progress.step_done(metrics)
                 for hook in self.hooks:
                     hook(self, step, metrics, batch)
             best = self.validation.best.step  # 0: none after a training step, or trainer.export_best off
-            export = None if not run.export_hf else self.export_hf(only_path=best > 0)
+            export = None if not trainer_cfg.export_hf else self.export_hf(only_path=best > 0)
             print(finish_report(self.validation.success, self.last_checkpoint, export, best), flush=True)
         except (WorkerDiedError, WeightSyncTimeout) as err:
             message = abort_message(err, self.global_step, self.last_checkpoint)
@@ -314,7 +314,7 @@ class AgentTrainer:
 
     def save_checkpoint(self) -> dict[str, float]:
         timer = Timer()
-        run = self.cfg.trainer
+        trainer_cfg = self.cfg.trainer
 
         def write_parts(tmp: Path) -> None:
             self.actor.save_checkpoint(str(tmp / "actor"))
@@ -330,7 +330,7 @@ class AgentTrainer:
         }
         with timer("save_checkpoint"):
             self.last_checkpoint = ckpt.write_checkpoint(
-                run.default_local_dir, self.global_step, write_parts, state, run.max_ckpt_to_keep
+                trainer_cfg.default_local_dir, self.global_step, write_parts, state, trainer_cfg.max_ckpt_to_keep
             )
         return timer.metrics()
 
@@ -342,8 +342,8 @@ class AgentTrainer:
 
     def resume(self) -> bool:
         """Load the checkpoint `trainer.resume_mode` points at; True if one was loaded."""
-        run = self.cfg.trainer
-        path = ckpt.resume_path(run.resume_mode, run.default_local_dir)
+        trainer_cfg = self.cfg.trainer
+        path = ckpt.resume_path(trainer_cfg.resume_mode, trainer_cfg.default_local_dir)
         if path is None:
             return False
         state = ckpt.read_state(path)

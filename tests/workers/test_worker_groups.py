@@ -446,9 +446,10 @@ def test_packed_and_padded_batches_train_alike(actor, batch, tmp_path, mode):
 
 
 def _rank_processes() -> set[int]:
+    """The processes of Ray actors named ...Worker (Ray titles them `ray::PolicyWorker...`)."""
     import psutil
 
-    return {p.pid for p in psutil.process_iter(["cmdline"]) if any("Worker" in a for a in (p.info["cmdline"] or [])[:1])}
+    return {p.pid for p in psutil.process_iter(["cmdline"]) if "Worker" in ((p.info["cmdline"] or [""])[0])}
 
 
 def test_a_group_that_fails_to_start_takes_the_one_started_beside_it_down(cfg, tmp_path):
@@ -456,14 +457,13 @@ def test_a_group_that_fails_to_start_takes_the_one_started_beside_it_down(cfg, t
     its start fails, and the actor group started meanwhile is shut down: none of their ranks lives on."""
     from omegaconf import OmegaConf
 
+    from grl.models import ModelLoadError
     from grl.workers import start_groups
 
     bad = OmegaConf.merge(cfg, {"critic": {"model": {"path": str(tmp_path)}}})
     plan = RunPlan.from_config(bad)
     assert plan.use_critic
     before = _rank_processes()
-    from grl.models import ModelLoadError
-
     with pytest.raises(ModelLoadError, match=str(tmp_path)):
         start_groups(bad, plan)
     for _ in range(120):
