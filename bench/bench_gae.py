@@ -12,6 +12,7 @@ import time
 import torch
 
 from grl.algo import compute_advantage, compute_gae
+from grl.schema import Algorithm
 
 
 def multi_turn_batch(batch: int, tokens: int, seed: int = 0):
@@ -111,14 +112,8 @@ def main():
     print(f"compute_gae (float32)    : {t32 * 1e3:8.1f} ms   speed-up x{t_loop / t32:.1f}")
     t_bi, _ = best_time(
         lambda: compute_advantage(
-            "bi_level_gae",
-            token_rewards=on[0],
-            values=on[1],
-            loss_mask=on[2],
-            turn_ids=on[3],
-            gamma=gamma,
-            lam=lam,
-            high_level_gamma=0.95,
+            {"token_rewards": on[0], "values": on[1], "loss_mask": on[2], "turn_ids": on[3]},
+            Algorithm(adv_estimator="bi_level_gae", gamma=gamma, lam=lam, high_level_gamma=0.95),
         ),
         args.repeat,
         device,

@@ -117,6 +117,9 @@ def _check_rules(cfg: DictConfig) -> None:
     live in a registry users add to (the advantage estimators)."""
     if cfg.algorithm.adv_estimator not in ESTIMATORS:
         raise ConfigError(f"algorithm.adv_estimator: {cfg.algorithm.adv_estimator!r} is not one of {', '.join(ESTIMATORS)}")
+    for key in ESTIMATORS[cfg.algorithm.adv_estimator].hyperparameters:
+        if key not in cfg.algorithm:
+            raise ConfigError(f"algorithm.{key}: {cfg.algorithm.adv_estimator} reads it, but the schema declares no such key")
     if cfg.actor_rollout_ref.rollout.name not in engine_names():
         raise ConfigError(
             f"actor_rollout_ref.rollout.name: {cfg.actor_rollout_ref.rollout.name!r} is not one of {', '.join(engine_names())}"

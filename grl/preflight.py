@@ -8,11 +8,19 @@ than its mini-batch, a context longer than the model's). The first failure is on
 `PreflightError` line naming the key, its value and the fix; nothing is
 written (the folder check creates and removes one probe file). The memory
 planner (grl.planner) checks that every phase fits the device.
+
+`python -m grl.preflight --check-toolchain` checks only what Triton needs to compile on this machine
+(`toolchain_problem`), without a config: exit status 1 and one line on stderr when something is missing.
 """
 
 from __future__ import annotations
 
+import argparse
+import importlib.util
 import os
+import shutil
+import sys
+import sysconfig
 import tempfile
 from pathlib import Path
 
@@ -36,6 +44,7 @@ def check(cfg: DictConfig, environ: os._Environ | dict | None = None) -> list[st
     check_folders(cfg)
     check_resume(cfg)
     check_model(cfg, environ)
+    check_toolchain(cfg, environ)
     notes += check_memory(cfg)
     notes += check_dtype(cfg)
     check_tasks(cfg)
@@ -269,14 +278,68 @@ def check_dtype(cfg: DictConfig) -> list[str]:
     from grl.models import bf16_on_cpu_note
     from grl.run_plan import RunPlan
 
-    device = cfg.trainer.device
-    if device == "auto":
-        import torch
-
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = _device(cfg)
     keys = ["actor_rollout_ref.model.dtype"] + (["critic.model.dtype"] if RunPlan.from_config(cfg).use_critic else [])
     notes = (bf16_on_cpu_note(key, str(OmegaConf.select(cfg, key)), device) for key in keys)
     return [note for note in notes if note]
+
+
+def _device(cfg: DictConfig) -> str:
+    if cfg.trainer.device != "auto":
+        return cfg.trainer.device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+# ---------------------------------------------------------------- toolchain
+
+
+def check_toolchain(cfg: DictConfig, environ) -> None:
+    """A CUDA run on a machine with Triton (vLLM 0.32 runs its V2 model runner wherever Triton imports,
+    vllm/config/vllm.py use_v2_model_runner) needs what Triton compiles with (`toolchain_problem`);
+    without it the engine dies minutes into its start. A named Ray cluster runs the ranks elsewhere."""
+    if cfg.trainer.ray_address or environ.get("RAY_ADDRESS") or _device(cfg) != "cuda":
+        return
+    if not any(importlib.util.find_spec(package) for package in ("triton", "vllm")):
+        return
+    problem = toolchain_problem(environ)
+    if problem:
+        raise PreflightError(problem)
+
+
+def python_include_dir() -> str:
+    """Where Triton looks for Python.h: the include folder of this interpreter's default install scheme,
+    with Debian's posix_local read as posix_prefix (triton/runtime/build.py, _build)."""
+    scheme = sysconfig.get_default_scheme()
+    return sysconfig.get_paths(scheme="posix_prefix" if scheme == "posix_local" else scheme)["include"]
+
+
+def toolchain_problem(environ=None) -> str | None:
+    """What Triton lacks here to compile the launcher it builds for each kernel at run time
+    (triton/runtime/build.py): a C compiler, $CC when set, else gcc or clang on PATH; and Python.h in
+    `python_include_dir()`. One line naming what is missing and the fix, or None."""
+    environ = os.environ if environ is None else environ
+    path = environ.get("PATH", os.defpath)
+    missing, fixes, packages = [], [], []
+    compiler = environ.get("CC")
+    if compiler is not None and shutil.which(compiler, path=path) is None:
+        missing.append(f"CC={compiler!r}, which names no program")
+        fixes.append("set CC to a C compiler or unset it")
+    elif compiler is None and not (shutil.which("gcc", path=path) or shutil.which("clang", path=path)):
+        missing.append("no C compiler (gcc or clang on PATH)")
+        packages.append("gcc")
+    header = Path(python_include_dir()) / "Python.h"
+    if not header.is_file():
+        missing.append(f"no Python headers ({header} is missing)")
+        packages.append(f"python{sys.version_info.major}.{sys.version_info.minor}-dev")
+    if not missing:
+        return None
+    fixes += [f"apt-get install {' '.join(packages)}"] if packages else []
+    return (
+        "toolchain: Triton compiles a launcher for each kernel at run time (vLLM's engine uses it on CUDA), "
+        f"and this machine has {' and '.join(missing)}; {'; '.join(fixes)}"
+    )
 
 
 # ---------------------------------------------------------------- tasks
@@ -292,7 +355,7 @@ def check_tasks(cfg: DictConfig) -> None:
         program = cfg[name].agent_config.get("program")
         try:
             if program:  # an agent program plays it: its function must import
-                from grl.gateway.programs import load_program
+                from grl.gateway.contract import load_program
 
                 load_program(program)
                 continue
@@ -302,3 +365,23 @@ def check_tasks(cfg: DictConfig) -> None:
             named = message.startswith((f"{name}:", f"{name}.", f"{name} "))
             raise PreflightError(message if named else f"{name}: {message}") from None
         agent.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m grl.preflight", description="Checks of this machine that need no config.")
+    parser.add_argument(
+        "--check-toolchain",
+        action="store_true",
+        required=True,
+        help="the C compiler and Python headers Triton compiles with; exit status 1 and one line when one is missing",
+    )
+    parser.parse_args(argv)
+    problem = toolchain_problem()
+    if problem:
+        print(f"grl preflight: {problem}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

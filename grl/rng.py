@@ -19,7 +19,9 @@ def rng_state() -> dict[str, Any]:
         "numpy": [np_state[0], np_state[1].tolist(), *np_state[2:]],
         "torch": torch.get_rng_state().tolist(),
     }
-    if torch.cuda.is_available():
+    # Only a process that uses CUDA has a CUDA generator to keep; asking for it initialises CUDA, which in
+    # the driver would open a context on GPU 0 for the rest of the run that no memory plan counts.
+    if torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state().tolist()
     return state
 

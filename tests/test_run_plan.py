@@ -158,7 +158,7 @@ BUILDERS = ("config.py", "run_plan.py", "preflight.py", "train.py", "cli.py", "s
 TASKS = "[]"
 ROLLOUT_OWNS = {"rollout", "tools", "max_prompt_length", "max_response_length", TASKS}
 OWNERS = {
-    "trainer/": {"trainer", "algorithm", "rollout", TASKS},  # the driver: the loop, advantages, its rollout settings
+    "trainer/": {"trainer", "algorithm", "typed:algorithm", "rollout", TASKS},  # the loop, advantages, its rollout settings
     "rollout/": ROLLOUT_OWNS,
     "gateway/": ROLLOUT_OWNS,  # the rollout of agent programs
     # The planner models the workers from the typed sections their groups build them from, the engine's

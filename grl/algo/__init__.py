@@ -1,14 +1,15 @@
 """Advantage estimators, PPO losses and KL pieces: pure tensor functions (torch only).
 
 The names below load their module, and torch, on first use: the config reads the estimator
-registry (grl.algo.estimators) without torch.
+registry (grl.algo.estimators) without torch. A new estimator is a function with
+`@register_estimator` (grl/algo/registry.py) and, for a new hyperparameter, its `algorithm` key.
 """
 
 import importlib
 
 _EXPORTS = {
-    "grl.algo.estimators": ("ESTIMATORS", "Estimator", "register"),
-    "grl.algo.dispatch": ("AdvantageInputs", "compute_advantage"),
+    "grl.algo.estimators": ("BATCH_INPUTS", "ESTIMATORS", "Estimator", "register_estimator"),
+    "grl.algo.dispatch": ("compute_advantage",),
     "grl.algo.advantages": (
         "TurnGAE",
         "compute_bi_level_gae",

@@ -6,6 +6,14 @@ trainer's tensors in with `reload_weights`, no disk. On CPU, vLLM pins the
 process's threads, so `make_engine` runs this class inside a spawned child
 (grl/engines/proxy.py) instead.
 
+Built in a GRL rank on GPU, vLLM finds torch.distributed's default group already formed (the rank's
+FSDP group) and builds its own groups inside it (vllm/distributed/parallel_state.py,
+init_distributed_environment and initialize_model_parallel): its world group spans the group's ranks and,
+with tensor_model_parallel_size 1 (preflight refuses more), every tensor-, pipeline- and data-parallel
+group is one rank, so each rank's engine generates on its own: the "external DP" layout verl uses. Every
+rank must build its engine at the same time (new_group is collective; grl.workers.start_groups does).
+That default group stays GRL's: `shutdown` does not let vLLM destroy it.
+
 Log-probs are vLLM's `processed_logprobs` of the sampled token: log-softmax
 of the logits after the valid-action grammar (a logits processor,
 grl/engines/vllm_grammar.py) and temperature (and top-k/top-p), i.e. of the
@@ -16,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import os
+from contextlib import contextmanager, nullcontext
 
 from grl.engines.base import Engine, GenerationOutput, NamedTensors, SamplingParams, engine_cpu_threads
 from grl.engines.hf import _check_constraints, _check_prompts
@@ -130,6 +139,7 @@ class VLLMEngine(Engine):
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", DEFAULT_CPU_KVCACHE_GIB)
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         import torch
+        import torch.distributed as dist
         from vllm import LLM
 
         from grl.engines.vllm_grammar import grammar_processors
@@ -153,6 +163,7 @@ class VLLMEngine(Engine):
             logprobs_mode="processed_logprobs",
             **({} if on_gpu else whole_prefills(path, max_model_len)),
         )
+        self.inside_world = dist.is_available() and dist.is_initialized()  # a GRL rank's process group
         self.llm = LLM(**args, logits_processors=grammar_processors(args, grammar))
         self.spec = meta_weight_spec(path)
         self.weights_asleep = self.cache_asleep = False
@@ -226,4 +237,28 @@ class VLLMEngine(Engine):
     def shutdown(self) -> None:
         llm, self.llm = getattr(self, "llm", None), None
         if llm is not None:
-            llm.llm_engine.engine_core.shutdown()
+            with keeping_default_group() if self.inside_world else nullcontext():
+                llm.llm_engine.engine_core.shutdown()
+
+
+@contextmanager
+def keeping_default_group():
+    """vLLM's engine shutdown ends in cleanup_dist_env_and_memory, whose destroy_distributed_environment
+    destroys vLLM's world group and then torch.distributed's default group (vllm/distributed/
+    parallel_state.py). Inside a GRL rank that default group is the rank's FSDP group, which GRL keeps
+    using and destroys in its own teardown. Meanwhile vLLM destroys only the groups it made: its model-
+    parallel groups, as it does anyway, and its world group."""
+    from vllm.distributed import parallel_state
+
+    def destroy_own_world() -> None:
+        if parallel_state._WORLD is not None:
+            parallel_state._WORLD.destroy()
+        parallel_state._WORLD = None
+        parallel_state._NODE_COUNT = None
+
+    destroy_all = parallel_state.destroy_distributed_environment
+    parallel_state.destroy_distributed_environment = destroy_own_world
+    try:
+        yield
+    finally:
+        parallel_state.destroy_distributed_environment = destroy_all

@@ -4,10 +4,10 @@ Played through OpenEnv's own client (`GenericEnvClient`, synchronous wrapper): o
 GRL env, which the server backs with its own environment instance. `env_config`:
 - `base_url`: a running OpenEnv server (`http://host:port`); or
 - `app`: an OpenEnv app to start here, `package.module:app`, served by uvicorn in a child process on
-  127.0.0.1 and a free port (no Docker). The GRL envs of one process that start the same app share its
-  server (`share_server`, default true: one process for a rollout's 64 agents, not 64), each with a
-  session of its own; the server stops when the last of them closes. An app whose environment takes one
-  session at a time needs `share_server: false` (a server per GRL env).
+  127.0.0.1 and a free port (no Docker; grl/envs/openenv_servers.py). The GRL envs of one process that
+  start the same app share its server (`share_server`, default true: one process for a rollout's 64
+  agents, not 64), each with a session of its own; the server stops when the last of them closes. An
+  app whose environment takes one session at a time needs `share_server: false` (a server per GRL env).
   With `app_kwargs` (a mapping, {} too) `app` names a factory called with them (GRL's own envs:
   `grl.envs.openenv_serve:make_app`, `app_kwargs: {env: tetris, env_config: {...}}`). Without base_url
   or app, that is what is served (`app_kwargs` by default {env: tetris}): the env plays out of the box.
@@ -29,29 +29,17 @@ from __future__ import annotations
 
 import json
 import numbers
-import os
-import socket
-import subprocess
-import sys
-import tempfile
-import threading
-import time
-import urllib.request
-import weakref
 from typing import Any
 
 from openenv.core.generic_client import GenericEnvClient
 
 from grl.envs.base import Env, step_info
 from grl.envs.checks import describe
+from grl.envs.openenv_servers import LocalServer, OpenEnvError, acquire, release
 from grl.errors import first_line
 
 SERVE_GRL = "grl.envs.openenv_serve:make_app"  # GRL's own envs as OpenEnv environments
 _CONTRACT_KEYS = ("success", "action_is_valid", "action_is_effective")
-
-
-class OpenEnvError(RuntimeError):
-    """A failed exchange with an OpenEnv server."""
 
 
 class _Client(GenericEnvClient):
@@ -62,49 +50,11 @@ class _Client(GenericEnvClient):
         return super()._parse_result(payload)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _close_quietly(client) -> None:
     try:
         client.close()
     except Exception:  # noqa: BLE001, S110 - closing is best effort: the session may be gone already
         pass
-
-
-def _stop(proc: subprocess.Popen, log) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=3)
-        except subprocess.TimeoutExpired:  # a frozen server takes no SIGTERM
-            proc.kill()
-            proc.wait()
-    log.close()
-
-
-class _SharedServer:
-    """A local server and the GRL envs using it; the last one out stops it."""
-
-    def __init__(self):
-        self.url: str | None = None
-        self.stop = None  # the finalizer that stops the process
-        self.process: subprocess.Popen | None = None
-        self.users = 0
-
-    @property
-    def pid(self) -> int | None:
-        return None if self.process is None else self.process.pid
-
-    def running(self) -> bool:
-        return self.url is not None and self.process is not None and self.process.poll() is None
-
-
-_SHARED: dict[str, _SharedServer] = {}  # (app, app_kwargs) -> its server, within this process
-_SHARED_LOCK = threading.Lock()
 
 
 class OpenEnvEnv(Env):
@@ -143,8 +93,8 @@ class OpenEnvEnv(Env):
         self._label = app or "remote"
         self._client = None
         self._retired: list = []  # clients that failed mid-exchange; closed (never read again) in close()
-        self._shared_key = json.dumps([app, app_kwargs], sort_keys=True) if app and share_server else None
-        self._server: _SharedServer | None = None  # the local server this env uses
+        self._share_server = share_server
+        self._server: LocalServer | None = None  # the local server this env uses
         self._started_url = base_url is None
         self._observation: dict[str, Any] = {}
         self._intro: dict[str, Any] = {}
@@ -155,68 +105,11 @@ class OpenEnvEnv(Env):
     def server_pid(self) -> int | None:
         return None if self._server is None else self._server.pid
 
-    def _local_server(self) -> str:
-        """The URL of this env's local server: the shared one of its app, started by the first env to ask."""
-        if self._shared_key is None:
-            self._server = _SharedServer()
-            self._start_server(self._server)
-            self._server.users = 1
-            return self._server.url
-        with _SHARED_LOCK:
-            server = _SHARED.setdefault(self._shared_key, _SharedServer())
-            if not server.running():  # never started, or died: the envs still on it fail on their own
-                server.users = 0
-                self._start_server(server)
-            server.users += 1
-            self._server = server
-            return server.url
-
-    def _release_server(self) -> None:
-        server, self._server = self._server, None
-        if server is None:
-            return
-        with _SHARED_LOCK:
-            server.users -= 1
-            if server.users <= 0 and server.stop is not None:
-                server.stop()
-                if _SHARED.get(self._shared_key) is server:
-                    del _SHARED[self._shared_key]
-
-    def _start_server(self, server: _SharedServer) -> None:
-        port = _free_port()
-        log = tempfile.TemporaryFile()
-        # The child imports what this process can: the app's package may live on a path added at run time.
-        child_env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-        kwargs = "" if self.app_kwargs is None else json.dumps(self.app_kwargs)
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "grl.envs.openenv_env", self.app, kwargs, str(port)],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=log,
-            env=child_env,
-        )
-        server.stop, server.process, server.url = weakref.finalize(server, _stop, proc, log), proc, None
-        url = f"http://127.0.0.1:{port}"
-        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # a proxy must not see 127.0.0.1
-        deadline = time.monotonic() + self.start_timeout_s
-        while proc.poll() is None and time.monotonic() < deadline:
-            try:
-                with opener.open(f"{url}/health", timeout=1):
-                    server.url = url
-                    return
-            except OSError:
-                time.sleep(0.1)
-        rc = proc.poll()
-        log.seek(0)
-        lines = [line.strip() for line in log.read().decode(errors="replace").splitlines() if line.strip()]
-        server.stop()
-        why = f"exited with code {rc}" if rc is not None else f"did not answer within {self.start_timeout_s:g}s"
-        raise OpenEnvError(f"openenv ({self.app}): the server at {url} {why}" + (f": {lines[-1]}" if lines else ""))
-
     def _session(self):
         if self._client is None:
             if self._started_url and self._server is None:
-                self.base_url = self._local_server()
+                self._server = acquire(self.app, self.app_kwargs, shared=self._share_server, start_timeout_s=self.start_timeout_s)
+                self.base_url = self._server.url
             self._client = _Client(
                 base_url=self.base_url, connect_timeout_s=self.timeout_s, message_timeout_s=self.timeout_s
             ).sync()
@@ -293,22 +186,9 @@ class OpenEnvEnv(Env):
         # A healthy session says goodbye while its server is up; failed ones may wait on a hung server, so after it.
         if self._client is not None:
             _close_quietly(self._client)
-        self._release_server()
+        if self._server is not None:
+            release(self._server)
+            self._server = None
         for client in self._retired:
             _close_quietly(client)
         self._client, self._retired = None, []
-
-
-def _serve(app: str, app_kwargs: str, port: str) -> None:
-    """The child process of a local server: OpenEnv's FastAPI app under uvicorn."""
-    import uvicorn
-    from uvicorn.importer import import_from_string
-
-    target = import_from_string(app)
-    if app_kwargs:
-        target = target(**json.loads(app_kwargs))
-    uvicorn.run(target, host="127.0.0.1", port=int(port), log_level="warning")
-
-
-if __name__ == "__main__":
-    _serve(*sys.argv[1:4])

@@ -9,7 +9,7 @@ recorded for training (grl/gateway/episodes.py). A request may name the replies 
 
 Bad requests get HTTP 400 with one line. The engine is used only through `engine.generate`: `grl serve`
 gives a `SerialEngine` (the hf engine is not thread-safe), the trainer a `BatchingEngine`
-(grl/gateway/programs.py) whose owner serves the concurrent calls of many programs in batches.
+(grl/gateway/batching.py) whose owner serves the concurrent calls of many programs in batches.
 """
 
 import json

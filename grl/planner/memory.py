@@ -331,14 +331,12 @@ def _host_share(ranks_per_node: int) -> float | None:
 
 
 def detect_gpu_memory_gib() -> float | None:
-    """The first CUDA device's memory where torch sees one (the default of trainer.gpu_memory_gb)."""
-    try:
-        import torch
-    except ImportError:
-        return None
-    if not torch.cuda.is_available():
-        return None
-    return torch.cuda.get_device_properties(0).total_memory / GIB
+    """The first CUDA device's memory where torch sees one (the default of trainer.gpu_memory_gb), asked
+    without opening a CUDA context in this process (grl/planner/device.py)."""
+    from grl.planner.device import cuda_device
+
+    device = cuda_device()
+    return None if device is None else device.total_memory / GIB
 
 
 def plan_run(cfg, **shapes) -> Plan:

@@ -109,7 +109,9 @@ class KLControl:
 
 @dataclass
 class Algorithm:
-    adv_estimator: str = key("gae", "a name registered in grl/algo/estimators.py (grl.config checks it)")
+    adv_estimator: str = key(
+        "gae", "an estimator registered with @register_estimator (grl/algo/advantages.py has GRL's; grl.config checks it)"
+    )
     gamma: float = key(1.0, "token discount; gigpo and rebn discount their per-turn returns with it", ge=0, le=1)
     lam: float = key(1.0, "GAE lambda", ge=0, le=1)
     high_level_gamma: float = key(0.95, "turn-level discount of bi_level_gae / weighted_gae", ge=0, le=1)

@@ -19,6 +19,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from grl.algo import make_kl_controller
+from grl.config import typed_section
 from grl.rng import rng_state, set_rng_state
 from grl.run_plan import RunPlan
 from grl.rollout import Batch, MultiTurnRollout, task_specs, training_base_seed
@@ -37,7 +38,7 @@ from grl.trainer.metrics import (
     throughput_metrics,
     turn_length_metrics,
 )
-from grl.trainer.pipeline import RolloutAhead, SynchronousRollout, old_log_probs_from
+from grl.trainer.pipeline import RolloutAhead, RolloutSource, SynchronousRollout, old_log_probs_from
 from grl.trainer.progress import Progress
 from grl.trainer.report import abort_message, finish_report, start_report
 from grl.trainer.transforms import (
@@ -65,7 +66,7 @@ class AgentTrainer:
         self.rollout = rollout  # grl.rollout.MultiTurnRollout over the actor's engine
         self.hooks = list(hooks or [])
         self.plan = plan or RunPlan.from_config(cfg)  # from_config hands over the one its groups were built from
-        algo = cfg.algorithm
+        self.algorithm = algo = typed_section(cfg, "algorithm")  # the advantage estimator reads its keys from it
         self.kl_ctrl = make_kl_controller(algo.kl_ctrl.type, algo.kl_ctrl.kl_coef, algo.kl_ctrl.target_kl, algo.kl_ctrl.horizon)
         self.train_tasks = task_specs(cfg)
         self.curriculum = Curriculum.from_config(cfg.rollout.curriculum)  # None: the tasks as their blocks set them
@@ -77,8 +78,8 @@ class AgentTrainer:
         self.validation = Validation(cfg, self.plan, rollout)
         # Where each step's episodes and old log-probs come from (grl/trainer/pipeline.py): the step reads
         # the same in every mode. The rollout source starts with the first step, after any resume.
-        self._source: SynchronousRollout | RolloutAhead | None = None
-        self.old_log_probs = old_log_probs_from(self.plan)
+        self._source: RolloutSource | None = None
+        self.old_log_probs = old_log_probs_from(self.plan, actor)
 
     @classmethod
     def from_config(cls, cfg: DictConfig, hooks: list[StepHook] | None = None) -> AgentTrainer:
@@ -163,18 +164,17 @@ class AgentTrainer:
         """One PPO step: rollout -> batch -> shape -> score -> advantage -> update -> sync.
         Returns the step's metrics and the batch the update trained on (None if it was skipped)."""
         timer = Timer()
-        syncs = step > self.cfg.trainer.critic_warmup  # the actor is updated and synced (after the critic's warm-up)
         with self.progress.step(step, self.plan.phases) as phase, timer("step"):
             with phase("gen"):
-                sampled = self._source_from(step).take(step, syncs)
+                sampled = self._source_from(step).take(step)
             timer.times.update(sampled.times)
             episodes, metrics = self._received(step, sampled)
             batch = self._batch_of(step, episodes, metrics)
             if batch is None:  # nothing to train on; a rollout ahead still waits for this step's version
-                self._source.publish(step, syncs)
+                self._source.publish(step)
                 return {**metrics, **timer.metrics()}, None
             with phase("old_log_prob"):
-                metrics.update(self.old_log_probs.fill(batch, self.actor, timer))
+                metrics.update(self.old_log_probs.fill(batch, timer))
             if self.plan.use_reference:
                 with phase("ref"), timer("ref"):
                     batch["ref_log_probs"] = self.actor.compute_ref_log_probs(batch)
@@ -183,18 +183,18 @@ class AgentTrainer:
                     batch["values"] = self.critic.compute_values(batch)
 
             with phase("adv"), timer("adv"):
-                metrics.update(add_advantages(batch, self.cfg.algorithm, self.kl_ctrl))
+                metrics.update(add_advantages(batch, self.algorithm, self.kl_ctrl))
                 batch, dropped = drop_nonfinite_rows(batch)
                 metrics["training/dropped_nonfinite_episodes"] = float(dropped)
 
             if len(batch) > 0 and self.critic is not None:
                 with phase("update_critic"), timer("update_critic"):
                     metrics.update(self.critic.update(batch, step))
-            if len(batch) > 0 and syncs:
+            if len(batch) > 0 and self.updates_actor(step):
                 with phase("update_actor"), timer("update_actor"):
                     metrics.update(on_policy_mismatch(self.actor.update(batch, step)))
             with phase("sync_weights"), timer("sync_weights"):
-                self._source.publish(step, syncs)
+                self._source.publish(step)
         if len(batch) > 0:
             metrics.update(batch_metrics(batch))
             metrics.update(
@@ -254,13 +254,17 @@ class AgentTrainer:
             return None
         return batch
 
-    def _source_from(self, step: int) -> SynchronousRollout | RolloutAhead:
+    def updates_actor(self, step: int) -> bool:
+        """Whether `step` updates the actor, and so syncs its weights: every step after the critic's warm-up."""
+        return step > self.cfg.trainer.critic_warmup
+
+    def _source_from(self, step: int) -> RolloutSource:
         """The rollout source, started by the first step this trainer runs (after any resume)."""
         if self._source is None:
             self._source = self._rollout_source(first_step=step)
         return self._source
 
-    def _rollout_source(self, first_step: int) -> SynchronousRollout | RolloutAhead:
+    def _rollout_source(self, first_step: int) -> RolloutSource:
         """Rollouts ahead of the update where the engine has a worker of its own (hybrid_engine=false),
         which grl.config requires of max_staleness > 0; otherwise each step samples, then trains."""
         if self.plan.engine_apart:  # its thread's rollouts move no progress bar
@@ -278,6 +282,7 @@ class AgentTrainer:
             self.rollout.engine,
             self.actor,
             self.plan.free_cache_engine,
+            self.updates_actor,
         )
 
     def _rollout(self, step: int, on_turn: Callable | None):
@@ -302,7 +307,7 @@ class AgentTrainer:
         with (
             timer("testing"),
             self.progress.validation(self.global_step),
-            self._source.engine_at(self.global_step) if self._source else nullcontext(),
+            self._source.latest_weights() if self._source else nullcontext(),
         ):
             metrics = self.validation.run(self.global_step, on_turn=self.progress.show_turn)
         return {**metrics, **timer.metrics()}

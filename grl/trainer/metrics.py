@@ -15,7 +15,10 @@ from statistics import fmean, pstdev
 
 import torch
 
+from grl.algo.mismatch import KEYS as MISMATCH_KEYS
+from grl.algo.mismatch import mismatch_stats
 from grl.planner import ModelShape, PlanError, model_shape, peak_flops, train_flops
+from grl.planner.device import cuda_device
 from grl.rollout.episode_stats import finite
 from grl.rollout.types import Batch, Episode
 
@@ -77,8 +80,7 @@ def batch_metrics(batch: Batch) -> dict[str, float]:
     lengths = episode_token_counts(batch, "attention_mask")
     responses = episode_token_counts(batch, "loss_mask")
     out = {
-        "batch/rows": float(len(batch)),
-        "batch/episodes": float(len(lengths)),
+        "batch/episodes": float(len(batch)),  # one per row: packing happens only between a group and its ranks
         **_stats("response_length", responses),
         **_stats("prompt_length", lengths - responses),  # every token the policy did not write
         "seq_length/mean": lengths.mean().item(),
@@ -139,10 +141,12 @@ def throughput_metrics(
 
 def mfu_inputs(model_path: str, device: str) -> tuple[ModelShape | None, float]:
     """The policy's shape and this machine's GPU bf16 peak, for `perf/mfu/actor`; (None, 0.0) on
-    CPU, on an unknown GPU, or where the driver sees no GPU (no MFU is reported then)."""
-    if device == "cpu" or not torch.cuda.is_available():
+    CPU, on an unknown GPU, or where the driver sees no GPU (no MFU is reported then). The GPU's name
+    is asked without a CUDA context in the driver (grl/planner/device.py)."""
+    gpu = None if device == "cpu" else cuda_device()
+    if gpu is None:
         return None, 0.0
-    peak = peak_flops(torch.cuda.get_device_name(0))
+    peak = peak_flops(gpu.name)
     try:
         return (model_shape(model_path), peak) if peak else (None, 0.0)
     except PlanError:
@@ -170,18 +174,18 @@ class Timer:
 def on_policy_mismatch(update_metrics: dict[str, float]) -> dict[str, float]:
     """The actor's update metrics, with the engine/trainer mismatch that an on-policy update measured
     (no old log-prob pass) under the names `rollout_mismatch_metrics` gives it."""
-    return {k.replace("actor/rollout_probs_diff_", "training/rollout_probs_diff_"): v for k, v in update_metrics.items()}
+    renamed = {f"actor/{key}": f"training/{key}" for key in MISMATCH_KEYS}
+    return {renamed.get(k, k): v for k, v in update_metrics.items()}
 
 
 def rollout_mismatch_metrics(batch) -> dict[str, float]:
-    """verl's `training/rollout_probs_diff_*`: how far the engine's log-probs of the sampled tokens
-    are from the trainer's (old) log-probs of the same tokens; near 0 when the trained policy is the
-    one that sampled."""
+    """How far the engine's log-probs of the sampled tokens are from the trainer's (old) log-probs of the
+    same tokens, near 0 when the trained policy is the one that sampled: verl's
+    `training/rollout_probs_diff_{mean,max,std}` (|delta p|) and `training/rollout_logprob_diff_{mean,max,p99}`
+    (|delta log p|, nats), grl/algo/mismatch.py."""
     sampled = batch["loss_mask"] > 0
-    if not bool(sampled.any()):
-        return {}
-    diff = (batch["rollout_log_probs"] - batch["old_log_probs"]).abs()[sampled]
-    return {"training/rollout_probs_diff_mean": diff.mean().item(), "training/rollout_probs_diff_max": diff.max().item()}
+    stats = mismatch_stats(batch["rollout_log_probs"][sampled], batch["old_log_probs"][sampled])
+    return {f"training/{k}": v for k, v in stats.items()}
 
 
 def old_log_prob_metrics(batch, cap: float) -> dict[str, float]:

@@ -1,6 +1,7 @@
 """Where a training step's inputs come from, chosen once when the run starts: the step's episodes
-(`SynchronousRollout`, or `RolloutAhead`) and PPO's old log-probs (`EngineLogProbs`, `ScoredLogProbs`).
-`AgentTrainer.train_step` calls them the same way in every mode.
+(a `RolloutSource`: `SynchronousRollout`, or `RolloutAhead`) and PPO's old log-probs (an
+`OldLogProbSource`: `EngineLogProbs`, `ScoredLogProbs`). `AgentTrainer.train_step` calls them the same
+way in every mode.
 
 Rollouts that run ahead of the update, at most `rollout.max_staleness` policy versions behind.
 
@@ -12,8 +13,8 @@ published and loads it into the engine if the engine holds another. k = 0 is the
 step (each rollout waits for the previous update). The versions are fixed by the step, not by
 timing, so a run is as reproducible as a synchronous one.
 
-The engine serves one user at a time: a rollout, or a validation (`engine_at`), which waits for
-the rollout in flight, loads the version it asks for and leaves it; the next rollout loads its own.
+The engine serves one user at a time: a rollout, or a validation (`latest_weights`), which waits for
+the rollout in flight, loads the latest published version and leaves it; the next rollout loads its own.
 """
 
 from __future__ import annotations
@@ -22,12 +23,13 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
+from grl.rollout import Batch
 from grl.run_plan import SCORED_LOG_PROBS, RunPlan
-from grl.trainer.metrics import old_log_prob_metrics
+from grl.trainer.metrics import Timer, old_log_prob_metrics
 from grl.trainer.transforms import staleness_metrics
 
 log = logging.getLogger("grl.trainer")
@@ -43,29 +45,52 @@ class Sampled:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
+class RolloutSource(Protocol):
+    """A step's episodes: `take(step)` before its update, `publish(step)` after it (updated or not)."""
+
+    def take(self, step: int) -> Sampled: ...
+
+    def publish(self, step: int) -> None: ...
+
+    def latest_weights(self) -> AbstractContextManager[None]:
+        """The engine alone, holding the latest published weights: what a validation plays with."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class OldLogProbSource(Protocol):
+    def fill(self, batch: Batch, timer: Timer) -> dict[str, float]:
+        """Write `old_log_probs` into the batch (timing a pass of its own under `timer`) -> metrics."""
+        ...
+
+
 class SynchronousRollout:
     """Each step samples with the weights it then trains (version step - 1). An engine that shares the
     device with the update (`free_cache_engine`) sleeps through it, without its weights on the steps
-    whose update it gets afterwards; `publish` syncs them."""
+    whose update it gets afterwards (`updates_actor(step)`); `publish` syncs them."""
 
-    def __init__(self, produce: Callable[[int], Any], engine, actor, free_cache_engine: bool):
+    def __init__(
+        self, produce: Callable[[int], Any], engine, actor, free_cache_engine: bool, updates_actor: Callable[[int], bool]
+    ):
         self._produce, self._engine, self._actor, self._free = produce, engine, actor, free_cache_engine
+        self._updates_actor = updates_actor
 
-    def take(self, step: int, syncs: bool) -> Sampled:
+    def take(self, step: int) -> Sampled:
         start = time.perf_counter()
         result = self._produce(step)
         if self._free:
-            self._engine.sleep(discard_weights=syncs)
+            self._engine.sleep(discard_weights=self._updates_actor(step))
         for episode in result.episodes:
             episode.policy_version = step - 1
         return Sampled(result, step - 1, {"gen": time.perf_counter() - start})
 
-    def publish(self, step: int, syncs: bool) -> None:
-        if syncs:
+    def publish(self, step: int) -> None:
+        if self._updates_actor(step):
             self._actor.sync_weights()
 
-    def engine_at(self, version: int):
-        return nullcontext()  # the engine holds the latest weights, the ones a validation asks for
+    def latest_weights(self) -> AbstractContextManager[None]:
+        return nullcontext()  # the engine holds them: `publish` syncs every update
 
     def close(self) -> None:
         pass
@@ -99,6 +124,7 @@ class RolloutAhead:
         self.max_staleness = max_staleness
         self._first_version = version
         self._engine_version = version  # the engine starts with the weights the run starts from
+        self._latest = version  # the latest published version (a validation's)
         self._weights: dict[int, Any] = {}  # version -> handle, for the versions rollouts may still need
         self._results: dict[int, AheadResult] = {}
         self._next, self._last = first_step, last_step
@@ -115,7 +141,7 @@ class RolloutAhead:
 
     # ------------------------------------------------------------ the trainer's side
 
-    def take(self, step: int, syncs: bool) -> Sampled:
+    def take(self, step: int) -> Sampled:
         """The rollout of `step`, waiting for it if need be. A failure of the rollout thread is raised
         here, in the trainer's thread."""
         start = time.perf_counter()
@@ -135,7 +161,7 @@ class RolloutAhead:
             episode.policy_version = ahead.version
         return Sampled(ahead.result, ahead.version, times, staleness_metrics(ahead.result.episodes, step - 1))
 
-    def publish(self, step: int, syncs: bool) -> None:
+    def publish(self, step: int) -> None:
         """The actor's weights after `step` steps, for the rollouts that need them: every step publishes
         its version, updated or not, since a rollout waits for it."""
         self._publish(step, self._current_weights())
@@ -143,16 +169,16 @@ class RolloutAhead:
     def _publish(self, version: int, handle) -> None:
         with self._changed:
             self._weights[version] = handle
+            self._latest = version
             oldest_needed = min(self.version_for(self._next), self._engine_version)
             for old in [v for v in self._weights if v < oldest_needed and v != version]:
                 del self._weights[old]
             self._changed.notify_all()
 
     @contextmanager
-    def engine_at(self, version: int) -> Iterator[None]:
-        """The engine alone, holding `version` (published, or the one it started with), for a validation."""
+    def latest_weights(self) -> Iterator[None]:
         with self._engine:
-            self._hold(version)
+            self._hold(self._latest)
             yield
 
     def close(self) -> None:
@@ -200,9 +226,9 @@ class RolloutAhead:
 
 class EngineLogProbs:
     """PPO's old log-probs are the engine's, of the tokens it sampled (`recompute_old_log_probs=false`):
-    no pass recomputes them."""
+    no pass recomputes them, so there is nothing to time."""
 
-    def fill(self, batch, actor, timer) -> dict[str, float]:
+    def fill(self, batch: Batch, timer: Timer) -> dict[str, float]:
         batch["old_log_probs"] = batch["rollout_log_probs"].clone()
         return {}
 
@@ -211,16 +237,16 @@ class ScoredLogProbs:
     """PPO's old log-probs scored by the weights about to be trained, in a pass of their own when the
     update needs them beforehand (`RunPlan.old_log_prob_pass`); otherwise the update's first pass gives them."""
 
-    def __init__(self, plan: RunPlan):
-        self._plan = plan
+    def __init__(self, plan: RunPlan, actor):
+        self._plan, self._actor = plan, actor
 
-    def fill(self, batch, actor, timer) -> dict[str, float]:
+    def fill(self, batch: Batch, timer: Timer) -> dict[str, float]:
         if not self._plan.old_log_prob_pass(len(batch)):
             return {}
         with timer("old_log_prob"):
-            batch["old_log_probs"], _ = actor.compute_log_probs(batch)
+            batch["old_log_probs"], _ = self._actor.compute_log_probs(batch)
         return old_log_prob_metrics(batch, self._plan.tis_imp_ratio_cap)
 
 
-def old_log_probs_from(plan: RunPlan) -> EngineLogProbs | ScoredLogProbs:
-    return ScoredLogProbs(plan) if plan.old_log_probs == SCORED_LOG_PROBS else EngineLogProbs()
+def old_log_probs_from(plan: RunPlan, actor) -> OldLogProbSource:
+    return ScoredLogProbs(plan, actor) if plan.old_log_probs == SCORED_LOG_PROBS else EngineLogProbs()

@@ -9,6 +9,7 @@ from omegaconf import DictConfig
 
 from grl.algo import ESTIMATORS, apply_kl_penalty, compute_advantage, finite_rows
 from grl.rollout import Batch, Episode, build_batch, filter_groups, normalize_episode_scores
+from grl.schema import Algorithm
 from grl.trainer.metrics import task_metrics
 
 
@@ -31,9 +32,9 @@ def shape_batch(episodes: list[Episode], r: DictConfig, pad_token_id: int) -> tu
     return batch, {**task_metrics(filter_metrics, "train"), **build_metrics}
 
 
-def add_advantages(batch: Batch, algo: DictConfig, kl_ctrl) -> dict[str, float]:
-    """KL-in-reward (if enabled, updating `kl_ctrl`), then the configured
-    estimator: writes `token_rewards`, `advantages` and `returns` into the batch."""
+def add_advantages(batch: Batch, algo: Algorithm, kl_ctrl) -> dict[str, float]:
+    """KL-in-reward (if enabled, updating `kl_ctrl`), then the estimator `algo` (the typed `algorithm`
+    section) names: writes `token_rewards`, `advantages` and `returns` into the batch."""
     metrics = {}
     if algo.use_kl_in_reward:
         batch["token_rewards"], mean_kl = apply_kl_penalty(
@@ -47,21 +48,11 @@ def add_advantages(batch: Batch, algo: DictConfig, kl_ctrl) -> dict[str, float]:
         metrics["actor/reward_kl_penalty"] = mean_kl.item()
         metrics["actor/reward_kl_penalty_coeff"] = kl_ctrl.value
         kl_ctrl.update(mean_kl.item(), n_steps=len(batch))
-    batch["advantages"], batch["returns"] = compute_advantage(
-        algo.adv_estimator,
-        token_rewards=batch["token_rewards"],
-        loss_mask=batch["loss_mask"],
-        values=batch["values"] if "values" in batch else None,
-        turn_ids=batch["turn_ids"],
-        group_ids=batch.meta["group_id"],
-        gamma=algo.gamma,
-        lam=algo.lam,
-        high_level_gamma=algo.high_level_gamma,
-        turn_weight=algo.turn_advantage_weight,
-        norm_adv_by_std=algo.norm_adv_by_std_in_grpo,
-        turn_states=turn_states(batch.meta["state_keys"]) if ESTIMATORS[algo.adv_estimator].needs_step_keys else None,
-        gigpo_step_weight=algo.gigpo_step_weight,
-    )
+    inputs = {key: batch[key] for key in ("token_rewards", "loss_mask", "turn_ids", "values") if key in batch}
+    inputs["group_ids"] = batch.meta["group_id"]
+    if ESTIMATORS[algo.adv_estimator].needs_step_keys:  # only an estimator that reads them pays for the ids
+        inputs["turn_states"] = turn_states(batch.meta["state_keys"])
+    batch["advantages"], batch["returns"] = compute_advantage(inputs, algo)
     return metrics
 
 

@@ -36,6 +36,8 @@ The trainer uses only what is exported here (docs/CONTRACTS.md, Workers).
   the call that noticed; `shutdown()` always works, also twice.
 """
 
+import logging
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from grl.workers.engine_proxy import EngineProxy
@@ -44,15 +46,33 @@ from grl.workers.rollout_worker import WeightSyncTimeout
 from grl.workers.runtime import init_ray, resolve_device
 from grl.workers.sharding import plan_minibatches
 
+log = logging.getLogger("grl.workers")
 
-def start_groups(cfg, plan) -> tuple[ActorRolloutRefGroup, CriticGroup | None]:
+
+def start_groups(cfg, plan, engines_last: bool | None = None) -> tuple[ActorRolloutRefGroup, CriticGroup | None]:
     """The actor group and, where the plan has a critic, the critic group, started side by side: each
     group's ranks start their processes and load their model while the other's do. A group that
-    started is shut down when the other fails (or the start is interrupted)."""
+    started is shut down when the other fails (or the start is interrupted).
+
+    `engines_last` (default: on GPU) builds the colocated rollout engines only once every group has
+    loaded. vLLM sizes its KV cache from the free memory it profiles while it is built and charges any
+    drop in the device's memory meanwhile to itself; a critic loading on the same GPU would shrink the
+    cache by its own size, differently from run to run, and memory freed during the profile trips vLLM's
+    own check (vllm/v1/worker/gpu_worker.py, determine_available_memory). On CPU the engine profiles no
+    device and keeps building beside the critic's load."""
+    init_ray(plan.ray_address)
+    engines_last = resolve_device(plan.device) == "cuda" if engines_last is None else engines_last
+    started = time.time()
     pool = ThreadPoolExecutor(2, thread_name_prefix="grl-start")
-    starts = [pool.submit(ActorRolloutRefGroup, cfg, plan), *([pool.submit(CriticGroup, cfg, plan)] if plan.use_critic else [])]
+    starts = [
+        pool.submit(ActorRolloutRefGroup, cfg, plan, not engines_last),
+        *([pool.submit(CriticGroup, cfg, plan)] if plan.use_critic else []),
+    ]
     try:
         groups = [start.result() for start in starts]
+        if engines_last:
+            groups[0].build_engines()
+        log.info("start-up: %s", startup_summary(groups, started))
     except BaseException:
         for start in starts:
             start.add_done_callback(_shut_down_if_started)
@@ -60,6 +80,19 @@ def start_groups(cfg, plan) -> tuple[ActorRolloutRefGroup, CriticGroup | None]:
     finally:
         pool.shutdown(wait=False)
     return groups[0], (groups[1] if len(groups) > 1 else None)
+
+
+def startup_summary(groups: list, started: float) -> str:
+    """Seconds after `started` at which each group's ranks had loaded and its engines were built."""
+    parts = []
+    for group in groups:
+        times = group.call("startup_times")
+        loaded = max(t["loaded"] for t in times)
+        parts.append(f"{group.role} loaded at {loaded - started:.1f} s")
+        built = [t["engine_ready"] for t in times if "engine_ready" in t]
+        if built:
+            parts.append(f"its engines built at {max(built) - started:.1f} s")
+    return ", ".join(parts)
 
 
 def _shut_down_if_started(start: Future) -> None:

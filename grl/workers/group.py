@@ -13,7 +13,6 @@ rank i of each role lives on GPU i (colocated, as in verl).
 from __future__ import annotations
 
 import logging
-import os
 import time
 from pathlib import Path
 
@@ -25,7 +24,7 @@ from grl.rollout.types import Batch
 from grl.config import typed_section
 from grl.run_plan import RunPlan
 from grl.workers.engine_proxy import EngineProxy
-from grl.workers.runtime import PRODUCT_ENV, REPO_ROOT, WorkerDiedError, acquire_pool, init_ray, release_pool, resolve_device
+from grl.workers.runtime import WorkerDiedError, acquire_pool, init_ray, release_pool, resolve_device, worker_runtime_env
 from grl.workers.sharding import equal_shards, minibatch_shards, pack, pad_rows, pick, row_capacity, unpack
 
 log = logging.getLogger("grl.workers")
@@ -87,11 +86,7 @@ class _WorkerGroup:
         bundle = pg.bundle_specs[0]
         options = {
             "num_cpus": bundle["CPU"] / GROUPS_PER_BUNDLE,
-            "runtime_env": {
-                "env_vars": dict(
-                    PRODUCT_ENV, PYTHONPATH=os.pathsep.join(p for p in (REPO_ROOT, os.environ.get("PYTHONPATH")) if p)
-                )
-            },
+            "runtime_env": worker_runtime_env(),
         }
         if self.device == "cuda":
             options["num_gpus"] = 1.0 / GROUPS_PER_BUNDLE
@@ -293,9 +288,9 @@ class ActorRolloutRefGroup(_WorkerGroup):
     engine: inside every rank on GPU, inside rank 0 on CPU (the vllm engine
     then runs in a process of its own that the engines package starts); or, with
     `actor_rollout_ref.hybrid_engine=false`, in a rollout worker of its own
-    (grl/workers/rollout_worker.py)."""
+    (grl/workers/rollout_worker.py). `engines_in_setup=False` leaves the ranks' engines to `build_engines`."""
 
-    def __init__(self, cfg, plan: RunPlan):
+    def __init__(self, cfg, plan: RunPlan, engines_in_setup: bool = True):
         from grl.workers.policy import PolicyWorker
         from grl.workers.rollout_worker import SeparateEngine
 
@@ -305,12 +300,15 @@ class ActorRolloutRefGroup(_WorkerGroup):
         section = typed_section(cfg, "actor_rollout_ref")
         self.engine_name = section.rollout.name  # `auto` is resolved inside the rank
         engine_ranks = () if self.separate else tuple(range(plan.world_size)) if device == "cuda" else (0,)
-        super().__init__(PolicyWorker, plan, section, lambda rank: (self.engine_name if rank in engine_ranks else None,))
+        self.engine_ranks = list(engine_ranks)
+        super().__init__(
+            PolicyWorker, plan, section, lambda rank: (self.engine_name if rank in engine_ranks else None, engines_in_setup)
+        )
         try:
             self.engine: Engine = (
                 SeparateEngine(section, plan, self.device, plan.weight_sync_timeout)
                 if self.separate
-                else EngineProxy(self, list(engine_ranks))
+                else EngineProxy(self, self.engine_ranks)
             )
         except BaseException:
             self.shutdown()
@@ -323,6 +321,12 @@ class ActorRolloutRefGroup(_WorkerGroup):
             "in a worker of its own" if self.separate else f"in rank(s) {list(engine_ranks)}",
             ", with reference model" if self.use_ref else "",
         )
+
+    def build_engines(self) -> None:
+        """Build the rollout engines of the ranks that hold one, if the group was made with
+        engines_in_setup=False. Collective: on GPU every rank holds an engine, and vLLM forms its groups
+        over the ranks' process group (grl/engines/vllm_engine.py)."""
+        self.call_ranks(self.engine_ranks, "build_engine", [()] * len(self.engine_ranks))
 
     def compute_log_probs(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """(old_log_probs, entropy), `[B, T]`, aligned with `loss_mask`."""

@@ -3,6 +3,7 @@ updates) and, where the group places it, the rollout engine; and the policy's lo
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import torch
@@ -22,6 +23,8 @@ class PolicyObjective:
 
     def __init__(self, train_cfg):
         self.cfg = train_cfg  # the actor section, read at each call
+        # (engine, trainer) log-probs of the sampled tokens of an update without old log-probs, per micro-batch
+        self.sampled_log_probs: list[tuple[torch.Tensor, torch.Tensor]] = []
 
     def agg_mode(self) -> str:
         return self.cfg.loss_agg_mode
@@ -62,12 +65,8 @@ class PolicyObjective:
             "ppo_kl": float(m["ppo_kl"]),
         }
         if "old_log_probs" not in t:  # the engine against the trainer, which the skipped pass would report
-            diff = (t["rollout_log_probs"] - old).abs()[t["loss_mask"] > 0]
-            # Present on every micro-batch, even one of padding rows only (its token weight is 0, and
-            # 0 is no peak): every rank must reduce the same keys.
-            empty = diff.numel() == 0
-            stats["rollout_probs_diff_mean"] = 0.0 if empty else diff.mean().item()
-            stats["rollout_probs_diff_max"] = 0.0 if empty else diff.max().item()
+            sampled = t["loss_mask"] > 0
+            self.sampled_log_probs.append((t["rollout_log_probs"][sampled].detach().cpu(), old[sampled].cpu()))
         if self.uses_kl_loss(t):
             kl = kl_loss(log_probs, t["ref_log_probs"], t["loss_mask"], kind=c.kl_loss_type, loss_agg_mode=mode, segment_ids=seg)
             loss = loss + c.kl_loss_coef * kl
@@ -78,9 +77,13 @@ class PolicyObjective:
 class PolicyWorker(Worker):
     role = "actor"
 
-    def __init__(self, rank: int, plan: RunPlan, section, device: str, engine_name: str | None = None):
+    def __init__(
+        self, rank: int, plan: RunPlan, section, device: str, engine_name: str | None = None, engine_in_setup: bool = True
+    ):
+        """`engine_name`: this rank holds the rollout engine; `engine_in_setup`: it is built once the models
+        are, in `setup`, else when the driver calls `build_engine` (grl.workers.start_groups)."""
         super().__init__(rank, plan, section, device)
-        self.use_ref, self.engine_name = plan.use_reference, engine_name
+        self.use_ref, self.engine_name, self.engine_in_setup = plan.use_reference, engine_name, engine_in_setup
         self.ref = None
         self.engine = None
 
@@ -92,16 +95,34 @@ class PolicyWorker(Worker):
             self.ref = self._build(section.model, section.ref.fsdp_config, "policy", trainable=False)
         elif self.use_ref:  # the plan's LoRA reference: the trained model with its adapter off
             self.ref = lora.AdapterOff(self.module, self.peft_model)
-        if self.engine_name is not None:
-            self.engine = self._make_engine()
+        if self.engine_name is not None and self.engine_in_setup:
+            self.build_engine()
         self.objective = PolicyObjective(self.train_cfg)
 
-    def _make_engine(self):
+    def build_engine(self) -> None:
         from grl.workers.rollout_worker import build_engine
 
-        return build_engine(
+        self.startup["engine_start"] = time.time()
+        self.engine = build_engine(
             self.section, self.engine_name, self.device, self.plan.seed + self.rank, grammar=self.plan.reply_grammars
         )
+        self.startup["engine_ready"] = time.time()
+
+    def update(self, minibatches: list[dict]) -> dict[str, float]:
+        """The update (grl/workers/update.py). Without old log-probs (an on-policy update: the trainer skipped
+        their pass, on every rank) also the engine/trainer mismatch that pass would report, over the
+        sampled tokens of all ranks: its percentile needs every token, not per-micro-batch summaries."""
+        self.objective.sampled_log_probs = []
+        metrics = super().update(minibatches)
+        if minibatches and "old_log_probs" not in minibatches[0]:
+            from grl.algo.mismatch import mismatch_stats
+
+            every_rank: list = [None] * self.world_size
+            dist.all_gather_object(every_rank, self.objective.sampled_log_probs)
+            pairs = [pair for rank in every_rank for pair in rank]
+            engine, trainer = (torch.cat([pair[i] for pair in pairs]) for i in (0, 1))
+            metrics.update({f"actor/{k}": v for k, v in mismatch_stats(engine, trainer).items()})
+        return metrics
 
     def compute_log_probs(self, tensors: dict, ref: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """(log_probs, entropy) of this rank's shard under the policy (or ref)."""

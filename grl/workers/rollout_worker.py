@@ -14,14 +14,13 @@ ranks the rest (`RunPlan.cpu_threads`); on GPU it asks Ray for a GPU of its own.
 from __future__ import annotations
 
 import logging
-import os
 
 import torch
 
 from grl.engines.base import Engine, GenerationOutput, NamedTensors, SamplingParams, usable_cores
 from grl.errors import first_line
 from grl.run_plan import RunPlan
-from grl.workers.runtime import PRODUCT_ENV, REPO_ROOT, WorkerDiedError
+from grl.workers.runtime import WorkerDiedError, worker_runtime_env
 
 log = logging.getLogger("grl.workers")
 
@@ -90,11 +89,7 @@ class SeparateEngine(Engine):
 
         options = {
             "num_cpus": 0,
-            "runtime_env": {
-                "env_vars": dict(
-                    PRODUCT_ENV, PYTHONPATH=os.pathsep.join(p for p in (REPO_ROOT, os.environ.get("PYTHONPATH")) if p)
-                )
-            },
+            "runtime_env": worker_runtime_env(),
         }
         if device == "cuda":
             if ray.available_resources().get("GPU", 0) < 1:  # the actor's placement group holds the rest

@@ -56,6 +56,13 @@ def init_ray(address: str | None = None, **ray_kwargs) -> None:
         signal.signal(signal.SIGTERM, on_sigterm)
 
 
+def worker_runtime_env() -> dict:
+    """The Ray runtime_env of every worker process GRL starts: the product's environment, and this checkout
+    first on the import path, so that a worker imports the grl the driver runs."""
+    pythonpath = os.pathsep.join(p for p in (REPO_ROOT, os.environ.get("PYTHONPATH")) if p)
+    return {"env_vars": dict(PRODUCT_ENV, PYTHONPATH=pythonpath)}
+
+
 def require_token_locally() -> None:
     """A runtime this process starts takes only clients that hold its token.
 

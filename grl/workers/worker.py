@@ -7,6 +7,7 @@ model is a collective, so the driver calls it on all ranks with equally sized sh
 from __future__ import annotations
 
 import logging
+import time
 
 import torch
 import torch.distributed as dist
@@ -39,6 +40,9 @@ class Worker(UpdateLoop):
         self.rank, self.plan, self.world_size, self.section, self.device = rank, plan, plan.world_size, section, device
         torch.set_num_threads(plan.cpu_threads(usable_cores(), device))
         self.peft_model = None  # set on a LoRA policy: the adapter's config and on/off switch
+        # Wall-clock times (time.time(), comparable between the processes of a node) of this rank's start-up:
+        # "loaded" once setup has built its models, "engine_start"/"engine_ready" around its engine's build.
+        self.startup: dict[str, float] = {}
 
     # ------------------------------------------------------------ set-up
 
@@ -70,6 +74,10 @@ class Worker(UpdateLoop):
         self.build()
         self.optimizer = fsdp.make_optimizer([p for p in self.module.parameters() if p.requires_grad], self.train_cfg.optim)
         self.scheduler = fsdp.make_scheduler(self.optimizer, self.train_cfg.optim.lr_warmup_steps)
+        self.startup["loaded"] = time.time()
+
+    def startup_times(self) -> dict[str, float]:
+        return self.startup
 
     def build(self) -> None:
         raise NotImplementedError

@@ -20,9 +20,15 @@ from grl.algo import (
     turn_ids_from_mask,
 )
 from grl.algo.advantages import _discounted_reverse_sum
+from grl.schema import Algorithm
 from tests.algo.batches import random_episode_batch
 
 SEEDS = range(6)
+
+
+def estimate(name, inputs, whiten=True, **keys):
+    """`compute_advantage` as the trainer calls it: the batch inputs by name and a typed `algorithm` section."""
+    return compute_advantage(inputs, Algorithm(adv_estimator=name, **keys), whiten=whiten)
 
 
 # ---- references: one row at a time, generated positions gathered first --------------------------
@@ -240,7 +246,7 @@ def test_grpo_and_rloo_match_reference(seed):
     scores = torch.randn(B, generator=g, dtype=torch.float64).round(decimals=1)  # ties happen, as with 0/1 rewards
     mask = random_episode_batch(B, 300 + seed)["loss_mask"]
     for norm in (True, False):
-        adv, ret = compute_grpo(scores, mask, groups, norm_by_std=norm)
+        adv, ret = compute_grpo(scores, mask, groups, norm_adv_by_std_in_grpo=norm)
         ref = torch.tensor(ref_group_scores(scores.tolist(), groups.tolist(), "grpo", norm), dtype=torch.float64)
         close(adv, torch.where(mask > 0, ref[:, None], 0.0))
         close(ret, adv)
@@ -312,8 +318,12 @@ def test_gigpo_matches_reference(seed):
     groups = (torch.arange(24) // 6).tolist()
     states = random_turn_states(batch, seed, num_states=3)
     gamma, w, norm = [(1.0, 1.0, True), (0.95, 0.5, True), (0.9, 2.0, False)][seed % 3]
-    adv, ret = compute_advantage(
-        "gigpo", **batch, turn_states=states, group_ids=groups, gamma=gamma, gigpo_step_weight=w, norm_adv_by_std=norm
+    adv, ret = estimate(
+        "gigpo",
+        {**batch, "turn_states": states, "group_ids": groups},
+        gamma=gamma,
+        gigpo_step_weight=w,
+        norm_adv_by_std_in_grpo=norm,
     )
     ref_adv, ref_ret = ref_gigpo(batch, states, groups, gamma, w, norm)
     close(adv, ref_adv)
@@ -334,7 +344,7 @@ def test_gigpo_with_distinct_states_is_grpo():
     states = torch.arange(24 * K).view(24, K)  # every turn its own state
     for norm in (True, False):
         adv, _ = compute_gigpo(
-            batch["token_rewards"], batch["loss_mask"], batch["turn_ids"], states, groups, 0.9, 3.0, norm_by_std=norm
+            batch["token_rewards"], batch["loss_mask"], batch["turn_ids"], states, groups, 0.9, 3.0, norm_adv_by_std_in_grpo=norm
         )
         scores = torch.where(batch["loss_mask"] > 0, batch["token_rewards"], 0).sum(-1)
         grpo, _ = compute_grpo(scores, batch["loss_mask"], groups, norm)
@@ -347,7 +357,7 @@ def test_gigpo_same_state_in_another_group_is_not_an_anchor():
     tids = torch.tensor([[0, 1, 1]] * 4)
     r = torch.tensor([[0.0, 0.0, 1.0], [0.0, 0.0, 0.0], [0.0, 0.0, 5.0], [0.0, 0.0, 5.0]], dtype=torch.float64)
     states = torch.full((4, 2), 7)
-    adv, ret = compute_gigpo(r, m, tids, states, [0, 0, 1, 1], 0.5, 1.0, norm_by_std=False)
+    adv, ret = compute_gigpo(r, m, tids, states, [0, 0, 1, 1], 0.5, 1.0, norm_adv_by_std_in_grpo=False)
     # group 0: episode adv +-0.5; anchor over 4 turns with returns [0.5, 1, 0, 0], mean 0.375
     close(ret, torch.tensor([[0.5, 0.0, 1.0], [0.0, 0.0, 0.0], [2.5, 0.0, 5.0], [2.5, 0.0, 5.0]], dtype=torch.float64))
     close(adv[:2], torch.tensor([[0.5 + 0.125, 0.0, 0.5 + 0.625], [-0.5 - 0.375, 0.0, -0.5 - 0.375]], dtype=torch.float64))
@@ -391,9 +401,9 @@ def on_generated(x, mask):
 def test_env_tokens_between_turns_change_nothing(estimator):
     batch = random_episode_batch(12, 500, garbage=0.0)
     wider = insert_env_tokens(batch, 501)
-    kw = {"gamma": 0.97, "lam": 0.9, "high_level_gamma": 0.9, "turn_weight": 0.5, "whiten": False}
-    adv, ret = compute_advantage(estimator, **batch, **kw)
-    adv2, ret2 = compute_advantage(estimator, **wider, **kw)
+    kw = {"gamma": 0.97, "lam": 0.9, "high_level_gamma": 0.9, "turn_advantage_weight": 0.5}
+    adv, ret = estimate(estimator, batch, whiten=False, **kw)
+    adv2, ret2 = estimate(estimator, wider, whiten=False, **kw)
     for a, a2 in zip(on_generated(adv, batch["loss_mask"]), on_generated(adv2, wider["loss_mask"]), strict=True):
         close(a, a2)
     for a, a2 in zip(on_generated(ret, batch["loss_mask"]), on_generated(ret2, wider["loss_mask"]), strict=True):
@@ -409,15 +419,10 @@ def test_non_generated_positions_are_ignored(estimator):
         for k, x in nan_batch.items()
     }
     groups = torch.arange(10) // 3
-    kw = {
-        "gamma": 0.99,
-        "lam": 0.95,
-        "high_level_gamma": 0.9,
-        "group_ids": groups,
-        "turn_states": random_turn_states(nan_batch, 601, num_states=2),
-    }
-    adv, ret = compute_advantage(estimator, **nan_batch, **kw)
-    adv2, ret2 = compute_advantage(estimator, **clean, **kw)
+    given = {"group_ids": groups, "turn_states": random_turn_states(nan_batch, 601, num_states=2)}
+    kw = {"gamma": 0.99, "lam": 0.95, "high_level_gamma": 0.9}
+    adv, ret = estimate(estimator, {**nan_batch, **given}, **kw)
+    adv2, ret2 = estimate(estimator, {**clean, **given}, **kw)
     assert torch.isfinite(adv).all() and torch.isfinite(ret).all()
     assert (adv[nan_batch["loss_mask"] == 0] == 0).all() and (ret[nan_batch["loss_mask"] == 0] == 0).all()
     close(adv, adv2)
@@ -426,7 +431,7 @@ def test_non_generated_positions_are_ignored(estimator):
 
 def test_dispatcher_whitens_critic_estimators():
     batch = random_episode_batch(16, 700)
-    adv, ret = compute_advantage("gae", **batch, gamma=0.99, lam=0.95)
+    adv, ret = estimate("gae", batch, gamma=0.99, lam=0.95)
     raw_adv, raw_ret = ref_gae(batch, 0.99, 0.95)
     close(adv, ref_whiten(raw_adv, batch["loss_mask"]))
     close(ret, raw_ret)
@@ -435,7 +440,7 @@ def test_dispatcher_whitens_critic_estimators():
 def test_dispatcher_episode_scores_default_to_summed_rewards():
     batch = random_episode_batch(8, 800)
     groups = [0, 0, 0, 0, 1, 1, 1, 1]
-    adv, _ = compute_advantage("rloo", **batch, group_ids=groups)
+    adv, _ = estimate("rloo", {**batch, "group_ids": groups})
     scores = torch.where(batch["loss_mask"] > 0, batch["token_rewards"], 0).sum(-1)
     ref = torch.tensor(ref_group_scores(scores.tolist(), groups, "rloo"), dtype=torch.float64)
     close(adv, torch.where(batch["loss_mask"] > 0, ref[:, None], 0.0))
@@ -445,18 +450,18 @@ def test_dispatcher_errors_name_the_problem():
     batch = random_episode_batch(8, 900)
     assert (batch["loss_mask"].sum(-1) > 1).any()
     with pytest.raises(ValueError, match="gae, bi_level_gae, weighted_gae, grpo, rloo, reinforce_plus_plus, gigpo"):
-        compute_advantage("ppo_magic", **batch)
+        estimate("ppo_magic", batch)
     with pytest.raises(ValueError, match="'values'"):
-        compute_advantage("gae", token_rewards=batch["token_rewards"], loss_mask=batch["loss_mask"])
+        estimate("gae", {"token_rewards": batch["token_rewards"], "loss_mask": batch["loss_mask"]})
     with pytest.raises(ValueError, match="'group_ids'"):
-        compute_advantage("grpo", **batch)
+        estimate("grpo", batch)
     with pytest.raises(ValueError, match="'turn_states'"):
-        compute_advantage("gigpo", **batch, group_ids=[0] * 8)
+        estimate("gigpo", {**batch, "group_ids": [0] * 8})
     backwards = torch.where(batch["loss_mask"] > 0, 1000 - batch["loss_mask"].cumsum(-1), 0).long()
     with pytest.raises(ValueError, match="must not decrease"):
-        compute_advantage("bi_level_gae", **{**batch, "turn_ids": backwards})
+        estimate("bi_level_gae", {**batch, "turn_ids": backwards})
     with pytest.raises(ValueError, match="turn_ids must be >= 0"):
-        compute_advantage("bi_level_gae", **{**batch, "turn_ids": torch.full_like(batch["turn_ids"], -1)})
+        estimate("bi_level_gae", {**batch, "turn_ids": torch.full_like(batch["turn_ids"], -1)})
 
 
 def test_turn_ids_from_mask():
@@ -469,9 +474,9 @@ def test_bi_level_without_turn_ids_uses_mask_runs():
     batch = random_episode_batch(8, 1000)
     # the batch generator can put two turns' replies side by side; turn ids from the mask then merge them
     derived = turn_ids_from_mask(batch["loss_mask"])
-    kw = {"gamma": 0.99, "lam": 0.9, "high_level_gamma": 0.95, "whiten": False}
-    a, _ = compute_advantage("bi_level_gae", **{**batch, "turn_ids": None}, **kw)
-    b, _ = compute_advantage("bi_level_gae", **{**batch, "turn_ids": derived}, **kw)
+    kw = {"gamma": 0.99, "lam": 0.9, "high_level_gamma": 0.95}
+    a, _ = estimate("bi_level_gae", {**batch, "turn_ids": None}, whiten=False, **kw)
+    b, _ = estimate("bi_level_gae", {**batch, "turn_ids": derived}, whiten=False, **kw)
     close(a, b)
 
 
@@ -479,13 +484,13 @@ def test_empty_batch_rows():
     m = torch.zeros(3, 5, dtype=torch.float64)
     x = torch.randn(3, 5, dtype=torch.float64)
     for est in ESTIMATORS:
-        adv, ret = compute_advantage(
-            est,
-            token_rewards=x,
-            values=x,
-            loss_mask=m,
-            turn_ids=torch.full((3, 5), -1),
-            group_ids=[0, 0, 1],
-            turn_states=torch.zeros(3, 1, dtype=torch.long),
-        )
+        inputs = {
+            "token_rewards": x,
+            "values": x,
+            "loss_mask": m,
+            "turn_ids": torch.full((3, 5), -1),
+            "group_ids": [0, 0, 1],
+            "turn_states": torch.zeros(3, 1, dtype=torch.long),
+        }
+        adv, ret = estimate(est, inputs)
         assert (adv == 0).all() and (ret == 0).all(), est

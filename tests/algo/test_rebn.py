@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from grl.algo import compute_advantage, compute_rebn
+from grl.schema import Algorithm
 from tests.algo.batches import random_episode_batch
 
 
@@ -39,7 +40,7 @@ def ref_rebn(batch, gamma, eps=1e-9):
 def test_rebn_matches_the_loop(seed):
     batch = random_episode_batch(20, 4100 + seed, max_turns=5)
     gamma = [1.0, 0.9, 0.5][seed % 3]
-    adv, ret = compute_advantage("rebn", **batch, gamma=gamma)
+    adv, ret = compute_advantage(batch, Algorithm(adv_estimator="rebn", gamma=gamma))
     ref_adv, ref_ret = ref_rebn(batch, gamma)
     torch.testing.assert_close(adv, ref_adv, rtol=1e-9, atol=1e-9)
     torch.testing.assert_close(ret, ref_ret, rtol=1e-9, atol=1e-9)
@@ -67,15 +68,13 @@ def test_rebn_needs_no_critic_in_the_config():
     assert cfg.algorithm.adv_estimator == "rebn"
 
 
-def test_a_short_training_run_on_a_gem_game(tmp_path):
+@pytest.mark.slow
+def test_a_short_training_run_on_a_gem_game(tmp_path, ray_runtime):
     """The tiny model trains two steps with ReBN on GEM's Guess the Number, one move per reply drawn from
     the game's valid moves."""
-    pytest.importorskip("gem")
-    ray = pytest.importorskip("ray")
     from grl.config import load_config
     from grl.tracking import METRICS_FILE, read_jsonl
     from grl.trainer.agent_trainer import AgentTrainer
-    from grl.workers import init_ray
 
     task = "gemAgent_GuessTheNumber_easy"
     overrides = {
@@ -103,11 +102,7 @@ def test_a_short_training_run_on_a_gem_game(tmp_path):
         "trainer.default_local_dir": str(tmp_path / "ckpt"),
         "actor_rollout_ref.actor.optim.lr": 1e-3,
     }
-    init_ray(None, num_cpus=2)
-    try:
-        AgentTrainer.from_config(load_config([f"{k}={v}" for k, v in overrides.items()])).fit()
-    finally:
-        ray.shutdown()
+    AgentTrainer.from_config(load_config([f"{k}={v}" for k, v in overrides.items()])).fit()
     history = {r["step"]: r for r in read_jsonl(tmp_path / "run" / METRICS_FILE)}
     assert sorted(history) == [1, 2]
     for step in (1, 2):

@@ -14,11 +14,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-pytest.importorskip("openenv.core")
-
 import grl.envs  # noqa: E402
 from grl.agents import make_agent  # noqa: E402
-from grl.envs.openenv_env import OpenEnvError  # noqa: E402
+from grl.envs.openenv_servers import SERVER_MODULE, OpenEnvError  # noqa: E402
 
 AGENTS = yaml.safe_load((Path(__file__).resolve().parents[2] / "configs" / "agents.yaml").read_text(encoding="utf-8"))
 NATIVE = AGENTS["tetrisAgent_gap_dim_4"]
@@ -48,7 +46,7 @@ def local_servers() -> list[int]:
     return [
         child.pid
         for child in psutil.Process().children(recursive=True)
-        if child.is_running() and child.status() != psutil.STATUS_ZOMBIE and "grl.envs.openenv_env" in " ".join(child.cmdline())
+        if child.is_running() and child.status() != psutil.STATUS_ZOMBIE and SERVER_MODULE in " ".join(child.cmdline())
     ]
 
 

@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
+import openai
 import pytest
 
 from grl.engines import make_engine
@@ -23,7 +24,6 @@ from grl.rollout.batch import episode_tokens
 from grl.rollout.chat import ChatTokens
 from grl.rollout.types import Episode
 
-openai = pytest.importorskip("openai")
 ROOT = Path(__file__).resolve().parents[2]
 QUESTION = [{"role": "system", "content": "You answer briefly."}, {"role": "user", "content": "What is 2 + 3?"}]
 
@@ -186,8 +186,32 @@ def test_a_bad_request_is_refused_in_one_line(served, change, says):
     assert httpx.post(f"{base}/v1/chat/completions", content=b"{not json", timeout=60).status_code == 400
 
 
-def test_concurrent_callers_are_served_one_generate_at_a_time(served):
-    _, base = served
+class CallsAtOnce:
+    """Wraps an engine's `generate` (the engine stays real) and records the most calls inside it at once.
+    Each call lingers a moment first, so two calls that nothing serialises would be seen together."""
+
+    def __init__(self, generate):
+        self._generate, self._lock = generate, threading.Lock()
+        self.inside = self.most = self.calls = 0
+
+    def __call__(self, *args, **kwargs):
+        with self._lock:
+            self.inside += 1
+            self.calls += 1
+            self.most = max(self.most, self.inside)
+        try:
+            time.sleep(0.02)
+            return self._generate(*args, **kwargs)
+        finally:
+            with self._lock:
+                self.inside -= 1
+
+
+def test_concurrent_callers_are_served_one_generate_at_a_time(served, monkeypatch):
+    gateway, base = served
+    engine = gateway.engine.engine  # the real engine behind the gateway's SerialEngine
+    counted = CallsAtOnce(engine.generate)
+    monkeypatch.setattr(engine, "generate", counted)
     talk = client(base)
     with ThreadPoolExecutor(16) as pool:
         replies = list(
@@ -199,8 +223,10 @@ def test_concurrent_callers_are_served_one_generate_at_a_time(served):
             )
         )
     assert len(replies) == 32 and all(r.choices[0].finish_reason in ("stop", "length") for r in replies)
+    assert counted.calls == 32 and counted.most == 1, (counted.calls, counted.most)
 
 
+@pytest.mark.slow
 def test_grl_serve_answers_on_loopback_and_stops_on_sigterm():
     port = free_port()
     proc = subprocess.Popen(

@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 
 from grl.engines import SamplingParams, make_engine
-from grl.gateway.programs import BatchingEngine, ProgramRunner, ProgramTask, load_program, reward_of
+from grl.gateway.batching import BatchingEngine
+from grl.gateway.contract import ProgramTask, load_program, reward_of
+from grl.gateway.programs import ProgramRunner
 from grl.models import load_tokenizer
 from grl.rollout import MultiTurnRollout, TaskSpec
 from grl.rollout.batch import episode_tokens
 from tests.gateway import programs
-
-pytest.importorskip("openai")
 
 GSM8K = str(Path(__file__).resolve().parents[3] / "shared" / "data" / "gsm8k" / "{split}.jsonl")  # ../shared/data
 
@@ -68,6 +68,7 @@ def trained(episode):
     )
 
 
+@pytest.mark.shared_data("gsm8k/test.jsonl", "gsm8k/train.jsonl")
 def test_gsm8k_through_the_gateway_trains_on_exactly_the_ids_the_program_received(runner):
     spec = task("gsm8kProgram", "gsm8k_with_python", 2, 2, {"data_path": GSM8K}, max_turns=2, max_tokens=64)
     programs.SEEN.clear()

@@ -3,7 +3,7 @@ runner there, so the grammar goes through GrammarLogitsProcessorV2 inside a real
 machines check only piece by piece (tests/engines/test_vllm_grammar.py). Replies stay inside their
 grammar with the log-probs of the masked distribution (a CPU forward pass is the reference), greedy
 replies match the hf engine's, and requests without a grammar come out as an engine built without one
-gives them."""
+gives them (within the noise of kernels that depend on the batch)."""
 
 import importlib.util
 
@@ -130,12 +130,32 @@ def test_sampled_replies_carry_the_masked_log_probs(with_grammar, cpu_model, pro
         assert torch.allclose(torch.tensor(out.log_probs), want, atol=2e-3)
 
 
+# Two engines running different batches (8 free requests there, 4 free beside 4 grammar requests here) run
+# different kernels on a GPU: the batch's shape picks GEMM tiles and attention splits, so the same request's
+# fp32 log-probs differ in their last digits, and greedy decoding may part at a near-tie. A grammar leaking
+# into a free request would renormalise its log-probs over a few allowed tokens: nats, not this noise.
+KERNEL_NOISE = 1e-3
+
+
+def parting(a: list[int], b: list[int]) -> int:
+    """The first position at which two replies differ (the shorter one's length if one holds the other)."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
 def test_free_requests_beside_grammar_requests_are_left_alone(with_grammar, without_grammar, prompts, grammars):
+    """Exact: every grammar reply stays inside its grammar and the grammar changed some reply. Within the
+    kernels' noise: each free reply has the log-probs an engine without grammars gives it, up to and at
+    the token where the two may part, so a parting is a near-tie (both engines' choices equally likely)."""
     mixed = [grammar if i % 2 == 0 else None for i, grammar in enumerate(grammars)]
     ours = with_grammar.generate(prompts, sampling(greedy=True), mixed)
     plain = without_grammar.generate(prompts, sampling(greedy=True))
-    free = [i for i, grammar in enumerate(mixed) if grammar is None]
-    assert [ours[i].token_ids for i in free] == [plain[i].token_ids for i in free]
+    for out, grammar in zip(ours, mixed):
+        if grammar is not None:
+            grammar.trace(out.token_ids)  # raises on a token outside the allowed set
+    for i in (i for i, grammar in enumerate(mixed) if grammar is None):
+        a, b = ours[i], plain[i]
+        checked = min(parting(a.token_ids, b.token_ids) + 1, len(a.token_ids), len(b.token_ids))
+        assert torch.allclose(torch.tensor(a.log_probs[:checked]), torch.tensor(b.log_probs[:checked]), atol=KERNEL_NOISE), i
     assert any(ours[i].token_ids != plain[i].token_ids for i in range(N) if mixed[i] is not None)
     with pytest.raises(ValueError, match="grammar=False"):
         without_grammar.generate(prompts[:1], sampling(greedy=True), grammars[:1])

@@ -19,8 +19,6 @@ from grl.trainer.agent_trainer import AgentTrainer
 from grl.trainer.transforms import drop_stale_episodes, staleness_metrics
 from grl.workers.group import TEARDOWN_TIMEOUT_S
 
-ray = pytest.importorskip("ray")
-
 DETERMINISTIC = (
     "reward/mean",
     "reward/std",
@@ -30,7 +28,7 @@ DETERMINISTIC = (
     "actor/pg_clipfrac",
     "actor/ppo_kl",
     "actor/grad_norm",
-    "training/rollout_probs_diff_max",
+    "training/rollout_logprob_diff_max",
     "val-env/tetrisAgent_gap_dim_4/success",
 )
 
@@ -76,15 +74,6 @@ def recorded_run(cfg, before_fit=None) -> tuple[dict, dict]:
     return metrics, batches
 
 
-@pytest.fixture(scope="module")
-def ray_runtime():
-    from grl.workers import init_ray
-
-    init_ray(None, num_cpus=4)
-    yield
-    ray.shutdown()
-
-
 @pytest.mark.slow
 def test_the_engine_apart_at_staleness_0_trains_as_the_engine_in_the_rank(tmp_path, ray_runtime):
     together, together_batches = recorded_run(config(tmp_path, "together"))
@@ -110,7 +99,30 @@ def test_one_step_off_trains_on_episodes_at_most_one_version_old(tmp_path, ray_r
             "actor_rollout_ref.actor.tis_imp_ratio_cap": 2.0,
         },
     )
-    metrics, batches = recorded_run(cfg)
+    rollouts, updates = {}, {}  # step -> (start, end) on the driver's clock
+
+    def clock_rollouts_and_updates(trainer):
+        rollout, update = trainer._rollout, trainer.actor.update
+
+        def timed_rollout(step, **kwargs):
+            start = time.monotonic()
+            result = rollout(step, **kwargs)
+            rollouts[step] = (start, time.monotonic())
+            return result
+
+        def timed_update(batch, step):
+            start = time.monotonic()
+            result = update(batch, step)
+            updates[step] = (start, time.monotonic())
+            return result
+
+        trainer._rollout, trainer.actor.update = timed_rollout, timed_update
+
+    metrics, batches = recorded_run(cfg, before_fit=clock_rollouts_and_updates)
+    # Ahead: each step's rollout starts before the previous step's update ends (an order of events, not a
+    # speed): at max_staleness=0 it would wait for those weights.
+    assert sorted(rollouts) == sorted(updates) == [1, 2, 3, 4]
+    assert all(rollouts[step][0] < updates[step - 1][1] for step in (2, 3, 4)), (rollouts, updates)
     # Steps 1 and 2 are both sampled by the initial weights; from then on each by the step before last.
     assert [metrics[s]["async/staleness_max"] for s in (1, 2, 3, 4)] == [0, 1, 1, 1]
     for step in (1, 2, 3, 4):
@@ -118,9 +130,10 @@ def test_one_step_off_trains_on_episodes_at_most_one_version_old(tmp_path, ray_r
         assert m["training/dropped_stale_episodes"] == 0 and batches[step] is not None
         assert 0 < m["training/is_ratio_mean"] and m["training/is_ratio_max"] >= m["training/is_ratio_mean"]
         assert 0 <= m["training/is_ratio_clipped_frac"] <= 1
-        assert m["timing_s/wait_prev_gen"] >= 0 and m["timing_s/gen"] > 0
+        # The trainer's wait for the rollout is a part of its step.
+        assert 0 < m["timing_s/wait_prev_gen"] <= m["timing_s/step"] and m["timing_s/gen"] > 0
     # Step 1 is on-policy: only the engine/trainer numerics separate the two; later steps are a version apart.
-    assert metrics[1]["training/rollout_probs_diff_max"] < 1e-2 < metrics[3]["training/rollout_probs_diff_max"]
+    assert metrics[1]["training/rollout_logprob_diff_max"] < 1e-2 < metrics[3]["training/rollout_logprob_diff_max"]
     assert "val-env/tetrisAgent_gap_dim_4/success" in metrics[2] and "val-env/tetrisAgent_gap_dim_4/success" in metrics[4]
 
 
@@ -130,6 +143,7 @@ def test_one_step_off_without_the_old_pass_clips_around_the_engines_log_probs(tm
         tmp_path,
         "bypass",
         test_freq=-1,
+        ppo_mini_batch_size=4,  # one optimizer step a rollout: step 1's ratios are 1 up to numerics
         **{
             "actor_rollout_ref.hybrid_engine": False,
             "rollout.max_staleness": 1,
@@ -146,7 +160,12 @@ def test_one_step_off_without_the_old_pass_clips_around_the_engines_log_probs(tm
     for metrics, old, engine in trained.values():
         assert "timing_s/old_log_prob" not in metrics and "training/is_ratio_mean" not in metrics
         assert torch.equal(old, engine)
-        assert metrics["actor/pg_clipfrac"] >= 0 and metrics["timing_s/gen"] > 0
+        assert 0 <= metrics["actor/pg_clipfrac"] <= 1 and metrics["timing_s/gen"] > 0
+    # The ratios are taken against the engine's log-probs: at step 1 the engine held the trained weights
+    # (engine/trainer numerics only); from step 2 on it sampled with weights a step older.
+    kl = {step: abs(trained[step][0]["actor/ppo_kl"]) for step in (1, 2, 3)}
+    print(kl)
+    assert kl[1] < 1e-4 < min(kl[2], kl[3]), kl
 
 
 @pytest.mark.slow

@@ -13,13 +13,13 @@ from grl.rollout.types import Batch
 from grl.run_plan import RunPlan
 from grl.trainer.metrics import rollout_mismatch_metrics
 
-ray = pytest.importorskip("ray")
-
 WEBSHOP = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "webshop"
-# WebShop (free <think> text, then a click or a search with free-text keywords) where its data is.
-TASKS = ["simpleSokobanAgent", "blocksworldAgent_text", "tetrisAgent_type_1_dim_4"] + (
-    ["webshopAgent"] if (WEBSHOP / "products_1k.jsonl").exists() else []
-)
+# WebShop: free <think> text, then a click or a search with free-text keywords.
+TASKS = ["simpleSokobanAgent", "blocksworldAgent_text", "tetrisAgent_type_1_dim_4", "webshopAgent"]
+pytestmark = [
+    pytest.mark.slow,  # a two-rank actor group and rollouts of four tasks
+    pytest.mark.shared_data("webshop/products_1k.jsonl", "webshop/items_ins_v2_1000.json"),
+]
 
 
 @pytest.fixture(scope="module")
@@ -43,10 +43,9 @@ def cfg(tmp_path_factory):
     for task in TASKS:
         overrides[f"{task}.agent_config.action_decoding"] = "constrained"
         overrides[f"{task}.agent_config.max_turns"] = 3
-    if "webshopAgent" in TASKS:
-        overrides["webshopAgent.env_config.products_path"] = str(WEBSHOP / "products_1k.jsonl")
-        overrides["webshopAgent.env_config.title_parser"] = "plain"
-        overrides["webshopAgent.env_config.goals_path"] = str(WEBSHOP / "items_ins_v2_1000.json")
+    overrides["webshopAgent.env_config.products_path"] = str(WEBSHOP / "products_1k.jsonl")
+    overrides["webshopAgent.env_config.title_parser"] = "plain"
+    overrides["webshopAgent.env_config.goals_path"] = str(WEBSHOP / "items_ins_v2_1000.json")
     return validate(compose([f"{k}={v}" for k, v in overrides.items()]))
 
 
@@ -92,11 +91,11 @@ def test_trainer_log_probs_equal_the_engine_s(actor, episodes, packing):
     assert batch["constraint_ids"].dim() == 3 and batch["constraint_size"].shape == batch["input_ids"].shape
     batch["old_log_probs"], _ = actor.compute_log_probs(batch)
     mismatch = rollout_mismatch_metrics(batch)
-    assert mismatch["training/rollout_probs_diff_max"] < 1e-4, mismatch
+    assert mismatch["training/rollout_logprob_diff_max"] < 1e-4, mismatch
     # Scored without the mask, the same tokens get other log-probs: the check above can fail.
     plain = Batch({k: v for k, v in batch.tensors.items() if not k.startswith("constraint")}, batch.meta)
     plain["old_log_probs"], _ = actor.compute_log_probs(plain)
-    assert rollout_mismatch_metrics(plain)["training/rollout_probs_diff_max"] > 1e-2
+    assert rollout_mismatch_metrics(plain)["training/rollout_logprob_diff_max"] > 1e-2
 
 
 def test_with_a_context_window_the_trainer_scores_what_the_engine_saw(cfg, actor, packing):
@@ -114,10 +113,10 @@ def test_with_a_context_window_the_trainer_scores_what_the_engine_saw(cfg, actor
     batch, _ = build_batch(result.episodes, max_episode_length=4096)
     assert int(batch["context_ids"].max()) == 3  # some episode played all three turns
     batch["old_log_probs"], _ = actor.compute_log_probs(batch)
-    assert rollout_mismatch_metrics(batch)["training/rollout_probs_diff_max"] < 1e-4
+    assert rollout_mismatch_metrics(batch)["training/rollout_logprob_diff_max"] < 1e-4
     whole = Batch({k: v for k, v in batch.tensors.items() if k != "context_ids"}, batch.meta)
     whole["old_log_probs"], _ = actor.compute_log_probs(whole)  # one chat: later replies see earlier prompts
-    assert rollout_mismatch_metrics(whole)["training/rollout_probs_diff_max"] > 1e-2
+    assert rollout_mismatch_metrics(whole)["training/rollout_logprob_diff_max"] > 1e-2
 
 
 def test_left_truncation_shows_in_the_mismatch_metrics(cfg, actor):
@@ -134,4 +133,4 @@ def test_left_truncation_shows_in_the_mismatch_metrics(cfg, actor):
     assert result.metrics["rollout/truncated_prompts"] > 0
     batch, _ = build_batch(result.episodes, max_episode_length=4096)
     batch["old_log_probs"], _ = actor.compute_log_probs(batch)
-    assert rollout_mismatch_metrics(batch)["training/rollout_probs_diff_max"] > 1e-2
+    assert rollout_mismatch_metrics(batch)["training/rollout_logprob_diff_max"] > 1e-2
