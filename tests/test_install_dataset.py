@@ -64,6 +64,7 @@ def test_an_unreachable_hub_is_one_line_per_item_with_a_manual_hint_and_leaves_n
     assert not data.exists()  # no empty folders, no .part files
 
 
+@pytest.mark.slow
 def test_math_install_writes_the_layout_every_math_task_reads(tmp_path, monkeypatch):
     hub = {}
     for name, row in SETS.items():

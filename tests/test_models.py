@@ -52,6 +52,7 @@ def test_unreachable_hub_id_names_it(monkeypatch):
         models.load_tokenizer("nobody-here/no-such-model")
 
 
+@pytest.mark.slow
 def test_concurrent_conversions_leave_one_complete_folder(tmp_path):
     script = (
         "import sys; from grl import models; p = models.tiny_model_path(); "

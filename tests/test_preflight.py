@@ -127,10 +127,8 @@ def test_critic_free_estimator_builds_no_critic_and_preflight_only_reads(tmp_pat
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.cpu_only
 def test_bare_grl_train_without_cuda_points_at_the_cpu_preset(capsys):
-    torch = pytest.importorskip("torch")
-    if torch.cuda.is_available():
-        pytest.skip("this machine has CUDA")
     assert train.main([]) == 2
     assert "preset=cpu" in capsys.readouterr().err
 
@@ -157,6 +155,7 @@ ASYNC = (
 )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "wait_for, extra",
     [("step 1", ()), ("update_actor", ()), ("update_actor", ASYNC)],

@@ -22,9 +22,7 @@ import grl.envs
 from grl.envs.base import Env, step_info
 from grl.tracking import METRICS_FILE, read_jsonl
 
-from test_learning import small_run_config
-
-ray = pytest.importorskip("ray")
+from test_learning import multiply_advantages, small_run_config
 
 FRUITS = ("apple", "fig", "lime", "date")  # one token each, with or without a newline before
 
@@ -91,16 +89,12 @@ def test_the_answer_needs_the_tool():
         assert run_python(reveal_code(seed)).output.split() == [hidden_fruit(seed)] * REPEATS
 
 
+@pytest.mark.learning
 @pytest.mark.parametrize("sign", [1.0, -1.0], ids=["as_is", "advantage_sign_flipped"])
-def test_ppo_learns_to_call_the_tool(tmp_path, monkeypatch, sign):
-    import grl.trainer.transforms as transforms
+def test_ppo_learns_to_call_the_tool(tmp_path, monkeypatch, ray_runtime, sign):
     from grl.trainer.agent_trainer import AgentTrainer
-    from grl.workers import init_ray
 
-    estimate = transforms.compute_advantage
-    monkeypatch.setattr(
-        transforms, "compute_advantage", lambda *a, **k: tuple(sign * x if i == 0 else x for i, x in enumerate(estimate(*a, **k)))
-    )
+    multiply_advantages(monkeypatch, sign)
     grl.envs.register("hidden_fruit", HiddenFruitEnv)
     grl.agents.register("hiddenFruitAgent", "hidden_fruit")
     steps = 12
@@ -122,7 +116,6 @@ def test_ppo_learns_to_call_the_tool(tmp_path, monkeypatch, sign):
             "actor_rollout_ref.actor.optim.lr": 3e-3,
         },
     )
-    init_ray(None, num_cpus=2)
     AgentTrainer.from_config(cfg).fit()
     history = {r["step"]: r for r in read_jsonl(tmp_path / "run" / METRICS_FILE)}
     before, after = history[0]["val-env/hidden_fruit/success"], history[steps]["val-env/hidden_fruit/success"]

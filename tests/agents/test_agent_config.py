@@ -55,6 +55,12 @@ def validated(agents_yaml):
     return load_config(every_task_overrides(usable)), usable
 
 
+def test_every_env_imports():
+    """Every env's dependency is part of the environment env_setup.sh builds (TextWorld, GEM, OpenEnv,
+    ...): a missing one fails here, with the env's own reason, instead of leaving its tasks untested."""
+    assert {name: why for name, why in grl.envs.available().items() if why is not None} == {}
+
+
 def test_every_block_validates(validated, agents_yaml):
     cfg, usable = validated
     assert set(OURS + MATH) <= set(usable)
@@ -109,7 +115,7 @@ def test_math_blocks_build_agents_on_a_fixture_file(validated, tmp_path):
         agent.close()
 
 
-@pytest.mark.skipif(not GSM8K_TEST.is_file(), reason="../shared/data/gsm8k/test.jsonl is not here")
+@pytest.mark.shared_data("gsm8k/test.jsonl")
 def test_our_blocks_build_agents(validated):
     cfg, _ = validated
     for name in OURS:
@@ -128,9 +134,7 @@ def test_a_misspelt_env_key_is_caught_by_the_validator():
 
 
 def test_textworld_blocks_take_one_command_per_turn(validated):
-    cfg, usable = validated
-    if "textworldAgent_easy" not in usable:
-        pytest.skip("textworld is not installed")
+    cfg, _ = validated
     budgets = []
     for level in ("easy", "medium", "hard"):
         block = task_instance(cfg, f"textworldAgent_{level}")

@@ -115,10 +115,8 @@ def test_tetris_placement_policy_clears_a_row(task, name):
 
 # ---------------------------------------------------------------- GSM8K
 
-needs_gsm8k = pytest.mark.skipif(not GSM8K_TEST.is_file(), reason="../shared/data/gsm8k/test.jsonl is not here")
 
-
-@needs_gsm8k
+@pytest.mark.shared_data("gsm8k/test.jsonl")
 def test_gsm8k_all_gold_answers_succeed_and_wrong_ones_never(task):
     rows = [json.loads(line) for line in GSM8K_TEST.read_text(encoding="utf-8").splitlines() if line.strip()]
     block = task("gsm8kAgent_single_turn", env={"data_path": str(GSM8K_TEST), "split": "test"})
@@ -135,7 +133,7 @@ def test_gsm8k_all_gold_answers_succeed_and_wrong_ones_never(task):
         assert agent.episode_metrics()["success"] == 0.0
 
 
-@needs_gsm8k
+@pytest.mark.shared_data("gsm8k/test.jsonl")
 def test_gsm8k_five_turns_sum_the_rewards(task):
     block = task("gsm8kAgent_5_turn", env={"data_path": str(GSM8K_TEST), "split": "test"})
     agent = make_agent("gsm8kAgent_5_turn", block)
@@ -153,7 +151,7 @@ def test_gsm8k_five_turns_sum_the_rewards(task):
     assert metrics["action_is_valid"] == pytest.approx(2 / 3)
 
 
-@needs_gsm8k
+@pytest.mark.shared_data("gsm8k/test.jsonl")
 def test_gsm8k_answer_is_one_action_whatever_the_separator(task):
     block = task("gsm8kAgent_5_turn", agent={"action_separator": ","}, env={"data_path": str(GSM8K_TEST), "split": "test"})
     agent = make_agent("gsm8kAgent_5_turn", block)
@@ -217,7 +215,8 @@ def test_blocksworld_bfs_solves_through_the_agent(task, name):
 WEBSHOP = SHARED_DATA / "webshop"
 
 
-@pytest.mark.skipif(not (WEBSHOP / "products_1k.jsonl").is_file(), reason="../shared/data/webshop is not here")
+@pytest.mark.slow
+@pytest.mark.shared_data("webshop/products_1k.jsonl", "webshop/items_ins_v2_1000.json")
 def test_webshop_shopper_buys_and_the_purchase_rate_counts_it(agents_yaml):
     """A scripted shopper: search the instruction, open the first result, buy it."""
     block = copy.deepcopy(agents_yaml["webshopAgent"])

@@ -37,7 +37,7 @@ def test_play_sokoban_with_bfs_replies():
     assert "verdict: SUCCESS: the task is solved" in out.stdout
 
 
-@pytest.mark.skipif(not GSM8K_TEST.is_file(), reason="../shared/data/gsm8k/test.jsonl is not here")
+@pytest.mark.shared_data("gsm8k/test.jsonl")
 def test_play_gsm8k_from_a_local_jsonl_with_a_multiline_reply():
     row = json.loads(GSM8K_TEST.read_text(encoding="utf-8").splitlines()[3])
     gold = row["answer"].rsplit("####", 1)[1].strip()
@@ -105,8 +105,8 @@ def test_dispatcher(capsys):
     assert main(["tarin"]) == 2 and "unknown command 'tarin'" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_play_textworld_lists_valid_commands_on_help_and_wins_by_the_walkthrough():
-    pytest.importorskip("textworld")
     env = grl.envs.make("textworld", level="easy")
     env.reset(4)
     valid, plan = env.valid_actions(), env.walkthrough()

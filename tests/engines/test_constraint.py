@@ -153,6 +153,7 @@ def grammars_for(tokenizer, n):
         SamplingParams(greedy=True, max_new_tokens=24),
     ],
 )
+@pytest.mark.slow
 def test_hf_samples_inside_the_grammar_with_the_masked_log_probs(hf_tiny, tokenizer, prompts, sampling):
     batch = prompts[:6]
     grammars = grammars_for(tokenizer, len(batch))

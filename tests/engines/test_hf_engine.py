@@ -121,6 +121,7 @@ def test_lengths_and_bad_prompts(hf_tiny, prompts):
         hf_tiny.generate([prompts[0], []], SamplingParams(max_new_tokens=2))
 
 
+@pytest.mark.slow
 def test_eos_is_kept_and_ignore_eos_runs_on(hf_embedded, prompts):
     greedy = SamplingParams(greedy=True, max_new_tokens=40)
     outs = hf_embedded.generate(prompts[:4], greedy)

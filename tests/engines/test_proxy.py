@@ -13,6 +13,7 @@ from grl.models import ModelLoadError
 HF = "grl.engines.hf:HFEngine"
 
 
+@pytest.mark.slow
 def test_calls_match_the_engine_in_process_and_errors_keep_their_type(hf_tiny, tiny_path, prompts):
     remote = SubprocessEngine(HF, {"model_path": tiny_path}, env={"OMP_NUM_THREADS": "1"})
     try:
@@ -30,6 +31,7 @@ def test_calls_match_the_engine_in_process_and_errors_keep_their_type(hf_tiny, t
     assert not Path(f"/proc/{remote.pid}").exists()
 
 
+@pytest.mark.slow
 def test_a_failed_start_raises_in_the_parent(tmp_path):
     with pytest.raises(ModelLoadError, match="does not exist"):
         SubprocessEngine(HF, {"model_path": str(tmp_path / "missing" / "model")})

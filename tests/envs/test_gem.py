@@ -7,11 +7,10 @@ import subprocess
 import sys
 import threading
 
+import gem
 import pytest
 
 import grl.envs
-
-gem = pytest.importorskip("gem")
 
 NUMBERS = [r"\boxed{%d}" % n for n in range(0, 13)]
 CODES = [r"\boxed{%d %d}" % (a, b) for a in range(1, 7) for b in range(1, 7)]

@@ -149,7 +149,7 @@ def test_installed_layout_loads_and_a_missing_file_names_the_install_command(tmp
     assert "nothere/train.jsonl" in message and "scripts/install_dataset.sh --gsm8k" in message and "\n" not in message
 
 
-@pytest.mark.skipif(not SHARED_TEST.is_file(), reason="../shared/data/gsm8k/test.jsonl is not here")
+@pytest.mark.shared_data("gsm8k/test.jsonl")
 def test_every_shared_gold_answer_parses():
     problems = load_problems(str(SHARED_TEST), "test")
     assert len(problems) == 1319

@@ -15,8 +15,6 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("textworld")
-
 import grl.envs  # noqa: E402
 from grl.envs.textworld import TextWorldEnv, generate_game  # noqa: E402
 
@@ -44,6 +42,7 @@ def play(env, commands):
     return total, last
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("level", ["easy", "medium", "hard"])
 def test_walkthrough_wins_with_full_score(envs, level):
     env = envs[level]
@@ -75,6 +74,7 @@ def same_game(serialized: str) -> dict:
     return game
 
 
+@pytest.mark.slow
 def test_same_seed_same_game_in_a_fresh_process(tmp_path, envs):
     runs = []
     for name in ("a", "b"):
@@ -210,6 +210,7 @@ def test_a_game_without_its_json_is_refused(tmp_path):
         TextWorldEnv(games_dir=str(tmp_path))
 
 
+@pytest.mark.slow
 def test_envs_on_threads_play_as_they_do_alone(envs):
     """Rollouts step many envs on threads; each game (its own interpreter) must not see the others."""
 
@@ -258,6 +259,7 @@ print(errors)
 """
 
 
+@pytest.mark.slow
 def test_first_resets_of_a_process_on_threads_at_once(envs):
     """A rollout's first resets load TextWorld's rules on several threads at once (its parser is shared)."""
     for seed in range(8):

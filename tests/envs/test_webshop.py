@@ -18,7 +18,7 @@ from grl.envs.webshop import reward as rw
 
 DATA = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "webshop"
 PRODUCTS, GOALS = DATA / "products_1k.jsonl", DATA / "items_ins_v2_1000.json"
-needs_data = pytest.mark.skipif(not PRODUCTS.exists(), reason="../shared/data/webshop is absent")
+needs_data = pytest.mark.shared_data("webshop/products_1k.jsonl", "webshop/items_ins_v2_1000.json")
 
 
 @pytest.fixture(scope="module")

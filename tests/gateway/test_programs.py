@@ -109,6 +109,7 @@ def test_calls_of_concurrent_programs_share_engine_calls(runner, engine):
     assert sum(engine.batches) == 16 and max(engine.batches) > 1, engine.batches
 
 
+@pytest.mark.slow
 def test_bad_programs_end_their_own_episodes_and_are_counted(runner):
     tasks = [
         task("good", "one_call"),

@@ -153,7 +153,7 @@ GREEDY = SamplingParams(greedy=True)
 # ---------------------------------------------------------------- token bookkeeping
 
 
-@pytest.mark.skipif(not GSM8K_TEST.exists(), reason="../shared/data/gsm8k is absent")
+@pytest.mark.shared_data("gsm8k/test.jsonl")
 def test_loss_mask_tokens_are_exactly_the_sampled_replies(hf_engine, tokenizer):
     engine = RecordingEngine(hf_engine)
     ro = rollout(engine, tokenizer)
@@ -269,6 +269,7 @@ def episode_signature(episodes):
     return [(e.seed, e.score, e.error, [(t.prompt_ids, t.response_ids, t.reward) for t in e.turns]) for e in episodes]
 
 
+@pytest.mark.slow
 def test_without_the_turn_barrier_a_slow_env_holds_only_its_own_agent(hf_engine, tokenizer):
     """Seed 1's env takes 1 s a step: the other agents play all their turns meanwhile, and every
     episode is the one the barrier gives (greedy)."""

@@ -18,7 +18,7 @@ from grl.rollout import (
 GSM8K_TEST = Path(__file__).resolve().parents[3] / "shared" / "data" / "gsm8k" / "test.jsonl"
 
 
-@pytest.mark.skipif(not GSM8K_TEST.exists(), reason="../shared/data/gsm8k is absent")
+@pytest.mark.shared_data("gsm8k/test.jsonl")
 def test_config_rollout_to_shaped_batch(hf_engine, tokenizer):
     cfg = load_config(
         [

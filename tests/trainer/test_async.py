@@ -164,7 +164,6 @@ def test_one_step_off_without_the_old_pass_clips_around_the_engines_log_probs(tm
     # The ratios are taken against the engine's log-probs: at step 1 the engine held the trained weights
     # (engine/trainer numerics only); from step 2 on it sampled with weights a step older.
     kl = {step: abs(trained[step][0]["actor/ppo_kl"]) for step in (1, 2, 3)}
-    print(kl)
     assert kl[1] < 1e-4 < min(kl[2], kl[3]), kl
 
 

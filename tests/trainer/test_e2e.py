@@ -11,14 +11,13 @@ Three runs share one Ray runtime:
 import json
 
 import pytest
+import ray
 from omegaconf import OmegaConf
 
 from grl.config import load_config
 from grl.tracking import METRICS_FILE, read_jsonl
 from grl.trainer import RunAborted
 from grl.trainer.agent_trainer import AgentTrainer
-
-ray = pytest.importorskip("ray")
 
 # Metrics that depend only on the data and the weights (timings and throughput excluded).
 DETERMINISTIC = (
@@ -71,19 +70,11 @@ def config(tmp_path, name, **over):
     return load_config([f"{k}={v}" for k, v in overrides.items()])
 
 
-@pytest.fixture(scope="module")
-def ray_runtime():
-    from grl.workers import init_ray
-
-    init_ray(None, num_cpus=4)
-    yield
-    ray.shutdown()
-
-
 def by_step(run_dir):
     return {r["step"]: r for r in read_jsonl(run_dir / METRICS_FILE)}
 
 
+@pytest.mark.slow
 def test_train_checkpoint_kill_and_resume(tmp_path, ray_runtime, capsys):
     # A: uninterrupted
     cfg_a = config(tmp_path, "a", resume_mode="disable")
@@ -99,7 +90,7 @@ def test_train_checkpoint_kill_and_resume(tmp_path, ray_runtime, capsys):
     history = by_step(a_dir / "run")
     assert sorted(history) == [0, 1, 2]
     assert "val-env/simpleSokobanAgent/success" in history[0] and "val-env/simpleSokobanAgent/success" in history[2]
-    assert history[1]["actor/grad_norm"] > 0 and history[1]["critic/vf_loss"] >= 0
+    assert history[1]["actor/grad_norm"] > 0 and history[1]["critic/vf_loss"] > 0
     grl_names = [
         "train/simpleSokobanAgent/success",
         "timing_s/gen",
@@ -159,6 +150,7 @@ def test_train_checkpoint_kill_and_resume(tmp_path, ray_runtime, capsys):
         assert resumed[2][key] == pytest.approx(history[2][key], rel=1e-6, abs=1e-9), key
 
 
+@pytest.mark.slow
 def test_lora_gigpo_run_resumes_to_equal_metrics(tmp_path, ray_runtime):
     """A LoRA policy trained with GiGPO and a KL loss (the reference is the base model with
     the adapter off): stopped after step 1 and resumed from the adapter-only checkpoint, its
@@ -200,6 +192,7 @@ def test_lora_gigpo_run_resumes_to_equal_metrics(tmp_path, ray_runtime):
     assert (hf / "adapter" / "adapter_config.json").exists()
 
 
+@pytest.mark.slow
 def test_export_best_holds_the_actor_of_the_best_validation(tmp_path, ray_runtime, capsys):
     """trainer.export_best: the HF folder holds the weights of the step whose validation scored
     highest (a tie to the later step), not the last step's. The real validation runs; its success is

