@@ -120,8 +120,8 @@ def _ray_for_the_run():
 @pytest.fixture
 def ray_runtime(_ray_for_the_run):
     """The run's local Ray runtime, started by the first test that asks for it and shut down when the run
-    ends. Tests that need a runtime of their own (two nodes, worker deaths) shut it down; the next test
-    that asks starts it again."""
+    ends. A test that needs a runtime of its own (two nodes) shuts it down; the next test that asks starts
+    it again."""
     from grl.workers import init_ray
 
     init_ray(None, num_cpus=4)

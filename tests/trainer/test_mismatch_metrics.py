@@ -74,24 +74,13 @@ def test_an_on_policy_update_reports_the_mismatch_the_pass_would(ray_runtime):
     """Without old log-probs the update scores the sampled tokens itself; what it reports, from the
     tokens of both ranks, equals `rollout_mismatch_metrics` over the whole batch after a scoring pass.
     The engine's gaps grow with the row, so each rank's rows alone would give other figures."""
-    from grl.config import compose
     from grl.trainer.transforms import add_advantages, shape_batch
     from grl.algo import make_kl_controller
     from grl.workers import ActorRolloutRefGroup
     from grl.run_plan import RunPlan
-    from test_step import algo_cfg, episodes, rollout_cfg
+    from test_step import algo_cfg, episodes, rollout_cfg, two_rank_one_mini_batch_config
 
-    cfg = compose(
-        [
-            "model_path=tiny",
-            "n_gpus_per_node=2",
-            "ppo_mini_batch_size=12",
-            "micro_batch_size_per_gpu=2",
-            "trainer.device=cpu",
-            "actor_rollout_ref.rollout.name=hf",
-            "actor_rollout_ref.actor.logits_chunk_size=5",
-        ]
-    )
+    cfg = two_rank_one_mini_batch_config()
     assert not RunPlan.from_config(cfg).old_log_prob_pass(12)
     actor = ActorRolloutRefGroup(cfg, RunPlan.from_config(cfg))
     try:

@@ -158,16 +158,11 @@ def test_packing_at_the_workers_scores_and_trains_as_padded_rows(tmp_path, monke
                 group.shutdown()
 
 
-@pytest.mark.slow
-def test_an_on_policy_update_needs_no_old_log_prob_pass(tmp_path, ray_runtime):
-    """One epoch over one mini-batch: the update's own log-probs are the behaviour policy's, so the
-    pass that computes them beforehand changes nothing (TRL's num_iterations=1); without it the
-    update reports the engine/trainer mismatch that the pass would have."""
+def two_rank_one_mini_batch_config():
+    """Two CPU ranks on the tiny model whose 12 episodes are one mini-batch: the update is on-policy."""
     from grl.config import compose
-    from grl.rollout.types import Batch
-    from grl.workers import ActorRolloutRefGroup
 
-    cfg = compose(
+    return compose(
         [
             "model_path=tiny",
             "n_gpus_per_node=2",
@@ -178,6 +173,17 @@ def test_an_on_policy_update_needs_no_old_log_prob_pass(tmp_path, ray_runtime):
             "actor_rollout_ref.actor.logits_chunk_size=5",
         ]
     )
+
+
+@pytest.mark.slow
+def test_an_on_policy_update_needs_no_old_log_prob_pass(tmp_path, ray_runtime):
+    """One epoch over one mini-batch: the update's own log-probs are the behaviour policy's, so the
+    pass that computes them beforehand changes nothing (TRL's num_iterations=1); without it the
+    update reports the engine/trainer mismatch that the pass would have."""
+    from grl.rollout.types import Batch
+    from grl.workers import ActorRolloutRefGroup
+
+    cfg = two_rank_one_mini_batch_config()
     assert not RunPlan.from_config(cfg).old_log_prob_pass(12)
     assert RunPlan.from_config(cfg).old_log_prob_pass(13)  # a second mini-batch trains on a moved policy
     actor = None
