@@ -135,7 +135,7 @@ def main(model: str) -> int:
     check(
         f"scorer: FSDP2{', fp32 master weights, bf16 compute' if mixed else ''}, the engine's sampled tokens",
         (mixed or not gpu) and bool(torch.isfinite(diff).all()) and diff.max().item() < 1.0,
-        f"rollout_probs_diff mean {diff.mean().item():.4f} max {diff.max().item():.4f} over {int(mask.sum())} tokens "
+        f"|Δlog p| mean {diff.mean().item():.4f} max {diff.max().item():.4f} nat over {int(mask.sum())} tokens "
         "(bf16 pairs sit near 0.1; the smoke test's bar is 1 nat)",
     )
 
@@ -181,7 +181,7 @@ def main(model: str) -> int:
     check(
         "weight sync: the engine samples with the updated weights",
         diff.max().item() < 1.0,
-        f"rollout_probs_diff after the sync: mean {diff.mean().item():.4f} max {diff.max().item():.4f}{peak}",
+        f"|Δlog p| after the sync: mean {diff.mean().item():.4f} max {diff.max().item():.4f}{peak}",
     )
     torch.distributed.destroy_process_group()
     print("all checks passed" if not failed else f"failed: {', '.join(failed)}", flush=True)
