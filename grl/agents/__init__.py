@@ -12,6 +12,7 @@ from typing import Any, Mapping
 import grl.envs
 import grl.tools
 from grl.agents.base import Agent, AgentSettings, AgentStep, settings_from_mapping
+from grl.agents.openenv_tools import ToolCallHooks
 from grl.agents.parse import ParsedReply, ToolCall, parse_reply, parse_tool_calls, split_actions
 from grl.agents.tasks import AGENT_TYPES, AgentType, TaskHooks
 from grl.tools import SandboxLimits
@@ -42,6 +43,9 @@ def env_name(agent_type: str) -> str:
 def register(agent_type: str, env: str, hooks: TaskHooks | None = None) -> None:
     """Add an agent type (a new env, or new hooks for an existing one)."""
     AGENT_TYPES[agent_type] = AgentType(env, hooks or TaskHooks())
+
+
+register("openenvToolsAgent", "openenv", ToolCallHooks())  # OpenEnv's MCP envs, played by tool calls
 
 
 def _plain(value: Any) -> Any:

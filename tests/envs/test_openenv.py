@@ -191,7 +191,7 @@ def test_observation_fields_are_configurable(served):
 
 
 def test_config_errors_are_caught_when_the_env_is_built():
-    with pytest.raises(ValueError, match="not both"):
+    with pytest.raises(ValueError, match="give one of"):
         grl.envs.make("openenv", base_url="http://127.0.0.1:1", app=SERVED["app"])
     with pytest.raises(ValueError, match="timeout_s"):
         grl.envs.make("openenv", **SERVED, timeout_s=0)
