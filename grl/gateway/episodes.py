@@ -6,18 +6,37 @@ with the prompt ids the engine saw and the ids it sampled. When a call sends the
 gateway left it (the earlier messages as they were, then the assistant message exactly as the gateway
 returned it, then new user or tool messages), its prompt is built by token arithmetic: the previous
 prompt, the sampled ids, then only the ids the chat template puts between that reply and the next
-(`ChatTokens.turn_delta`). The episode stays one sequence. When the program edited its history, the
-call's prompt is rendered whole and starts a sequence of its own: a prefix break, counted.
+(`ChatTokens.turn_delta`). The tools and tool_choice must be those of the call continued, and an
+assistant message matches the reply with its reasoning removed (a program may strip earlier `<think>`
+blocks; the record keeps the sampled ids, thinking included).
+
+Lineages: a call continues the recorded call whose conversation it extends with the most messages, not only
+the last call, so interleaved sub-agents each grow a sequence of their own (a `branch`: a new row of the
+episode, its prompt still built by token arithmetic). A call that sends exactly a recorded call's request
+again, `seed` included (a retry), is answered with the recorded reply and records nothing; a program that
+wants another sample of the same conversation sends another `seed`. When the program edited its
+history, the call's prompt is rendered whole and starts a sequence of its own: a prefix break. A prompt
+longer than the context is cut from the left (`truncated`) and starts a sequence of its own. Each kind is
+counted.
 """
 
 from __future__ import annotations
 
+import json
 import threading
 from dataclasses import dataclass, field
 
 from grl.engines.base import SamplingParams
+from grl.gateway.toolcalls import without_reasoning
 from grl.rollout.chat import ChatTokens
 from grl.rollout.types import Turn
+
+
+def tools_key(tools: list | None, tool_choice) -> str:
+    return json.dumps([tools, tool_choice], sort_keys=True)
+
+
+NO_TOOLS = tools_key(None, None)
 
 
 @dataclass
@@ -27,9 +46,13 @@ class Call:
     prompt_ids: list[int]
     completion_ids: list[int]
     log_probs: list[float]
-    continues: bool  # the prompt extends the previous call's prompt and completion token for token
+    continues: bool  # the prompt extends a recorded call's prompt and completion token for token
     allowed: list | None = None  # under `allowed_replies`: each sampled token's allowed set (ReplyGrammar.trace)
     finish_reason: str = ""
+    tools: str = NO_TOOLS  # the tools the template rendered and the tool_choice, as `tools_key` writes them
+    parent: int | None = None  # the index of the call whose prompt and reply this one's prompt extends
+    truncated: bool = False  # the prompt was cut from the left to fit the context
+    request_seed: int | None = None  # the request's own `seed`: a repeat with another seed asks for a new sample
 
 
 @dataclass
@@ -45,39 +68,64 @@ class EpisodeLog:
     max_calls: int | None = None
     closed: bool = False
     refused: int = 0
+    retries: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)  # one call at a time
 
     @property
     def prefix_breaks(self) -> int:
-        return sum(1 for call in self.calls[1:] if not call.continues)
+        """Calls after the first that continue no recorded call (the program edited its history)."""
+        return sum(1 for call in self.calls[1:] if call.parent is None and not call.truncated)
 
-    def prompt_for(self, messages: list[dict], chat: ChatTokens) -> tuple[list[int], bool]:
-        """The prompt ids of a call with `messages` -> (ids, whether they extend the previous call)."""
-        last = self.calls[-1] if self.calls else None
-        if last is not None and _extends(messages, last):
-            # The reply is the ids the engine sampled; the template renders only what follows it. The
-            # assistant message is reduced to its text so that a rendered tool call is not added twice
-            # (the sampled ids already hold it).
-            masked = [
-                *messages[: len(last.messages)],
-                {"role": "assistant", "content": last.returned.get("content") or ""},
-                *messages[len(last.messages) + 1 :],
-            ]
-            delta = chat.turn_delta(masked, last.completion_ids[-1] if last.completion_ids else None)
-            return last.prompt_ids + last.completion_ids + delta, True
-        return chat.first_prompt(messages), False
+    @property
+    def branches(self) -> int:
+        """Calls that continue a recorded call other than the one just before (a sub-agent's lineage)."""
+        return sum(1 for i, call in enumerate(self.calls) if call.parent is not None and call.parent != i - 1)
+
+    @property
+    def truncations(self) -> int:
+        return sum(1 for call in self.calls if call.truncated)
+
+    def retried(self, messages: list[dict], tools: str = NO_TOOLS, request_seed: int | None = None) -> Call | None:
+        """The latest recorded call whose request this one repeats exactly."""
+        for call in reversed(self.calls):
+            if call.tools == tools and call.messages == messages and call.request_seed == request_seed:
+                return call
+        return None
+
+    def prompt_for(self, messages: list[dict], chat: ChatTokens, tools: str = NO_TOOLS) -> tuple[list[int], int | None]:
+        """The prompt ids of a call with `messages` -> (ids, the index of the call they extend or None)."""
+        best = None
+        for i in range(len(self.calls) - 1, -1, -1):
+            call = self.calls[i]
+            longer = best is None or len(call.messages) > len(self.calls[best].messages)
+            if longer and call.tools == tools and _extends(messages, call):
+                best = i
+        if best is None:
+            return chat.first_prompt(messages), None
+        before = self.calls[best]
+        # The reply is the ids the engine sampled; the template renders only what follows it. The
+        # assistant message is reduced to its text so that a rendered tool call is not added twice
+        # (the sampled ids already hold it).
+        masked = [
+            *messages[: len(before.messages)],
+            {"role": "assistant", "content": before.returned.get("content") or ""},
+            *messages[len(before.messages) + 1 :],
+        ]
+        delta = chat.turn_delta(masked, before.completion_ids[-1] if before.completion_ids else None)
+        return before.prompt_ids + before.completion_ids + delta, best
 
     def record(self, call: Call) -> None:
         self.calls.append(call)
 
     def turns(self) -> list[Turn]:
         """The calls as the turns of one training episode: a call that extends the one before adds only
-        its new prompt ids; one that does not is a whole prompt of its own (`Turn.new_context`: the batch
-        restarts its positions and lets it attend only to itself, as a separate row would)."""
+        its new prompt ids; any other is a whole prompt of its own (`Turn.new_context`: the batch restarts
+        its positions and lets it attend only to itself, as a separate row would)."""
         turns: list[Turn] = []
-        for before, call in zip([None, *self.calls], self.calls):
-            continues = call.continues and before is not None
-            seen = len(before.prompt_ids) + len(before.completion_ids) if continues else 0
+        for i, call in enumerate(self.calls):
+            continues = i > 0 and call.parent == i - 1 and not call.truncated
+            before = self.calls[i - 1] if continues else None
+            seen = len(before.prompt_ids) + len(before.completion_ids) if before is not None else 0
             turns.append(
                 Turn(
                     prompt_ids=list(call.prompt_ids[seen:]),
@@ -92,17 +140,22 @@ class EpisodeLog:
         return turns
 
 
+def _same(message: dict, other: dict) -> bool:
+    """Two messages alike, an assistant's compared without its reasoning and tool-call ids."""
+    if message.get("role") != other.get("role"):
+        return False
+    if message.get("role") != "assistant":
+        return message == other
+    return without_reasoning(message.get("content")) == without_reasoning(other.get("content")) and _calls(message) == _calls(
+        other
+    )
+
+
 def _extends(messages: list[dict], last: Call) -> bool:
     n = len(last.messages)
-    if len(messages) <= n + 1 or messages[:n] != last.messages:
+    if len(messages) <= n + 1 or not all(_same(a, b) for a, b in zip(messages[:n], last.messages)):
         return False
-    reply = messages[n]
-    return (
-        reply.get("role") == "assistant"
-        and (reply.get("content") or "") == (last.returned.get("content") or "")
-        and _calls(reply) == _calls(last.returned)
-        and all(m.get("role") != "assistant" for m in messages[n + 1 :])
-    )
+    return _same(messages[n], last.returned) and all(m.get("role") != "assistant" for m in messages[n + 1 :])
 
 
 def _calls(message: dict) -> list[tuple[str, str]]:
@@ -110,5 +163,15 @@ def _calls(message: dict) -> list[tuple[str, str]]:
     out = []
     for call in message.get("tool_calls") or []:
         function = call.get("function", {}) if isinstance(call, dict) else {}
-        out.append((str(function.get("name")), str(function.get("arguments"))))
+        out.append((str(function.get("name")), _canonical(function.get("arguments"))))
     return out
+
+
+def _canonical(arguments) -> str:
+    """Arguments as one JSON text, whether sent as a JSON string or as the object."""
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except ValueError:
+            return arguments
+    return json.dumps(arguments, sort_keys=True)

@@ -40,7 +40,7 @@ class EpisodeRecorder:
         error = kind = None
         reward, metrics = 0.0, {}
         if not outcome.ok:
-            error, kind = outcome.error, "timeout" if outcome.timed_out else "exception"
+            error, kind = outcome.error, outcome.kind or ("timeout" if outcome.timed_out else "exception")
         elif isinstance(outcome.value, ProgramValueError):
             error, kind = f"bad reward: {outcome.value}", "bad_reward"
         else:
@@ -81,6 +81,9 @@ def gateway_metrics(running: list[ProgramEpisode], episodes: list[Episode]) -> d
     counts = {
         "calls": sum(len(r.log.calls) for r in running),
         "prefix_breaks": sum(r.log.prefix_breaks for r in running),
+        "branches": sum(r.log.branches for r in running),
+        "retried_calls": sum(r.log.retries for r in running),
+        "truncated_calls": sum(r.log.truncations for r in running),
         "refused_calls": sum(r.log.refused for r in running),
         "program_errors": sum(e.error_kind == "exception" for e in episodes),
         "program_timeouts": sum(e.error_kind == "timeout" for e in episodes),

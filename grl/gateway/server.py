@@ -1,92 +1,49 @@
-"""An OpenAI-compatible chat endpoint in front of a GRL rollout engine.
+"""An OpenAI-compatible endpoint in front of a GRL rollout engine.
 
-`GET /v1/models` and `POST /v1/chat/completions` (messages, tools, tool_choice, temperature, top_p,
-max_tokens / max_completion_tokens, n, seed, stop; no streaming). Requests are rendered with the
-model's chat template and the tokens the engine sampled are returned beside the text (`grl` field:
-prompt and completion ids, log-probs). Under `/episodes/<id>/v1/...` the calls of one episode are
-recorded for training (grl/gateway/episodes.py). A request may name the replies it allows
-(`allowed_replies`): the engine then decodes with the reply grammar GRL's agents use.
+`GET /v1/models`, `POST /v1/chat/completions` (messages, tools, tool_choice, temperature, top_p,
+max_tokens / max_completion_tokens, n, seed, stop, logprobs, parallel_tool_calls, stream; what it cannot
+honour it refuses: grl/gateway/requests.py) and `POST /v1/responses` (grl/gateway/responses.py).
+Requests are rendered with the model's chat template and the tokens the engine sampled are returned
+beside the text (`grl` field: prompt and completion ids, log-probs). A reply's reasoning and tool calls
+are parsed in the model family's format (grl/gateway/toolcalls.py: the family is `tool_parser`, or read
+from the chat template). `stream: true` answers the same reply as server-sent events
+(grl/gateway/streaming.py). Under `/episodes/<id>/v1/...` the calls of one episode are recorded for
+training (grl/gateway/episodes.py). A request may name the replies it allows (`allowed_replies`): the
+engine then decodes with the reply grammar GRL's agents use.
 
 Bad requests get HTTP 400 with one line. The engine is used only through `engine.generate`: `grl serve`
 gives a `SerialEngine` (the hf engine is not thread-safe), the trainer a `BatchingEngine`
 (grl/gateway/batching.py) whose owner serves the concurrent calls of many programs in batches.
 """
 
-import json
-import re
 import threading
 import time
 import uuid
 from dataclasses import replace
-from typing import Any
 
-from grl.engines.base import Engine, SamplingParams
+from grl.engines.base import Engine, GenerationOutput, SamplingParams
 from grl.engines.constraint import GrammarError, compile_reply_grammar
-from grl.gateway.episodes import Call, EpisodeLog
-from grl.rollout.chat import ChatTokens
+from grl.gateway.episodes import NO_TOOLS, Call, EpisodeLog, tools_key
+from grl.gateway.requests import BadRequest, ChatRequest, chat_request
+from grl.gateway.toolcalls import FAMILIES, family_of, split_reasoning, split_tool_calls, thinks, with_parsed_arguments
+from grl.rollout.chat import ChatTokens, truncate_prompt
 
-ROLES = ("system", "user", "assistant", "tool")
-MAX_N = 16
 MAX_WAITING_CALLS = 256  # calls answered at once (each waits on a thread for its generation)
-_TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+MAX_OPEN_EPISODES = 1024  # episodes `grl serve` records at once; a new one beyond drops the oldest
+_MARKERS = ("<|python_tag|>", "[TOOL_CALLS]")  # special tokens that open a tool call in some families
 
 
-class BadRequest(ValueError):
-    """A request the gateway refuses, with the one line it answers."""
+def tool_calls_of(text: str, family: str = "hermes") -> tuple[str | None, list[dict]]:
+    """A reply's text outside its tool calls, and the calls as OpenAI tool calls (grl/gateway/toolcalls.py)."""
+    return split_tool_calls(text, family)
 
 
-def tool_calls_of(text: str) -> tuple[str | None, list[dict]]:
-    """A reply's text outside Hermes `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks, and
-    the blocks as OpenAI tool calls (a block that is not such JSON stays in the text)."""
-    calls, kept, at = [], [], 0
-    for match in _TOOL_CALL.finditer(text):
-        try:
-            body = json.loads(match.group(1).strip())
-        except ValueError:
-            continue
-        name, arguments = (body.get("name"), body.get("arguments", {})) if isinstance(body, dict) else (None, None)
-        if not isinstance(name, str):
-            continue
-        if not isinstance(arguments, str):
-            arguments = json.dumps(arguments)
-        calls.append(
-            {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function", "function": {"name": name, "arguments": arguments}}
-        )
-        kept.append(text[at : match.start()])
-        at = match.end()
-    kept.append(text[at:])
-    content = "".join(kept).strip() if calls else text
-    return (content or None), calls
+class _Chat(ChatTokens):
+    """ChatTokens that render a tool call's JSON-string arguments as the object they encode: templates write
+    `arguments | tojson`, which would quote an OpenAI client's string a second time (vLLM parses them too)."""
 
-
-def _messages(body: dict) -> list[dict]:
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise BadRequest("messages: a non-empty list of {role, content} is required")
-    out = []
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict) or message.get("role") not in ROLES:
-            raise BadRequest(f"messages[{i}]: role must be one of {', '.join(ROLES)}")
-        content = message.get("content")
-        if isinstance(content, list):  # content parts: the text ones, in order
-            content = "".join(part.get("text", "") for part in content if isinstance(part, dict) and part.get("type") == "text")
-        if content is not None and not isinstance(content, str):
-            raise BadRequest(f"messages[{i}].content: a string, a list of text parts or null")
-        kept = {"role": message["role"], "content": content}
-        for extra in ("tool_calls", "tool_call_id", "name"):
-            if message.get(extra) is not None:
-                kept[extra] = message[extra]
-        out.append(kept)
-    return out
-
-
-def _number(body: dict, key: str, default, low, high, kind=float):
-    value = body.get(key, default)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (low <= value <= high):
-        raise BadRequest(f"{key}: a number in [{low}, {high}], got {value!r}")
-    return kind(value)
+    def render(self, messages: list[dict], generation_prompt: bool) -> str:
+        return super().render([with_parsed_arguments(m) for m in messages], generation_prompt)
 
 
 class SerialEngine:
@@ -104,14 +61,41 @@ class Gateway:
     """The endpoint's logic, apart from HTTP: `models()`, `complete(body, episode)`.
 
     `open_episodes`: a call under an episode id nobody opened starts that episode (`grl serve`); the
-    trainer opens its episodes itself (`open_episode`) and refuses the others."""
+    trainer opens its episodes itself (`open_episode`) and refuses the others. `grl serve` records at most
+    `max_open_episodes` at once (the oldest is dropped, counted in `evicted_episodes`); a program reads an
+    episode's record back with `GET /episodes/<id>` and frees it with `DELETE`. `chat_template` replaces
+    the tokenizer's; `tool_parser` names the tool-call family (one of `toolcalls.FAMILIES`; by default
+    the one the template writes). A prompt longer than `context` less the reply's tokens is cut from the
+    left, keeping the system message, as GRL's agents cut theirs (`truncation: left`), or refused
+    (`truncation: error`)."""
 
     def __init__(
-        self, engine, tokenizer, model_name: str, max_tokens: int = 1024, context: int = 32768, open_episodes: bool = True
+        self,
+        engine,
+        tokenizer,
+        model_name: str,
+        max_tokens: int = 1024,
+        context: int = 32768,
+        open_episodes: bool = True,
+        chat_template: str | None = None,
+        tool_parser: str | None = None,
+        truncation: str = "left",
+        max_open_episodes: int = MAX_OPEN_EPISODES,
     ):
         self.engine, self.tokenizer, self.model_name = engine, tokenizer, model_name
         self.max_tokens, self.context, self.open_episodes = max_tokens, context, open_episodes
-        self.episodes: dict[str, EpisodeLog] = {}
+        self.template_kwargs = {"chat_template": chat_template} if chat_template else {}
+        template = chat_template or getattr(tokenizer, "chat_template", None)
+        self.tool_parser = tool_parser or family_of(template)
+        if self.tool_parser not in FAMILIES:
+            raise ValueError(f"tool_parser: {self.tool_parser!r} is not one of {', '.join(FAMILIES)}")
+        if truncation not in ("left", "error"):
+            raise ValueError(f"truncation: {truncation!r} is not one of left, error")
+        self.thinks, self.truncation = thinks(template), truncation
+        specials = set(getattr(tokenizer, "all_special_tokens", [])) - set(_MARKERS)
+        self._specials = sorted(specials, key=len, reverse=True)
+        self.episodes: dict[str, EpisodeLog] = {}  # in the order they opened
+        self.max_open_episodes, self.evicted_episodes = max_open_episodes, 0
         self._episodes_lock = threading.Lock()
 
     def models(self) -> dict:
@@ -130,95 +114,169 @@ class Gateway:
                 log.closed = True
         return log
 
+    def readout(self, name: str, close: bool = False) -> dict:
+        """An episode's record as JSON: each call's messages, reply and token ids; `close` also frees it."""
+        with self._episodes_lock:
+            log = self.episodes.get(name)
+        if log is None:
+            raise BadRequest(f"episode {name!r}: not recorded (never opened, closed, or dropped as the oldest)")
+        if close:
+            self.close_episode(name)
+        with log.lock:
+            calls = [
+                {
+                    "messages": call.messages,
+                    "reply": call.returned,
+                    "prompt_token_ids": call.prompt_ids,
+                    "completion_token_ids": call.completion_ids,
+                    "log_probs": call.log_probs,
+                    "finish_reason": call.finish_reason,
+                    "continues": call.parent,
+                    "truncated": call.truncated,
+                }
+                for call in log.calls
+            ]
+            counts = {"prefix_breaks": log.prefix_breaks, "branches": log.branches, "retries": log.retries}
+        return {"episode": name, "calls": calls, "counts": counts}
+
     def episode(self, name: str) -> EpisodeLog:
         with self._episodes_lock:
             if self.open_episodes:
+                if name not in self.episodes and len(self.episodes) >= self.max_open_episodes:
+                    self.episodes.pop(next(iter(self.episodes)))  # the oldest: `grl serve` holds a bounded record
+                    self.evicted_episodes += 1
                 return self.episodes.setdefault(name, EpisodeLog())
             if name not in self.episodes:
                 raise BadRequest(f"episode {name!r}: not open (it ended, or the trainer never started it)")
             return self.episodes[name]
 
-    def complete(self, body: Any, episode: str | None = None) -> dict:
+    def chat(self, request: ChatRequest) -> ChatTokens:
+        tools = {"tools": request.tools} if request.renders_tools else {}
+        return _Chat(self.tokenizer, {**self.template_kwargs, **tools})
+
+    def complete(self, body, episode: str | None = None) -> dict:
+        request = chat_request(body, self.max_tokens, self.context)
         log = self.episode(episode) if episode is not None else None
         if log is None:
-            return self._complete(body, None)
+            return self._complete(request, None)
         with log.lock:  # a call extends the one before it, so an episode's calls go one after another
             if log.closed:
                 raise BadRequest(f"episode {episode!r}: ended")
+            if request.n != 1:
+                raise BadRequest("n: a call of a recorded episode samples one reply")
+            key = tools_key(request.tools, request.tool_choice) if request.renders_tools else NO_TOOLS
+            retried = log.retried(request.messages, key, request.seed)
+            if retried is not None:  # a client's retry of a call already answered: the same reply again
+                log.retries += 1
+                output = GenerationOutput(retried.completion_ids, retried.log_probs, retried.finish_reason)
+                return self._response(request, retried.prompt_ids, [output], [retried.returned])
             if log.max_calls is not None and len(log.calls) >= log.max_calls:
                 log.refused += 1
                 raise BadRequest(f"episode {episode!r}: its {log.max_calls} calls are spent (agent_config.max_turns)")
-            return self._complete(body, log)
+            return self._complete(request, log, key)
 
-    def _complete(self, body: Any, log: EpisodeLog | None) -> dict:
-        if not isinstance(body, dict):
-            raise BadRequest("the body must be a JSON object")
-        if body.get("stream"):
-            raise BadRequest("stream: streaming is not supported by this endpoint; send stream=false")
-        messages = _messages(body)
-        tools = body.get("tools") or None
-        if tools is not None and not isinstance(tools, list):
-            raise BadRequest("tools: a list of tool definitions")
-        if body.get("tool_choice") not in (None, "auto", "none"):
-            raise BadRequest("tool_choice: only auto and none are supported")
-        n = _number(body, "n", 1, 1, MAX_N, int)
-        limit = body.get("max_completion_tokens", body.get("max_tokens"))
-        max_new = _number({"max_tokens": limit}, "max_tokens", self.max_tokens, 1, self.context, int)
-        stop = body.get("stop") or []
-        stop = [stop] if isinstance(stop, str) else stop
-        if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
-            raise BadRequest("stop: a string or a list of strings")
-        temperature = _number(body, "temperature", 1.0, 0.0, 100.0)
-        sampling = SamplingParams(
-            temperature=temperature,
-            top_p=_number(body, "top_p", 1.0, 1e-9, 1.0),
-            max_new_tokens=max_new,
-            stop=stop,
-            greedy=temperature == 0,
-            seed=_number(body, "seed", None, 0, 2**63 - 1, int),
-        )
+    def _sampling(self, request: ChatRequest, log: EpisodeLog | None) -> SamplingParams:
         if log is not None and log.sampling is not None:
-            sampling = replace(
+            return replace(
                 log.sampling,
-                max_new_tokens=min(max_new, log.sampling.max_new_tokens),
-                stop=stop,
+                max_new_tokens=min(request.max_tokens, log.sampling.max_new_tokens),
+                stop=request.stop,
                 seed=None if log.seed is None else log.seed + len(log.calls),
             )
-        chat = ChatTokens(self.tokenizer, {"tools": tools} if tools and body.get("tool_choice") != "none" else None)
-        if log is not None and n != 1:
-            raise BadRequest("n: a call of a recorded episode samples one reply")
+        return SamplingParams(
+            temperature=request.temperature,
+            top_p=request.top_p,
+            max_new_tokens=request.max_tokens,
+            stop=request.stop,
+            greedy=request.temperature == 0,
+            seed=request.seed,
+        )
+
+    def _prompt(self, request: ChatRequest, chat: ChatTokens, log, key: str, max_new: int) -> tuple[list[int], int | None, bool]:
+        """(prompt ids, the recorded call they extend, whether they were cut to fit the context)."""
         try:
-            prompt, continues = log.prompt_for(messages, chat) if log is not None else (chat.first_prompt(messages), False)
+            if log is not None:
+                prompt, parent = log.prompt_for(request.messages, chat, key)
+            else:
+                prompt, parent = chat.first_prompt(request.messages), None
         except Exception as err:  # noqa: BLE001 - templates refuse conversations in many ways
             raise BadRequest(f"messages: the chat template cannot render them: {err}") from None
-        if len(prompt) + sampling.max_new_tokens > self.context:
-            raise BadRequest(
-                f"messages: {len(prompt)} prompt tokens + max_tokens {sampling.max_new_tokens} exceed "
-                f"the context of {self.context}"
-            )
-        constraints = self._constraints(body.get("allowed_replies"), chat, sampling.max_new_tokens, n)
-        outputs = self.engine.generate([prompt] * n, sampling, constraints)
-        choices = []
-        for i, out in enumerate(outputs):
-            text = self.tokenizer.decode(out.token_ids, skip_special_tokens=True)
-            content, calls = tool_calls_of(text) if tools else (text, [])
-            message = {"role": "assistant", "content": content, **({"tool_calls": calls} if calls else {})}
-            reason = "tool_calls" if calls else out.finish_reason
-            choices.append({"index": i, "message": message, "finish_reason": reason, "logprobs": None})
-            if log is not None:
-                allowed = constraints[i].trace(out.token_ids) if constraints else None
+        room = self.context - max_new
+        if len(prompt) <= room:
+            return prompt, parent, False
+        if self.truncation == "error" or room <= 0:
+            raise BadRequest(f"messages: {len(prompt)} prompt tokens + max_tokens {max_new} exceed the context of {self.context}")
+        return truncate_prompt(prompt, room, chat.system_prefix_length(request.messages, prompt)), None, True
+
+    def _complete(self, request: ChatRequest, log: EpisodeLog | None, key: str = NO_TOOLS) -> dict:
+        sampling = self._sampling(request, log)
+        chat = self.chat(request)
+        prompt, parent, truncated = self._prompt(request, chat, log, key, sampling.max_new_tokens)
+        constraints = self._constraints(request.allowed_replies, chat, sampling.max_new_tokens, request.n)
+        outputs = self.engine.generate([prompt] * request.n, sampling, constraints)
+        messages = [self.reply(out.token_ids, request) for out in outputs]
+        if log is not None:
+            for i, (out, message) in enumerate(zip(outputs, messages)):
                 log.record(
                     Call(
-                        messages,
+                        request.messages,
                         message,
                         list(prompt),
                         list(out.token_ids),
                         list(out.log_probs or []),
-                        continues,
-                        allowed,
+                        parent is not None,
+                        constraints[i].trace(out.token_ids) if constraints else None,
                         out.finish_reason,
+                        tools=key,
+                        parent=parent,
+                        truncated=truncated,
+                        request_seed=request.seed,
                     )
                 )
+        return self._response(request, prompt, outputs, messages)
+
+    def reply(self, token_ids: list[int], request: ChatRequest) -> dict:
+        """The assistant message of sampled `token_ids`: cut before a stop string, its reasoning and tool
+        calls parsed in the family's format; special tokens other than a family's tool-call tag are left
+        out of the text first (a real Llama's reply ends in its `<|eot_id|>`)."""
+        text = self._plain(self.tokenizer.decode(token_ids, skip_special_tokens=False))
+        cuts = [text.find(s) for s in request.stop if s in text]
+        text = text[: min(cuts)] if cuts else text
+        reasoning, text = split_reasoning(text) if self.thinks else (None, text)
+        content, calls = split_tool_calls(text, self.tool_parser) if request.renders_tools else (text, [])
+        if not request.parallel_tool_calls:
+            calls = calls[:1]
+        if content is not None and not calls:  # a call tag that opened nothing parsable is not text either
+            for marker in _MARKERS:
+                content = content.replace(marker, "")
+        message = {"role": "assistant", "content": content}
+        if reasoning is not None:
+            message["reasoning_content"] = reasoning
+        if calls:
+            message["tool_calls"] = calls
+        return message
+
+    def pieces(self, token_ids: list[int], content: str) -> list[str]:
+        """`content` cut where its sampled tokens end (a stream's text deltas); what does not decode to a
+        prefix of it token by token (a stop string, a half UTF-8 character) goes out with the next piece."""
+        out, sent = [], ""
+        for k in range(1, len(token_ids) + 1):
+            text = self._plain(self.tokenizer.decode(token_ids[:k], skip_special_tokens=False))[: len(content)]
+            if len(text) > len(sent) and content.startswith(text) and not text.endswith("\ufffd"):
+                out.append(text[len(sent) :])
+                sent = text
+        return out + ([content[len(sent) :]] if len(sent) < len(content) else [])
+
+    def _plain(self, text: str) -> str:
+        for token in self._specials:
+            text = text.replace(token, "")
+        return text
+
+    def _response(self, request: ChatRequest, prompt: list[int], outputs: list, messages: list[dict]) -> dict:
+        choices = []
+        for i, (out, message) in enumerate(zip(outputs, messages)):
+            reason = "tool_calls" if message.get("tool_calls") else out.finish_reason
+            choices.append({"index": i, "message": message, "finish_reason": reason, "logprobs": self._logprobs(request, out)})
         sampled = sum(len(out.token_ids) for out in outputs)
         return {
             "id": f"chatcmpl-{uuid.uuid4().hex}",
@@ -233,6 +291,17 @@ class Gateway:
                 "log_probs": [out.log_probs for out in outputs],
             },
         }
+
+    def _logprobs(self, request: ChatRequest, out) -> dict | None:
+        if not request.logprobs:
+            return None
+        if out.log_probs is None or len(out.log_probs) != len(out.token_ids):
+            raise BadRequest("logprobs: this engine did not return the sampled tokens' log-probs")
+        entries = []
+        for token, logprob in zip(out.token_ids, out.log_probs):
+            piece = self.tokenizer.decode([token])
+            entries.append({"token": piece, "logprob": logprob, "bytes": list(piece.encode()), "top_logprobs": []})
+        return {"content": entries}
 
     def _constraints(self, allowed, chat: ChatTokens, max_new: int, n: int) -> list | None:
         if allowed is None:
@@ -249,7 +318,10 @@ class Gateway:
 def build_app(gateway: Gateway):
     """The FastAPI application serving `gateway` at /v1 and, per episode, at /episodes/<id>/v1."""
     from fastapi import FastAPI, Request
-    from fastapi.responses import JSONResponse
+    from fastapi.responses import JSONResponse, StreamingResponse
+
+    from grl.gateway.responses import chat_body, response_of
+    from grl.gateway.streaming import chunks
 
     app = FastAPI(title="GRL gateway")
     threads = []  # the limiter of the threads that wait for the engine, made in the event loop on first use
@@ -268,6 +340,20 @@ def build_app(gateway: Gateway):
     def models(episode: str | None = None) -> dict:
         return gateway.models()
 
+    @app.get("/episodes/{episode}")
+    def read_episode(episode: str):
+        try:
+            return gateway.readout(episode)
+        except BadRequest as err:
+            return refused(err)
+
+    @app.delete("/episodes/{episode}")
+    def close_episode(episode: str):
+        try:
+            return gateway.readout(episode, close=True)
+        except BadRequest as err:
+            return refused(err)
+
     @app.post("/v1/chat/completions")
     async def completions(request: Request):
         return await _complete(request, None)
@@ -276,14 +362,36 @@ def build_app(gateway: Gateway):
     async def episode_completions(episode: str, request: Request):
         return await _complete(request, episode)
 
-    async def _complete(request: Request, episode: str | None):
+    @app.post("/v1/responses")
+    async def responses(request: Request):
+        return await _respond(request, None)
+
+    @app.post("/episodes/{episode}/v1/responses")
+    async def episode_responses(episode: str, request: Request):
+        return await _respond(request, episode)
+
+    async def _answer(body, episode: str | None) -> dict:
         import anyio
 
-        body = await body_of(request)
         if not threads:  # anyio's default of 40 would cap how many programs' calls share an engine batch
             threads.append(anyio.CapacityLimiter(MAX_WAITING_CALLS))
-        try:  # off the event loop: generation blocks for seconds
-            return await anyio.to_thread.run_sync(gateway.complete, body, episode, limiter=threads[0])
+        # off the event loop: generation blocks for seconds
+        return await anyio.to_thread.run_sync(gateway.complete, body, episode, limiter=threads[0])
+
+    async def _complete(request: Request, episode: str | None):
+        body = await body_of(request)
+        try:
+            response = await _answer(body, episode)
+        except BadRequest as err:
+            return refused(err)
+        if body.get("stream"):
+            return StreamingResponse(chunks(response, gateway.pieces), media_type="text/event-stream")
+        return response
+
+    async def _respond(request: Request, episode: str | None):
+        body = await body_of(request)
+        try:
+            return response_of(await _answer(chat_body(body), episode), body)
         except BadRequest as err:
             return refused(err)
 

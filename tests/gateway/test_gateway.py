@@ -4,7 +4,6 @@ exactly those tokens, an edited history is a counted prefix break, and bad reque
 
 import json
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -13,49 +12,26 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
-import openai
 import pytest
 
-from grl.engines import make_engine
 from grl.engines.base import SamplingParams
-from grl.gateway import Gateway, SerialEngine, build_app, tool_calls_of
-from grl.models import load_tokenizer
+from grl.gateway import Gateway, tool_calls_of
 from grl.rollout.batch import episode_tokens
 from grl.rollout.chat import ChatTokens
 from grl.rollout.types import Episode
+from tests.gateway.served import client, free_port, serve
+from tests.gateway.templates import QWEN25
 
 ROOT = Path(__file__).resolve().parents[2]
 QUESTION = [{"role": "system", "content": "You answer briefly."}, {"role": "user", "content": "What is 2 + 3?"}]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
-def served():
-    import uvicorn
-
-    tokenizer = load_tokenizer("tiny")
-    engine = make_engine("hf", "tiny", dtype="float32", device="cpu")
-    gateway = Gateway(SerialEngine(engine), tokenizer, "tiny", max_tokens=16, context=2048)
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(build_app(gateway), host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert server.started
-    yield gateway, f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(timeout=10)
-
-
-def client(base: str, path: str = "/v1"):
-    return openai.OpenAI(base_url=base + path, api_key="unused", max_retries=0)
+def served(tiny):
+    tokenizer, engine = tiny
+    gateway = Gateway(engine, tokenizer, "tiny", max_tokens=16, context=2048)
+    with serve(gateway) as base:
+        yield gateway, base
 
 
 def grl_ids(response) -> dict:
@@ -147,8 +123,10 @@ def test_hermes_tool_calls_become_openai_tool_calls():
     assert tool_calls_of("<tool_call>not json</tool_call>") == ("<tool_call>not json</tool_call>", [])
 
 
-def test_tools_reach_the_chat_template(served):
-    gateway, base = served
+def test_tools_reach_the_chat_template(tiny):
+    """Qwen2.5's template writes the tools into the system turn: the prompt is that rendering, not the tool-less one."""
+    tokenizer, engine = tiny
+    gateway = Gateway(engine, tokenizer, "tiny", max_tokens=4, context=2048, chat_template=QWEN25)
     tools = [
         {
             "type": "function",
@@ -159,9 +137,13 @@ def test_tools_reach_the_chat_template(served):
             },
         }
     ]
-    response = client(base).chat.completions.create(model="tiny", messages=QUESTION, tools=tools, max_tokens=4, temperature=0)
-    rendered = gateway.tokenizer.apply_chat_template(QUESTION, tools=tools, tokenize=False, add_generation_prompt=True)
-    assert grl_ids(response)["prompt_token_ids"] == ChatTokens(gateway.tokenizer).encode(rendered)
+    with serve(gateway) as base:
+        response = client(base).chat.completions.create(model="tiny", messages=QUESTION, tools=tools, max_tokens=4, temperature=0)
+    rendered = tokenizer.apply_chat_template(
+        QUESTION, tools=tools, chat_template=QWEN25, tokenize=False, add_generation_prompt=True
+    )
+    assert "<tools>" in rendered and '"name": "python"' in rendered
+    assert grl_ids(response)["prompt_token_ids"] == ChatTokens(tokenizer).encode(rendered)
 
 
 @pytest.mark.parametrize(
@@ -169,7 +151,9 @@ def test_tools_reach_the_chat_template(served):
     [
         ({"messages": []}, "messages: a non-empty list"),
         ({"messages": [{"role": "robot", "content": "hi"}]}, "messages[0]: role must be one of"),
-        ({"stream": True}, "stream: streaming is not supported"),
+        ({"response_format": {"type": "json_object"}}, "response_format: only"),
+        ({"top_logprobs": 3}, "top_logprobs: not supported"),
+        ({"tool_choice": "required"}, "tool_choice: 'required' needs a non-empty tools list"),
         ({"n": 0}, "n: a number in [1, 16]"),
         ({"temperature": "hot"}, "temperature: a number"),
         ({"max_tokens": 10**9}, "max_tokens: a number in [1, 2048]"),

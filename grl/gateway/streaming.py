@@ -1,0 +1,40 @@
+"""`stream: true`: a chat completion sent as server-sent events, cut from the reply the gateway already made
+from the engine's sampled ids, so a streamed call is recorded exactly as an unstreamed one (the engine
+samples a whole reply; the events only change how it travels). Each choice sends its role, then its
+reasoning, its text (a piece per sampled token where the text is the tokens' own, else at once) and its
+tool calls, in the order the OpenAI API sends them, then its finish reason; the last event carries the
+usage (asked or not: clients ignore what they do not read) and the `grl` token ids, then `data: [DONE]`."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+
+
+def _event(payload: dict) -> str:
+    return f"data: {json.dumps(payload)}\n\n"
+
+
+def chunks(response: dict, pieces_of: Callable[[list[int], str], list[str]] | None = None) -> Iterator[str]:
+    """The events of `response`; `pieces_of(ids, text)` cuts a choice's text at its sampled tokens' ends."""
+    base = {"id": response["id"], "object": "chat.completion.chunk", "created": response["created"], "model": response["model"]}
+
+    def chunk(index: int, delta: dict, finish_reason=None, **extra) -> str:
+        choice = {"index": index, "delta": delta, "finish_reason": finish_reason, **extra}
+        return _event({**base, "choices": [choice]})
+
+    for choice in response["choices"]:
+        i, message = choice["index"], choice["message"]
+        yield chunk(i, {"role": "assistant", "content": ""})
+        if message.get("reasoning_content"):
+            yield chunk(i, {"reasoning_content": message["reasoning_content"]})
+        if message.get("content"):
+            ids = response["grl"]["completion_token_ids"][i]
+            plain = not message.get("reasoning_content") and not message.get("tool_calls") and pieces_of is not None
+            for piece in pieces_of(ids, message["content"]) if plain else [message["content"]]:
+                yield chunk(i, {"content": piece})
+        for k, call in enumerate(message.get("tool_calls") or []):
+            yield chunk(i, {"tool_calls": [{"index": k, **call}]})
+        yield chunk(i, {}, choice["finish_reason"], logprobs=choice["logprobs"])
+    yield _event({**base, "choices": [], "usage": response["usage"], "grl": response["grl"]})
+    yield "data: [DONE]\n\n"
