@@ -1,6 +1,7 @@
-"""What an agent program is to GRL: `function(client, task)` found by its "package.module:function" path,
-told its episode by a `ProgramTask`, and returning a reward that `reward_of` reads (grl/gateway/programs.py
-describes the whole contract)."""
+"""What an agent program is to GRL: `function(client, task)` (or `async def function(client, task)`) found by
+its "package.module:function" path, told its episode by a `ProgramTask`, and returning a reward that
+`reward_of` reads (grl/gateway/programs.py describes the whole contract; grl/gateway/program_worker.py
+calls it)."""
 
 from __future__ import annotations
 

@@ -1,18 +1,24 @@
 """Agent programs as tasks: `agent_config.program: "module:function"`, trained through the gateway.
 
-Each episode of a program task calls `function(client, task)` once, on a thread of its own: `client` is
-an `openai.OpenAI` whose base URL names the episode (`http://127.0.0.1:<port>/episodes/<id>/v1`), `task`
-a `ProgramTask` (its seed, group and attempt, the task's `env_config`). The program talks to the model
-through `client` as it would to any OpenAI endpoint and returns the episode's reward: a number, a mapping
-with `reward` and other numbers (the episode's metrics, e.g. `success`), or a function that takes the
-final messages (the last call's, then the reply) and returns one of those.
+Each episode of a program task calls `function(client, task)` once, in a worker process of the task's pool
+(grl/gateway/program_pool.py): `client` is an `openai.OpenAI` whose base URL names the episode
+(`http://127.0.0.1:<port>/episodes/<id>/v1`), or an `openai.AsyncOpenAI` when `function` is an `async def`
+(run with asyncio), `task` a `ProgramTask` (its seed, group and attempt, the task's `env_config`). The
+program talks to the model through `client` as it would to any OpenAI endpoint and returns the episode's
+reward: a number, a mapping with `reward` and other numbers (the episode's metrics, e.g. `success`), or a
+function that takes the final messages (the last call's, then the reply) and returns one of those (called in
+the worker, which is sent the messages).
 
 At most `agent_config.program_workers` programs run at once, each under `agent_config.program_timeout`
-seconds; an episode has at most `agent_config.max_turns` calls of at most `agent_config.max_tokens`
-reply tokens. A program that raises, overruns its time or returns anything else ends its episode with
-the penalty an env failure gets, is counted (`gateway/program_errors`, `gateway/program_timeouts`,
-`gateway/bad_rewards`) and the rollout goes on; calls past the budget, or of an episode that ended, are
-refused with HTTP 400 (`gateway/refused_calls`).
+seconds and `agent_config.program_max_rss_mb` of memory; an episode has at most `agent_config.max_turns`
+calls of at most `agent_config.max_tokens` reply tokens. A program that raises, overruns its time or returns
+anything else, or whose process crashes, outgrows its memory or leaves a process running, ends its episode
+with the penalty an env failure gets, is counted (`gateway/program_errors`, `gateway/program_timeouts`,
+`gateway/bad_rewards`, `gateway/program_crashes`, `gateway/program_memory_kills`,
+`gateway/program_leftover_processes`) and the rollout goes on; calls past the budget, or of an episode that
+ended, are refused with HTTP 400 (`gateway/refused_calls`). The pools' workers outlive a rollout (a warm
+worker adds a few milliseconds to an episode, a cold one the time `import openai` takes: docs/PERFORMANCE.md)
+and end with `close`.
 
 The calls of all running programs reach one engine: handlers queue them (`BatchingEngine.generate`),
 and the rollout's thread, which owns the engine, serves whatever is waiting in one engine call
@@ -23,8 +29,9 @@ tokens under the distribution they were drawn from. The episode's tokens are the
 
 The pieces, one concern each: the program's contract (`ProgramTask`, `load_program`, `reward_of`:
 grl/gateway/contract.py), the shared engine (`BatchingEngine`: batching.py), the HTTP server on a thread
-(`LocalServer`: serving.py), the episodes and counts a rollout returns (`EpisodeRecorder`: recording.py);
-this module's `ProgramRunner` plays a rollout's program tasks with them.
+(`LocalServer`: serving.py), the worker processes (`ProgramPool`: program_pool.py), the episodes and counts
+a rollout returns (`EpisodeRecorder`: recording.py); this module's `ProgramRunner` plays a rollout's program
+tasks with them.
 """
 
 from __future__ import annotations
@@ -37,14 +44,15 @@ from dataclasses import replace
 from grl.agents.base import settings_from_mapping
 from grl.engines.base import SamplingParams
 from grl.gateway.batching import BatchingEngine
-from grl.gateway.contract import MODEL_NAME, ProgramTask, ProgramValueError, final_messages, load_program, reward_of
+from grl.gateway.contract import MODEL_NAME, ProgramTask, final_messages
 from grl.gateway.episodes import EpisodeLog
+from grl.gateway.program_pool import ProgramPool, fault_metrics
+from grl.gateway.program_worker import ProgramCall
 from grl.gateway.recording import EpisodeRecorder, ProgramEpisode, gateway_metrics
 from grl.gateway.server import Gateway, build_app
 from grl.gateway.serving import LocalServer
 from grl.rollout.env_faults import check_failure_ratio
-from grl.rollout.env_pool import CallPool
-from grl.rollout.tasks import TaskSpec
+from grl.rollout.tasks import TaskSpec, is_program_task
 from grl.rollout.types import Episode
 
 # A program's client outwaits its clock (program_timeout): a call still queued when the clock runs out
@@ -65,26 +73,37 @@ class ProgramRunner:
         max_response_length: int,
         env_error_penalty: float | None = None,
         max_failed_agent_ratio: float = 0.5,
+        truncation: str = "left",
     ):
         self.engine = BatchingEngine(engine)
         self.gateway = Gateway(
-            self.engine, tokenizer, MODEL_NAME, max_tokens=max_response_length, context=context, open_episodes=False
+            self.engine,
+            tokenizer,
+            MODEL_NAME,
+            max_tokens=max_response_length,
+            context=context,
+            open_episodes=False,
+            truncation=truncation,
         )
         self.max_response_length = max_response_length
         self.max_failed_agent_ratio = max_failed_agent_ratio
         self._server: LocalServer | None = None
+        self._pools: dict[tuple, ProgramPool] = {}  # by task and its limits: kept from one rollout to the next
         self.recorder = EpisodeRecorder(env_error_penalty)
 
     @classmethod
-    def from_config(cls, cfg, engine, tokenizer) -> ProgramRunner:
-        r = cfg.rollout
+    def from_config(cls, rollout, data, engine, tokenizer) -> ProgramRunner:
+        """From the typed `rollout` and `data` (the lengths) sections (grl.config.RunSections)."""
         return cls(
             engine,
             tokenizer,
-            context=cfg.max_prompt_length + cfg.max_response_length,
-            max_response_length=cfg.max_response_length,
-            env_error_penalty=r.env_error_penalty,
-            max_failed_agent_ratio=r.max_failed_agent_ratio,
+            context=data.max_prompt_length + data.max_response_length,
+            max_response_length=data.max_response_length,
+            env_error_penalty=rollout.env_error_penalty,
+            max_failed_agent_ratio=rollout.max_failed_agent_ratio,
+            # a call cut on the right would lose its newest message, the one the reply answers: programs' calls
+            # are cut on the left unless the run refuses long prompts
+            truncation="error" if rollout.truncation == "error" else "left",
         )
 
     @property
@@ -93,7 +112,14 @@ class ProgramRunner:
             self._server = LocalServer(build_app(self.gateway))
         return self._server.url
 
+    def worker_pids(self) -> list[int]:
+        """The worker processes its programs run in now (each leads its own process group)."""
+        return [pid for pool in self._pools.values() for pid in pool.pids()]
+
     def close(self) -> None:
+        for pool in self._pools.values():
+            pool.close()
+        self._pools.clear()
         if self._server is not None:
             self._server.stop()
             self._server = None
@@ -107,26 +133,26 @@ class ProgramRunner:
         on_turn: Callable[[int, int, int], None] | None = None,
     ) -> tuple[list[Episode], dict[str, float]]:
         running = self._open(tasks, base_seed, first_group, sampling)
-        url, pools, outcome = self.url, {}, {}
+        url, outcome = self.url, {}
+        pools = {id(pool): pool for pool in (self._pool_of(r.spec.name, r.settings) for r in running)}.values()
         self.engine.serving(True)
         try:
             for key, r in enumerate(running):
-                program = load_program(r.settings.program)
-                if r.spec.name not in pools:
-                    pools[r.spec.name] = CallPool(r.settings.program_workers, r.settings.program_timeout, "program_timeout")
-                pools[r.spec.name].submit(key, lambda r=r, program=program: self._play(program, f"{url}/episodes/{r.name}/v1", r))
+                timeout = r.settings.program_timeout + CLIENT_GRACE_S
+                call = ProgramCall(r.settings.program, f"{url}/episodes/{r.name}/v1", r.task, timeout)
+                self._pool_of(r.spec.name, r.settings).submit(key, call, lambda r=r: final_messages(r.log))
             shown = 0.0
-            while any(pool.pending for pool in pools.values()):
+            while any(pool.pending for pool in pools):
                 self.engine.serve(wait=0.05)
-                for pool in pools.values():
-                    outcome.update(pool.collect(wait=0.0))
+                for pool in pools:
+                    outcome.update(pool.collect())
                 if on_turn is not None and time.monotonic() - shown > 1.0:
                     shown = time.monotonic()
                     on_turn(max(len(r.log.calls) for r in running), len(running) - len(outcome), len(running))
         finally:
             self.engine.serving(False)
-            for pool in pools.values():
-                pool.close()
+            for pool in pools:
+                pool.abandon()
             for r in running:
                 self.gateway.close_episode(r.name)
         episodes = [self.recorder.episode(r, outcome[key]) for key, r in enumerate(running)]
@@ -136,7 +162,20 @@ class ProgramRunner:
             self.max_failed_agent_ratio,
             "programs",
         )
-        return episodes, gateway_metrics(running, episodes)
+        return episodes, {**gateway_metrics(running, episodes), **fault_metrics([e.error_kind for e in episodes])}
+
+    def start_workers(self, tasks: list[TaskSpec]) -> None:
+        """Starts the worker processes the program tasks among `tasks` will play on (without waiting for
+        them), so that the first rollout does not wait for them to start."""
+        for spec in filter(is_program_task, tasks):
+            settings = settings_from_mapping(spec.config.get("agent_config") or {}, f"{spec.name}.agent_config")
+            self._pool_of(spec.name, settings).start(spec.num_groups * spec.group_size)
+
+    def _pool_of(self, task: str, s) -> ProgramPool:
+        limits = (task, s.program_workers, s.program_timeout, s.program_max_rss_mb)
+        if limits not in self._pools:
+            self._pools[limits] = ProgramPool(s.program_workers, s.program_timeout, s.program_max_rss_mb)
+        return self._pools[limits]
 
     def _open(self, tasks, base_seed, first_group, sampling) -> list[ProgramEpisode]:
         running, group = [], first_group
@@ -157,17 +196,3 @@ class ProgramRunner:
                     running.append(ProgramEpisode(name, spec, settings, task, episode_log))
                 group += 1
         return running
-
-    @staticmethod
-    def _play(program: Callable, base_url: str, r: ProgramEpisode):
-        import openai
-
-        timeout = r.settings.program_timeout + CLIENT_GRACE_S
-        with openai.OpenAI(base_url=base_url, api_key="grl", max_retries=0, timeout=timeout) as client:
-            result = program(client, r.task)
-            if callable(result):
-                result = result(final_messages(r.log))
-        try:
-            return reward_of(result)
-        except ProgramValueError as err:  # returned, not raised, so that its kind survives the pool
-            return err

@@ -1,17 +1,48 @@
 """Agent programs written as a user writes them: plain functions over the `openai` client, named in a task's
 `agent_config.program` ("tests.gateway.programs:<function>"). The gateway's tests and the learning test train
 on them; `SEEN` keeps what each call's HTTP answer said (the `grl` field) so a test can hold the training
-batch against what the program received."""
+batch against what the program received. Programs run in worker processes (grl/gateway/program_pool.py),
+so `SEEN` keeps it in files, in a folder the workers learn from the test's environment."""
 
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import json
+import os
 import re
+import subprocess
+import tempfile
 import time
+from pathlib import Path
 
 FRUITS = ("apple", "pear", "plum", "fig")
-SEEN: dict[tuple[str, int, int], list[dict]] = {}  # (task, seed, attempt) -> the `grl` field of each answer
+
+
+class SeenAnswers:
+    """(task, seed, attempt) -> the `grl` field of each answer that episode's program received."""
+
+    def __init__(self):
+        self.folder = Path(os.environ.setdefault("GRL_TEST_SEEN_ANSWERS", tempfile.mkdtemp(prefix="grl-seen-")))
+
+    def add(self, key: tuple[str, int, int], grl: dict) -> None:
+        with open(self._file(key), "a") as f:
+            f.write(json.dumps(grl) + "\n")
+
+    def __getitem__(self, key: tuple[str, int, int]) -> list[dict]:
+        if not self._file(key).exists():
+            raise KeyError(key)
+        return [json.loads(line) for line in self._file(key).read_text().splitlines()]
+
+    def clear(self) -> None:
+        for file in self.folder.glob("*.jsonl"):
+            file.unlink()
+
+    def _file(self, key: tuple[str, int, int]) -> Path:
+        return self.folder / "{}-{}-{}.jsonl".format(*key)
+
+
+SEEN = SeenAnswers()
 
 PYTHON_TOOL = {
     "type": "function",
@@ -25,7 +56,7 @@ PYTHON_TOOL = {
 
 def _ask(client, task, messages, **kwargs):
     response = client.chat.completions.create(model=task.model, messages=messages, **kwargs)
-    SEEN.setdefault((task.task, task.seed, task.attempt), []).append(response.model_extra["grl"])
+    SEEN.add((task.task, task.seed, task.attempt), response.model_extra["grl"])
     return response.choices[0].message
 
 
@@ -130,3 +161,54 @@ def floods(client, task):
 
     results = asyncio.run(all_at_once())
     return {"reward": 1.0, "answered": float(sum(not isinstance(r, Exception) for r in results))}
+
+
+async def one_call_async(client, task):
+    """`one_call` as an `async def`: given an `openai.AsyncOpenAI`."""
+    messages = [{"role": "user", "content": "Hello."}]
+    response = await client.chat.completions.create(model=task.model, messages=messages, max_tokens=2)
+    return {"reward": 1.0, "answered_tokens": float(len(response.model_extra["grl"]["completion_token_ids"][0]))}
+
+
+# Faults only a process can have: each must end its own episode and worker, never the trainer. Each writes
+# the pid of its process to `task.config["pid_folder"]`, for the test to check that none is left.
+
+
+def _note_pid(task, pid: int) -> None:
+    (Path(task.config["pid_folder"]) / f"{task.task}-{pid}").touch()
+
+
+def exits(client, task):
+    one_call(client, task)
+    _note_pid(task, os.getpid())
+    os._exit(3)
+
+
+def segfaults(client, task):
+    one_call(client, task)
+    _note_pid(task, os.getpid())
+    ctypes.string_at(0)
+
+
+def grows(client, task):
+    """Holds far more memory than its task's `program_max_rss_mb`, then waits to be stopped."""
+    one_call(client, task)
+    _note_pid(task, os.getpid())
+    held = b"x" * (int(task.config["megabytes"]) << 20)
+    time.sleep(3600)
+    return float(len(held))
+
+
+def hangs_noted(client, task):
+    _note_pid(task, os.getpid())
+    hangs(client, task)
+
+
+def leaves_a_process(client, task):
+    """Starts a process in a session of its own (out of its worker's process group) and returns without
+    ending it."""
+    one_call(client, task)
+    _note_pid(task, os.getpid())
+    child = subprocess.Popen(["sleep", "3600"], start_new_session=True)
+    _note_pid(task, child.pid)
+    return 1.0

@@ -1,0 +1,238 @@
+"""Agent programs in processes of their own: a pool of workers (grl/gateway/program_worker.py) that plays
+one episode per worker at a time, so that a program that calls `os._exit`, segfaults, outgrows its memory,
+hangs or leaves a process behind ends only its episode and its worker, never the trainer.
+
+A worker is a fresh interpreter (`python -m`, started by fork+exec: safe beside the trainer's threads, and
+it imports neither the trainer's main module nor torch) in a session of its own, connected by a socket
+pair. The pool starts workers as episodes wait for them, up to its size, and keeps them for the episodes
+and rollouts that follow; a worker whose program failed in a way that may have left it broken is killed
+with its whole process group and every process below it, and the next episode gets a fresh one.
+`collect()` never blocks: the rollout's thread calls it between engine calls.
+
+The kinds of failure (`ProgramOutcome.kind`): exception, timeout (past `program_timeout`), crash (the
+worker ended: `os._exit`, a signal), memory (the worker and its processes held more than
+`program_max_rss_mb` while the program ran or when it returned), leftover_process (a process the program
+started still ran when it returned).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+from grl.gateway.program_worker import ProgramCall, descendants, rss_bytes
+
+# A worker counts its program's time from when it says it started; one that never says so (stuck in its
+# own imports) is given this much longer before its episode times out.
+START_GRACE_S = 60.0
+MEMORY_CHECK_S = 0.25  # how often the memory of running programs is read (~80 us a worker)
+FAULT_COUNTS = {"crash": "program_crashes", "memory": "program_memory_kills", "leftover_process": "program_leftover_processes"}
+
+
+@dataclass
+class ProgramOutcome:
+    """How a program's episode ended: `value` is (reward, metrics) or the ProgramValueError of a returned
+    value that is no reward; `error` says what went wrong otherwise, `kind` its kind."""
+
+    value: Any = None
+    error: str | None = None
+    kind: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @property
+    def timed_out(self) -> bool:
+        return self.kind == "timeout"
+
+
+def fault_metrics(kinds: list[str | None]) -> dict[str, float]:
+    """`gateway/program_crashes` etc.: the failures only a process can have, counted over a rollout."""
+    return {f"gateway/{name}": float(sum(k == kind for k in kinds)) for kind, name in FAULT_COUNTS.items()}
+
+
+class _Worker:
+    def __init__(self):
+        ours, theirs = socket.socketpair()
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}  # the trainer's imports
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "grl.gateway.program_worker", str(theirs.fileno())],
+            pass_fds=(theirs.fileno(),),
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env=env,
+        )
+        theirs.close()
+        self.conn = Connection(ours.detach())
+        self.key = None  # the episode it plays, None when idle
+        self.messages: Callable[[], list[dict]] | None = None
+        self.sent = self.started = 0.0
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def tree(self) -> list[int]:
+        return [self.pid, *descendants(self.pid)]
+
+    def kill(self) -> None:
+        """Ends the worker, its process group and every process below it (one that left the group too)."""
+        tree = self.tree()
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        for pid in tree:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        self.process.wait()
+        self.conn.close()
+
+
+class ProgramPool:
+    """`submit(key, call, messages)` an episode, `collect()` -> [(key, ProgramOutcome)] of those that ended;
+    `messages()` gives a program's final messages when it returned a function of them."""
+
+    def __init__(self, size: int, timeout: float, max_rss_mb: float | None = None):
+        self.size = max(1, size)
+        self.timeout = timeout
+        self.max_rss = None if max_rss_mb is None else max_rss_mb * 2**20
+        self._waiting: deque = deque()  # (key, call, messages) not yet sent to a worker
+        self._workers: list[_Worker] = []
+        self._memory_checked = 0.0
+
+    def submit(self, key, call: ProgramCall, messages: Callable[[], list[dict]]) -> None:
+        self._waiting.append((key, call, messages))
+        self._dispatch()
+
+    @property
+    def pending(self) -> int:
+        return len(self._waiting) + sum(w.key is not None for w in self._workers)
+
+    def pids(self) -> list[int]:
+        """The workers' process ids (they lead their process groups)."""
+        return [w.pid for w in self._workers]
+
+    def start(self, workers: int) -> None:
+        """Starts workers, up to `workers` and the pool's size, without waiting for them."""
+        while len(self._workers) < min(workers, self.size):
+            self._workers.append(_Worker())
+
+    def collect(self) -> list[tuple[Any, ProgramOutcome]]:
+        done = []
+        check_memory = self.max_rss is not None and time.monotonic() - self._memory_checked > MEMORY_CHECK_S
+        if check_memory:
+            self._memory_checked = time.monotonic()
+        for worker in list(self._workers):
+            ended = self._check(worker, check_memory)
+            if ended is not None:
+                done.append(ended)
+        self._dispatch()
+        return done
+
+    def abandon(self) -> None:
+        """Drops the episodes not ended yet, killing the workers that play them (the rollout stopped)."""
+        self._waiting.clear()
+        for worker in [w for w in self._workers if w.key is not None]:
+            self._retire(worker)
+
+    def close(self) -> None:
+        self._waiting.clear()
+        for worker in list(self._workers):
+            self._retire(worker)
+
+    # ------------------------------------------------------------ workers
+
+    def _dispatch(self) -> None:
+        idle = [w for w in self._workers if w.key is None]
+        while self._waiting:
+            if not idle:
+                if len(self._workers) >= self.size:
+                    return
+                idle.append(_Worker())
+                self._workers.append(idle[-1])
+            worker = idle.pop()
+            key, call, messages = self._waiting.popleft()
+            try:
+                worker.conn.send(call)
+            except OSError:  # it ended while idle (a thread its last program left behind, say)
+                self._waiting.appendleft((key, call, messages))
+                self._retire(worker)
+                continue
+            worker.key, worker.messages, worker.sent, worker.started = key, messages, time.monotonic(), 0.0
+
+    def _retire(self, worker: _Worker) -> None:
+        worker.kill()
+        self._workers.remove(worker)
+
+    def _end(self, worker: _Worker, outcome: ProgramOutcome, retire: bool) -> tuple[Any, ProgramOutcome]:
+        key = worker.key
+        worker.key = worker.messages = None
+        if retire:
+            self._retire(worker)
+        return key, outcome
+
+    def _check(self, worker: _Worker, check_memory: bool) -> tuple[Any, ProgramOutcome] | None:
+        try:
+            while worker.conn.poll(0):
+                message = worker.conn.recv()
+                if message[0] == "started":
+                    worker.started = time.monotonic()
+                elif message[0] == "messages":
+                    worker.conn.send(worker.messages())
+                elif message[0] == "bad_program":
+                    raise ValueError(message[1])
+                else:
+                    return self._answer(worker, *message[1:])
+        except (EOFError, OSError):
+            pass  # the worker ended; its exit status says how
+        if worker.process.poll() is not None:
+            if worker.key is None:
+                self._retire(worker)
+                return None
+            said = f"the program's process ended ({_exit_status(worker.process.returncode)})"
+            return self._end(worker, ProgramOutcome(error=said, kind="crash"), True)
+        if worker.key is None:
+            return None
+        clock = worker.started or worker.sent + START_GRACE_S
+        if time.monotonic() - clock > self.timeout:
+            said = f"timed out after {self.timeout:g} s (program_timeout)"
+            return self._end(worker, ProgramOutcome(error=said, kind="timeout"), True)
+        if check_memory and (rss := rss_bytes(worker.tree())) > self.max_rss:
+            return self._end(worker, self._over_memory(rss), True)
+        return None
+
+    def _answer(self, worker: _Worker, value, error, rss: int, leftovers: list[int]) -> tuple[Any, ProgramOutcome]:
+        if leftovers:
+            said = f"the program left {len(leftovers)} process(es) running (pids {', '.join(map(str, leftovers[:8]))})"
+            return self._end(worker, ProgramOutcome(error=said, kind="leftover_process"), True)
+        if self.max_rss is not None and rss > self.max_rss:
+            return self._end(worker, self._over_memory(rss), True)
+        if error is not None:
+            return self._end(worker, ProgramOutcome(error=error, kind="exception"), False)
+        return self._end(worker, ProgramOutcome(value=value), False)
+
+    def _over_memory(self, rss: int) -> ProgramOutcome:
+        said = f"the program's processes held {rss / 2**20:.0f} MiB, more than program_max_rss_mb {self.max_rss / 2**20:g}"
+        return ProgramOutcome(error=said, kind="memory")
+
+
+def _exit_status(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
