@@ -75,8 +75,8 @@ def step_shapes(trainer, batch) -> dict[str, int]:
     """The shapes the planner needs, as this step had them."""
     lengths = batch["attention_mask"].sum(-1)
     sampled = (batch["loss_mask"] > 0).sum(-1)
-    cfg = trainer.cfg
-    agents = sum(n * s for n, s in zip(cfg.rollout.agent_group_num, cfg.rollout.agent_group_size))
+    rollout = trainer.sections.rollout
+    agents = sum(n * s for n, s in zip(rollout.agent_group_num, rollout.agent_group_size))
     return {"seq_len": int(lengths.max()), "sampled_tokens": int(sampled.max()), "rollout_agents": agents}
 
 
@@ -93,7 +93,7 @@ def main(argv: list[str]) -> int:
         shapes = step_shapes(trainer, batch)
     finally:
         trainer.close()
-    predicted = plan.plan(cfg, **shapes)
+    predicted = plan.plan(trainer.sections, run=trainer.plan, **shapes)
     print(f"cpu preset, one step; shapes of the step: {shapes}")
     print(plan.format_plan(predicted))
     print(f"\n{'phase':<12} {'predicted GiB':>14} {'measured GiB':>13} {'ratio':>7}")

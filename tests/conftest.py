@@ -85,14 +85,12 @@ def pytest_runtest_makereport(item, call):
 _skipped_modules: list[str] = []
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_make_collect_report(collector):
+def pytest_collectreport(report):
     """A module that skips itself has no test to turn into a failure: it is named at the end and fails
-    the run (a collection error would stop every other test from running)."""
-    outcome = yield
-    report = outcome.get_result()
-    if report.skipped and not _may_skip(Path(collector.path)):
-        _skipped_modules.append(f"{collector.nodeid}: only GPU tests may skip; this module did: {_skip_reason(report.longrepr)}")
+    the run (a collection error would stop every other test from running). Under pytest-xdist this hook
+    also runs in the controller, for the skips its workers report, so the controller's summary names them."""
+    if report.skipped and not _may_skip(ROOT / report.nodeid.split("::")[0]):
+        _skipped_modules.append(f"{report.nodeid}: only GPU tests may skip; this module did: {_skip_reason(report.longrepr)}")
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -134,9 +132,9 @@ def vllm_cpu() -> bool:
     vLLM's own reason."""
     if _cuda_visible():
         return False
-    from grl.engines import vllm_status
+    from grl.machine import vllm_status
 
-    usable, why = vllm_status()
+    usable, why = vllm_status(on_gpu=False)
     if not usable:
         pytest.fail(f"vllm-cpu is not usable here: {why} (bash env_setup.sh installs it)", pytrace=False)
     return True

@@ -6,8 +6,9 @@ import pytest
 from omegaconf import OmegaConf
 
 from grl import preflight
-from grl.config import NO_EFFECT, ConfigError, load_config
+from grl.config import NO_EFFECT, ConfigError, load_config, run_sections
 from grl.engines import sampling_from_config
+from grl.run_plan import RunPlan
 from grl.trainer.agent_trainer import AgentTrainer
 
 
@@ -112,7 +113,7 @@ def test_the_trainer_reads_freq_zero_as_off(freq, tests, saves, tmp_path, monkey
             f"trainer.default_local_dir={tmp_path}/ckpt",
         ]
     )
-    trainer = AgentTrainer(cfg, None, None, None)
+    trainer = AgentTrainer(run_sections(cfg), RunPlan.from_config(cfg), None, None, None)
     ran = {"validate": [], "save": []}
     monkeypatch.setattr(trainer, "resume", lambda: False)
     monkeypatch.setattr(trainer, "start_report", lambda: "")
@@ -143,7 +144,7 @@ def test_critic_follows_the_estimator_and_preflight_only_reads(estimator, critic
     before = OmegaConf.to_yaml(cfg)
     preflight.check_numbers(cfg)
     assert OmegaConf.to_yaml(cfg) == before
-    assert ("update_critic" in plan(cfg).phases) is critic
+    assert ("update_critic" in plan(run_sections(cfg)).phases) is critic
 
 
 @pytest.mark.parametrize(

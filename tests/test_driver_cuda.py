@@ -9,10 +9,10 @@ import sys
 import pytest
 import torch
 
-from grl.config import load_config
+from grl.config import load_config, run_sections
 from grl.planner import peak_flops
-from grl.planner.device import cuda_device
-from grl.planner.memory import detect_gpu_memory_gib, plan_run
+from grl.machine import cuda_device, machine_facts
+from grl.planner.memory import plan_run
 from grl.rng import rng_state
 from grl.trainer.metrics import mfu_inputs
 
@@ -27,6 +27,7 @@ def _context_opened(*args, **kwargs):
 def gpu_seen_no_context(monkeypatch):
     """torch in this process reports a GPU; initialising CUDA fails the test."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     for module in (torch.cuda, torch.cuda.random):
         monkeypatch.setattr(module, "_lazy_init", _context_opened)
     cuda_device.cache_clear()
@@ -45,16 +46,16 @@ def child_sees_h100(tmp_path, monkeypatch):
 
 
 def test_the_driver_asks_a_child_for_the_gpu(gpu_seen_no_context, child_sees_h100):
-    assert detect_gpu_memory_gib() == pytest.approx(H100[1] / 2**30)
+    assert machine_facts("auto", "hf").gpu_memory_gib == pytest.approx(H100[1] / 2**30)
     shape, peak = mfu_inputs("tiny", "cuda")
     assert shape is not None and peak == peak_flops("H100") > 0
     cfg = load_config(["model_path=tiny", "trainer.device=cuda", "trainer.gpu_memory_gb=null"])
-    assert plan_run(cfg).capacity == pytest.approx(H100[1])
+    assert plan_run(run_sections(cfg)).capacity == pytest.approx(H100[1])
 
 
 def test_without_an_answer_the_gpu_is_unknown_and_no_context_opens(gpu_seen_no_context):
     """Here the real child's torch sees no GPU: no memory, no MFU, and still no context in this process."""
-    assert detect_gpu_memory_gib() is None
+    assert machine_facts("auto", "hf").gpu_memory_gib is None
     assert mfu_inputs("tiny", "cuda") == (None, 0.0)
 
 

@@ -5,10 +5,10 @@ can fail only on the choice); the right one is a fruit the untrained model does 
 greedy validation success starts at zero and must reach 0.5 within eight updates. Two advantage paths
 learn it: GRPO without a critic, and PPO with a critic (masked multi-turn GAE over the rounds' rewards,
 each on its turn's last token); a third run plays the game as an OpenAI-client program through the
-gateway. Every learning test also runs with the advantages negated, and must then not learn: each can
-fail. (A two-turn game rewarding lowercase replies, the critic's test before, passed with its sign
-flipped on seed 42: two thirds of the vocabulary are lowercase words, so any change of the greedy reply
-looked like learning.)
+gateway, and a fourth as an OpenAI Agents SDK agent over its Responses API. Every learning test also
+runs with the advantages negated, and must then not learn: each can fail. (A two-turn game rewarding
+lowercase replies, the critic's test before, passed with its sign flipped on seed 42: two thirds of the
+vocabulary are lowercase words, so any change of the greedy reply looked like learning.)
 
 GRL_TEST_SEED (default 42, trainer.seed's) reseeds sampling and the training games, to check a margin on
 other seeds (docs/DEVELOPMENT.md has the table).
@@ -205,16 +205,23 @@ def test_ppo_learns_under_valid_action_decoding(tmp_path, monkeypatch, ray_runti
 # ---------------------------------------------------------------- an agent program through the gateway
 
 
-def program_fruit_task(wanted: str) -> dict:
-    """The fruit game written as an OpenAI-client program (tests/gateway/programs.py: fruit_picker)."""
+# The fruit game written against the `openai` client, and as an OpenAI Agents SDK agent (openai-agents, unmodified).
+FRUIT_PROGRAMS = {
+    "openai_client": "tests.gateway.programs:fruit_picker",
+    "agents_sdk": "tests.gateway.agents_sdk_programs:fruit_picker",
+}
+
+
+def program_fruit_task(wanted: str, program: str) -> dict:
+    """The fruit game as one of `FRUIT_PROGRAMS`."""
     return {
         "agent_type": "program",
-        "agent_config": {"program": "tests.gateway.programs:fruit_picker", "max_tokens": 12, "max_turns": 3},
+        "agent_config": {"program": FRUIT_PROGRAMS[program], "max_tokens": 12, "max_turns": 3},
         "env_config": {"wanted": wanted},
     }
 
 
-def program_greedy_choice() -> str:
+def program_greedy_choice(program: str) -> str:
     """The fruit the untrained tiny model picks greedily in round 1 of the program's conversation."""
     from grl.engines import SamplingParams, make_engine
     from grl.gateway.programs import ProgramRunner
@@ -222,8 +229,9 @@ def program_greedy_choice() -> str:
 
     engine = make_engine("hf", "tiny", device="cpu", grammar=True)
     runner = ProgramRunner(engine, engine.tokenizer, context=1024, max_response_length=12)
+    task = TaskSpec("fruitProgram", program_fruit_task("plum", program), 1, 1)
     try:
-        [episode], _ = runner.run([TaskSpec("fruitProgram", program_fruit_task("plum"), 1, 1)], 0, 0, SamplingParams(greedy=True))
+        [episode], _ = runner.run([task], 0, 0, SamplingParams(greedy=True))
     finally:
         runner.close()
         engine.shutdown()
@@ -232,21 +240,22 @@ def program_greedy_choice() -> str:
 
 
 @pytest.mark.learning
+@pytest.mark.parametrize("program", sorted(FRUIT_PROGRAMS))
 @pytest.mark.parametrize("sign", [1.0, -1.0], ids=["as_is", "advantage_sign_flipped"])
-def test_ppo_learns_through_the_gateway_the_fruit_game_written_as_a_program(tmp_path, monkeypatch, ray_runtime, sign):
-    """The valid-action test above with its agent written against the `openai` client: the trainer
-    starts the gateway, the program's calls are its episodes, and the same run learns (and, with the
-    advantages negated, does not)."""
+def test_ppo_learns_through_the_gateway_the_fruit_game_written_as_a_program(tmp_path, monkeypatch, ray_runtime, sign, program):
+    """The valid-action test above with its agent written against the `openai` client, and with the
+    Agents SDK over the Responses API: the trainer starts the gateway, the program's calls are its
+    episodes, and the same run learns (and, with the advantages negated, does not)."""
     import httpx
 
     from grl.trainer.agent_trainer import AgentTrainer
 
     multiply_advantages(monkeypatch, sign)
-    wanted = next(f for f in FRUITS if f != program_greedy_choice())
+    wanted = next(f for f in FRUITS if f != program_greedy_choice(program))
     cfg = small_run_config(
         tmp_path,
         "fruitProgram",
-        program_fruit_task(wanted),
+        program_fruit_task(wanted, program),
         max_response_length=12,
         validation_groups=8,
         **{

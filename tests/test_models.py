@@ -112,28 +112,28 @@ def test_capping_onednn_below_bf16_makes_auto_fp32(cpu_reports, monkeypatch):
 
 def test_banner_and_preflight_say_what_the_cpu_computes_in(cpu_reports, tmp_path):
     from grl import preflight
-    from grl.config import load_config
+    from grl.config import load_config, run_sections
     from grl.run_plan import RunPlan
     from grl.trainer.report import start_report
 
     def banner_of(cfg):
-        return start_report(cfg, RunPlan.from_config(cfg), "cpu")
+        return start_report(run_sections(cfg), RunPlan.from_config(cfg), "cpu")
 
     base = ["preset=cpu", "model_path=tiny", f"trainer.run_dir={tmp_path}/run"]
     cpu_reports("AVX2")
     banner = banner_of(load_config(base))
     assert "  compute      auto: AVX2 CPU, float32 (bf16 would be emulated" in banner
     bf16 = load_config([*base, "actor_rollout_ref.model.dtype=bfloat16"])
-    notes = preflight.check_dtype(bf16)
+    notes = preflight.check_dtype(bf16, RunPlan.from_config(bf16))
     assert len(notes) == 1 and notes[0].startswith("actor_rollout_ref.model.dtype: bfloat16 on an AVX2 CPU without")
     assert "emulated" in banner_of(bf16)
-    assert preflight.check_dtype(load_config(base)) == []
+    assert preflight.check_dtype(load_config(base), RunPlan.from_config(load_config(base))) == []
 
     cpu_reports("AVX512", amx=True, avx512_bf16=True)
     assert "  compute      auto: AVX512 CPU, bfloat16 (the CPU computes bf16 natively (AMX and AVX512-BF16))" in banner_of(
         load_config(base)
     )
-    assert preflight.check_dtype(bf16) == []
+    assert preflight.check_dtype(bf16, RunPlan.from_config(bf16)) == []
 
 
 def test_fetch_model_gives_a_local_folder_or_names_the_model(monkeypatch):

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from grl.config import load_config
+from grl.config import load_config, run_sections
+from grl.run_plan import RunPlan
 from grl.planner import GIB, KNOWN_MODELS, ModelShape, format_plan, model_shape, plan, plan_run, train_flops
 
 GPU_PRESETS = sorted(
@@ -88,7 +89,7 @@ def test_mfu_is_model_flops_per_device_over_the_update_time():
 def test_every_gpu_preset_fits_its_hardware(preset):
     cfg = load_config([f"preset={preset}"])
     assert cfg.trainer.gpu_memory_gb, f"{preset} names no trainer.gpu_memory_gb"
-    memory = plan_run(cfg)
+    memory = plan_run(run_sections(cfg))
     assert memory.overflow() is None, format_plan(memory)
 
 
@@ -104,9 +105,10 @@ def test_7b_full_fine_tune_on_one_48gb_gpu_exits_2_with_one_line(capsys):
 def test_preflight_stops_a_config_that_does_not_fit():
     from grl.preflight import PreflightError, check_memory
 
+    too_big, fits = load_config(["preset=l40_1x_0.5b", "model_path=Qwen/Qwen2.5-7B-Instruct"]), load_config(["preset=h200_4x_7b"])
     with pytest.raises(PreflightError, match=r"memory plan \(grl plan\): .* set "):
-        check_memory(load_config(["preset=l40_1x_0.5b", "model_path=Qwen/Qwen2.5-7B-Instruct"]))
-    assert check_memory(load_config(["preset=h200_4x_7b"])) == []
+        check_memory(too_big, RunPlan.from_config(too_big))
+    assert check_memory(fits, RunPlan.from_config(fits)) == []
 
 
 def _rows(memory, phase):
@@ -116,34 +118,40 @@ def _rows(memory, phase):
 def test_state_rows_are_the_sharded_bytes_and_offload_moves_them_to_host():
     cfg = load_config(["preset=h200_4x_7b"])
     shape = ModelShape(**KNOWN_MODELS["Qwen2.5-7B-Instruct"])
-    on_gpu = _rows(plan(cfg, gpu_memory_gib=139.8), "update_actor")
+    on_gpu = _rows(plan(run_sections(cfg), gpu_memory_gib=139.8), "update_actor")
     # fp32 master shards over 4 ranks, AdamW's two moments, fp32 gradients; the ref in bf16.
     assert on_gpu["actor weights (master)"] == shape.params * 4 / 4
     assert on_gpu["actor optimizer (AdamW m, v)"] == 2 * shape.params * 4 / 4
     assert on_gpu["actor gradients"] == shape.params * 4 / 4
     assert on_gpu["ref weights"] == shape.params * 2 / 4
     offloaded = plan(
-        load_config(["preset=h200_4x_7b", "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true"]), gpu_memory_gib=139.8
+        run_sections(load_config(["preset=h200_4x_7b", "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true"])),
+        gpu_memory_gib=139.8,
     )
     assert "actor optimizer (AdamW m, v)" not in offloaded.device
     # The host holds every rank's shards of the node: the whole optimizer state.
     assert offloaded.host["actor optimizer (AdamW m, v)"]["update_actor"] == 2 * shape.params * 4
     assert offloaded.device_total("update_actor") == pytest.approx(
-        plan(cfg, gpu_memory_gib=139.8).device_total("update_actor") - 4 * shape.params * 4 / 4
+        plan(run_sections(cfg), gpu_memory_gib=139.8).device_total("update_actor") - 4 * shape.params * 4 / 4
     )
 
 
 def test_checkpointing_chunk_size_and_sleep_change_their_rows():
     base = ["preset=a100_1x_0.5b"]
-    full = _rows(plan(load_config(base), gpu_memory_gib=79.2), "update_actor")
+    full = _rows(plan(run_sections(load_config(base)), gpu_memory_gib=79.2), "update_actor")
     no_ckpt = _rows(
-        plan(load_config(base + ["actor_rollout_ref.model.enable_gradient_checkpointing=false"]), gpu_memory_gib=79.2),
+        plan(
+            run_sections(load_config(base + ["actor_rollout_ref.model.enable_gradient_checkpointing=false"])), gpu_memory_gib=79.2
+        ),
         "update_actor",
     )
     assert no_ckpt["activations"] > 5 * full["activations"]
-    half = _rows(plan(load_config(base + ["actor_rollout_ref.actor.logits_chunk_size=256"]), gpu_memory_gib=79.2), "update_actor")
+    half = _rows(
+        plan(run_sections(load_config(base + ["actor_rollout_ref.actor.logits_chunk_size=256"])), gpu_memory_gib=79.2),
+        "update_actor",
+    )
     assert half["log-prob chunk"] == pytest.approx(full["log-prob chunk"] / 4)  # 256 of 1024 rows
-    awake = plan(load_config(base + ["actor_rollout_ref.rollout.free_cache_engine=false"]), gpu_memory_gib=79.2)
+    awake = plan(run_sections(load_config(base + ["actor_rollout_ref.rollout.free_cache_engine=false"])), gpu_memory_gib=79.2)
     assert _rows(awake, "update_actor")["engine (gpu_memory_utilization)"] == pytest.approx(0.5 * 79.2 * GIB)
     assert "engine (gpu_memory_utilization)" not in {k for k, v in full.items() if v}
 
@@ -165,19 +173,19 @@ def test_lora_parameter_count_matches_peft():
 
 def test_unsharded_root_gradients_are_charged_to_the_update():
     shape = ModelShape(**KNOWN_MODELS["Qwen2.5-7B-Instruct"])
-    full = _rows(plan(load_config(["preset=h200_4x_7b"]), gpu_memory_gib=139.8), "update_actor")
+    full = _rows(plan(run_sections(load_config(["preset=h200_4x_7b"])), gpu_memory_gib=139.8), "update_actor")
     # Embedding, final norm and untied head, bf16 gradients and their fp32 reduce-scatter copy: 6.1 GiB.
     assert full["unsharded root gradients"] == (2 * shape.vocab * shape.hidden + shape.hidden) * (2 + 4)
-    lora = plan(load_config(["preset=h200_4x_7b", "actor_rollout_ref.model.lora_rank=8"]), gpu_memory_gib=139.8)
+    lora = plan(run_sections(load_config(["preset=h200_4x_7b", "actor_rollout_ref.model.lora_rank=8"])), gpu_memory_gib=139.8)
     assert not _rows(lora, "update_actor").get("unsharded root gradients")  # frozen under LoRA
 
 
 def test_a_separate_engine_is_charged_to_its_own_gpu_not_the_actors():
     # The engine on a GPU of its own may take most of it; on the actor's GPU that would not fit.
     big = ["preset=h200_4x_7b", "gpu_memory_utilization=0.7"]
-    colocated = plan(load_config(big), gpu_memory_gib=139.8)
+    colocated = plan(run_sections(load_config(big)), gpu_memory_gib=139.8)
     assert colocated.overflow().startswith("gen: ")
-    separate = plan(load_config(big + ["actor_rollout_ref.hybrid_engine=false"]), gpu_memory_gib=139.8)
+    separate = plan(run_sections(load_config(big + ["actor_rollout_ref.hybrid_engine=false"])), gpu_memory_gib=139.8)
     assert separate.overflow() is None, format_plan(separate)
     assert not any(name.startswith("engine") for name in separate.device)
     # Rank 0 alone collects the weights for the rollout worker, on the host.
@@ -187,13 +195,13 @@ def test_a_separate_engine_is_charged_to_its_own_gpu_not_the_actors():
 
 def test_ref_offload_follows_the_workers_rule():
     on = ["preset=h200_4x_7b", "actor_rollout_ref.ref.fsdp_config.optimizer_offload=true"]
-    assert "ref weights" in plan(load_config(on[:1]), gpu_memory_gib=139.8).device
-    offloaded = plan(load_config(on), gpu_memory_gib=139.8)
+    assert "ref weights" in plan(run_sections(load_config(on[:1])), gpu_memory_gib=139.8).device
+    offloaded = plan(run_sections(load_config(on)), gpu_memory_gib=139.8)
     assert "ref weights" not in offloaded.device and "ref weights" in offloaded.host
 
 
 def test_critic_runs_beside_what_the_actors_process_keeps_cached():
-    memory = plan(load_config(["preset=h200_4x_7b"]), gpu_memory_gib=139.8)
+    memory = plan(run_sections(load_config(["preset=h200_4x_7b"])), gpu_memory_gib=139.8)
     actor_pass = sum(_rows(memory, "old_log_prob")[name] for name in ("gathered weights", "activations", "log-prob chunk"))
     for phase in ("values", "update_critic"):
         assert _rows(memory, phase)["cached by the actor's process"] == pytest.approx(actor_pass)
@@ -220,7 +228,6 @@ def test_planner_sizes_what_the_worker_builds(process_group_env, caplog):
     import logging
 
     from grl.config import typed_section
-    from grl.run_plan import RunPlan
     from grl.workers.policy import PolicyWorker
 
     overrides = [
@@ -243,10 +250,10 @@ def test_planner_sizes_what_the_worker_builds(process_group_env, caplog):
     # On CPU offload changes no placement; the worker says it would have offloaded (grl/workers/fsdp.py, shard).
     ref_offloaded = any(r.getMessage().startswith("actor (ref): parameter/optimizer offload") for r in caplog.records)
 
-    master = plan(cfg, run=run).device["actor weights (master)"]["update_actor"] / model_shape("tiny").params
+    master = plan(run_sections(cfg), run=run).device["actor weights (master)"]["update_actor"] / model_shape("tiny").params
     assert master == built == 2
-    planned_ref = any(name.startswith("ref weights") for name in plan(cfg, run=run).device)
+    planned_ref = any(name.startswith("ref weights") for name in plan(run_sections(cfg), run=run).device)
     assert planned_ref == built_ref == run.reference_model is True
     # Where offload shows in a plan: the same config on a GPU puts the reference in host memory.
-    on_gpu = plan(load_config(overrides + ["trainer.device=cuda"]), gpu_memory_gib=80.0)
+    on_gpu = plan(run_sections(load_config(overrides + ["trainer.device=cuda"])), gpu_memory_gib=80.0)
     assert ref_offloaded and "ref weights" in on_gpu.host

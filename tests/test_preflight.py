@@ -115,7 +115,7 @@ def test_critic_free_estimator_builds_no_critic_and_preflight_only_reads(tmp_pat
     from omegaconf import OmegaConf
 
     from grl import preflight
-    from grl.config import load_config
+    from grl.config import load_config, run_sections
     from grl.planner import plan
 
     cfg = load_config([*base(tmp_path), "algorithm.adv_estimator=grpo", "rollout.agent_group_size=[2]"])
@@ -123,7 +123,7 @@ def test_critic_free_estimator_builds_no_critic_and_preflight_only_reads(tmp_pat
     notes = preflight.check(cfg)
     assert OmegaConf.to_yaml(cfg) == before
     assert cfg.critic.enable is True and any(n.startswith("critic.enable: grpo uses no critic") for n in notes)
-    assert "update_critic" not in plan(cfg).phases  # the memory plan, like the trainer, reads the estimator
+    assert "update_critic" not in plan(run_sections(cfg)).phases  # the memory plan, like the trainer, reads the estimator
     assert list(tmp_path.iterdir()) == []
 
 

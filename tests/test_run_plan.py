@@ -1,6 +1,7 @@
 """The run plan: its decisions against the config that asks for them, and the keys it decides read
 nowhere else in the package."""
 
+import ast
 import io
 import math
 import pickle
@@ -57,7 +58,14 @@ def test_the_plan_is_frozen_and_reaches_the_ranks_unchanged():
     [(1, 8, False, 0), (2, 8, False, 0), (1, 4, False, 0), (1, 8, True, 0), (1, 8, False, 1)],
 )
 def test_old_log_prob_pass_is_needed_when_the_update_moves_before_it_reads_them(epochs, mini, kl_in_reward, staleness):
-    plan = replace(plan_of(), ppo_epochs=epochs, ppo_mini_batch_size=mini, kl_in_reward=kl_in_reward, max_staleness=staleness)
+    plan = plan_of(
+        f"actor_rollout_ref.actor.ppo_epochs={epochs}",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={mini}",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+        f"algorithm.use_kl_in_reward={kl_in_reward}",
+        *(AHEAD[:1] + [f"rollout.max_staleness={staleness}", AHEAD[2]] if staleness else []),
+    )
+    assert plan.max_staleness == staleness
     for episodes in range(1, 20):
         # reference: the update's optimizer steps; only the first is taken at the weights that sampled, and
         # only if nothing used the old log-probs before it and the sampler was the current policy
@@ -135,70 +143,77 @@ def test_the_keys_the_plan_decides_are_read_nowhere_else():
     assert config_reads('log("rollout.max_staleness=%d", self.plan.max_staleness)') == []
 
 
-# What a rank of a worker group runs: built from the plan and its role's typed section alone.
-RANK_MODULES = ("worker", "policy", "critic", "update", "scoring", "fsdp", "lora", "sharded", "streaming", "rollout_worker")
-ROOT_SECTIONS = re.compile(r"\b\w*cfg\w*\s*(?:\.\s*|\[\s*)(actor_rollout_ref|critic|trainer|rollout|algorithm|data)\b")
+# The builders take the root config (grl.config.load_config's DictConfig) and hand every component typed
+# objects: its schema sections (grl.config.RunSections), the run plan, the task blocks. A builder is one of
+# these modules, a `from_config` classmethod or grl.trainer.run (grl-train's, which builds the trainer);
+# nothing else turns the root config into anything.
+BUILDER_MODULES = ("config.py", "run_plan.py", "preflight.py", "train.py", "cli.py", "schema/")
+BUILDER_FUNCTIONS = {"from_config", "trainer/__init__.py:run"}
+ROOT_ENTRIES = {"load_config", "typed_section", "run_sections", "task_instance"}
 
 
-def test_no_rank_reads_the_root_config():
-    reads = [
-        f"workers/{name}.py: {m.group(0)}"
-        for name in RANK_MODULES
-        for m in ROOT_SECTIONS.finditer(_code_without_strings((GRL / "workers" / f"{name}.py").read_text()))
+def root_config_uses(source: str, module: str = "") -> list[str]:
+    """Where `source` (the module `module`) reaches the root config outside a builder function: a call that
+    converts it (ROOT_ENTRIES), a parameter `cfg` unannotated or annotated DictConfig, or `self.cfg`."""
+    uses = []
+
+    def visit(node: ast.AST, in_builder: bool) -> None:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            in_builder = in_builder or bool({node.name, f"{module}:{node.name}"} & BUILDER_FUNCTIONS)
+            if not in_builder:
+                uses.extend(
+                    f"{node.name}(cfg)"
+                    for a in node.args.args + node.args.kwonlyargs
+                    if a.arg == "cfg" and (a.annotation is None or "DictConfig" in ast.unparse(a.annotation))
+                )
+        elif not in_builder and isinstance(node, ast.Call):
+            name = node.func.id if isinstance(node.func, ast.Name) else getattr(node.func, "attr", None)
+            if name in ROOT_ENTRIES:
+                uses.append(f"{name}()")
+        elif not in_builder and isinstance(node, ast.Attribute) and node.attr == "cfg":
+            if isinstance(node.value, ast.Name) and node.value.id == "self":
+                uses.append("self.cfg")
+        for child in ast.iter_child_nodes(node):
+            visit(child, in_builder)
+
+    visit(ast.parse(source), False)
+    return uses
+
+
+def test_only_the_builders_read_the_root_config():
+    uses = [
+        f"{path.relative_to(GRL).as_posix()}: {use}"
+        for path in sorted(GRL.rglob("*.py"))
+        if not path.relative_to(GRL).as_posix().startswith(BUILDER_MODULES)
+        for use in root_config_uses(path.read_text(), path.relative_to(GRL).as_posix())
     ]
-    assert reads == []
-    assert ROOT_SECTIONS.search("temperature = self.cfg.actor_rollout_ref.rollout.temperature")
-    assert not ROOT_SECTIONS.search("size = self.section.rollout.log_prob_micro_batch_size_per_gpu")
+    assert uses == []
+    # the check sees each way in, and lets a from_config builder read the config
+    assert root_config_uses("def f(cfg):\n    return cfg.trainer.seed") == ["f(cfg)"]
+    assert root_config_uses("def f(cfg: DictConfig):\n    pass\ndef g(cfg: Mapping):\n    pass") == ["f(cfg)"]
+    assert root_config_uses("class A:\n    def g(self):\n        return self.cfg.rollout") == ["self.cfg"]
+    assert root_config_uses("s = typed_section(config, 'critic')") == ["typed_section()"]
+    assert root_config_uses("class A:\n    @classmethod\n    def from_config(cls, cfg):\n        return run_sections(cfg)") == []
 
 
-# Who reads which part of the root config. The builders check the whole config and build the plan and
-# the components from it; every other module reads the root sections its component owns (a root key or
-# a dotted prefix; `[]` is a task instance, cfg[name]) and takes the rest from the plan.
-BUILDERS = ("config.py", "run_plan.py", "preflight.py", "train.py", "cli.py", "schema/")
-TASKS = "[]"
-ROLLOUT_OWNS = {"rollout", "tools", "max_prompt_length", "max_response_length", TASKS}
-OWNERS = {
-    "trainer/": {"trainer", "algorithm", "typed:algorithm", "rollout", TASKS},  # the loop, advantages, its rollout settings
-    "rollout/": ROLLOUT_OWNS,
-    "gateway/": ROLLOUT_OWNS,  # the rollout of agent programs
-    # The planner models the workers from the typed sections their groups build them from, the engine's
-    # cache from the rollout's worst case, and owns the memory it plans for.
-    "planner/": {*ROLLOUT_OWNS, "trainer.gpu_memory_gb", "typed:actor_rollout_ref", "typed:critic"},
-    "workers/group.py": {"typed:actor_rollout_ref", "typed:critic"},  # each rank gets its role's section
-}
-ROOT_READ = re.compile(r"(?<![\w.])(?:self\s*\.\s*)?cfg\s*(?:\.\s*(\w+)(?:\s*\.\s*(\w+))?|\[)")
-TYPED_READ = re.compile(r"""typed_section\(\s*(?:self\.)?cfg\s*,\s*["'](\w+)["']""")
+def test_the_components_are_built_from_typed_sections():
+    """The signatures say what each component is built from; none takes the root config."""
+    import inspect
 
+    from grl.gateway.programs import ProgramRunner
+    from grl.planner import plan
+    from grl.rollout import MultiTurnRollout
+    from grl.trainer.agent_trainer import AgentTrainer
+    from grl.trainer.validation import Validation
+    from grl.workers import ActorRolloutRefGroup, CriticGroup
 
-def root_reads(source: str) -> set[str]:
-    """The root config's sections read in `source`, as `section.key`, `key`, `[]` or `typed:section`."""
-    reads = {f"typed:{m.group(1)}" for m in TYPED_READ.finditer(source)}
-    for m in ROOT_READ.finditer(_code_without_strings(source)):
-        reads.add(TASKS if m.group(1) is None else ".".join(filter(None, m.groups())))
-    return reads
+    def annotations(fn) -> list[str]:
+        return [str(p.annotation) for p in inspect.signature(fn).parameters.values() if p.annotation is not p.empty]
 
-
-def test_each_module_reads_only_the_config_its_component_owns():
-    from typing import get_type_hints
-
-    from grl.schema import GRLConfig
-
-    root_keys = set(get_type_hints(GRLConfig))
-    strays = []
-    for path in sorted(GRL.rglob("*.py")):
-        name = path.relative_to(GRL).as_posix()
-        if name.startswith(BUILDERS):
-            continue
-        owned = next((keys for prefix, keys in OWNERS.items() if name.startswith(prefix)), set())
-        for read in root_reads(path.read_text()):
-            key = read.removeprefix("typed:").split(".")[0]
-            if read != TASKS and key not in root_keys:
-                continue  # an attribute of something else called cfg, e.g. a task instance's block
-            if not any(read == o or read.startswith(o + ".") for o in owned):
-                strays.append(f"{name}: {read}")
-    assert strays == []
-    # the scan finds each kind of read, and not the ones in messages or of other objects
-    assert root_reads("x = self.cfg.actor_rollout_ref.actor.use_kl_loss") == {"actor_rollout_ref.actor"}
-    assert root_reads("b = cfg[name].agent_config\nn = cfg.max_response_length") == {TASKS, "max_response_length"}
-    assert root_reads('s = typed_section(cfg, "critic")  # cfg.trainer.seed') == {"typed:critic"}
-    assert root_reads('log("cfg.trainer.seed"); train_cfg.ppo_epochs; self.section.rollout.name') == set()
+    assert annotations(AgentTrainer.__init__)[:2] == ["RunSections", "RunPlan"]
+    assert annotations(Validation.__init__)[:1] == ["RunSections"]
+    assert annotations(MultiTurnRollout.from_config)[:3] == ["Rollout", "Data", "Tools"]
+    assert annotations(ActorRolloutRefGroup.__init__)[:2] == ["ActorRolloutRef", "RunPlan"]
+    assert annotations(CriticGroup.__init__)[:2] == ["Critic", "RunPlan"]
+    assert annotations(plan)[:1] == ["RunSections"]
+    assert list(inspect.signature(ProgramRunner.from_config).parameters)[:2] == ["rollout", "data"]

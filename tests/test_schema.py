@@ -132,11 +132,13 @@ def test_consumers_take_checked_values_without_judging_them():
     """Values the schema refuses pass straight through the consumers: the schema is the one check."""
     import torch
 
+    from omegaconf import OmegaConf
+
     from grl.algo import AdaptiveKLController, policy_loss
     from grl.engines import sampling_from_config
     from grl.rollout.shaping import filter_groups
 
-    block = {"temperature": -1.0, "top_p": 0.0, "top_k": -5, "val_kwargs": {"do_sample": False}}
+    block = OmegaConf.create({"temperature": -1.0, "top_p": 0.0, "top_k": -5, "val_kwargs": {"do_sample": False}})
     assert sampling_from_config(block, validate=False, max_new_tokens=4).top_k == -5
     ones = torch.ones(1, 2)
     policy_loss(ones, ones, ones, ones, clip_ratio_c=0.5)

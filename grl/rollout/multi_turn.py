@@ -22,7 +22,8 @@ the batch lets each turn attend only to its own prompt.
 Env faults (an env that raises, hangs or returns a bad value) end only that agent's episode, unless
 too many fail: grl/rollout/env_faults.py.
 
-Use: `MultiTurnRollout.from_config(cfg, engine, tokenizer).run(task_specs(cfg), base_seed, sampling)`;
+Use: `MultiTurnRollout.from_config(run.rollout, run.data, run.tools, engine, tokenizer).run(task_specs(run.rollout,
+run.tasks), base_seed, sampling)`, `run` a config's typed sections (grl.config.run_sections);
 the trainer shapes the episodes into a batch with grl/trainer/transforms.py (`shape_batch`).
 """
 
@@ -33,7 +34,7 @@ import logging
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from grl.engines.base import Engine, SamplingParams
 from grl.engines.constraint import GrammarError, ReplyGrammar, compile_reply_grammar
@@ -45,6 +46,9 @@ from grl.rollout.episode_stats import rollout_metrics
 from grl.rollout.slot import Slot
 from grl.rollout.tasks import TaskSpec, is_program_task
 from grl.rollout.types import Episode, Turn
+
+if TYPE_CHECKING:
+    from grl.schema import Data, Rollout, Tools
 
 log = logging.getLogger("grl.rollout")
 
@@ -101,19 +105,24 @@ class MultiTurnRollout:
         self._end_ids = self.chat.end_ids()
 
     @classmethod
-    def from_config(cls, cfg, engine: Engine, tokenizer, control: str | None = None, programs=None) -> MultiTurnRollout:
-        """`control`: a validation control of grl/agents/controls.py (e.g. `swap`) that builds the agents."""
+    def from_config(
+        cls, rollout: Rollout, data: Data, tools: Tools, engine: Engine, tokenizer, control: str | None = None, programs=None
+    ) -> MultiTurnRollout:
+        """From the typed `rollout`, `data` (the lengths) and `tools` sections. `control`: a validation
+        control of grl/agents/controls.py (e.g. `swap`) that builds the agents."""
+        from dataclasses import asdict
+
         from grl.agents import make_agent
         from grl.agents.controls import VALIDATION_CONTROLS
         from grl.tools import SandboxLimits
 
-        r = cfg.rollout
-        sandbox = SandboxLimits(**cfg.tools.python)  # the limits of every tool call
+        r = rollout
+        sandbox = SandboxLimits(**asdict(tools.python))  # the limits of every tool call
         return cls(
             engine,
             tokenizer,
-            max_prompt_length=cfg.max_prompt_length,
-            max_response_length=cfg.max_response_length,
+            max_prompt_length=data.max_prompt_length,
+            max_response_length=data.max_response_length,
             truncation=r.truncation,
             env_workers=r.env_workers,
             env_step_timeout=r.env_step_timeout,

@@ -55,6 +55,12 @@ class AgentConfig:
     )
     program_timeout: float = key(300.0, "seconds an agent program may take for one episode", gt=0)
     program_workers: int = key(64, "agent programs running at once", ge=1)
+    program_max_rss_mb: float = key(
+        8192.0,
+        "MiB of resident memory an agent program's worker process and the processes it starts may hold; "
+        "past it the episode ends and the worker is replaced (a worker alone holds ~60)",
+        ge=128,
+    )
     brief_turns: bool = key(
         False,
         "a later turn's message leaves out a zero reward and the per-answer action cap "

@@ -11,13 +11,15 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
+    from grl.run_plan import RunPlan
+
 
 class RunAborted(RuntimeError):
     """The run stopped early (a worker died); the message says where to resume from."""
 
 
-def run(cfg: DictConfig) -> None:
-    """Train with a config from `grl.config.load_config`."""
+def run(cfg: DictConfig, plan: RunPlan | None = None) -> None:
+    """Train with a config from `grl.config.load_config` and the builder's run plan (grl/train.py)."""
     import ray
 
     from grl.trainer.agent_trainer import AgentTrainer
@@ -25,7 +27,7 @@ def run(cfg: DictConfig) -> None:
 
     started_ray = not ray.is_initialized()
     try:
-        trainer = AgentTrainer.from_config(cfg)
+        trainer = AgentTrainer.from_config(cfg, plan=plan)
         trainer.fit()
     finally:
         if started_ray:

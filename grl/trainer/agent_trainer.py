@@ -19,7 +19,8 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from grl.algo import make_kl_controller
-from grl.config import typed_section
+from grl.config import RunSections, run_sections
+from grl.engines import sampling_from_config
 from grl.rng import rng_state, set_rng_state
 from grl.run_plan import RunPlan
 from grl.rollout import Batch, MultiTurnRollout, task_specs, training_base_seed
@@ -59,96 +60,109 @@ StepHook = Callable[["AgentTrainer", int, dict, "Batch | None"], None]
 
 
 class AgentTrainer:
-    def __init__(self, cfg: DictConfig, actor, critic, rollout, hooks: list[StepHook] | None = None, plan: RunPlan | None = None):
-        self.cfg = cfg
+    def __init__(self, run: RunSections, plan: RunPlan, actor, critic, rollout, hooks: list[StepHook] | None = None):
+        """`run`: the config's typed sections; `plan`: the run plan the worker groups were built from."""
+        self.sections, self.settings = run, run.trainer  # trainer.* are the loop's own keys
         self.actor = actor  # grl.workers.ActorRolloutRefGroup (policy, reference model, rollout engine)
         self.critic = critic  # grl.workers.CriticGroup, or None for critic-free estimators
         self.rollout = rollout  # grl.rollout.MultiTurnRollout over the actor's engine
         self.hooks = list(hooks or [])
-        self.plan = plan or RunPlan.from_config(cfg)  # from_config hands over the one its groups were built from
-        self.algorithm = algo = typed_section(cfg, "algorithm")  # the advantage estimator reads its keys from it
+        self.plan = plan
+        self.algorithm = algo = run.algorithm  # the advantage estimator reads its keys from it
+        self.policy = run.actor_rollout_ref  # the model, its update and how the engine samples
+        self.sampling = sampling_from_config(self.policy.rollout, validate=False, max_new_tokens=run.data.max_response_length)
         self.kl_ctrl = make_kl_controller(algo.kl_ctrl.type, algo.kl_ctrl.kl_coef, algo.kl_ctrl.target_kl, algo.kl_ctrl.horizon)
-        self.train_tasks = task_specs(cfg)
-        self.curriculum = Curriculum.from_config(cfg.rollout.curriculum)  # None: the tasks as their blocks set them
+        self.train_tasks = task_specs(run.rollout, run.tasks)
+        self.curriculum = Curriculum.from_config(run.rollout.curriculum)  # None: the tasks as their blocks set them
         self.global_step = 0
-        self.mfu_shape, self.peak_flops = mfu_inputs(self.plan.model_path, self.plan.device)
+        self.mfu_shape, self.peak_flops = mfu_inputs(self.policy.model.path, self.plan.device)
         self.last_checkpoint: Path | None = None
         self.tracker: Tracker | None = None
-        self.progress = Progress(enabled="console" in cfg.trainer.logger)
-        self.validation = Validation(cfg, self.plan, rollout)
+        self.progress = Progress(enabled="console" in self.settings.logger)
+        self.validation = Validation(run, rollout)
         # Where each step's episodes and old log-probs come from (grl/trainer/pipeline.py): the step reads
         # the same in every mode. The rollout source starts with the first step, after any resume.
         self._source: RolloutSource | None = None
         self.old_log_probs = old_log_probs_from(self.plan, actor)
 
     @classmethod
-    def from_config(cls, cfg: DictConfig, hooks: list[StepHook] | None = None) -> AgentTrainer:
-        """Start Ray, the actor (+ref, +engine) and critic workers, and the rollout."""
+    def from_config(cls, cfg: DictConfig, hooks: list[StepHook] | None = None, plan: RunPlan | None = None) -> AgentTrainer:
+        """Start Ray, the actor (+ref, +engine) and critic workers, and the rollout; `plan`: the builder's
+        (grl/train.py), by default the plan on this machine."""
         from grl.models import load_tokenizer
         from grl.workers import init_ray, start_groups
 
         # Worker output (Ray, vLLM, transformers on every rank) stays in Ray's session logs, off the console;
         # errors still reach the driver as exceptions.
-        plan = RunPlan.from_config(cfg)
-        init_ray(plan.ray_address, log_to_driver=False)
+        run, plan = run_sections(cfg), plan or RunPlan.from_config(cfg)
+        init_ray(run.trainer.ray_address, log_to_driver=False)
         with ThreadPoolExecutor(1) as driver:
-            tokenizer = driver.submit(load_tokenizer, plan.model_path)  # while the ranks start
-            actor, critic = start_groups(cfg, plan)
+            tokenizer = driver.submit(load_tokenizer, run.actor_rollout_ref.model.path)  # while the ranks start
+            actor, critic = start_groups(run, plan)
         try:
             programs = None
-            if any(is_program_task(task) for validation in (False, True) for task in task_specs(cfg, validation)):
+            program_tasks = [
+                task
+                for validation in (False, True)
+                for task in task_specs(run.rollout, run.tasks, validation)
+                if is_program_task(task)
+            ]
+            if program_tasks:
                 from grl.gateway.programs import ProgramRunner
 
-                programs = ProgramRunner.from_config(cfg, actor.engine, tokenizer.result())
-            rollout = MultiTurnRollout.from_config(cfg, actor.engine, tokenizer.result(), programs=programs)
+                programs = ProgramRunner.from_config(run.rollout, run.data, actor.engine, tokenizer.result())
+                programs.start_workers(program_tasks)  # their processes start while the first rollout is prepared
+            rollout = MultiTurnRollout.from_config(
+                run.rollout, run.data, run.tools, actor.engine, tokenizer.result(), programs=programs
+            )
         except BaseException:
             for group in (actor, critic):
                 if group is not None:
                     group.shutdown()
             raise
-        return cls(cfg, actor, critic, rollout, hooks, plan)
+        return cls(run, plan, actor, critic, rollout, hooks)
 
     # ------------------------------------------------------------------ loop
 
     def fit(self) -> None:
         """Validate, then train step by step, validating every `test_freq` and
         checkpointing every `save_freq` steps (and both at the end)."""
-        trainer_cfg = self.cfg.trainer
+        settings = self.settings
         try:
             resumed = self.resume()
             self.tracker = Tracker(
-                list(trainer_cfg.logger),
-                trainer_cfg.run_dir,
-                trainer_cfg.project_name,
-                trainer_cfg.experiment_name,
-                config=OmegaConf.to_container(self.cfg, resolve=True),
-                total_steps=trainer_cfg.total_training_steps,
+                list(settings.logger),
+                settings.run_dir,
+                settings.project_name,
+                settings.experiment_name,
+                config=self.sections.record,
+                total_steps=settings.total_training_steps,
                 resume_step=self.global_step if resumed else None,
             )
-            save_run_info(trainer_cfg.run_dir, OmegaConf.to_yaml(self.cfg, resolve=True))
+            save_run_info(settings.run_dir, OmegaConf.to_yaml(self.sections.record))
             print(self.start_report(), flush=True)
-            if trainer_cfg.val_only:
+            if settings.val_only:
                 self.tracker.log(self.validate(), self.global_step)
                 return
-            self.progress.start_run(trainer_cfg.total_training_steps, done=self.global_step)
-            if trainer_cfg.val_before_train and self.global_step == 0:
+            self.progress.start_run(settings.total_training_steps, done=self.global_step)
+            if settings.val_before_train and self.global_step == 0:
                 self.tracker.log(self.validate(), self.global_step)
-            while self.global_step < trainer_cfg.total_training_steps:
+            while self.global_step < settings.total_training_steps:
                 self.global_step += 1
-                step, last = self.global_step, self.global_step == trainer_cfg.total_training_steps
+                step, last = self.global_step, self.global_step == settings.total_training_steps
                 metrics, batch = self.train_step(step)
-                if trainer_cfg.test_freq > 0 and (step % trainer_cfg.test_freq == 0 or last):
+                if settings.test_freq > 0 and (step % settings.test_freq == 0 or last):
                     metrics.update(self.validate())
-                    if trainer_cfg.export_hf and trainer_cfg.export_best and self.validation.is_best(step, metrics):
+                    if settings.export_hf and settings.export_best and self.validation.is_best(step, metrics):
                         self.export_hf()
-                if (trainer_cfg.save_freq > 0 and step % trainer_cfg.save_freq == 0) or last:
+                if (settings.save_freq > 0 and step % settings.save_freq == 0) or last:
                     metrics.update(self.save_checkpoint())
                 self.tracker.log(metrics, step)
                 self.progress.step_done(metrics)
                 for hook in self.hooks:
                     hook(self, step, metrics, batch)
             best = self.validation.best.step  # 0: none after a training step, or trainer.export_best off
-            export = None if not trainer_cfg.export_hf else self.export_hf(only_path=best > 0)
+            export = None if not settings.export_hf else self.export_hf(only_path=best > 0)
             print(finish_report(self.validation.success, self.last_checkpoint, export, best), flush=True)
         except (WorkerDiedError, WeightSyncTimeout) as err:
             message = abort_message(err, self.global_step, self.last_checkpoint)
@@ -199,7 +213,7 @@ class AgentTrainer:
             metrics.update(batch_metrics(batch))
             metrics.update(
                 throughput_metrics(
-                    batch, timer.times, self.plan.world_size, self.mfu_shape, self.peak_flops, self.plan.ppo_epochs
+                    batch, timer.times, self.plan.world_size, self.mfu_shape, self.peak_flops, self.policy.actor.ppo_epochs
                 )
             )
         metrics.update(timer.metrics())
@@ -221,7 +235,7 @@ class AgentTrainer:
             **sampled.metrics,
             **task_metrics(result.metrics, "train"),
             **reward_metrics(result.episodes),
-            **turn_length_metrics(result.episodes, self.plan.max_response_length, validation=False),
+            **turn_length_metrics(result.episodes, self.sections.data.max_response_length, validation=False),
             "training/dropped_stale_episodes": float(stale),
         }
         if self.curriculum is not None:  # before this step's weights are published: a rollout ahead reads it
@@ -230,8 +244,8 @@ class AgentTrainer:
                 log.info(
                     "step %d: curriculum moves to %s=%r", step, self.curriculum.key, self.curriculum.levels[self.curriculum.stage]
                 )
-        if self.plan.kl_loss_coef is not None:
-            metrics["actor/kl_coef"] = self.plan.kl_loss_coef
+        if self.policy.actor.use_kl_loss:
+            metrics["actor/kl_coef"] = self.policy.actor.kl_loss_coef
         return episodes, metrics
 
     def _batch_of(self, step: int, episodes: list, metrics: dict[str, float]) -> Batch | None:
@@ -247,7 +261,7 @@ class AgentTrainer:
                 failed[0].error.splitlines()[-1],
             )
             return None
-        batch, shape_metrics = shape_batch(episodes, self.cfg.rollout, self.rollout.tokenizer.pad_token_id)
+        batch, shape_metrics = shape_batch(episodes, self.sections.rollout, self.rollout.tokenizer.pad_token_id)
         metrics.update(shape_metrics)
         if len(batch) == 0:
             log.warning("step %d: no episode left to train on after filtering; update skipped", step)
@@ -256,7 +270,7 @@ class AgentTrainer:
 
     def updates_actor(self, step: int) -> bool:
         """Whether `step` updates the actor, and so syncs its weights: every step after the critic's warm-up."""
-        return step > self.cfg.trainer.critic_warmup
+        return step > self.settings.critic_warmup
 
     def _source_from(self, step: int) -> RolloutSource:
         """The rollout source, started by the first step this trainer runs (after any resume)."""
@@ -274,26 +288,26 @@ class AgentTrainer:
                 self.actor.weights_handle,
                 max_staleness=self.plan.max_staleness,
                 first_step=first_step,
-                last_step=self.cfg.trainer.total_training_steps,
+                last_step=self.settings.total_training_steps,
                 version=first_step - 1,
             )
         return SynchronousRollout(
             partial(self._rollout, on_turn=self.progress.show_turn),
             self.rollout.engine,
             self.actor,
-            self.plan.free_cache_engine,
+            self.policy.rollout.free_cache_engine,
             self.updates_actor,
         )
 
     def _rollout(self, step: int, on_turn: Callable | None):
         """Every training task's episodes of `step`, sampled by the engine's current weights."""
-        sampling = replace(self.plan.sampling, seed=training_base_seed(self.plan.seed, step))
+        sampling = replace(self.sampling, seed=training_base_seed(self.plan.seed, step))
         tasks = self.train_tasks if self.curriculum is None else self.curriculum.tasks(self.train_tasks, self._stage(step))
         return self.rollout.run(
             tasks,
-            training_base_seed(self.cfg.rollout.seed, step),
+            training_base_seed(self.sections.rollout.seed, step),
             sampling,
-            turn_barrier=self.cfg.rollout.turn_barrier,
+            turn_barrier=self.sections.rollout.turn_barrier,
             on_turn=on_turn,
         )
 
@@ -313,13 +327,13 @@ class AgentTrainer:
         return {**metrics, **timer.metrics()}
 
     def start_report(self) -> str:
-        return start_report(self.cfg, self.plan, self.actor.device)
+        return start_report(self.sections, self.plan, self.plan.device)
 
     # ------------------------------------------------------------ checkpoints
 
     def save_checkpoint(self) -> dict[str, float]:
         timer = Timer()
-        trainer_cfg = self.cfg.trainer
+        settings = self.settings
 
         def write_parts(tmp: Path) -> None:
             self.actor.save_checkpoint(str(tmp / "actor"))
@@ -335,20 +349,20 @@ class AgentTrainer:
         }
         with timer("save_checkpoint"):
             self.last_checkpoint = ckpt.write_checkpoint(
-                trainer_cfg.default_local_dir, self.global_step, write_parts, state, trainer_cfg.max_ckpt_to_keep
+                settings.default_local_dir, self.global_step, write_parts, state, settings.max_ckpt_to_keep
             )
         return timer.metrics()
 
     def export_hf(self, only_path: bool = False) -> Path:
         """The actor as a Hugging Face folder (`<default_local_dir>/hf_actor`) that transformers and vLLM
         load; `only_path`: where trainer.export_best wrote it at the best validation."""
-        target = Path(self.cfg.trainer.default_local_dir) / ckpt.HF_EXPORT
+        target = Path(self.settings.default_local_dir) / ckpt.HF_EXPORT
         return target if only_path else ckpt.write_folder(target, self.actor.export_hf)
 
     def resume(self) -> bool:
         """Load the checkpoint `trainer.resume_mode` points at; True if one was loaded."""
-        trainer_cfg = self.cfg.trainer
-        path = ckpt.resume_path(trainer_cfg.resume_mode, trainer_cfg.default_local_dir)
+        settings = self.settings
+        path = ckpt.resume_path(settings.resume_mode, settings.default_local_dir)
         if path is None:
             return False
         state = ckpt.read_state(path)

@@ -32,7 +32,8 @@ class Curriculum:
 
     @classmethod
     def from_config(cls, c) -> Curriculum | None:
-        return None if c.env_key is None else cls(str(c.env_key), list(c.levels), float(c.promote_at), int(c.window))
+        """From the typed `rollout.curriculum` section; None where it steps no key."""
+        return None if c.env_key is None else cls(c.env_key, list(c.levels), c.promote_at, c.window)
 
     def stage_for(self, step: int, max_staleness: int = 0) -> int:
         """The stage training step `step` plays: the one reached after step `step - 1 - max_staleness`."""

@@ -18,7 +18,7 @@ import torch
 from grl.algo.mismatch import KEYS as MISMATCH_KEYS
 from grl.algo.mismatch import mismatch_stats
 from grl.planner import ModelShape, PlanError, model_shape, peak_flops, train_flops
-from grl.planner.device import cuda_device
+from grl.machine import cuda_device
 from grl.rollout.episode_stats import finite
 from grl.rollout.types import Batch, Episode
 
@@ -142,7 +142,7 @@ def throughput_metrics(
 def mfu_inputs(model_path: str, device: str) -> tuple[ModelShape | None, float]:
     """The policy's shape and this machine's GPU bf16 peak, for `perf/mfu/actor`; (None, 0.0) on
     CPU, on an unknown GPU, or where the driver sees no GPU (no MFU is reported then). The GPU's name
-    is asked without a CUDA context in the driver (grl/planner/device.py)."""
+    is asked without a CUDA context in the driver (grl/machine.py)."""
     gpu = None if device == "cpu" else cuda_device()
     if gpu is None:
         return None, 0.0

@@ -245,7 +245,7 @@ class ScoredLogProbs:
             return {}
         with timer("old_log_prob"):
             batch["old_log_probs"], _ = self._actor.compute_log_probs(batch)
-        return old_log_prob_metrics(batch, self._plan.tis_imp_ratio_cap)
+        return old_log_prob_metrics(batch, self._actor.section.actor.tis_imp_ratio_cap)
 
 
 def old_log_probs_from(plan: RunPlan, actor) -> OldLogProbSource:

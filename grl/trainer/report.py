@@ -8,24 +8,23 @@ from pathlib import Path
 from grl.models import compute_report
 
 
-def start_report(cfg, plan, device: str) -> str:
-    """Where this run writes, on what it runs and what it trains on."""
+def start_report(run, plan, device: str) -> str:
+    """Where this run writes, on what it runs and what it trains on; `run`: the config's typed sections."""
     from grl.tracking import METRICS_FILE
 
-    run_dir = Path(cfg.trainer.run_dir).absolute()
-    groups = zip(cfg.rollout.training, cfg.rollout.agent_group_num, cfg.rollout.agent_group_size)
-    val_groups = zip(cfg.rollout.validation, cfg.rollout.validation_agent_group_num, cfg.rollout.validation_agent_group_size)
+    trainer, rollout, model = run.trainer, run.rollout, run.actor_rollout_ref.model
+    run_dir = Path(trainer.run_dir).absolute()
+    groups = zip(rollout.training, rollout.agent_group_num, rollout.agent_group_size)
+    val_groups = zip(rollout.validation, rollout.validation_agent_group_num, rollout.validation_agent_group_size)
     return "\n".join(
         [
-            f"grl-train: {cfg.trainer.project_name}/{cfg.trainer.experiment_name}, "
-            f"{cfg.trainer.total_training_steps} steps, estimator {cfg.algorithm.adv_estimator}",
+            f"grl-train: {trainer.project_name}/{trainer.experiment_name}, "
+            f"{trainer.total_training_steps} steps, estimator {run.algorithm.adv_estimator}",
             f"  run folder   {run_dir}",
             f"  metrics      {run_dir / METRICS_FILE}  (grl plot {run_dir})",
-            f"  checkpoints  {Path(cfg.trainer.default_local_dir).absolute()}",
-            f"  device       {device} x {plan.world_size} rank(s), engine {plan.engine_name}"
-            f"{plan.engine_place()}, "
-            f"model {plan.model_path}",
-            f"  compute      {compute_report(plan.model_dtype, device)}",
+            f"  checkpoints  {Path(trainer.default_local_dir).absolute()}",
+            f"  device       {device} x {plan.world_size} rank(s), engine {plan.engine}{plan.engine_place()}, model {model.path}",
+            f"  compute      {compute_report(model.dtype, device)}",
             f"  worker logs  {os.environ.get('RAY_TMPDIR', '/tmp/ray')}/session_latest/logs",
             "  training     " + ", ".join(f"{t} ({n}x{k})" for t, n, k in groups),
             "  validation   " + ", ".join(f"{t} ({n}x{k})" for t, n, k in val_groups),

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from statistics import fmean
 
 from grl.agents.controls import CONTROL_METRIC
+from grl.config import RunSections
+from grl.engines import sampling_from_config
 from grl.rollout import MultiTurnRollout, task_specs
 from grl.rollout.diagnostics import input_dependence_metrics
 from grl.rollout.tasks import is_program_task
@@ -61,9 +63,15 @@ class Validation:
     """The run's validations over the rollout's engine: each task's success at every validation (the
     finish report's first, best and last) and the best one after a training step (`trainer.export_best`)."""
 
-    def __init__(self, cfg, plan, rollout):
-        self.cfg, self.plan, self.rollout = cfg, plan, rollout
-        self.tasks = task_specs(cfg, validation=True)
+    def __init__(self, run: RunSections, rollout):
+        """`run`: the config's typed sections; `rollout`: the training rollout, whose engine it shares."""
+        self.run_sections, self.rollout = run, rollout
+        self.settings, self.max_response_length = run.trainer, run.data.max_response_length
+        self.seed, self.names = run.rollout.validation_seed, run.rollout.validation
+        self.sampling = sampling_from_config(
+            run.actor_rollout_ref.rollout, validate=True, max_new_tokens=self.max_response_length
+        )
+        self.tasks = task_specs(run.rollout, run.tasks, validation=True)
         self.controls: dict = {}  # validation control -> its MultiTurnRollout (grl/agents/controls.py)
         self.success: dict[str, list[tuple[int, float]]] = {}
         self.best = BestValidation()
@@ -75,27 +83,28 @@ class Validation:
             self.rollout,
             self._control_rollouts(),
             self.tasks,
-            self.cfg.rollout.validation_seed,
-            self.cfg.trainer.validation_steps,
-            self.plan.validation_sampling,
+            self.seed,
+            self.settings.validation_steps,
+            self.sampling,
             on_turn=on_turn,
         )
         metrics = task_metrics(mean, "val-env")
-        for task in self.cfg.rollout.validation:
+        for task in self.names:
             if f"val-env/{task}/success" in metrics:
                 self.success.setdefault(task, []).append((step, metrics[f"val-env/{task}/success"]))
-        return {**metrics, **turn_length_metrics(episodes, self.plan.max_response_length, validation=True)}
+        return {**metrics, **turn_length_metrics(episodes, self.max_response_length, validation=True)}
 
     def is_best(self, step: int, metrics: dict[str, float]) -> bool:
         """Whether this validation is the best after a training step so far (and is recorded as it)."""
-        return self.best.offer(step, metrics, self.cfg.rollout.validation)
+        return self.best.offer(step, metrics, self.names)
 
     def _control_rollouts(self) -> dict:
         """The rollouts of `trainer.validation_controls`, built on first use over the same engine."""
-        for name in self.cfg.trainer.validation_controls:
+        run = self.run_sections
+        for name in self.settings.validation_controls:
             if name not in self.controls:
                 self.controls[name] = MultiTurnRollout.from_config(
-                    self.cfg, self.rollout.engine, self.rollout.tokenizer, control=name
+                    run.rollout, run.data, run.tools, self.rollout.engine, self.rollout.tokenizer, control=name
                 )
         return self.controls
 

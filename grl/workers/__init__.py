@@ -43,16 +43,17 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from grl.workers.engine_proxy import EngineProxy
 from grl.workers.group import ActorRolloutRefGroup, CriticGroup, WorkerDiedError
 from grl.workers.rollout_worker import WeightSyncTimeout
-from grl.workers.runtime import init_ray, resolve_device
+from grl.workers.runtime import init_ray
 from grl.workers.sharding import plan_minibatches
 
 log = logging.getLogger("grl.workers")
 
 
-def start_groups(cfg, plan, engines_last: bool | None = None) -> tuple[ActorRolloutRefGroup, CriticGroup | None]:
+def start_groups(run, plan, engines_last: bool | None = None) -> tuple[ActorRolloutRefGroup, CriticGroup | None]:
     """The actor group and, where the plan has a critic, the critic group, started side by side: each
-    group's ranks start their processes and load their model while the other's do. A group that
-    started is shut down when the other fails (or the start is interrupted).
+    group's ranks start their processes and load their model while the other's do, each from its typed
+    section of `run` (grl.config.RunSections). A group that started is shut down when the other fails
+    (or the start is interrupted).
 
     `engines_last` (default: on GPU) builds the colocated rollout engines only once every group has
     loaded. vLLM sizes its KV cache from the free memory it profiles while it is built and charges any
@@ -60,13 +61,13 @@ def start_groups(cfg, plan, engines_last: bool | None = None) -> tuple[ActorRoll
     cache by its own size, differently from run to run, and memory freed during the profile trips vLLM's
     own check (vllm/v1/worker/gpu_worker.py, determine_available_memory). On CPU the engine profiles no
     device and keeps building beside the critic's load."""
-    init_ray(plan.ray_address)
-    engines_last = resolve_device(plan.device) == "cuda" if engines_last is None else engines_last
+    init_ray(run.trainer.ray_address)
+    engines_last = plan.device == "cuda" if engines_last is None else engines_last
     started = time.time()
     pool = ThreadPoolExecutor(2, thread_name_prefix="grl-start")
     starts = [
-        pool.submit(ActorRolloutRefGroup, cfg, plan, not engines_last),
-        *([pool.submit(CriticGroup, cfg, plan)] if plan.use_critic else []),
+        pool.submit(ActorRolloutRefGroup, run.actor_rollout_ref, plan, run.rollout.weight_sync_timeout, not engines_last),
+        *([pool.submit(CriticGroup, run.critic, plan)] if plan.use_critic else []),
     ]
     try:
         groups = [start.result() for start in starts]
@@ -108,6 +109,5 @@ __all__ = [
     "WorkerDiedError",
     "init_ray",
     "plan_minibatches",
-    "resolve_device",
     "start_groups",
 ]

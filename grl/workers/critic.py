@@ -14,7 +14,7 @@ class ValueObjective:
     prefix = "critic"
 
     def __init__(self, train_cfg):
-        self.cfg = train_cfg  # the critic section
+        self.section = train_cfg  # the critic section
 
     def agg_mode(self) -> str:
         return "token-mean"
@@ -27,7 +27,7 @@ class ValueObjective:
             t["values"],
             t["returns"],
             t["loss_mask"],
-            cliprange_value=self.cfg.cliprange_value,
+            cliprange_value=self.section.cliprange_value,
             loss_agg_mode=mode,
             segment_ids=seg_of(t),
         )

@@ -23,8 +23,9 @@ from grl.errors import first_line
 from grl.rollout.types import Batch
 from grl.config import typed_section
 from grl.run_plan import RunPlan
+from grl.schema import ActorRolloutRef, Critic
 from grl.workers.engine_proxy import EngineProxy
-from grl.workers.runtime import WorkerDiedError, acquire_pool, init_ray, release_pool, resolve_device, worker_runtime_env
+from grl.workers.runtime import WorkerDiedError, acquire_pool, check_device, init_ray, release_pool, worker_runtime_env
 from grl.workers.sharding import equal_shards, minibatch_shards, pack, pad_rows, pick, row_capacity, unpack
 
 log = logging.getLogger("grl.workers")
@@ -75,7 +76,7 @@ class _WorkerGroup:
         if size < 1:
             raise ValueError(f"a worker group needs at least one rank, got {size}")
         self.role, self.plan, self.section, self.size = worker_class.role, plan, section, size
-        self.device = resolve_device(plan.device)
+        self.device = check_device(plan.device)
         self.workers: list = []
         self.nodes: list[str] = []  # the Ray node id of each rank
         self._abandoned: list = []  # results of peers of a failed rank, collected at shutdown
@@ -288,25 +289,29 @@ class ActorRolloutRefGroup(_WorkerGroup):
     engine: inside every rank on GPU, inside rank 0 on CPU (the vllm engine
     then runs in a process of its own that the engines package starts); or, with
     `actor_rollout_ref.hybrid_engine=false`, in a rollout worker of its own
-    (grl/workers/rollout_worker.py). `engines_in_setup=False` leaves the ranks' engines to `build_engines`."""
+    (grl/workers/rollout_worker.py), which waits `weight_sync_timeout` seconds (rollout.weight_sync_timeout)
+    for the trained weights. `engines_in_setup=False` leaves the ranks' engines to `build_engines`."""
 
-    def __init__(self, cfg, plan: RunPlan, engines_in_setup: bool = True):
+    @classmethod
+    def from_config(cls, cfg, plan: RunPlan, engines_in_setup: bool = True) -> ActorRolloutRefGroup:
+        """The group of a checked config's `actor_rollout_ref` section."""
+        return cls(typed_section(cfg, "actor_rollout_ref"), plan, cfg.rollout.weight_sync_timeout, engines_in_setup)
+
+    def __init__(self, section: ActorRolloutRef, plan: RunPlan, weight_sync_timeout: float, engines_in_setup: bool = True):
         from grl.workers.policy import PolicyWorker
         from grl.workers.rollout_worker import SeparateEngine
 
         self.use_ref, self.separate = plan.use_reference, plan.engine_apart
-        init_ray(plan.ray_address)
-        device = resolve_device(plan.device)
-        section = typed_section(cfg, "actor_rollout_ref")
-        self.engine_name = section.rollout.name  # `auto` is resolved inside the rank
-        engine_ranks = () if self.separate else tuple(range(plan.world_size)) if device == "cuda" else (0,)
+        init_ray()
+        self.engine_name = plan.engine
+        engine_ranks = plan.engine_ranks()
         self.engine_ranks = list(engine_ranks)
         super().__init__(
             PolicyWorker, plan, section, lambda rank: (self.engine_name if rank in engine_ranks else None, engines_in_setup)
         )
         try:
             self.engine: Engine = (
-                SeparateEngine(section, plan, self.device, plan.weight_sync_timeout)
+                SeparateEngine(section, plan, self.device, weight_sync_timeout)
                 if self.separate
                 else EngineProxy(self, self.engine_ranks)
             )
@@ -372,11 +377,16 @@ class ActorRolloutRefGroup(_WorkerGroup):
 class CriticGroup(_WorkerGroup):
     """The value model: the policy's backbone with a scalar head."""
 
-    def __init__(self, cfg, plan: RunPlan):
+    @classmethod
+    def from_config(cls, cfg, plan: RunPlan) -> CriticGroup:
+        """The group of a checked config's `critic` section."""
+        return cls(typed_section(cfg, "critic"), plan)
+
+    def __init__(self, section: Critic, plan: RunPlan):
         from grl.workers.critic import CriticWorker
 
-        init_ray(plan.ray_address)
-        super().__init__(CriticWorker, plan, typed_section(cfg, "critic"))
+        init_ray()
+        super().__init__(CriticWorker, plan, section)
 
     def compute_values(self, batch: Batch) -> torch.Tensor:
         return self._score("compute_values", pick(batch, SCORE_KEYS))[0]

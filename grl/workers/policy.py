@@ -22,20 +22,20 @@ class PolicyObjective:
     prefix = "actor"
 
     def __init__(self, train_cfg):
-        self.cfg = train_cfg  # the actor section, read at each call
+        self.section = train_cfg  # the actor section, read at each call
         # (engine, trainer) log-probs of the sampled tokens of an update without old log-probs, per micro-batch
         self.sampled_log_probs: list[tuple[torch.Tensor, torch.Tensor]] = []
 
     def agg_mode(self) -> str:
-        return self.cfg.loss_agg_mode
+        return self.section.loss_agg_mode
 
     def uses_kl_loss(self, part: dict) -> bool:
-        return self.cfg.use_kl_loss and "ref_log_probs" in part
+        return self.section.use_kl_loss and "ref_log_probs" in part
 
     def loss(self, out, t: dict, mode: str) -> tuple[torch.Tensor, dict[str, float]]:
         from grl.algo import entropy_bonus, kl_loss, policy_loss, truncated_is_weights
 
-        c = self.cfg
+        c = self.section
         log_probs, entropy = out
         # Without old log-probs the update is on-policy (one mini-batch, one epoch: the trainer skips
         # their pass), so the current ones are the behaviour policy's.

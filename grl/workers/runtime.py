@@ -133,15 +133,23 @@ def node_death_wait_s() -> float:
     return Config.health_check_failure_threshold() * per_check_ms / 1000 + 5.0
 
 
-def resolve_device(requested: str) -> str:
+def check_device(device: str) -> str:
+    """The run plan's device (`auto` resolved there, grl/machine.py), refused where the Ray cluster
+    cannot give the ranks a GPU."""
     import ray
 
-    gpus = ray.cluster_resources().get("GPU", 0)
-    if requested == "auto":
-        return "cuda" if gpus >= 1 else "cpu"
-    if requested == "cuda" and gpus < 1:
-        raise RuntimeError("trainer.device: cuda requested but the Ray cluster has no GPU")
-    return requested
+    if device == "cuda" and ray.cluster_resources().get("GPU", 0) < 1:
+        raise RuntimeError("trainer.device: cuda, but the Ray cluster has no GPU")
+    return device
+
+
+def cluster_gpus(address: str) -> int:
+    """The GPUs of the Ray cluster at `address`, which a run joining it counts as its machine's
+    (grl/machine.py); it stays joined, as the trainer's init_ray finds it."""
+    import ray
+
+    init_ray(address, log_to_driver=False)
+    return int(ray.cluster_resources().get("GPU", 0))
 
 
 # ---------------------------------------------------------------- placement

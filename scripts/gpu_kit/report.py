@@ -67,10 +67,10 @@ def owner(component: str, phase: str) -> str:
 
 def plan_figures(overrides: list[str], seq_len: int | None, sampled: int | None) -> dict:
     """Per phase: GiB per GPU in total and by process (actor rank with reference and engine, critic rank)."""
-    from grl.config import load_config
+    from grl.config import load_config, run_sections
     from grl.planner import plan_run
 
-    plan = plan_run(load_config(overrides), seq_len=seq_len, sampled_tokens=sampled)
+    plan = plan_run(run_sections(load_config(overrides)), seq_len=seq_len, sampled_tokens=sampled)
     phases = {}
     for phase in plan.phases:
         split = {"actor": 0.0, "critic": 0.0, "shared": 0.0}

@@ -128,7 +128,9 @@ def test_bad_sampling_values_name_the_key(override, message):
     ],
 )
 def test_the_engine_takes_grammars_when_a_task_of_the_run_decodes_constrained(overrides, constrained):
-    from grl.config import load_config
-    from grl.rollout import decodes_constrained
+    from grl.config import load_config, run_sections
+    from grl.rollout import decodes_constrained, task_specs
 
-    assert decodes_constrained(load_config(overrides)) is constrained
+    run = run_sections(load_config(overrides))
+    specs = [spec for validation in (False, True) for spec in task_specs(run.rollout, run.tasks, validation)]
+    assert decodes_constrained(specs) is constrained

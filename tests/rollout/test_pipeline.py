@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from grl.config import load_config
+from grl.config import load_config, run_sections
 from grl.engines.base import SamplingParams
 from grl.rollout import (
     MultiTurnRollout,
@@ -36,11 +36,12 @@ def test_config_rollout_to_shaped_batch(hf_engine, tokenizer):
             "rollout.rollout_filter_ratio=0.5",
         ]
     )
-    ro = MultiTurnRollout.from_config(cfg, hf_engine, tokenizer)
+    run = run_sections(cfg)
+    ro = MultiTurnRollout.from_config(run.rollout, run.data, run.tools, hf_engine, tokenizer)
     assert ro.max_response_length == 4 and ro.env_step_timeout == 60
     base = training_base_seed(cfg.rollout.seed, step=3)
     assert base == 7 + 3 * 100003
-    episodes = ro.run(task_specs(cfg), base, SamplingParams(temperature=1.0, seed=0)).episodes
+    episodes = ro.run(task_specs(run.rollout, run.tasks), base, SamplingParams(temperature=1.0, seed=0)).episodes
     assert [(e.group_id, e.seed) for e in episodes] == [
         (g, base + g) for g, n in ((0, 2), (1, 2), (2, 3), (3, 3)) for _ in range(n)
     ]
@@ -87,9 +88,10 @@ def test_gigpo_through_the_real_rollout(hf_engine, tokenizer):
             "algorithm.gigpo_step_weight=0.5",
         ]
     )
+    run = run_sections(cfg)
     episodes = (
-        MultiTurnRollout.from_config(cfg, hf_engine, tokenizer)
-        .run(task_specs(cfg), 0, SamplingParams(temperature=1.0, seed=0))
+        MultiTurnRollout.from_config(run.rollout, run.data, run.tools, hf_engine, tokenizer)
+        .run(task_specs(run.rollout, run.tasks), 0, SamplingParams(temperature=1.0, seed=0))
         .episodes
     )
     env = make("sokoban", **cfg.simpleSokobanAgent.env_config)

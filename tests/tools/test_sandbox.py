@@ -2,7 +2,9 @@
 process, file or connection behind, and the next call runs as usual."""
 
 import os
+import shutil
 import socket
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -17,7 +19,9 @@ MARK = uuid.uuid4().hex  # names of the files hostile code tries to write
 
 
 def sandbox_processes() -> list[int]:
-    """Pids of live processes owned by any sandbox uid."""
+    """Pids of live processes owned by a sandbox uid of this process (each process has its own uid range,
+    so the sandboxes of another pytest-xdist worker are not counted)."""
+    own_uids = UID_BASE + (os.getpid() % 4096) * UID_SLOTS
     pids = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -27,13 +31,13 @@ def sandbox_processes() -> list[int]:
         except OSError:
             continue
         uid = int(next(line for line in status.splitlines() if line.startswith("Uid:")).split()[1])
-        if UID_BASE <= uid < UID_BASE + 4096 * UID_SLOTS:
+        if own_uids <= uid < own_uids + UID_SLOTS:
             pids.append(int(entry.name))
     return pids
 
 
 def tool_folders() -> set[str]:
-    return {p.name for p in Path(os.environ.get("TMPDIR", "/tmp")).glob("grl-tool-*")}
+    return {p.name for p in Path(tempfile.gettempdir()).glob("grl-tool-*")}
 
 
 OUTSIDE = [f"/tmp/{MARK}", f"/dev/shm/{MARK}", f"/var/tmp/{MARK}", str(Path.cwd() / MARK), f"/root/{MARK}"]
@@ -92,7 +96,19 @@ def listener():
     server.close()
 
 
+@pytest.fixture
+def own_temp_folder(monkeypatch):
+    """The sandbox's folders go to a temp folder of this test's own, where another pytest-xdist worker's
+    sandboxes do not write; like /tmp, the sandbox's user may pass through it (pytest's tmp_path it may not)."""
+    folder = tempfile.mkdtemp(prefix="grl-sandbox-test-")
+    os.chmod(folder, 0o755)
+    monkeypatch.setattr(tempfile, "tempdir", folder)
+    yield
+    shutil.rmtree(folder, ignore_errors=True)
+
+
 @pytest.mark.parametrize("case", sorted(HOSTILE))
+@pytest.mark.usefixtures("own_temp_folder")
 def test_hostile_code_is_contained(case, listener, monkeypatch):
     monkeypatch.setenv("GRL_TEST_SECRET", SECRET)
     code = HOSTILE[case].format(

@@ -6,7 +6,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from grl.config import compose, validate
+from grl.config import compose, run_sections, validate
 from grl.engines import sampling_from_config
 from grl.rollout import MultiTurnRollout, build_batch, task_specs
 from grl.rollout.types import Batch
@@ -54,7 +54,7 @@ def actor(cfg):
     from grl.workers import ActorRolloutRefGroup, init_ray
 
     init_ray(None, num_cpus=2)
-    group = ActorRolloutRefGroup(cfg, RunPlan.from_config(cfg))
+    group = ActorRolloutRefGroup.from_config(cfg, RunPlan.from_config(cfg))
     yield group
     group.shutdown()
 
@@ -72,9 +72,12 @@ def packing(request, actor, cfg):
 def episodes(cfg, actor):
     from grl.models import load_tokenizer
 
-    rollout = MultiTurnRollout.from_config(cfg, actor.engine, load_tokenizer(cfg.actor_rollout_ref.model.path))
-    sampling = sampling_from_config(cfg.actor_rollout_ref.rollout, validate=False, max_new_tokens=48)
-    result = rollout.run(task_specs(cfg), 7, sampling)
+    run = run_sections(cfg)
+    rollout = MultiTurnRollout.from_config(
+        run.rollout, run.data, run.tools, actor.engine, load_tokenizer(run.actor_rollout_ref.model.path)
+    )
+    sampling = sampling_from_config(run.actor_rollout_ref.rollout, validate=False, max_new_tokens=48)
+    result = rollout.run(task_specs(run.rollout, run.tasks), 7, sampling)
     rollout.close()
     return result
 
@@ -103,11 +106,14 @@ def test_with_a_context_window_the_trainer_scores_what_the_engine_saw(cfg, actor
     current board; the actor group scores each reply from that prompt alone."""
     from grl.models import load_tokenizer
 
-    specs = task_specs(cfg)[:2]
+    run = run_sections(cfg)
+    specs = task_specs(run.rollout, run.tasks)[:2]
     for spec in specs:
         spec.config["agent_config"]["max_context_window"] = 1
-    rollout = MultiTurnRollout.from_config(cfg, actor.engine, load_tokenizer(cfg.actor_rollout_ref.model.path))
-    sampling = sampling_from_config(cfg.actor_rollout_ref.rollout, validate=False, max_new_tokens=48)
+    rollout = MultiTurnRollout.from_config(
+        run.rollout, run.data, run.tools, actor.engine, load_tokenizer(run.actor_rollout_ref.model.path)
+    )
+    sampling = sampling_from_config(run.actor_rollout_ref.rollout, validate=False, max_new_tokens=48)
     result = rollout.run(specs, 13, sampling)
     rollout.close()
     batch, _ = build_batch(result.episodes, max_episode_length=4096)
@@ -128,7 +134,8 @@ def test_left_truncation_shows_in_the_mismatch_metrics(cfg, actor):
         actor.engine, load_tokenizer(cfg.actor_rollout_ref.model.path), max_prompt_length=128, max_response_length=48
     )
     sampling = sampling_from_config(cfg.actor_rollout_ref.rollout, validate=False, max_new_tokens=48)
-    result = rollout.run(task_specs(cfg)[:1], 11, sampling)
+    run = run_sections(cfg)
+    result = rollout.run(task_specs(run.rollout, run.tasks)[:1], 11, sampling)
     rollout.close()
     assert result.metrics["rollout/truncated_prompts"] > 0
     batch, _ = build_batch(result.episodes, max_episode_length=4096)

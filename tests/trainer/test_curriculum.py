@@ -2,7 +2,7 @@
 
 import pytest
 
-from grl.config import ConfigError, load_config
+from grl.config import ConfigError, load_config, run_sections
 from grl.envs import make
 from grl.rollout import task_specs
 from grl.rollout.types import Episode
@@ -30,7 +30,8 @@ def test_it_moves_on_when_the_window_mean_reaches_the_bar_and_stays_at_the_last_
 def test_a_stage_sets_the_env_key_of_every_training_task_and_the_env_plays_it():
     cfg = load_config(["preset=cpu", "rollout.curriculum.env_key=dim_x", "rollout.curriculum.levels=[3,4]"])
     c = Curriculum.from_config(cfg.rollout.curriculum)
-    specs = task_specs(cfg)
+    run = run_sections(cfg)
+    specs = task_specs(run.rollout, run.tasks)
     easy = c.tasks(specs, 0)
     assert easy[0].config["env_config"]["dim_x"] == 3 and specs[0].config["env_config"]["dim_x"] == 4
     assert {k: v for k, v in easy[0].config["env_config"].items() if k != "dim_x"} == {

@@ -82,7 +82,7 @@ def test_an_on_policy_update_reports_the_mismatch_the_pass_would(ray_runtime):
 
     cfg = two_rank_one_mini_batch_config()
     assert not RunPlan.from_config(cfg).old_log_prob_pass(12)
-    actor = ActorRolloutRefGroup(cfg, RunPlan.from_config(cfg))
+    actor = ActorRolloutRefGroup.from_config(cfg, RunPlan.from_config(cfg))
     try:
         batch, _ = shape_batch(episodes(), rollout_cfg(), pad_token_id=0)
         behaviour, _ = actor.compute_log_probs(batch)

@@ -121,7 +121,10 @@ def test_packing_at_the_workers_scores_and_trains_as_padded_rows(tmp_path, monke
     )
     actor = critic = None  # unshuffled, the groups' mini-batches are the same rows packed or padded
     try:
-        actor, critic = ActorRolloutRefGroup(cfg, RunPlan.from_config(cfg)), CriticGroup(cfg, RunPlan.from_config(cfg))
+        actor, critic = (
+            ActorRolloutRefGroup.from_config(cfg, RunPlan.from_config(cfg)),
+            CriticGroup.from_config(cfg, RunPlan.from_config(cfg)),
+        )
         sent = []
         for group in (actor, critic):
             monkeypatch.setattr(group, "call_sharded", recording(group, sent))
@@ -188,7 +191,7 @@ def test_an_on_policy_update_needs_no_old_log_prob_pass(tmp_path, ray_runtime):
     assert RunPlan.from_config(cfg).old_log_prob_pass(13)  # a second mini-batch trains on a moved policy
     actor = None
     try:
-        actor = ActorRolloutRefGroup(cfg, RunPlan.from_config(cfg))
+        actor = ActorRolloutRefGroup.from_config(cfg, RunPlan.from_config(cfg))
         actor.save_checkpoint(tmp_path)
         batch, _ = shape_batch(episodes(), rollout_cfg(), pad_token_id=0)
         behaviour, _ = actor.compute_log_probs(batch)

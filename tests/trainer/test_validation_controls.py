@@ -4,10 +4,11 @@
 import pytest
 
 from grl.agents.controls import decoy_seed
-from grl.config import compose, validate
+from grl.config import compose, run_sections, validate
 from grl.engines import make_engine
 from grl.models import load_tokenizer
 from grl.rollout import MultiTurnRollout
+from grl.run_plan import RunPlan
 from grl.trainer.agent_trainer import AgentTrainer
 
 TASK = "tetrisAgent_type_1_dim_4"
@@ -35,7 +36,9 @@ def trainer(tmp_path_factory):
     }
     cfg = validate(compose([f"{k}={v}" for k, v in overrides.items()]))
     engine = make_engine("hf", "tiny", seed=0)
-    trainer = AgentTrainer(cfg, None, None, MultiTurnRollout.from_config(cfg, engine, load_tokenizer("tiny")))
+    run = run_sections(cfg)
+    rollout = MultiTurnRollout.from_config(run.rollout, run.data, run.tools, engine, load_tokenizer("tiny"))
+    trainer = AgentTrainer(run, RunPlan.from_config(cfg), None, None, rollout)
     yield trainer
     trainer.close()
     engine.shutdown()
@@ -51,9 +54,9 @@ def test_validation_reports_the_swapped_success_and_the_input_dependence(trainer
 def test_the_swap_pass_plays_the_same_games_but_shows_the_decoys(trainer):
     trainer.validate()
     validation = trainer.validation
-    true_pass = trainer.rollout.run(validation.tasks, 123, validation.plan.validation_sampling)
-    swap_pass = validation.controls["swap"].run(validation.tasks, 123, validation.plan.validation_sampling)
-    decoys = trainer.rollout.run(validation.tasks, decoy_seed(123), validation.plan.validation_sampling)
+    true_pass = trainer.rollout.run(validation.tasks, 123, validation.sampling)
+    swap_pass = validation.controls["swap"].run(validation.tasks, 123, validation.sampling)
+    decoys = trainer.rollout.run(validation.tasks, decoy_seed(123), validation.sampling)
     for real, swapped, decoy in zip(true_pass.episodes, swap_pass.episodes, decoys.episodes, strict=True):
         assert swapped.seed == real.seed
         # What the model saw first is the decoy's board, token for token.

@@ -69,7 +69,7 @@ def _break_engine_spec(worker, broken):
 
 @pytest.fixture(scope="module")
 def actor(cfg):  # noqa: F811 - the imported fixture, requested by name
-    group = ActorRolloutRefGroup(compose(OVERRIDES), RunPlan.from_config(compose(OVERRIDES)))
+    group = ActorRolloutRefGroup.from_config(compose(OVERRIDES), RunPlan.from_config(compose(OVERRIDES)))
     yield group
     group.shutdown()
 

@@ -35,7 +35,7 @@ def lora_cfg(cfg):  # noqa: F811 - the imported fixture, requested by name
 
 @pytest.fixture(scope="module")
 def actor(lora_cfg):
-    group = ActorRolloutRefGroup(lora_cfg, RunPlan.from_config(lora_cfg))
+    group = ActorRolloutRefGroup.from_config(lora_cfg, RunPlan.from_config(lora_cfg))
     yield group
     group.shutdown()
 
@@ -112,7 +112,7 @@ def test_checkpoint_holds_the_adapter_and_resumes_exactly(lora_cfg, actor, batch
     log_probs, _ = actor.compute_log_probs(batch)
     metrics = actor.update(batch, step=1)
     after = actor.execute(_full_weights)[0]
-    fresh = ActorRolloutRefGroup(lora_cfg, replace(RunPlan.from_config(lora_cfg), use_reference=False))
+    fresh = ActorRolloutRefGroup.from_config(lora_cfg, replace(RunPlan.from_config(lora_cfg), use_reference=False))
     try:
         fresh.load_checkpoint(tmp_path / "ckpt")
         assert torch.equal(fresh.compute_log_probs(batch)[0], log_probs)

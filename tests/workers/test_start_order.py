@@ -3,9 +3,10 @@ group has loaded (vLLM profiles the device's free memory while it is built, and 
 it would change what it measures); on CPU it builds beside the critic's load. Real Ray groups, the tiny
 model, the ranks' own wall-clock record of their start-up (`Worker.startup`)."""
 
+from dataclasses import replace
 import pytest
 
-from grl.config import compose
+from grl.config import compose, run_sections
 from grl.run_plan import RunPlan
 from grl.workers import start_groups
 
@@ -22,7 +23,7 @@ def startup_times(engines_last):
     cfg = compose(OVERRIDES)
     plan = RunPlan.from_config(cfg)
     assert plan.use_critic
-    actor, critic = start_groups(cfg, plan, engines_last=engines_last)
+    actor, critic = start_groups(run_sections(cfg), plan, engines_last=engines_last)
     try:
         return actor.call("startup_times"), critic.call("startup_times")
     finally:
@@ -65,10 +66,9 @@ def test_on_gpu_the_engines_come_last_by_default(monkeypatch):
             return [{"loaded": 0.0}]
 
     monkeypatch.setattr(workers, "init_ray", lambda address: None)
-    monkeypatch.setattr(workers, "resolve_device", lambda device: "cuda")
-    monkeypatch.setattr(workers, "ActorRolloutRefGroup", lambda cfg, plan, in_setup: Group("actor", in_setup))
-    monkeypatch.setattr(workers, "CriticGroup", lambda cfg, plan: Group("critic"))
+    monkeypatch.setattr(workers, "ActorRolloutRefGroup", lambda section, plan, timeout, in_setup: Group("actor", in_setup))
+    monkeypatch.setattr(workers, "CriticGroup", lambda section, plan: Group("critic"))
     cfg = compose(OVERRIDES)
-    start_groups(cfg, RunPlan.from_config(cfg))
+    start_groups(run_sections(cfg), replace(RunPlan.from_config(cfg), device="cuda"))  # a plan resolved on a GPU host
     assert events[-1] == ("actor", "engines")
     assert sorted(events[:-1]) == [("actor", "loaded", False), ("critic", "loaded", True)]

@@ -206,7 +206,7 @@ def cfg(cluster):
 @pytest.fixture(scope="module")
 def group(cfg):
     started = time.perf_counter()
-    group = ActorRolloutRefGroup(cfg, RunPlan.from_config(cfg))
+    group = ActorRolloutRefGroup.from_config(cfg, RunPlan.from_config(cfg))
     print(f"\n[two nodes] group of 2 ranks formed in {time.perf_counter() - started:.1f} s")
     yield group
     group.shutdown()
@@ -241,7 +241,7 @@ def test_one_rank_per_node_scores_and_trains_over_gloo(cluster, group, batch):
 def test_more_nodes_than_the_cluster_has_is_one_line(cluster):
     three = compose([*OVERRIDES, "nnodes=3"])
     with pytest.raises(RuntimeError) as err:
-        ActorRolloutRefGroup(three, RunPlan.from_config(three))
+        ActorRolloutRefGroup.from_config(three, RunPlan.from_config(three))
     assert str(err.value) == (
         "trainer.nnodes=3 needs 3 Ray nodes with some CPU each, but the cluster has 2 of 2 live node(s) that "
         "do; start more nodes (`ray start --address=...`) or lower trainer.nnodes"
@@ -349,7 +349,7 @@ def test_a_run_stopped_with_sigterm_leaves_the_cluster_running_and_clean(cluster
 
 
 def test_a_node_dying_mid_call_ends_it_with_one_line_naming_the_node(cluster, cfg, batch):
-    group = ActorRolloutRefGroup(cfg, RunPlan.from_config(cfg))
+    group = ActorRolloutRefGroup.from_config(cfg, RunPlan.from_config(cfg))
     raylet = cluster.second.raylet()
     killer = threading.Timer(1.0, raylet.kill)
     try:

@@ -116,14 +116,14 @@ def cfg():
 
 @pytest.fixture(scope="module")
 def actor(cfg):
-    group = ActorRolloutRefGroup(cfg, RunPlan.from_config(cfg))
+    group = ActorRolloutRefGroup.from_config(cfg, RunPlan.from_config(cfg))
     yield group
     group.shutdown()
 
 
 @pytest.fixture(scope="module")
 def critic(cfg):
-    group = CriticGroup(cfg, RunPlan.from_config(cfg))
+    group = CriticGroup.from_config(cfg, RunPlan.from_config(cfg))
     yield group
     group.shutdown()
 
@@ -365,7 +365,7 @@ def test_checkpoint_resumes_bit_for_bit_in_a_fresh_group(cfg, actor, batch, tmp_
     log_probs, _ = actor.compute_log_probs(batch)
     metrics = actor.update(batch, step=1)
     after = actor.execute(_full_weights)[0]
-    fresh = ActorRolloutRefGroup(cfg, replace(RunPlan.from_config(cfg), use_reference=False))
+    fresh = ActorRolloutRefGroup.from_config(cfg, replace(RunPlan.from_config(cfg), use_reference=False))
     try:
         fresh.load_checkpoint(tmp_path / "ckpt")
         assert torch.equal(fresh.compute_log_probs(batch)[0], log_probs)
@@ -446,10 +446,18 @@ def test_packed_and_padded_batches_train_alike(actor, batch, tmp_path, mode):
 
 
 def _rank_processes() -> set[int]:
-    """The processes of Ray actors named ...Worker (Ray titles them `ray::PolicyWorker...`)."""
+    """The processes of Ray actors named ...Worker (Ray titles them `ray::PolicyWorker...`) under this
+    process's Ray runtime: its descendants, so another pytest-xdist worker's runtime is not counted."""
     import psutil
 
-    return {p.pid for p in psutil.process_iter(["cmdline"]) if "Worker" in ((p.info["cmdline"] or [""])[0])}
+    ranks = set()
+    for process in psutil.Process().children(recursive=True):
+        try:
+            if "Worker" in (process.cmdline() or [""])[0]:
+                ranks.add(process.pid)
+        except psutil.NoSuchProcess:
+            continue
+    return ranks
 
 
 def test_a_group_that_fails_to_start_takes_the_one_started_beside_it_down(cfg, tmp_path):
@@ -458,6 +466,7 @@ def test_a_group_that_fails_to_start_takes_the_one_started_beside_it_down(cfg, t
     from omegaconf import OmegaConf
 
     from grl.models import ModelLoadError
+    from grl.config import run_sections
     from grl.workers import start_groups
 
     bad = OmegaConf.merge(cfg, {"critic": {"model": {"path": str(tmp_path)}}})
@@ -465,7 +474,7 @@ def test_a_group_that_fails_to_start_takes_the_one_started_beside_it_down(cfg, t
     assert plan.use_critic
     before = _rank_processes()
     with pytest.raises(ModelLoadError, match=str(tmp_path)):
-        start_groups(bad, plan)
+        start_groups(run_sections(bad), plan)
     for _ in range(120):
         left = _rank_processes() - before
         if not left:
