@@ -5,7 +5,6 @@ session per server, pooled."""
 
 import json
 import math
-import os
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -19,19 +18,12 @@ from grl.agents import make_agent
 from grl.engines.constraint import compile_reply_grammar
 from grl.envs import openenv_servers
 from grl.envs.openenv_actions import ActionCodec, ActionError
+from tests.envs.test_openenv import gone
 
 TETRIS = {"dim_x": 4, "dim_y": 3, "box_type": 1, "max_steps": 5, "gap_rows": 1, "max_pieces": 1}
 TYPED = {"app": "grl.envs.openenv_serve_typed:make_typed_app", "app_kwargs": {"env": "tetris", "env_config": TETRIS}}
 GUESS = {"max_number": 20, "max_guesses": 6}
 MCP = {"app": "grl.envs.openenv_serve_typed:make_mcp_app", "app_kwargs": {"env": "guess_number", "env_config": GUESS}}
-
-
-def gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    return False
 
 
 def test_integer_moves_are_offered_as_text_and_sent_back_as_the_ids_of_the_native_game():

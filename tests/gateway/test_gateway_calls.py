@@ -22,14 +22,6 @@ TOOLS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def served(tiny):
-    tokenizer, engine = tiny
-    gateway = Gateway(engine, tokenizer, "tiny", max_tokens=16, context=2048, chat_template=QWEN25)
-    with serve(gateway) as base:
-        yield gateway, base
-
-
 def grl_ids(response) -> dict:
     return response.model_extra["grl"]
 

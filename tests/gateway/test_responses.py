@@ -6,9 +6,7 @@ gateway cannot honour is refused in one line."""
 import httpx
 import pytest
 
-from grl.gateway import Gateway
-from tests.gateway.served import client, serve
-from tests.gateway.templates import QWEN25
+from tests.gateway.served import client
 
 TOOL = {
     "type": "function",
@@ -17,14 +15,6 @@ TOOL = {
     "parameters": {"type": "object", "properties": {}},
 }
 CHAT_TOOL = {"type": "function", "function": {k: v for k, v in TOOL.items() if k != "type"}}
-
-
-@pytest.fixture(scope="module")
-def served(tiny):
-    tokenizer, engine = tiny
-    gateway = Gateway(engine, tokenizer, "tiny", max_tokens=16, context=2048, chat_template=QWEN25)
-    with serve(gateway) as base:
-        yield gateway, base
 
 
 def test_a_response_is_the_chat_call_of_the_same_conversation(served):
