@@ -6,7 +6,7 @@ payloads are sent here). For the `openenv` env (grl/envs/openenv_env.py, `interf
 the env's action schema is OpenEnv's `CallToolAction`):
 - the tools offered to the model are the env's own, listed once per session and written into the first
   prompt as the Hermes/Qwen chat templates write them (`<tools>` with each tool's JSON schema);
-- a reply's tool call is decoded exactly as GRL's gateway decodes one (`grl.gateway.server.tool_calls_of`:
+- a reply's tool call is decoded exactly as GRL's gateway decodes one (`grl.toolcalls.split_tool_calls`:
   `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`); a reply that is the call's bare JSON is read
   the same way, since an answer tag may hold it;
 - the call runs in the env, and its result (the text the tool returned) is the observation; a call that
@@ -22,7 +22,7 @@ from openenv.core.client_types import StepResult
 from openenv.core.mcp_client import MCPToolClient
 
 from grl.envs.checks import describe
-from grl.gateway.server import tool_calls_of
+from grl.toolcalls import split_tool_calls
 
 CALL_FORMAT = '<tool_call>{"name": "<tool>", "arguments": {<arguments>}}</tool_call>'
 
@@ -63,9 +63,9 @@ def tools_prompt(tools: list[dict[str, Any]]) -> str:
 
 def decode_call(text: str) -> tuple[str, dict[str, Any]] | str:
     """(tool name, arguments) of a reply's first tool call, or why there is none."""
-    _, calls = tool_calls_of(text)
+    _, calls = split_tool_calls(text)
     if not calls and "<tool_call>" not in text:  # the call's JSON alone, as an answer tag holds it
-        _, calls = tool_calls_of(f"<tool_call>{text}</tool_call>")
+        _, calls = split_tool_calls(f"<tool_call>{text}</tool_call>")
     if not calls:
         return f"no tool call; write {CALL_FORMAT}"
     function = calls[0]["function"]

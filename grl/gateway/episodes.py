@@ -27,7 +27,7 @@ import threading
 from dataclasses import dataclass, field
 
 from grl.engines.base import SamplingParams
-from grl.gateway.toolcalls import without_reasoning
+from grl.toolcalls import without_reasoning
 from grl.rollout.chat import ChatTokens
 from grl.rollout.types import Turn
 

@@ -5,7 +5,7 @@ max_tokens / max_completion_tokens, n, seed, stop, logprobs, parallel_tool_calls
 honour it refuses: grl/gateway/requests.py) and `POST /v1/responses` (grl/gateway/responses.py).
 Requests are rendered with the model's chat template and the tokens the engine sampled are returned
 beside the text (`grl` field: prompt and completion ids, log-probs). A reply's reasoning and tool calls
-are parsed in the model family's format (grl/gateway/toolcalls.py: the family is `tool_parser`, or read
+are parsed in the model family's format (grl/toolcalls.py: the family is `tool_parser`, or read
 from the chat template). `stream: true` answers the same reply as server-sent events
 (grl/gateway/streaming.py). Under `/episodes/<id>/v1/...` the calls of one episode are recorded for
 training (grl/gateway/episodes.py). A request may name the replies it allows (`allowed_replies`): the
@@ -25,7 +25,7 @@ from grl.engines.base import Engine, GenerationOutput, SamplingParams
 from grl.engines.constraint import GrammarError, compile_reply_grammar
 from grl.gateway.episodes import NO_TOOLS, Call, EpisodeLog, tools_key
 from grl.gateway.requests import BadRequest, ChatRequest, chat_request
-from grl.gateway.toolcalls import FAMILIES, family_of, split_reasoning, split_tool_calls, thinks, with_parsed_arguments
+from grl.toolcalls import FAMILIES, family_of, split_reasoning, split_tool_calls, thinks, with_parsed_arguments
 from grl.rollout.chat import ChatTokens, truncate_prompt
 
 MAX_WAITING_CALLS = 256  # calls answered at once (each waits on a thread for its generation)
@@ -34,7 +34,7 @@ _MARKERS = ("<|python_tag|>", "[TOOL_CALLS]")  # special tokens that open a tool
 
 
 def tool_calls_of(text: str, family: str = "hermes") -> tuple[str | None, list[dict]]:
-    """A reply's text outside its tool calls, and the calls as OpenAI tool calls (grl/gateway/toolcalls.py)."""
+    """A reply's text outside its tool calls, and the calls as OpenAI tool calls (grl/toolcalls.py)."""
     return split_tool_calls(text, family)
 
 

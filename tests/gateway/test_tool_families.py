@@ -10,7 +10,7 @@ import pytest
 from grl.gateway import Gateway
 from grl.gateway.episodes import Call, EpisodeLog, tools_key
 from grl.gateway.requests import chat_request
-from grl.gateway.toolcalls import family_of, split_tool_calls
+from grl.toolcalls import family_of, split_tool_calls
 from tests.gateway.templates import LLAMA31, QWEN3, QWEN3_CODER_MARKERS, QWEN25
 
 TOOLS = [
