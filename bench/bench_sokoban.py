@@ -1,4 +1,4 @@
-"""Sokoban level generation: GRL's generator against gym-sokoban's `generate_room`.
+"""Sokoban level generation: GRL's generator against gym-sokoban's `generate_room`, and GRL's two generators.
 
 For each room size and box count both generators make levels for a fixed time
 (or up to a level count) in this process; the bench prints levels per second
@@ -12,6 +12,11 @@ The baseline is gym-sokoban's `envs/room_utils.py`, loaded on its own because
 the package's `__init__` needs `gym`: install it with
 `pip install --no-deps gym-sokoban`, or pass `--room-utils PATH` to a copy of
 that file. Without it the bench prints SKIP and exits 0.
+
+First, needing no baseline: levels per second of the generator by solution
+length (`solution_moves` = n, the curriculum's key) against the default one
+(`search_depth`), as a ratio, and the mean optimal solution length of the
+default levels beside n.
 
 Run: python bench/bench_sokoban.py [--seconds 5] [--max-levels 300]
 """
@@ -27,10 +32,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from grl.envs.sokoban import Level, generate_level, scramble  # noqa: E402
+from grl.envs.sokoban import render  # noqa: E402
+from grl.envs.sokoban_levels import Level, generate_level, generate_level_by_moves, scramble  # noqa: E402
+from grl.envs.solvers import solve_sokoban  # noqa: E402
 
 CONFIGS = [((6, 6), 1), ((8, 8), 1), ((8, 8), 2), ((10, 10), 2)]
 SEARCH_DEPTH = 100  # the env default
+SOLUTION_MOVES = [1, 3, 8, 13, 21]
 
 
 def load_room_utils(path: str | None):
@@ -86,6 +94,22 @@ def timed(make_level, seconds: float, max_levels: int):
     return len(scrambles) / elapsed, sum(scrambles) / len(scrambles), len(scrambles)
 
 
+def by_moves_table(seconds: float, max_levels: int) -> None:
+    """Levels per second by solution length, as a ratio to the default generator's."""
+    print(f"{'room':>7} {'boxes':>5} {'moves':>5} | {'lvl/s':>8} {'vs default':>10} | default's mean optimal moves")
+    for dim, boxes in CONFIGS:
+        default = timed(lambda i: generate_level(i, dim, boxes, SEARCH_DEPTH), seconds, max_levels)
+        # the solver is slow on large two-box rooms: their mean length is left out
+        lengths = (
+            [len(solve_sokoban(render(generate_level(i, dim, boxes, SEARCH_DEPTH)))) for i in range(50)] if boxes == 1 else []
+        )
+        mean = f"{sum(lengths) / len(lengths):.1f}" if lengths else "-"
+        room = f"{dim[0]}x{dim[1]}"
+        for moves in SOLUTION_MOVES:
+            ours = timed(lambda i: generate_level_by_moves(i, dim, boxes, moves), seconds, max_levels)
+            print(f"{room:>7} {boxes:>5} {moves:>5} | {ours[0]:>8.1f} {ours[0] / default[0]:>9.2f}x | {mean}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=5.0, help="time per generator and config")
@@ -93,6 +117,7 @@ def main() -> None:
     parser.add_argument("--room-utils", default=None, help="path to gym-sokoban's envs/room_utils.py")
     args = parser.parse_args()
 
+    by_moves_table(args.seconds, args.max_levels)
     room_utils, reason = load_room_utils(args.room_utils)
     if room_utils is None:
         print(f"SKIP bench_sokoban: baseline unavailable: {reason}")

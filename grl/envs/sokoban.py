@@ -9,7 +9,8 @@ Rules
 - Any other action string is invalid: nothing moves, `action_is_valid` is
   False. It still costs the step penalty and counts towards `max_steps`.
 - Rewards per step: -0.1, +1 for each box pushed onto a target, -1 for each
-  box pushed off one, +10 when the last box lands on a target.
+  box pushed off one, +10 when the last box lands on a target; plus the
+  shaping term below where `shaping_weight` > 0.
 - The episode ends when every box is on a target (`success`) or after
   `max_steps` actions. Steps after the end change nothing and earn 0.
 - Observation: the grid, rows joined by newlines, with `#` wall, `_` floor,
@@ -24,46 +25,49 @@ Levels
   boxes off target, then the largest total box-to-nearest-target distance,
   then the most pulls. Every forward push undoes one pull, so each level is
   solvable. The same seed gives the same level.
+- By solution length: with `solution_moves` = n, the level's optimal solution
+  takes exactly n moves, walking included (n = 1: the player stands at the
+  box, one push from its target), or fewer where none of 50 drawn rooms holds
+  a state that far. A breadth-first search played backwards from the solved
+  boards measures every state's distance (grl/envs/sokoban_levels.py);
+  `search_depth` is then ignored. This is the key a curriculum steps
+  (`rollout.curriculum.env_key=solution_moves`, levels such as [1, 2, 3, 5, 8]).
 - Fixed: `level` is one level in Boxoban notation (`#` wall, space floor,
   `.` target, `$` box, `*` box on target, `@` player, `+` player on target);
   `levels_path` is a Boxoban file (levels after `; N` lines) and the seed picks
-  level `seed % count`. `num_boxes`, `dim_room` and `search_depth` are then
-  ignored.
+  level `seed % count`. `num_boxes`, `dim_room`, `search_depth` and
+  `solution_moves` are then ignored.
+
+Shaping (off by default)
+- Potential-based shaping (Ng, Harada and Russell 1999): each step adds
+  gamma * phi(next) - phi(before), with phi = -shaping_weight * (the sum over
+  boxes of the Manhattan distance to the nearest target, plus with
+  `shaping_player` the player's Manhattan distance to the nearest box off
+  target), and gamma = `shaping_gamma`. Over an episode the terms, step t
+  weighted gamma^t, sum to gamma^T phi(last) - phi(first); a loop back to the
+  same state earns nothing when gamma = 1.
+- gamma = 1 (the default) matches GRL's undiscounted returns (algorithm.gamma
+  = 1; an env step is one action, several make a turn). A solved board has
+  phi = 0, the most any board has, so no episode that stops short of the
+  solution gains against a solving one that it did not beat already: the
+  solving policies stay optimal. Among unsolved episodes, cut by `max_steps`
+  or the agent's turn limits, the shaped return prefers those ending closer.
 """
 
 from __future__ import annotations
 
+import math
 import random
-from collections import deque
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from grl.envs.base import Env, step_info, positive_int
-
-ACTIONS = {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}
+from grl.envs.base import Env, flag, positive_int, step_info
+from grl.envs.sokoban_levels import ACTIONS, Cell, Level, generate_level, generate_level_by_moves
 
 STEP_REWARD = -0.1
 BOX_ON_REWARD = 1.0
 BOX_OFF_REWARD = -1.0
 SOLVED_REWARD = 10.0
-
-# The reverse search stops after this many distinct states, so that large
-# rooms with many boxes still generate in bounded time.
-MAX_REVERSE_STATES = 5_000
-MAX_GENERATION_TRIES = 100
-
-Cell = tuple[int, int]
-
-
-@dataclass(frozen=True)
-class Level:
-    rows: int
-    cols: int
-    walls: frozenset[Cell]
-    targets: frozenset[Cell]
-    boxes: frozenset[Cell]
-    player: Cell
 
 
 def render(level: Level, boxes=None, player: Cell | None = None) -> str:
@@ -86,12 +90,6 @@ def render(level: Level, boxes=None, player: Cell | None = None) -> str:
                 row.append("O" if on_target else "_")
         lines.append("".join(row))
     return "\n".join(lines)
-
-
-def scramble(level: Level) -> float:
-    """Mean Manhattan distance from each box to its nearest target."""
-    total = sum(min(abs(br - tr) + abs(bc - tc) for tr, tc in level.targets) for br, bc in level.boxes)
-    return total / len(level.boxes)
 
 
 # ---------------------------------------------------------------- parsing
@@ -171,117 +169,6 @@ def load_levels(path: str | Path) -> list[str]:
     return levels
 
 
-# ------------------------------------------------------------- generation
-
-
-def carve_room(rng: random.Random, rows: int, cols: int) -> set[int]:
-    """Floor cells (flat indices) carved by a random walk inside the border.
-
-    The walker carves 55-85% of the interior, keeps its heading with
-    probability 0.65 and often widens the corridor by one side cell, which
-    gives both corridors and open patches (open rooms let the reverse search
-    carry boxes further). Every carved cell touches the previous one, so the
-    floor is connected.
-    """
-    interior = (rows - 2) * (cols - 2)
-    goal = max(3, round(interior * rng.uniform(0.55, 0.85)))
-    r, c = rng.randint(1, rows - 2), rng.randint(1, cols - 2)
-    heading = rng.choice(list(ACTIONS.values()))
-    floor = {r * cols + c}
-    for _ in range(interior * 20):
-        if len(floor) >= goal:
-            break
-        if rng.random() < 0.35:
-            heading = rng.choice(list(ACTIONS.values()))
-        r = min(max(r + heading[0], 1), rows - 2)
-        c = min(max(c + heading[1], 1), cols - 2)
-        floor.add(r * cols + c)
-        if rng.random() < 0.4:
-            dr, dc = heading[1], heading[0]  # a side of the heading
-            sr, sc = r + dr, c + dc
-            if 1 <= sr <= rows - 2 and 1 <= sc <= cols - 2:
-                floor.add(sr * cols + sc)
-    return floor
-
-
-def reverse_search(floor: set[int], cols: int, targets: frozenset[int], player: int, search_depth: int):
-    """Play backwards from the solved state; return the most scrambled (boxes, player region).
-
-    A state is the box set and the region the player can walk to, named by its
-    smallest cell. A pull takes a box the player stands next to one cell
-    towards the player, who steps back one cell (that cell must be free).
-    """
-    steps = (-cols, cols, -1, 1)
-    neighbours = {p: [p + d for d in steps if p + d in floor] for p in floor}
-    target_cells = [divmod(t, cols) for t in targets]
-
-    def region(start: int, boxes: frozenset[int]) -> set[int]:
-        seen, todo = {start}, [start]
-        while todo:
-            for q in neighbours[todo.pop()]:
-                if q not in seen and q not in boxes:
-                    seen.add(q)
-                    todo.append(q)
-        return seen
-
-    def score(boxes: frozenset[int], depth: int) -> tuple:
-        off, dist = 0, 0
-        for b in boxes:
-            br, bc = divmod(b, cols)
-            nearest = min(abs(br - tr) + abs(bc - tc) for tr, tc in target_cells)
-            off += nearest > 0
-            dist += nearest
-        return (off, dist, depth)
-
-    start_region = region(player, targets)
-    best = (score(targets, 0), targets, start_region)
-    seen = {(targets, min(start_region))}
-    frontier = deque([(targets, start_region, 0)])
-    while frontier and len(seen) < MAX_REVERSE_STATES:
-        boxes, reach, depth = frontier.popleft()
-        if depth >= search_depth:
-            continue
-        for b in sorted(boxes):
-            for d in steps:
-                stand, back = b + d, b + 2 * d
-                if stand not in reach or back not in floor or back in boxes:
-                    continue
-                new_boxes = (boxes - {b}) | {stand}
-                new_reach = region(back, new_boxes)
-                key = (new_boxes, min(new_reach))
-                if key in seen:
-                    continue
-                seen.add(key)
-                frontier.append((new_boxes, new_reach, depth + 1))
-                candidate = score(new_boxes, depth + 1)
-                if candidate > best[0]:
-                    best = (candidate, new_boxes, new_reach)
-    return best[1], sorted(best[2])
-
-
-def generate_level(seed: int | None, dim_room: tuple[int, int], num_boxes: int, search_depth: int) -> Level:
-    """A solvable level with at least one box off target; the same seed gives the same level."""
-    rng = random.Random(seed)
-    rows, cols = dim_room
-    for _ in range(MAX_GENERATION_TRIES):
-        floor = carve_room(rng, rows, cols)
-        if len(floor) < num_boxes + 2:
-            continue
-        cells = sorted(floor)
-        picked = rng.sample(cells, num_boxes + 1)
-        targets, player = frozenset(picked[1:]), picked[0]
-        boxes, reach = reverse_search(floor, cols, targets, player, search_depth)
-        if boxes == targets:
-            continue  # no pull possible from this layout
-        player = rng.choice(reach)
-        walls = frozenset((r, c) for r in range(rows) for c in range(cols) if r * cols + c not in floor)
-        targets, boxes = (frozenset(divmod(p, cols) for p in cells) for cells in (targets, boxes))
-        return Level(rows, cols, walls, targets, boxes, divmod(player, cols))
-    raise RuntimeError(
-        f"sokoban: no scrambled level for dim_room={dim_room}, num_boxes={num_boxes} after {MAX_GENERATION_TRIES} rooms"
-    )
-
-
 # -------------------------------------------------------------------- env
 
 
@@ -292,6 +179,26 @@ def parse_action(action: Any) -> tuple[int, int] | None:
     return ACTIONS.get(action.strip().lower())
 
 
+def shaping_distance(targets, boxes, player: Cell, with_player: bool) -> int:
+    """The distance the shaping potential counts: each box's Manhattan distance to its nearest target, and with
+    `with_player` the player's Manhattan distance to the nearest box off target (0 once every box is on one)."""
+
+    def nearest(cell: Cell, cells) -> int:
+        return min((abs(cell[0] - r) + abs(cell[1] - c) for r, c in cells), default=0)
+
+    distance = sum(nearest(box, targets) for box in boxes)
+    return distance + (nearest(player, [box for box in boxes if box not in targets]) if with_player else 0)
+
+
+def real_in(key: str, value: Any, low: float, high: float, low_open: bool) -> float:
+    """An env_config number in [low, high] (or (low, high] with `low_open`); bools and NaN refused."""
+    number = value if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan
+    if not (low < number <= high if low_open else low <= number <= high):
+        interval = f"{'(' if low_open else '['}{low}, {high}]"
+        raise ValueError(f"sokoban: {key} must be a number in {interval}, got {value!r}")
+    return float(number)
+
+
 class SokobanEnv(Env):
     def __init__(
         self,
@@ -299,8 +206,12 @@ class SokobanEnv(Env):
         num_boxes: int = 1,
         max_steps: int = 100,
         search_depth: int = 100,
+        solution_moves: int | None = None,
         level: str | None = None,
         levels_path: str | None = None,
+        shaping_weight: float = 0.0,
+        shaping_player: bool = False,
+        shaping_gamma: float = 1.0,
     ):
         if level is not None and levels_path is not None:
             raise ValueError("sokoban: give either `level` or `levels_path`, not both")
@@ -311,10 +222,16 @@ class SokobanEnv(Env):
         num_boxes = positive_int("sokoban", "num_boxes", num_boxes)
         max_steps = positive_int("sokoban", "max_steps", max_steps)
         search_depth = positive_int("sokoban", "search_depth", search_depth)
+        if solution_moves is not None:
+            solution_moves = positive_int("sokoban", "solution_moves", solution_moves)
+        self.shaping_weight = real_in("shaping_weight", shaping_weight, 0.0, 100.0, low_open=False)
+        self.shaping_player = flag("sokoban", "shaping_player", shaping_player)
+        self.shaping_gamma = real_in("shaping_gamma", shaping_gamma, 0.0, 1.0, low_open=True)
         if min(rows, cols) < 3 or (rows - 2) * (cols - 2) < num_boxes + 2:
             raise ValueError(f"sokoban: dim_room={dim_room!r} is too small for num_boxes={num_boxes}")
         self.dim_room = (rows, cols)
-        self.num_boxes, self.max_steps, self.search_depth = num_boxes, max_steps, search_depth
+        self.num_boxes, self.max_steps = num_boxes, max_steps
+        self.search_depth, self.solution_moves = search_depth, solution_moves
         # Fixed levels stay text until drawn: a Boxoban file holds a thousand of them.
         self._fixed: list[str] | None = None
         if level is not None:
@@ -325,19 +242,26 @@ class SokobanEnv(Env):
         self.level: Level | None = None
 
     def reset(self, seed: int | None = None) -> str:
-        if self._fixed is None:
-            self.level = generate_level(seed, self.dim_room, self.num_boxes, self.search_depth)
-        else:
+        if self._fixed is not None:
             index = (seed if seed is not None else random.randrange(len(self._fixed))) % len(self._fixed)
             try:
                 self.level = parse_level(self._fixed[index])
             except ValueError as err:
                 raise ValueError(f"sokoban: level {index} of levels_path: {err}") from None
+        elif self.solution_moves is not None:
+            self.level = generate_level_by_moves(seed, self.dim_room, self.num_boxes, self.solution_moves)
+        else:
+            self.level = generate_level(seed, self.dim_room, self.num_boxes, self.search_depth)
         self.boxes = set(self.level.boxes)
         self.player = self.level.player
         self.steps = 0
         self.done = False
+        self.potential = self._potential()
         return self.render()
+
+    def _potential(self) -> float:
+        """Ng et al.'s potential of the current state: minus the weighted shaping distance (0 when solved)."""
+        return -self.shaping_weight * shaping_distance(self.level.targets, self.boxes, self.player, self.shaping_player)
 
     def render(self) -> str:
         return render(self.level, self.boxes, self.player)
@@ -367,6 +291,9 @@ class SokobanEnv(Env):
         solved = self.solved
         if solved:
             reward += SOLVED_REWARD
+        if self.shaping_weight:
+            before, self.potential = self.potential, self._potential()
+            reward += self.shaping_gamma * self.potential - before
         self.done = solved or self.steps >= self.max_steps
         return self.render(), reward, self.done, step_info(solved, move is not None, effective)
 

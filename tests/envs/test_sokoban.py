@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 import grl.envs
-from grl.envs.sokoban import generate_level, reverse_search, scramble
+from grl.envs.sokoban_levels import generate_level, reverse_search, scramble
 from grl.envs.solvers import solve_sokoban
 
 LEVEL = """
@@ -211,7 +211,31 @@ def test_bad_config_raises_clear_errors(tmp_path):
         grl.envs.make("sokoban", dim_room=(3, 3))
     with pytest.raises(ValueError, match="dim_room"):
         grl.envs.make("sokoban", dim_room="big")
-    assert {"dim_room", "num_boxes", "max_steps", "search_depth", "level", "levels_path"} == grl.envs.config_keys("sokoban")
+    for key, bad in [
+        ("solution_moves", 0),
+        ("solution_moves", 2.5),
+        ("solution_moves", True),
+        ("shaping_weight", -1),
+        ("shaping_weight", float("nan")),
+        ("shaping_weight", "1"),
+        ("shaping_gamma", 0),
+        ("shaping_gamma", 1.5),
+        ("shaping_player", "yes"),
+    ]:
+        with pytest.raises(ValueError, match=f"sokoban: {key} must"):
+            grl.envs.make("sokoban", **{key: bad})
+    assert grl.envs.config_keys("sokoban") == {
+        "dim_room",
+        "num_boxes",
+        "max_steps",
+        "search_depth",
+        "solution_moves",
+        "level",
+        "levels_path",
+        "shaping_weight",
+        "shaping_player",
+        "shaping_gamma",
+    }
 
 
 # --------------------------------------------------------- actions, limits
@@ -240,7 +264,8 @@ def test_same_seed_same_level_across_processes():
     # Rollout workers are separate processes: a level must not depend on hash randomisation.
     code = (
         "import grl.envs; env = grl.envs.make('sokoban', dim_room=(8, 8), num_boxes=2);"
-        "print('|'.join(env.reset(seed) for seed in range(10)))"
+        "by_moves = grl.envs.make('sokoban', dim_room=(8, 8), num_boxes=2, solution_moves=9);"
+        "print('|'.join(e.reset(seed) for e in (env, by_moves) for seed in range(10)))"
     )
     root = str(Path(__file__).resolve().parents[2])
     outputs = {
@@ -255,4 +280,73 @@ def test_same_seed_same_level_across_processes():
         for hash_seed in ("1", "2")
     }
     env = grl.envs.make("sokoban", dim_room=(8, 8), num_boxes=2)
-    assert outputs == {"|".join(env.reset(seed) for seed in range(10)) + "\n"}
+    by_moves = grl.envs.make("sokoban", dim_room=(8, 8), num_boxes=2, solution_moves=9)
+    assert outputs == {"|".join(e.reset(seed) for e in (env, by_moves) for seed in range(10)) + "\n"}
+
+
+# ---------------------------------------------------------------- shaping
+
+
+def reference_distance(observation):
+    """Box-to-nearest-target plus player-to-nearest-loose-box Manhattan distances, read off the rendered grid."""
+    cells = {(r, c): ch for r, row in enumerate(observation.split("\n")) for c, ch in enumerate(row)}
+    targets = [cell for cell, ch in cells.items() if ch in "OS√"]
+    loose = [cell for cell, ch in cells.items() if ch == "X"]
+    player = next(cell for cell, ch in cells.items() if ch in "PS")
+
+    def manhattan(a, b):
+        return abs(a[0] - b[0]) + abs(a[1] - b[1])
+
+    boxes = sum(min(manhattan(box, t) for t in targets) for box in loose)
+    return boxes, min((manhattan(player, box) for box in loose), default=0)
+
+
+@pytest.mark.parametrize("gamma,with_player", [(1.0, True), (1.0, False), (0.9, True)])
+def test_shaping_is_gamma_phi_next_minus_phi_and_telescopes(gamma, with_player):
+    weight = 0.5
+    rng = random.Random(1)
+    for seed in range(15):
+        plain = grl.envs.make("sokoban", dim_room=(7, 7), num_boxes=2, max_steps=40)
+        shaped = grl.envs.make(
+            "sokoban",
+            dim_room=(7, 7),
+            num_boxes=2,
+            max_steps=40,
+            shaping_weight=weight,
+            shaping_player=with_player,
+            shaping_gamma=gamma,
+        )
+
+        def phi(observation):
+            boxes, player = reference_distance(observation)
+            return -weight * (boxes + player * with_player)
+
+        first = obs = plain.reset(seed)
+        assert shaped.reset(seed) == obs
+        # an optimal plan's moves mixed with random ones, so that episodes both solve and time out
+        plan = solve_sokoban(obs) if seed % 2 else []
+        discounted, t, done = 0.0, 0, False
+        while not done:
+            action = plan[t] if t < len(plan) else rng.choice(["Up", "Down", "Left", "Right", "jump"])
+            after, reward, done, _ = plain.step(action)
+            assert shaped.step(action)[:3] == (after, pytest.approx(reward + gamma * phi(after) - phi(obs)), done)
+            discounted += gamma**t * (gamma * phi(after) - phi(obs))
+            obs, t = after, t + 1
+        assert discounted == pytest.approx(gamma**t * phi(obs) - phi(first))
+
+
+def test_shaping_earns_nothing_over_a_loop_and_is_off_by_default():
+    level = "#######\n#     #\n# @$  #\n#   . #\n#######"
+    # push the box right, walk round it, push it back, walk home; bump a wall and send a bad action on the way
+    loop = ["Right", "Up", "Up", "Right", "Right", "Down", "Left", "Down", "jump", "Left", "Left", "Up"]
+    env = grl.envs.make("sokoban", level=level, shaping_weight=0.5, shaping_player=True)
+    plain = grl.envs.make("sokoban", level=level)
+    start = env.reset(0)
+    plain.reset(0)
+    shaping = [env.step(a)[1] - plain.step(a)[1] for a in loop]
+    assert env.render() == start
+    assert any(abs(term) > 0.1 for term in shaping)
+    assert sum(shaping) == pytest.approx(0.0, abs=1e-12)
+    # off by default: a box pushed closer to its target earns only the step penalty
+    plain.reset(0)
+    assert plain.step("Right")[1] == pytest.approx(-0.1)
