@@ -30,6 +30,7 @@ def main() -> None:
     import torch
     from omegaconf import OmegaConf
 
+    from grl.agents import task_from_block
     from grl.config import CONFIG_DIR
     from grl.engines.base import SamplingParams
     from grl.engines.hf import HFEngine
@@ -40,7 +41,7 @@ def main() -> None:
     block["agent_config"].update(
         action_decoding="constrained", enable_think=False, max_tokens=16, max_turns=args.max_turns, max_actions_per_turn=1
     )
-    task = TaskSpec("simpleSokobanAgent", block, args.agents, 1)
+    task = TaskSpec("simpleSokobanAgent", task_from_block("simpleSokobanAgent", block), args.agents, 1)
     greedy = SamplingParams(greedy=True, max_new_tokens=16)
     results = {}
     for reuse in (False, True):

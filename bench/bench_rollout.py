@@ -53,6 +53,7 @@ def main() -> None:
     import torch
     from omegaconf import OmegaConf
 
+    from grl.agents import task_from_block
     from grl.config import CONFIG_DIR
     from grl.engines.base import SamplingParams
     from grl.engines.hf import HFEngine
@@ -61,7 +62,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     block = OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / "agents.yaml"), resolve=True)["simpleSokobanAgent"]
     block["agent_config"]["max_turns"] = args.max_turns
-    task = TaskSpec("simpleSokobanAgent", block, args.groups, args.group_size)
+    task = TaskSpec("simpleSokobanAgent", task_from_block("simpleSokobanAgent", block), args.groups, args.group_size)
     engine = HFEngine(args.model, dtype="float32", device="cpu")
     timed = TimedEngine(engine)
     rollout = MultiTurnRollout(

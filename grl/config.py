@@ -13,7 +13,7 @@ import copy
 import os
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, get_type_hints
+from typing import TYPE_CHECKING, Any, get_type_hints
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -38,6 +38,9 @@ from grl.schema import (
     merge_typed,
 )
 from grl.schema.keys import defaults, did_you_mean, one_line
+
+if TYPE_CHECKING:
+    from grl.agents.tasks import Task
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 SCHEMA_NODE = "grl_schema"  # the name configs/base.yaml lists first in its defaults
@@ -348,7 +351,7 @@ class RunSections:
     critic: Critic
     data: Data  # max_prompt_length and max_response_length, resolved
     tools: Tools
-    tasks: dict[str, dict[str, Any]]  # the task instances rollout.training and rollout.validation name
+    tasks: dict[str, Task]  # the task instances rollout.training and rollout.validation name, typed
     record: dict[str, Any]  # the whole config, resolved, as the run records it (tracker, run_info.yaml)
 
 
@@ -360,7 +363,7 @@ def run_sections(cfg: DictConfig) -> RunSections:
             name: typed_section(cfg, name)
             for name in ("trainer", "rollout", "algorithm", "actor_rollout_ref", "critic", "data", "tools")
         },
-        tasks={name: task_instance(cfg, name) for name in names},
+        tasks={name: _task(cfg, name) for name in names},
         record=OmegaConf.to_container(cfg, resolve=True),
     )
 
@@ -368,3 +371,13 @@ def run_sections(cfg: DictConfig) -> RunSections:
 def task_instance(cfg: DictConfig, name: str) -> dict[str, Any]:
     """A task instance block as a plain dict (what grl.agents.make_agent takes)."""
     return OmegaConf.to_container(cfg[name], resolve=True)  # type: ignore[return-value]
+
+
+def _task(cfg: DictConfig, name: str) -> Task:
+    """A task instance typed once: its block as the schema's TaskInstance (its agent_config's left-out keys at
+    their defaults; `validate` checked the values), with the env its agent type drives."""
+    import grl.agents
+
+    instance = OmegaConf.to_object(merge_typed(TaskInstance, task_instance(cfg, name), f"{name}."))
+    env_type = None if instance.agent_type == PROGRAM else grl.agents.env_name(instance.agent_type)
+    return grl.agents.Task(instance.agent_type, env_type, instance.agent_config, instance.env_config)

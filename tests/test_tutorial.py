@@ -131,7 +131,10 @@ def test_the_tutorials_program_plays_through_the_gateway_and_a_perfect_player_wi
     runner = ProgramRunner(engine, engine.tokenizer, context=2048, max_response_length=16)
     try:
         episodes, metrics = runner.run(
-            [TaskSpec("guessNumberProgram", block, 2, 2)], 0, 0, SamplingParams(temperature=1.0, seed=0)
+            [TaskSpec("guessNumberProgram", grl.agents.task_from_block("guessNumberProgram", block), 2, 2)],
+            0,
+            0,
+            SamplingParams(temperature=1.0, seed=0),
         )
     finally:
         runner.close()

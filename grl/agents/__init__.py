@@ -1,8 +1,9 @@
 """Agents: prompting, reply parsing and action budgets over the envs.
 
-`make_agent(task_name, task_cfg)` builds the generic Agent for a task instance
-of configs/agents.yaml (`{agent_type, agent_config, env_config}`). Agent types
-are registered in grl/agents/tasks.py with the env they drive.
+`make_agent(task_name, task)` builds the generic Agent for a task instance
+of configs/agents.yaml (`{agent_type, agent_config, env_config}`), a `Task`
+checked once. Agent types are registered in grl/agents/tasks.py with the env
+they drive.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ import grl.tools
 from grl.agents.base import Agent, AgentSettings, AgentStep, settings_from_mapping
 from grl.agents.openenv_tools import ToolCallHooks
 from grl.agents.parse import ParsedReply, ToolCall, parse_reply, parse_tool_calls, split_actions
-from grl.agents.tasks import AGENT_TYPES, AgentType, TaskHooks
+from grl.agents.tasks import AGENT_TYPES, AgentType, Task, TaskHooks
+from grl.schema import PROGRAM
 from grl.tools import SandboxLimits
 
 
@@ -57,39 +59,54 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def make_agent(task_name: str, task_cfg: Mapping[str, Any], sandbox: SandboxLimits | None = None) -> Agent:
-    """The Agent of one task instance; its env is built here and owned by it. `sandbox`: the limits
-    of its tool calls (the `tools.python` keys), for tasks with `agent_config.tools`."""
-    task_cfg = _plain(task_cfg)
-    if not isinstance(task_cfg, Mapping):
-        raise ValueError(f"{task_name}: a task instance must be a mapping, got {type(task_cfg).__name__}")
-    for key in task_cfg:
+def task_from_block(task_name: str, block: Mapping[str, Any]) -> Task:
+    """A task instance block given by hand (`{agent_type, agent_config, env_config}`, as configs/agents.yaml
+    writes it) checked into a Task; a run's tasks come checked from grl.config instead."""
+    block = _plain(block)
+    if not isinstance(block, Mapping):
+        raise ValueError(f"{task_name}: a task instance must be a mapping, got {type(block).__name__}")
+    for key in block:
         if key not in ("agent_type", "agent_config", "env_config"):
             raise ValueError(f"{task_name}.{key}: unknown key (known: agent_type, agent_config, env_config)")
-    agent_type = task_cfg.get("agent_type")
-    try:
-        kind = _agent_type(agent_type)
-    except KeyError as err:
-        raise ValueError(f"{task_name}.agent_type: {err.args[0]}") from None
-    agent_config = task_cfg.get("agent_config")
+    agent_type = block.get("agent_type")
+    env_type = None
+    if agent_type != PROGRAM:
+        try:
+            env_type = _agent_type(agent_type).env
+        except KeyError as err:
+            raise ValueError(f"{task_name}.agent_type: {err.args[0]}") from None
+    agent_config = block.get("agent_config")
     if not isinstance(agent_config, Mapping):
         raise ValueError(f"{task_name}.agent_config: missing or not a mapping")
-    env_config = task_cfg.get("env_config") or {}
+    env_config = block.get("env_config") or {}
     if not isinstance(env_config, Mapping):
         raise ValueError(f"{task_name}.env_config: must be a mapping")
     settings = settings_from_mapping(agent_config, f"{task_name}.agent_config")
-    accepted = grl.envs.config_keys(kind.env)
+    if (agent_type == PROGRAM) != bool(settings.program):
+        raise ValueError(f"{task_name}: agent_type: {PROGRAM} and agent_config.program go together; the one needs the other")
+    accepted = None if env_type is None else grl.envs.config_keys(env_type)
     for key in env_config:
         if accepted is not None and key not in accepted:
             raise ValueError(
-                f"{task_name}.env_config.{key}: unknown key for env {kind.env} (known: {', '.join(sorted(accepted))})"
+                f"{task_name}.env_config.{key}: unknown key for env {env_type} (known: {', '.join(sorted(accepted))})"
             )
+    return Task(agent_type, env_type, settings, dict(env_config))
+
+
+def make_agent(task_name: str, task: Task | Mapping[str, Any], sandbox: SandboxLimits | None = None) -> Agent:
+    """The Agent of one task instance (a Task, or a block that `task_from_block` checks first); its env is
+    built here and owned by it. `sandbox`: the limits of its tool calls (the `tools.python` keys), for tasks
+    with `agent_config.tools`."""
+    if not isinstance(task, Task):
+        task = task_from_block(task_name, task)
+    hooks = _agent_type(task.agent_type).hooks
+    settings = task.agent_config
     limits = sandbox or SandboxLimits()
     if settings.tools:
         grl.tools.check_isolation(limits)  # refuse to start where the walls cannot be built
     tools = {name: grl.tools.make_tool(name, limits) for name in settings.tools}
-    env = grl.envs.make(kind.env, **env_config)
-    return Agent(task_name, settings, env, kind.hooks, tools)
+    env = grl.envs.make(task.env_type, **task.env_config)
+    return Agent(task_name, settings, env, hooks, tools)
 
 
 __all__ = [
@@ -98,6 +115,7 @@ __all__ = [
     "AgentStep",
     "AgentType",
     "ParsedReply",
+    "Task",
     "TaskHooks",
     "ToolCall",
     "agent_types",
@@ -107,4 +125,5 @@ __all__ = [
     "parse_tool_calls",
     "register",
     "split_actions",
+    "task_from_block",
 ]

@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from grl.agents.base import Agent, AgentStep, context_window
+from grl.agents.tasks import Task
 
 DECOY_SEED_OFFSET = 7_777_777  # far from training (seed + step * 100003) and validation (validation_seed + i) seeds
 
@@ -93,11 +94,11 @@ class SwappedAgent:
             self.decoy.close()
 
 
-def make_swapped_agent(task_name: str, task_cfg: Mapping[str, Any], sandbox=None) -> SwappedAgent:
+def make_swapped_agent(task_name: str, task: Task | Mapping[str, Any], sandbox=None) -> SwappedAgent:
     """`make_agent`'s signature, for `MultiTurnRollout(agent_factory=...)`."""
     from grl.agents import make_agent
 
-    return SwappedAgent(make_agent(task_name, task_cfg, sandbox), make_agent(task_name, task_cfg, sandbox))
+    return SwappedAgent(make_agent(task_name, task, sandbox), make_agent(task_name, task, sandbox))
 
 
 # A control's agent factory, and the name its success is reported under (`val-env/<task>/<name>`).

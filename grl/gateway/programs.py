@@ -41,7 +41,6 @@ import uuid
 from collections.abc import Callable
 from dataclasses import replace
 
-from grl.agents.base import settings_from_mapping
 from grl.engines.base import SamplingParams
 from grl.gateway.batching import BatchingEngine
 from grl.gateway.contract import MODEL_NAME, ProgramTask, final_messages
@@ -168,8 +167,7 @@ class ProgramRunner:
         """Starts the worker processes the program tasks among `tasks` will play on (without waiting for
         them), so that the first rollout does not wait for them to start."""
         for spec in filter(is_program_task, tasks):
-            settings = settings_from_mapping(spec.config.get("agent_config") or {}, f"{spec.name}.agent_config")
-            self._pool_of(spec.name, settings).start(spec.num_groups * spec.group_size)
+            self._pool_of(spec.name, spec.config.agent_config).start(spec.num_groups * spec.group_size)
 
     def _pool_of(self, task: str, s) -> ProgramPool:
         limits = (task, s.program_workers, s.program_timeout, s.program_max_rss_mb)
@@ -180,7 +178,7 @@ class ProgramRunner:
     def _open(self, tasks, base_seed, first_group, sampling) -> list[ProgramEpisode]:
         running, group = [], first_group
         for spec in tasks:
-            settings = settings_from_mapping(spec.config.get("agent_config") or {}, f"{spec.name}.agent_config")
+            settings = spec.config.agent_config
             limit = min(self.max_response_length, settings.max_tokens)
             for _ in range(spec.num_groups):
                 for attempt in range(spec.group_size):
@@ -192,7 +190,7 @@ class ProgramRunner:
                         max_calls=settings.max_turns,
                     )
                     self.gateway.open_episode(name, episode_log)
-                    task = ProgramTask(spec.name, base_seed + group, group, attempt, dict(spec.config.get("env_config") or {}))
+                    task = ProgramTask(spec.name, base_seed + group, group, attempt, dict(spec.config.env_config))
                     running.append(ProgramEpisode(name, spec, settings, task, episode_log))
                 group += 1
         return running

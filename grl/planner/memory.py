@@ -118,8 +118,8 @@ def gathered_bytes(shape: ModelShape, e: int, value_head: bool = False) -> float
 def sampled_per_episode(sections: RunSections) -> int:
     """Tokens the model writes in one episode at most: max_turns x tokens per reply, over the training tasks."""
     per_task = [
-        sections.tasks[name]["agent_config"]["max_turns"]
-        * min(sections.tasks[name]["agent_config"]["max_tokens"], sections.data.max_response_length)
+        sections.tasks[name].agent_config.max_turns
+        * min(sections.tasks[name].agent_config.max_tokens, sections.data.max_response_length)
         for name in sections.rollout.training
     ]
     return max(per_task)

@@ -33,7 +33,7 @@ import json
 import logging
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from grl.engines.base import Engine, SamplingParams
@@ -110,8 +110,6 @@ class MultiTurnRollout:
     ) -> MultiTurnRollout:
         """From the typed `rollout`, `data` (the lengths) and `tools` sections. `control`: a validation
         control of grl/agents/controls.py (e.g. `swap`) that builds the agents."""
-        from dataclasses import asdict
-
         from grl.agents import make_agent
         from grl.agents.controls import VALIDATION_CONTROLS
         from grl.tools import SandboxLimits
@@ -183,7 +181,7 @@ class MultiTurnRollout:
     def _slots(self, tasks: list[TaskSpec], base_seed: int) -> list[Slot]:
         slots, group_id = [], 0
         for task in tasks:
-            block = json.dumps(task.config, sort_keys=True, default=str)
+            block = json.dumps(asdict(task.config), sort_keys=True, default=str)
             index = 0
             for _ in range(task.num_groups):
                 for member in range(task.group_size):

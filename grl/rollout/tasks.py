@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from grl.agents.tasks import Task
 
 SEED_STRIDE = 100003  # training step s starts its groups at seed + s * SEED_STRIDE
 
@@ -12,14 +15,14 @@ SEED_STRIDE = 100003  # training step s starts its groups at seed + s * SEED_STR
 @dataclass(frozen=True)
 class TaskSpec:
     name: str  # task instance, e.g. simpleSokobanAgent
-    config: Mapping[str, Any]  # its checked block of configs/agents.yaml: {agent_type, agent_config, env_config}
+    config: Task  # the task instance, checked (grl.config.RunSections.tasks, grl.agents.task_from_block)
     num_groups: int
     group_size: int
 
 
-def task_specs(rollout, tasks: Mapping[str, Mapping[str, Any]], validation: bool = False) -> list[TaskSpec]:
-    """The training (or validation) task list: the `rollout` section's names and group counts, each task's
-    block from `tasks` (grl.config.RunSections.tasks)."""
+def task_specs(rollout, tasks: Mapping[str, Task], validation: bool = False) -> list[TaskSpec]:
+    """The training (or validation) task list: the `rollout` section's names and group counts, each task
+    from `tasks` (grl.config.RunSections.tasks)."""
     names = rollout.validation if validation else rollout.training
     nums = rollout.validation_agent_group_num if validation else rollout.agent_group_num
     sizes = rollout.validation_agent_group_size if validation else rollout.agent_group_size
@@ -28,16 +31,14 @@ def task_specs(rollout, tasks: Mapping[str, Mapping[str, Any]], validation: bool
 
 def is_program_task(task: TaskSpec) -> bool:
     """A task whose episodes an agent program plays through the gateway (`agent_config.program`)."""
-    return bool((task.config.get("agent_config") or {}).get("program"))
+    return bool(task.config.agent_config.program)
 
 
 def decodes_constrained(specs: list[TaskSpec]) -> bool:
     """Whether any of a run's training and validation tasks writes its replies from the env's valid
     actions (`agent_config.action_decoding: constrained`), or is an agent program (which may ask for
     `allowed_replies`): its engine must then take reply grammars."""
-    return any(
-        (spec.config.get("agent_config") or {}).get("action_decoding") == "constrained" or is_program_task(spec) for spec in specs
-    )
+    return any(spec.config.agent_config.action_decoding == "constrained" or is_program_task(spec) for spec in specs)
 
 
 def training_base_seed(seed: int, step: int) -> int:

@@ -42,7 +42,7 @@ class Curriculum:
 
     def tasks(self, specs: list[TaskSpec], stage: int) -> list[TaskSpec]:
         value = self.levels[stage]
-        return [replace(s, config={**s.config, "env_config": {**s.config.get("env_config", {}), self.key: value}}) for s in specs]
+        return [replace(s, config=replace(s.config, env_config={**s.config.env_config, self.key: value})) for s in specs]
 
     def record(self, step: int, episodes: list[Episode]) -> bool:
         """Note the step's training success; True when it moved the curriculum to the next stage."""

@@ -199,6 +199,7 @@ def test_env_error_ends_the_episode_without_raising(task, monkeypatch):
         ({"agent_config": {"enable_think": "maybe"}}, r"simpleSokobanAgent.agent_config.enable_think"),
         ({"env_config": {"dim_rooms": [5, 5]}}, r"simpleSokobanAgent.env_config.dim_rooms: unknown key for env sokoban"),
         ({"agent_type": "sokoAgent"}, r"simpleSokobanAgent.agent_type: unknown agent_type 'sokoAgent'"),
+        ({"agent_type": "program"}, r"simpleSokobanAgent: agent_type: program and agent_config.program go together"),
     ],
 )
 def test_bad_task_blocks_name_the_key(task, change, message):

@@ -6,7 +6,7 @@ import pytest
 import grl.agents
 import grl.envs
 from grl.agents import make_agent
-from grl.config import ConfigError, load_config, task_instance
+from grl.config import ConfigError, load_config, run_sections, task_instance
 from grl.schema import PROGRAM, AgentConfig
 
 from agent_text import GSM8K_TEST
@@ -67,6 +67,16 @@ def test_every_block_validates(validated, agents_yaml):
     for name in usable:
         block = task_instance(cfg, name)
         assert set(block["agent_config"]) == {f.name for f in AgentConfig.__dataclass_fields__.values()}
+
+
+def test_a_runs_tasks_are_typed_as_a_block_given_by_hand_is(validated):
+    """grl.config types a run's task blocks once (RunSections.tasks); grl.agents.task_from_block, the path of
+    a block given by hand that checks it itself, makes the same Task of every block."""
+    cfg, usable = validated
+    tasks = run_sections(cfg).tasks
+    assert set(tasks) == set(usable)
+    for name in usable:
+        assert repr(tasks[name]) == repr(grl.agents.task_from_block(name, task_instance(cfg, name))), name
 
 
 def test_promised_values(validated):

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from grl.agents import task_from_block
 from grl.engines import SamplingParams, make_engine
 from grl.gateway.batching import BatchingEngine
 from grl.gateway.contract import ProgramTask, load_program, reward_of
@@ -55,7 +56,7 @@ def task(name: str, program: str, groups: int = 1, size: int = 1, env_config: di
         "agent_config": {"program": f"{PROGRAMS}:{program}", "max_turns": 4, **agent},
         "env_config": env_config or {},
     }
-    return TaskSpec(name, block, groups, size)
+    return TaskSpec(name, task_from_block(name, block), groups, size)
 
 
 def trained(episode):
@@ -151,7 +152,9 @@ def test_the_rollout_plays_program_and_native_tasks_side_by_side(runner):
     native = runner.engine.engine
     rollout = MultiTurnRollout(native, load_tokenizer("tiny"), max_prompt_length=1024, max_response_length=12, programs=runner)
     program = task("fruitProgram", "fruit_picker", 2, 2, {"wanted": "plum"}, max_turns=3, max_tokens=12)
-    result = rollout.run([TaskSpec("fruit", FRUIT_TASK, 2, 2), program], 100, SamplingParams(temperature=1.0, seed=3))
+    result = rollout.run(
+        [TaskSpec("fruit", task_from_block("fruit", FRUIT_TASK), 2, 2), program], 100, SamplingParams(temperature=1.0, seed=3)
+    )
     assert sorted({e.group_id for e in result.episodes if e.task == "fruit"}) == [0, 1]
     assert sorted({e.group_id for e in result.episodes if e.task == "fruitProgram"}) == [2, 3]
     assert all(len(e.turns) == 3 for e in result.episodes)
@@ -213,7 +216,7 @@ def test_validation_controls_leave_program_tasks_out(runner):
         agent_factory=lambda name, block: VALIDATION_CONTROLS["swap"](name, block, None),
     )
     tasks = [
-        TaskSpec("fruit", FRUIT_TASK, 2, 1),
+        TaskSpec("fruit", task_from_block("fruit", FRUIT_TASK), 2, 1),
         task("fruitProgram", "fruit_picker", 2, 1, {"wanted": "plum"}, max_turns=3, max_tokens=12),
     ]
     metrics, episodes = validation_metrics(rollout, {"swap": swap}, tasks, 5, 1, SamplingParams(greedy=True))

@@ -105,16 +105,15 @@ def scripted(name="scripted", groups=2, size=2, max_turns=4, decoding="free", **
         "action_separator": None,
         "action_decoding": decoding,
     }
-    return TaskSpec(
-        name, {"agent_type": "scriptedRolloutAgent", "agent_config": agent_config, "env_config": env_config}, groups, size
-    )
+    block = {"agent_type": "scriptedRolloutAgent", "agent_config": agent_config, "env_config": env_config}
+    return TaskSpec(name, grl.agents.task_from_block(name, block), groups, size)
 
 
-def real_task(name, groups=1, size=2, max_turns=2, **env_config) -> TaskSpec:
+def real_task(name, groups=1, size=2, max_turns=2, agent: dict | None = None, **env_config) -> TaskSpec:
     block = copy.deepcopy(AGENTS[name])
-    block["agent_config"]["max_turns"] = max_turns
+    block["agent_config"].update(max_turns=max_turns, **(agent or {}))
     block["env_config"].update(env_config)
-    return TaskSpec(name, block, groups, size)
+    return TaskSpec(name, grl.agents.task_from_block(name, block), groups, size)
 
 
 class RecordingEngine(Engine):
@@ -206,8 +205,8 @@ def test_a_context_window_prompts_every_turn_afresh(hf_engine, tokenizer, window
     rendered whole (the instructions, the last `window` turns, the current state), and the turn's
     prompt_ids are exactly that prompt."""
     engine = RecordingEngine(hf_engine)
-    task = real_task("tetrisAgent_type_1_dim_4", groups=1, size=2, max_turns=4)
-    task.config["agent_config"].update(max_context_window=window, action_decoding="free", max_tokens=REPLY_TOKENS)
+    agent = {"max_context_window": window, "action_decoding": "free", "max_tokens": REPLY_TOKENS}
+    task = real_task("tetrisAgent_type_1_dim_4", groups=1, size=2, max_turns=4, agent=agent)
     episodes = rollout(engine, tokenizer).run([task], base_seed=3, sampling=SAMPLED).episodes
     chat = ChatTokens(tokenizer)
     seen = sorted(tuple(p) for prompts, _ in engine.calls for p in prompts)

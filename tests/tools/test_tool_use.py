@@ -201,7 +201,9 @@ def test_tool_output_is_environment_tokens_in_the_rollout_batch():
         max_response_length=40,
         agent_factory=lambda name, cfg: make_agent(name, cfg, LIMITS),
     )
-    episode = rollout.run([TaskSpec("tool_only", block, 1, 1)], 0, SamplingParams(greedy=True)).episodes[0]
+    episode = rollout.run(
+        [TaskSpec("tool_only", grl.agents.task_from_block("tool_only", block), 1, 1)], 0, SamplingParams(greedy=True)
+    ).episodes[0]
     engine.shutdown()
     assert [turn.info.get("tool_output") for turn in episode.turns] == [
         "zebrazebrazebra",

@@ -109,7 +109,7 @@ def test_with_a_context_window_the_trainer_scores_what_the_engine_saw(cfg, actor
     run = run_sections(cfg)
     specs = task_specs(run.rollout, run.tasks)[:2]
     for spec in specs:
-        spec.config["agent_config"]["max_context_window"] = 1
+        spec.config.agent_config.max_context_window = 1
     rollout = MultiTurnRollout.from_config(
         run.rollout, run.data, run.tools, actor.engine, load_tokenizer(run.actor_rollout_ref.model.path)
     )

@@ -33,11 +33,11 @@ def test_a_stage_sets_the_env_key_of_every_training_task_and_the_env_plays_it():
     run = run_sections(cfg)
     specs = task_specs(run.rollout, run.tasks)
     easy = c.tasks(specs, 0)
-    assert easy[0].config["env_config"]["dim_x"] == 3 and specs[0].config["env_config"]["dim_x"] == 4
-    assert {k: v for k, v in easy[0].config["env_config"].items() if k != "dim_x"} == {
-        k: v for k, v in specs[0].config["env_config"].items() if k != "dim_x"
+    assert easy[0].config.env_config["dim_x"] == 3 and specs[0].config.env_config["dim_x"] == 4
+    assert {k: v for k, v in easy[0].config.env_config.items() if k != "dim_x"} == {
+        k: v for k, v in specs[0].config.env_config.items() if k != "dim_x"
     }
-    env = make("tetris", **easy[0].config["env_config"])
+    env = make("tetris", **easy[0].config.env_config)
     board = env.reset(7)
     assert all(len(row) == 3 for row in env.board) and board
     assert Curriculum.from_config(load_config(["preset=cpu"]).rollout.curriculum) is None
