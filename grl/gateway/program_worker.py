@@ -11,8 +11,8 @@ is evaluated here, after asking the pool for them with `("messages",)`. The work
 a daemon its program started is still its descendant and can be named; it exits when its pool's process
 does, so that a trainer killed outright leaves no worker waiting.
 
-This module imports only the standard library and grl.gateway.contract, so that a worker starts in about
-the time `import openai` takes.
+This module imports only the standard library, psutil and grl.gateway.contract, so that a worker starts in
+about the time `import openai` takes.
 """
 
 from __future__ import annotations
@@ -28,12 +28,12 @@ import time
 import traceback
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from pathlib import Path
+
+import psutil
 
 from grl.gateway.contract import ProgramTask, ProgramValueError, load_program, reward_of
 
 PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
-PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
 
 
 @dataclass(frozen=True)
@@ -47,33 +47,20 @@ class ProgramCall:
 
 
 def descendants(pid: int) -> list[int]:
-    """The live (not zombie) processes below `pid`, read from /proc; [] once it is gone."""
-    found, todo = [], [pid]
-    while todo:
-        parent = todo.pop()
-        try:
-            threads = os.listdir(f"/proc/{parent}/task")
-        except OSError:
-            continue
-        for thread in threads:
-            try:
-                children = Path(f"/proc/{parent}/task/{thread}/children").read_text().split()
-            except OSError:
-                continue
-            for child in map(int, children):
-                if child not in found and is_running(child):
-                    found.append(child)
-                    todo.append(child)
-    return found
+    """The live (not zombie) processes below `pid`; [] once it is gone."""
+    try:
+        children = psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+    return [child.pid for child in children if is_running(child.pid)]
 
 
 def is_running(pid: int) -> bool:
     """Whether `pid` is a process that has not ended (a zombie has: it only waits to be reaped)."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
         return False
-    return stat.rpartition(")")[2].split()[0] != "Z"
 
 
 def rss_bytes(pids: list[int]) -> int:
@@ -81,8 +68,8 @@ def rss_bytes(pids: list[int]) -> int:
     total = 0
     for pid in pids:
         try:
-            total += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE_BYTES
-        except (OSError, IndexError, ValueError):
+            total += psutil.Process(pid).memory_info().rss
+        except psutil.Error:
             pass
     return total
 

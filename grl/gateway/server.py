@@ -12,8 +12,9 @@ training (grl/gateway/episodes.py). A request may name the replies it allows (`a
 engine then decodes with the reply grammar GRL's agents use.
 
 Bad requests get HTTP 400 with one line. The engine is used only through `engine.generate`: `grl serve`
-gives a `SerialEngine` (the hf engine is not thread-safe), the trainer a `BatchingEngine`
-(grl/gateway/batching.py) whose owner serves the concurrent calls of many programs in batches.
+gives a `SerialEngine` (the hf engine is not thread-safe: one generate at a time, the calls that wait meanwhile
+sharing the next), the trainer a `BatchingEngine` whose owner serves the concurrent calls of many programs;
+both start the next engine call as soon as the engine is free (grl/gateway/batching.py).
 """
 
 import threading
@@ -21,7 +22,7 @@ import time
 import uuid
 from dataclasses import replace
 
-from grl.engines.base import Engine, GenerationOutput, SamplingParams
+from grl.engines.base import GenerationOutput, SamplingParams
 from grl.engines.constraint import GrammarError, compile_reply_grammar
 from grl.gateway.episodes import NO_TOOLS, Call, EpisodeLog, tools_key
 from grl.gateway.requests import BadRequest, ChatRequest, chat_request
@@ -44,17 +45,6 @@ class _Chat(ChatTokens):
 
     def render(self, messages: list[dict], generation_prompt: bool) -> str:
         return super().render([with_parsed_arguments(m) for m in messages], generation_prompt)
-
-
-class SerialEngine:
-    """An engine that serves one `generate` at a time, whichever thread calls."""
-
-    def __init__(self, engine: Engine):
-        self.engine, self._lock = engine, threading.Lock()
-
-    def generate(self, prompts, sampling, constraints=None):
-        with self._lock:
-            return self.engine.generate(prompts, sampling, constraints)
 
 
 class Gateway:

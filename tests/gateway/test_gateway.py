@@ -191,7 +191,9 @@ class CallsAtOnce:
                 self.inside -= 1
 
 
-def test_concurrent_callers_are_served_one_generate_at_a_time(served, monkeypatch):
+def test_concurrent_callers_share_generates_one_at_a_time(served, monkeypatch):
+    """`grl serve`'s engine runs one generate at a time, and the calls that wait meanwhile share the next
+    (grl/gateway/batching.py): 32 calls from 16 threads take fewer than 32 generates."""
     gateway, base = served
     engine = gateway.engine.engine  # the real engine behind the gateway's SerialEngine
     counted = CallsAtOnce(engine.generate)
@@ -207,7 +209,7 @@ def test_concurrent_callers_are_served_one_generate_at_a_time(served, monkeypatc
             )
         )
     assert len(replies) == 32 and all(r.choices[0].finish_reason in ("stop", "length") for r in replies)
-    assert counted.calls == 32 and counted.most == 1, (counted.calls, counted.most)
+    assert counted.calls < 32 and counted.most == 1, (counted.calls, counted.most)
 
 
 @pytest.mark.slow
