@@ -14,6 +14,7 @@ GRL_TEST_SEED (default 42, trainer.seed's) reseeds sampling and the training gam
 other seeds (docs/DEVELOPMENT.md has the table).
 """
 
+import functools
 import math
 import os
 import re
@@ -118,14 +119,18 @@ class FruitEnv(Env):
         )
 
 
-def first_greedy_choice(cfg) -> str:
+@functools.cache  # the untrained model and greedy decoding: the same answer for every test that asks
+def first_greedy_choice() -> str:
     """The fruit the untrained tiny model picks greedily in round 1."""
+    from grl.agents import task_from_block
     from grl.engines import SamplingParams, make_engine
     from grl.rollout import MultiTurnRollout, TaskSpec
 
     engine = make_engine("hf", "tiny", device="cpu")
     rollout = MultiTurnRollout(engine, engine.tokenizer, max_prompt_length=512, max_response_length=12)
-    episode = rollout.run([TaskSpec("fruit", FRUIT_TASK, 1, 1)], 0, SamplingParams(greedy=True)).episodes[0]
+    episode = rollout.run(
+        [TaskSpec("fruit", task_from_block("fruit", FRUIT_TASK), 1, 1)], 0, SamplingParams(greedy=True)
+    ).episodes[0]
     engine.shutdown()
     return episode.turns[0].info["actions"][0]
 
@@ -190,7 +195,7 @@ def test_ppo_learns_under_valid_action_decoding(tmp_path, monkeypatch, ray_runti
     multiply_advantages(monkeypatch, sign)
     cfg = constrained_config(tmp_path, estimator)
     # The right fruit is one the untrained model does not pick, so greedy success starts at 0.
-    monkeypatch.setattr(FruitEnv, "wanted", next(f for f in FRUITS if f != first_greedy_choice(cfg)))
+    monkeypatch.setattr(FruitEnv, "wanted", next(f for f in FRUITS if f != first_greedy_choice()))
     AgentTrainer.from_config(cfg).fit()
     history, before, after = outcome(tmp_path, "fruit", sign, 8)
     assert all(
@@ -221,15 +226,17 @@ def program_fruit_task(wanted: str, program: str) -> dict:
     }
 
 
+@functools.cache
 def program_greedy_choice(program: str) -> str:
     """The fruit the untrained tiny model picks greedily in round 1 of the program's conversation."""
+    from grl.agents import task_from_block
     from grl.engines import SamplingParams, make_engine
     from grl.gateway.programs import ProgramRunner
     from grl.rollout import TaskSpec
 
     engine = make_engine("hf", "tiny", device="cpu", grammar=True)
     runner = ProgramRunner(engine, engine.tokenizer, context=1024, max_response_length=12)
-    task = TaskSpec("fruitProgram", program_fruit_task("plum", program), 1, 1)
+    task = TaskSpec("fruitProgram", task_from_block("fruitProgram", program_fruit_task("plum", program)), 1, 1)
     try:
         [episode], _ = runner.run([task], 0, 0, SamplingParams(greedy=True))
     finally:

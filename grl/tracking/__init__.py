@@ -10,10 +10,12 @@ from __future__ import annotations
 import datetime
 import json
 import logging
+import math
 import os
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -30,6 +32,8 @@ from grl.tracking.loggers import (
 
 METRICS_FILE = "metrics.jsonl"
 log = logging.getLogger("grl.tracking")
+# A redraw takes a second or more of the driver's CPU: at most one a minute, and one more at the end.
+REPLOT_S = 60.0
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -46,6 +50,7 @@ class Tracker:
     ):
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._plotted_at = -math.inf  # the first step's curves are drawn at once
         self.backends = []
         for name in loggers:
             if name == "console":
@@ -63,7 +68,8 @@ class Tracker:
         numbers = clean(metrics)
         for backend in self.backends:
             backend.log(numbers, step)
-        self.plot()
+        if time.monotonic() - self._plotted_at >= REPLOT_S:
+            self.plot()
 
     def plot(self) -> None:
         """Redraw `curves.png` from the JSONL file; a plotting problem never stops a run."""
@@ -75,8 +81,11 @@ class Tracker:
             plot_run(self.run_dir)
         except Exception as err:  # noqa: BLE001 - the curves are a convenience, the run is not
             log.warning("could not draw %s/curves.png: %s", self.run_dir, err)
+        self._plotted_at = time.monotonic()
 
     def close(self) -> None:
+        if self.backends:
+            self.plot()
         for backend in self.backends:
             backend.close()
         self.backends = []

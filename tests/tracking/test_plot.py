@@ -6,6 +6,7 @@ import sys
 
 import matplotlib.image
 
+from grl.tracking import METRICS_FILE, read_jsonl
 from grl.tracking.plot import plot_run, smooth, success_metrics
 
 
@@ -144,12 +145,25 @@ def test_cli(tmp_path):
     assert empty.returncode == 2 and "no logged step" in empty.stderr
 
 
-def test_tracker_redraws_the_curves_at_every_step(tmp_path):
+def test_tracker_draws_the_curves_at_the_first_step_and_at_the_end(tmp_path, monkeypatch):
+    import grl.tracking
     from grl.tracking import Tracker
 
+    drawn = []  # the steps logged when each drawing was made
+    real_plot = grl.tracking.Tracker.plot
+
+    def counted_plot(self):
+        drawn.append(len(read_jsonl(tmp_path / METRICS_FILE)))
+        real_plot(self)
+
+    monkeypatch.setattr(grl.tracking.Tracker, "plot", counted_plot)
     tracker = Tracker(["jsonl"], tmp_path, "p", "e")
     tracker.log({"reward/mean": 0.5, "env/simpleSokobanAgent/success": 0.25}, step=1)
     assert (tmp_path / "curves.png").exists()
-    tracker.log({"reward/mean": 0.7, "val-env/simpleSokobanAgent/success": 0.5}, step=2)
+    tracker.log({"reward/mean": 0.7, "val-env/simpleSokobanAgent/success": 0.5}, step=2)  # within REPLOT_S: not redrawn
+    assert drawn == [1]
+    monkeypatch.setattr(grl.tracking, "REPLOT_S", 0.0)
+    tracker.log({"reward/mean": 0.9}, step=3)  # a minute later
     tracker.close()
+    assert drawn == [1, 3, 3]
     assert matplotlib.image.imread(tmp_path / "curves.png").shape[1] > 1000
