@@ -10,6 +10,8 @@ key, so a typo costs seconds, not a Ray start-up.
 from __future__ import annotations
 
 import copy
+import functools
+import json
 import os
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -197,26 +199,35 @@ def _check_rules(cfg: DictConfig) -> None:
         raise ConfigError(f"trainer.resume_mode: {mode!r} is neither auto, disable nor an existing folder")
 
 
+@functools.lru_cache(maxsize=512)  # every load reads the same ~50 blocks of configs/agents.yaml: type each once
+def _typed_task_block(name: str, block_json: str) -> DictConfig:
+    """One task instance block (as JSON) typed and range-checked; read-only, since it is shared."""
+    import grl.agents
+
+    typed = merge_typed(TaskInstance, json.loads(block_json), f"{name}.")
+    check_values(AgentConfig, typed.agent_config, f"{name}.agent_config.")
+    if (typed.agent_type == PROGRAM) != bool(typed.agent_config.program):
+        raise ConfigError(
+            f"{name}: a task played by an agent program has agent_type: {PROGRAM} and "
+            "agent_config.program: 'package.module:function'; the one needs the other"
+        )
+    if typed.agent_type != PROGRAM:
+        try:
+            grl.agents.env_name(typed.agent_type)
+        except KeyError as err:
+            raise ConfigError(f"{name}.agent_type: {err.args[0]}") from None
+    OmegaConf.set_readonly(typed, True)
+    return typed
+
+
 def _check_tasks(cfg: DictConfig, tasks: dict[str, DictConfig]) -> dict[str, DictConfig]:
     """Type- and range-check every task instance; check env keys of the ones in use."""
     import grl.agents
     import grl.envs
 
-    typed: dict[str, DictConfig] = {}
-    for name, block in tasks.items():
-        typed[name] = merge_typed(TaskInstance, block, f"{name}.")
-        check_values(AgentConfig, typed[name].agent_config, f"{name}.agent_config.")
-        if (typed[name].agent_type == PROGRAM) != bool(typed[name].agent_config.program):
-            raise ConfigError(
-                f"{name}: a task played by an agent program has agent_type: {PROGRAM} and "
-                "agent_config.program: 'package.module:function'; the one needs the other"
-            )
-        if typed[name].agent_type == PROGRAM:
-            continue
-        try:
-            grl.agents.env_name(typed[name].agent_type)
-        except KeyError as err:
-            raise ConfigError(f"{name}.agent_type: {err.args[0]}") from None
+    typed = {
+        name: _typed_task_block(name, json.dumps(OmegaConf.to_container(block), sort_keys=True)) for name, block in tasks.items()
+    }
     for list_key in ("rollout.training", "rollout.validation"):
         for name in OmegaConf.select(cfg, list_key):
             if name not in typed:
@@ -320,7 +331,8 @@ def validate(cfg: DictConfig) -> DictConfig:
     typed_tasks = _check_tasks(typed, tasks)
     for name, block in typed_tasks.items():
         OmegaConf.set_struct(typed, False)
-        typed[name] = block
+        typed[name] = copy.deepcopy(block)  # the checked block is shared between loads: this config's own copy
+        OmegaConf.set_readonly(typed[name], None)
     OmegaConf.set_struct(typed, True)
     return typed
 
