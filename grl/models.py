@@ -273,17 +273,31 @@ def load_tokenizer(name: str):
     return tokenizer
 
 
-def load_causal_lm(name: str, dtype: str = "auto", device: str = "cpu"):
+def causal_lm_class() -> type:
+    """The transformers class of the policy's model: a causal LM."""
     from transformers import AutoModelForCausalLM
 
-    return _from_pretrained(AutoModelForCausalLM, name, dtype=torch_dtype(dtype, device))
+    return AutoModelForCausalLM
+
+
+def value_model_class() -> type:
+    """The transformers class of the critic: a token classifier with `VALUE_CONFIG`'s one label."""
+    from transformers import AutoModelForTokenClassification
+
+    return AutoModelForTokenClassification
+
+
+VALUE_CONFIG = {"num_labels": 1}
+
+
+def load_causal_lm(name: str, dtype: str = "auto", device: str = "cpu"):
+    return _from_pretrained(causal_lm_class(), name, dtype=torch_dtype(dtype, device))
 
 
 def load_critic(name: str, dtype: str = "auto", device: str = "cpu"):
     """The policy's backbone with a scalar value head (`score`). A new head is
     zero-initialised so the first values are 0 rather than noise."""
     import torch
-    from transformers import AutoModelForTokenClassification
 
     # transformers reports the new head as missing (a load-report table) and as "not sharded", on every
     # rank; both are expected, so they are silenced and only keys other than the head's are reported.
@@ -293,7 +307,7 @@ def load_critic(name: str, dtype: str = "auto", device: str = "cpu"):
         report.setLevel(logging.ERROR)
     try:
         model, info = _from_pretrained(
-            AutoModelForTokenClassification, name, num_labels=1, dtype=torch_dtype(dtype, device), output_loading_info=True
+            value_model_class(), name, **VALUE_CONFIG, dtype=torch_dtype(dtype, device), output_loading_info=True
         )
     finally:
         for report, level in zip(reports, levels):

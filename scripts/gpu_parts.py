@@ -35,6 +35,7 @@ from grl.rollout.chat import ChatTokens  # noqa: E402
 from grl.rollout.types import Episode, Turn  # noqa: E402
 from grl.schema.workers import FSDPConfig  # noqa: E402
 from grl.workers import fsdp  # noqa: E402
+from grl.workers.heads import POLICY  # noqa: E402
 from grl.workers.scoring import TokenScorer  # noqa: E402
 from grl.workers.worker import hf_names  # noqa: E402
 
@@ -112,12 +113,12 @@ def main(model: str) -> int:
     fsdp.init_process_group(0, 1, address, port, DEVICE, timeout_s=120, listening=listening)
     mixed = fsdp.mixed_precision(FSDPConfig(), "bfloat16", DEVICE)  # the actor's defaults
     source = load_causal_lm(model, dtype="float32", device=DEVICE)
-    module = fsdp.empty_model("policy", model, torch.float32)
-    scorer = TokenScorer(module, "policy")
+    module = fsdp.empty_model(POLICY, model, torch.float32)
+    scorer = TokenScorer(module, POLICY)
     scorer.compute_dtype = fsdp.shard(
         scorer, fsdp.decoder_layers(module), DEVICE, mixed_precision=mixed, offload=False, role="actor"
     )
-    fsdp.load_from_rank0(scorer, TokenScorer(source, "policy"), DEVICE, False)
+    fsdp.load_from_rank0(scorer, TokenScorer(source, POLICY), DEVICE, False)
     batch = batch_of(outputs, prompts, grammars)
     args = dict(
         input_ids=batch["input_ids"],

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from grl.workers.heads import VALUE
 from grl.workers.update import seg_of
 from grl.workers.worker import Worker
 
@@ -39,11 +40,11 @@ class ValueObjective:
 
 
 class CriticWorker(Worker):
-    role = "critic"
+    role, head = "critic", VALUE
 
     def build(self) -> None:
         self.model_cfg, self.train_cfg = self.section.model, self.section
-        self.module = self._build(self.section.model, self.section.fsdp_config, "value", trainable=True)
+        self.module = self._build(self.section.model, self.section.fsdp_config, trainable=True)
         self.objective = ValueObjective(self.train_cfg)
 
     def compute_values(self, tensors: dict) -> torch.Tensor:

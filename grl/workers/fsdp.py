@@ -139,21 +139,17 @@ def shard(
     return compute_dtype
 
 
-def empty_model(kind: str, path: str, dtype: torch.dtype) -> nn.Module:
+def empty_model(head, path: str, dtype: torch.dtype) -> nn.Module:
     """The model's modules with every tensor on the meta device (no memory): what each rank
-    shards before rank 0's weights arrive. `kind` names a head of grl/workers/scoring.py ("value": the
-    critic's token-classification model with one label, as grl.models.load_critic builds it)."""
-    import transformers
+    shards before rank 0's weights arrive. `head`: grl.workers.heads.POLICY or VALUE, whose
+    transformers class and config build it as the head's `load` does."""
     from transformers import AutoConfig
 
     from grl.models import resolve_model_path
-    from grl.workers.scoring import HEADS
 
-    head = HEADS[kind]
     config = AutoConfig.from_pretrained(resolve_model_path(path), **head.config_kwargs)
-    auto = getattr(transformers, head.model_class)
     with torch.device("meta"):
-        return auto.from_config(config, dtype=dtype)
+        return head.model_class().from_config(config, dtype=dtype)
 
 
 def load_from_rank0(module: nn.Module, source: nn.Module | None, device: str, offload: bool) -> None:

@@ -11,6 +11,7 @@ import torch.distributed as dist
 
 from grl.run_plan import RunPlan
 from grl.workers import lora, sharded, streaming
+from grl.workers.heads import POLICY
 from grl.workers.update import seg_of
 from grl.workers.worker import Worker, hf_names
 
@@ -75,7 +76,7 @@ class PolicyObjective:
 
 
 class PolicyWorker(Worker):
-    role = "actor"
+    role, head = "actor", POLICY
 
     def __init__(
         self, rank: int, plan: RunPlan, section, device: str, engine_name: str | None = None, engine_in_setup: bool = True
@@ -90,9 +91,9 @@ class PolicyWorker(Worker):
     def build(self) -> None:
         section = self.section
         self.model_cfg, self.train_cfg = section.model, section.actor
-        self.module = self._build(section.model, section.actor.fsdp_config, "policy", trainable=True)
+        self.module = self._build(section.model, section.actor.fsdp_config, trainable=True)
         if self.plan.reference_model:
-            self.ref = self._build(section.model, section.ref.fsdp_config, "policy", trainable=False)
+            self.ref = self._build(section.model, section.ref.fsdp_config, trainable=False)
         elif self.use_ref:  # the plan's LoRA reference: the trained model with its adapter off
             self.ref = lora.AdapterOff(self.module, self.peft_model)
         if self.engine_name is not None and self.engine_in_setup:

@@ -23,9 +23,8 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from grl.algo import entropy_from_logits, log_probs_from_logits
-from grl.engines.constraint import constrain_logits
 from grl.rollout.batch import packed_attention_mask
+from grl.workers.heads import Head, check_head
 
 
 def additive_packed_mask(segment_ids: torch.Tensor, dtype: torch.dtype, parent_ids: torch.Tensor | None = None) -> torch.Tensor:
@@ -62,79 +61,18 @@ def predecessors(
     return prev
 
 
-def _log_prob_and_entropy(
-    head: nn.Module,
-    hidden: torch.Tensor,
-    labels: torch.Tensor,
-    temperature: float,
-    sizes: torch.Tensor | None = None,
-    ids: torch.Tensor | None = None,
-):
-    logits = head(hidden).float() / temperature
-    if sizes is not None:
-        logits = constrain_logits(logits, sizes, ids)
-    return log_probs_from_logits(logits, labels), entropy_from_logits(logits)
-
-
-def _value(head: nn.Module, hidden: torch.Tensor):
-    return (head(hidden).float().squeeze(-1),)
-
-
-class PolicyHead:
-    """The causal LM's vocabulary head: (log-prob, entropy) of each token under the engine's sampling
-    distribution. Vocabulary-sized, so only the positions the loss reads go through it."""
-
-    name, model_class, config_kwargs, loader, takes_adapters = "policy", "AutoModelForCausalLM", {}, "load_causal_lm", True
-    loss_tokens_only, outputs = True, 2
-
-    def module(self, model: nn.Module) -> nn.Module:
-        # With tied embeddings lm_head shares the input embedding's weight, so the output embedding is
-        # the right head either way.
-        return model.get_output_embeddings()
-
-    def scores(self, head: nn.Module, hidden, labels, temperature: float, sizes=None, ids=None):
-        return (_log_prob_and_entropy, (head, hidden, labels, temperature, *((sizes, ids) if sizes is not None else ())))
-
-
-class ValueHead:
-    """The critic's one-label token classifier: (value,) of the state before each token."""
-
-    name, model_class, config_kwargs, loader, takes_adapters = (
-        "value",
-        "AutoModelForTokenClassification",
-        {"num_labels": 1},
-        "load_critic",
-        False,
-    )
-    loss_tokens_only, outputs = False, 1
-
-    def module(self, model: nn.Module) -> nn.Module:
-        return model.score
-
-    def scores(self, head: nn.Module, hidden, labels, temperature: float, sizes=None, ids=None):
-        return _value, (head, hidden)
-
-
-HEADS = {head.name: head for head in (PolicyHead(), ValueHead())}
-
-
 class TokenScorer(nn.Module):
-    """`kind="policy"`: forward -> (log_probs, entropy); `kind="value"`:
-    forward -> values. All `[B, T]`, aligned as described in the module doc.
+    """With `grl.workers.heads.POLICY`: forward -> (log_probs, entropy); with `VALUE`: forward -> values.
+    All `[B, T]`, aligned as described in the module doc.
 
     The wrapper is the FSDP2 root, so the backbone's embedding and the head are
     gathered by the root's hooks before they are used here."""
 
-    def __init__(self, model: nn.Module, kind: str, compute_dtype: torch.dtype = torch.float32):
+    def __init__(self, model: nn.Module, head: Head, compute_dtype: torch.dtype = torch.float32):
         super().__init__()
-        if kind not in HEADS:
-            raise ValueError(f"TokenScorer kind must be one of {', '.join(HEADS)}, got {kind!r}")
         self.model = model
-        self.kind = HEADS[kind]
+        self.head = check_head(head)
         self.compute_dtype = compute_dtype  # dtype of the packed attention mask
-
-    def head(self) -> nn.Module:
-        return self.kind.module(self.model)
 
     def forward(
         self,
@@ -161,7 +99,7 @@ class TokenScorer(nn.Module):
         B, T, H = hidden.shape
         prev = predecessors(attention_mask, segment_ids, parent_ids)
         keep = prev >= 0
-        if loss_mask is not None and self.kind.loss_tokens_only and bool((keep & (loss_mask > 0)).any()):
+        if loss_mask is not None and self.head.loss_tokens_only and bool((keep & (loss_mask > 0)).any()):
             # (With no loss token at all everything is scored, so the head still takes part in
             # backward, as FSDP2 ranks reducing gradients together need.)
             keep &= loss_mask > 0
@@ -172,7 +110,7 @@ class TokenScorer(nn.Module):
         sizes = ids = None
         if constraint_size is not None:
             sizes, ids = constraint_size[rows, columns], constraint_ids[rows, columns]
-        head = self.head()
+        layer = self.head.module(self.model)
         step = max(int(chunk_size), 1)
         # Recomputing a chunk in backward keeps one chunk's logits alive at a time; with one chunk its
         # saved tensors are that one chunk anyway, so the recompute would cost time and save no memory.
@@ -180,20 +118,15 @@ class TokenScorer(nn.Module):
         outputs = []
         for i in range(0, flat_hidden.shape[0], step):
             part = slice(i, i + step)
-            fn, args = self.kind.scores(
-                head,
-                flat_hidden[part],
-                flat_labels[part],
-                float(temperature),
-                *((sizes[part], ids[part]) if sizes is not None else ()),
-            )
-            outputs.append(checkpoint(fn, *args, use_reentrant=False) if recompute else fn(*args))
+            args = (layer, flat_hidden[part], flat_labels[part], float(temperature))
+            args += (sizes[part], ids[part]) if sizes is not None else ()
+            outputs.append(checkpoint(self.head.score, *args, use_reentrant=False) if recompute else self.head.score(*args))
 
         def assemble(parts):
             scores = torch.cat(parts) if parts else hidden.new_zeros(0, dtype=torch.float32)
             return torch.zeros(B, T, dtype=torch.float32, device=hidden.device).index_put((rows, columns), scores)
 
-        scores = tuple(assemble([o[j] for o in outputs]) for j in range(self.kind.outputs))
+        scores = tuple(assemble([o[j] for o in outputs]) for j in range(self.head.outputs))
         return scores if len(scores) > 1 else scores[0]
 
 

@@ -16,7 +16,8 @@ from grl.engines.base import usable_cores
 from grl.rollout.batch import attention_spans
 from grl.run_plan import RunPlan
 from grl.workers import fsdp, lora, sharded
-from grl.workers.scoring import HEADS, TokenScorer, pad_width, trim_width
+from grl.workers.heads import Head
+from grl.workers.scoring import TokenScorer, pad_width, trim_width
 from grl.workers.update import UpdateLoop, split_rows
 
 log = logging.getLogger("grl.workers")
@@ -29,11 +30,13 @@ def hf_names(state: dict) -> dict:
 
 
 class Worker(UpdateLoop):
-    """A role subclasses this with its `role` (the name in logs and metrics) and `build()`, which sets
+    """A role subclasses this with its `role` (the name in logs and metrics), its `head` (grl/workers/heads.py:
+    what its models put on the backbone) and `build()`, which sets
     `module`, `model_cfg`, `train_cfg` and `objective`. A rank is built from the run's plan and its role's
     typed config section (grl/schema/workers.py: ActorRolloutRef or Critic), not the whole config."""
 
     role: str
+    head: Head
 
     def __init__(self, rank: int, plan: RunPlan, section, device: str):
         logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {self.role}[{rank}] %(message)s")
@@ -82,8 +85,7 @@ class Worker(UpdateLoop):
     def build(self) -> None:
         raise NotImplementedError
 
-    def _build(self, model_cfg, fsdp_cfg, kind: str, trainable: bool) -> TokenScorer:
-        from grl import models
+    def _build(self, model_cfg, fsdp_cfg, trainable: bool) -> TokenScorer:
         from grl.models import torch_dtype
 
         mixed = fsdp.mixed_precision(fsdp_cfg, model_cfg.dtype, self.device)
@@ -91,9 +93,9 @@ class Worker(UpdateLoop):
         # Rank 0 reads the weights into host memory; every rank shards an empty (meta) copy and
         # receives its shards from rank 0: no device ever holds the full model, and the host one
         # copy instead of one per rank (a 7B model in fp32: 28 GB, not 8 x 28).
-        head = HEADS[kind]
-        source = getattr(models, head.loader)(model_cfg.path, dtype=dtype, device=self.device) if self.rank == 0 else None
-        model = fsdp.empty_model(kind, model_cfg.path, torch_dtype(dtype, self.device))
+        head = self.head
+        source = head.load(model_cfg.path, dtype=dtype, device=self.device) if self.rank == 0 else None
+        model = fsdp.empty_model(head, model_cfg.path, torch_dtype(dtype, self.device))
         if trainable and head.takes_adapters and model_cfg.lora_rank > 0:
             self.peft_model = lora.add_adapter(model, model_cfg)
             model = self.peft_model.base_model.model  # the same modules, LoRA layers in place
@@ -109,7 +111,7 @@ class Worker(UpdateLoop):
         else:
             model.eval()
             model.requires_grad_(False)
-        scorer = TokenScorer(model, kind)
+        scorer = TokenScorer(model, head)
         offload = fsdp.offloaded(fsdp_cfg)
         if trainable and fsdp_cfg.optimizer_offload and not fsdp_cfg.param_offload:
             log.info("%s: FSDP2 offloads the optimizer together with the parameters; param offload is on too", self.role)
@@ -117,7 +119,7 @@ class Worker(UpdateLoop):
         scorer.compute_dtype = fsdp.shard(
             scorer, fsdp.decoder_layers(model), self.device, mixed_precision=trainable and mixed, offload=offload, role=name
         )
-        fsdp.load_from_rank0(scorer, None if source is None else TokenScorer(source, kind), self.device, offload)
+        fsdp.load_from_rank0(scorer, None if source is None else TokenScorer(source, head), self.device, offload)
         return scorer
 
     # ------------------------------------------------------------ scoring

@@ -165,6 +165,7 @@ def test_windowed_rows_score_each_turn_prompt_as_if_alone(hf_engine, packing):
     """The worker's scorer, given `attention_spans`, scores every reply from its own prompt only:
     what the engine sampled it from."""
     from grl.rollout.batch import attention_spans
+    from grl.workers.heads import POLICY
     from grl.workers.scoring import TokenScorer
 
     model = hf_engine.model
@@ -176,10 +177,10 @@ def test_windowed_rows_score_each_turn_prompt_as_if_alone(hf_engine, packing):
         assert torch.equal(unpack(tensors["context_ids"], place, batch["context_ids"].shape[1]), batch["context_ids"])
     spans = attention_spans(tensors)
     with torch.no_grad():
-        scored, _ = TokenScorer(model, "policy")(
+        scored, _ = TokenScorer(model, POLICY)(
             tensors["input_ids"], tensors["attention_mask"], tensors["position_ids"], spans, chunk_size=4
         )
-        blind, _ = TokenScorer(model, "policy")(
+        blind, _ = TokenScorer(model, POLICY)(
             tensors["input_ids"], tensors["attention_mask"], tensors["position_ids"], tensors.get("segment_ids"), chunk_size=4
         )
     if packing:

@@ -97,6 +97,15 @@ def _listening(worker):
     )
 
 
+def _environment(worker):
+    """What a Ray process GRL started runs with: the runtime_env Ray gave it, and what that set."""
+    return (
+        ray.get_runtime_context().runtime_env.get("env_vars"),
+        os.environ.get("PYTHONPATH"),
+        os.environ.get("TOKENIZERS_PARALLELISM"),
+    )
+
+
 def _poison_weights(worker):
     with torch.no_grad():
         next(worker.module.parameters()).to_local().fill_(math.nan)
@@ -237,6 +246,25 @@ def test_a_rank_listens_beyond_loopback_only_on_its_ray_port(actor):
         ray_port = actors(handle._actor_id.hex())["Address"]["Port"]
         assert any(ip == "127.0.0.1" for ip, _ in listening), listening  # gloo's (and on rank 0 the store's)
         assert [port for ip, port in listening if ip != "127.0.0.1"] == [ray_port], listening
+
+
+def test_a_rank_and_a_rollout_worker_of_its_own_get_the_one_runtime_env(cfg, actor):
+    """Both kinds of process GRL starts (a worker group's rank, the engine apart with hybrid_engine=false)
+    run with `worker_runtime_env`: this checkout first on the import path, the product's variables set."""
+    from grl.config import typed_section
+    from grl.workers.rollout_worker import SeparateEngine
+    from grl.workers.runtime import REPO_ROOT, worker_runtime_env
+
+    apart = SeparateEngine(typed_section(cfg, "actor_rollout_ref"), RunPlan.from_config(cfg), "cpu", 60.0)
+    try:
+        engine_env = ray.get(apart._worker.execute.remote(_environment))
+    finally:
+        apart.shutdown()
+    rank_envs = actor.execute(_environment)
+    assert rank_envs == [engine_env, engine_env]
+    env_vars, pythonpath, tokenizers = engine_env
+    assert env_vars == worker_runtime_env()["env_vars"]
+    assert pythonpath.split(os.pathsep)[0] == REPO_ROOT and tokenizers == "false"
 
 
 def test_the_local_runtime_refuses_clients_without_its_token(cfg):

@@ -8,6 +8,7 @@ import torch
 
 from grl.models import load_causal_lm, load_critic
 from grl.workers.fsdp import make_scheduler, non_finite_entries
+from grl.workers.heads import POLICY, VALUE
 from grl.workers.scoring import TokenScorer, additive_packed_mask, trim_width
 from grl.workers.sharding import equal_shards, pad_rows, plan_minibatches
 from grl.workers.update import loss_units
@@ -44,7 +45,7 @@ def right_padded(lengths, width, seed=0):
 def test_chunked_log_probs_and_entropy_match_plain_forward(policy, chunk):
     ids, mask, pos = right_padded([9, 5, 12], 12)
     with torch.no_grad():
-        log_probs, entropy = TokenScorer(policy, "policy")(ids, mask, pos, chunk_size=chunk)
+        log_probs, entropy = TokenScorer(policy, POLICY)(ids, mask, pos, chunk_size=chunk)
     want_lp, want_ent = reference_log_probs(policy, ids, mask, pos)
     assert torch.allclose(log_probs.double(), want_lp, atol=1e-5)
     assert torch.allclose(entropy.double(), want_ent, atol=1e-4)
@@ -56,7 +57,7 @@ def test_chunked_gradient_equals_unchunked(policy):
     grads = []
     for chunk in (3, 4096):
         policy.zero_grad()
-        log_probs, entropy = TokenScorer(policy, "policy")(ids, mask, pos, chunk_size=chunk)
+        log_probs, entropy = TokenScorer(policy, POLICY)(ids, mask, pos, chunk_size=chunk)
         (log_probs.sum() + 0.1 * entropy.sum()).backward()
         grads.append(policy.model.layers[0].mlp.up_proj.weight.grad.clone())
     policy.zero_grad()
@@ -70,7 +71,7 @@ def test_packed_row_scores_each_episode_as_if_alone(policy):
     pos = torch.tensor([list(range(6)) + list(range(5)) + [0, 0]])
     seg = torch.tensor([[1] * 6 + [2] * 5 + [0, 0]])  # as grl.rollout.build_batch numbers them
     with torch.no_grad():
-        lp, _ = TokenScorer(policy, "policy")(packed, mask, pos, segment_ids=seg, chunk_size=4)
+        lp, _ = TokenScorer(policy, POLICY)(packed, mask, pos, segment_ids=seg, chunk_size=4)
     alone_a, _ = reference_log_probs(policy, a[None], torch.ones(1, 6, dtype=torch.long), torch.arange(6)[None])
     alone_b, _ = reference_log_probs(policy, b[None], torch.ones(1, 5, dtype=torch.long), torch.arange(5)[None])
     assert torch.allclose(lp[0, :6].double(), alone_a[0], atol=1e-5)
@@ -109,17 +110,17 @@ def score_rows(scorer, tensors, **extra):
     )
 
 
-@pytest.mark.parametrize("kind", ["policy", "value"])
-def test_a_shared_prompt_scores_and_trains_as_padded_rows(policy, kind):
+@pytest.mark.parametrize("head", [POLICY, VALUE], ids=lambda head: head.name)
+def test_a_shared_prompt_scores_and_trains_as_padded_rows(policy, head):
     """Episodes that begin with the same prompt hold it once in a packed row; each still gets the
     log-probs (or values) and the gradient it gets alone in a padded row."""
     from grl.workers.sharding import pack, unpack
 
-    model = policy if kind == "policy" else load_critic("tiny", dtype="float32")
-    if kind == "value":
+    model = policy if head is POLICY else load_critic("tiny", dtype="float32")
+    if head is VALUE:
         with torch.no_grad():
             model.score.weight.normal_()  # (a new critic's head starts at 0)
-    scorer = TokenScorer(model, kind)
+    scorer = TokenScorer(model, head)
     padded = group_rows()
     packed, where = pack(padded, capacity=40, share_prompts=True)
     plain, _ = pack(padded, capacity=40)
@@ -128,8 +129,8 @@ def test_a_shared_prompt_scores_and_trains_as_padded_rows(policy, kind):
     results = []
     for tensors in (padded, packed):
         model.zero_grad()
-        out = score_rows(scorer, tensors, loss_mask=tensors["loss_mask"] if kind == "policy" else None)
-        out = out[0] if kind == "policy" else out
+        out = score_rows(scorer, tensors, loss_mask=tensors["loss_mask"] if head is POLICY else None)
+        out = out[0] if head is POLICY else out
         (out * tensors["loss_mask"]).sum().backward()
         grad = model.model.layers[0].self_attn.q_proj.weight.grad.clone()
         scores = out.detach() if tensors is padded else unpack(out.detach(), where, padded["input_ids"].shape[1])
@@ -164,12 +165,30 @@ def test_value_scorer_is_backbone_plus_head_shifted():
     with torch.no_grad():
         critic.score.weight.normal_()
         ids, mask, pos = right_padded([8, 4], 8, seed=2)
-        values = TokenScorer(critic, "value")(ids, mask, pos, chunk_size=3)
+        values = TokenScorer(critic, VALUE)(ids, mask, pos, chunk_size=3)
         hidden = critic.model(input_ids=ids, attention_mask=mask, position_ids=pos).last_hidden_state
         want = critic.score(hidden).squeeze(-1)
     assert torch.allclose(values[0, 1:], want[0, :-1], atol=1e-5)
     assert torch.allclose(values[1, 1:4], want[1, :3], atol=1e-5)
     assert values[:, 0].abs().sum() == 0 and values[1, 4:].abs().sum() == 0
+
+
+@pytest.mark.parametrize("head", [POLICY, VALUE], ids=lambda head: head.name)
+def test_a_heads_empty_model_has_the_tensors_its_loader_fills(head):
+    """Each rank shards `empty_model(head)` and rank 0 fills it from `head.load`: a class or config that
+    disagreed with the loader would leave a tensor unfilled or a shape wrong."""
+    from grl.workers.fsdp import empty_model
+
+    empty = empty_model(head, "tiny", torch.float32)
+    loaded = head.load("tiny", dtype="float32")
+    assert type(empty) is type(loaded)
+    assert {k: v.shape for k, v in empty.state_dict().items()} == {k: v.shape for k, v in loaded.state_dict().items()}
+    assert head.module(empty) is not None and head.module(empty).weight.is_meta
+
+
+def test_a_head_given_by_name_is_refused_in_one_line(policy):
+    with pytest.raises(TypeError, match=r"^head must be grl.workers.heads.POLICY or VALUE \(a Head\), got 'policy'$"):
+        TokenScorer(policy, "policy")
 
 
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"])
