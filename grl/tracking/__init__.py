@@ -10,7 +10,6 @@ from __future__ import annotations
 import datetime
 import json
 import logging
-import math
 import os
 import socket
 import subprocess
@@ -32,7 +31,7 @@ from grl.tracking.loggers import (
 
 METRICS_FILE = "metrics.jsonl"
 log = logging.getLogger("grl.tracking")
-# A redraw takes a second or more of the driver's CPU: at most one a minute, and one more at the end.
+# A redraw takes a second or more of the driver's CPU: one a minute at most, and one at the end.
 REPLOT_S = 60.0
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -50,7 +49,7 @@ class Tracker:
     ):
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self._plotted_at = -math.inf  # the first step's curves are drawn at once
+        self._plotted_at = time.monotonic()  # the first drawing a minute in, the last at close
         self.backends = []
         for name in loggers:
             if name == "console":

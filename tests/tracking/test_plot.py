@@ -145,7 +145,7 @@ def test_cli(tmp_path):
     assert empty.returncode == 2 and "no logged step" in empty.stderr
 
 
-def test_tracker_draws_the_curves_at_the_first_step_and_at_the_end(tmp_path, monkeypatch):
+def test_tracker_draws_the_curves_once_a_minute_and_at_the_end(tmp_path, monkeypatch):
     import grl.tracking
     from grl.tracking import Tracker
 
@@ -158,12 +158,13 @@ def test_tracker_draws_the_curves_at_the_first_step_and_at_the_end(tmp_path, mon
 
     monkeypatch.setattr(grl.tracking.Tracker, "plot", counted_plot)
     tracker = Tracker(["jsonl"], tmp_path, "p", "e")
-    tracker.log({"reward/mean": 0.5, "env/simpleSokobanAgent/success": 0.25}, step=1)
-    assert (tmp_path / "curves.png").exists()
-    tracker.log({"reward/mean": 0.7, "val-env/simpleSokobanAgent/success": 0.5}, step=2)  # within REPLOT_S: not redrawn
-    assert drawn == [1]
-    monkeypatch.setattr(grl.tracking, "REPLOT_S", 0.0)
-    tracker.log({"reward/mean": 0.9}, step=3)  # a minute later
+    tracker.log({"reward/mean": 0.5, "env/simpleSokobanAgent/success": 0.25}, step=1)  # within REPLOT_S: not drawn
+    assert drawn == [] and not (tmp_path / "curves.png").exists()
+    monkeypatch.setattr(grl.tracking, "REPLOT_S", 0.0)  # a minute later
+    tracker.log({"reward/mean": 0.7, "val-env/simpleSokobanAgent/success": 0.5}, step=2)
+    assert drawn == [2] and (tmp_path / "curves.png").exists()
+    monkeypatch.setattr(grl.tracking, "REPLOT_S", 3600.0)
+    tracker.log({"reward/mean": 0.9}, step=3)
     tracker.close()
-    assert drawn == [1, 3, 3]
+    assert drawn == [2, 3]
     assert matplotlib.image.imread(tmp_path / "curves.png").shape[1] > 1000
