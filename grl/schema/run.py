@@ -25,7 +25,7 @@ class Curriculum:
     env_key: Optional[str] = key(
         None,
         "env_config key of the training tasks that the curriculum sets (e.g. tetris "
-        "dim_x, sokoban search_depth); null: no curriculum",
+        "dim_x, sokoban solution_moves); null: no curriculum",
     )
     levels: list[Any] = key(
         [],
