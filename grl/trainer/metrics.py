@@ -73,6 +73,24 @@ def episode_token_counts(batch: Batch, key: str) -> torch.Tensor:
     return (batch[key] > 0).sum(-1).float()
 
 
+LOGGED_TURNS = 16  # a curve per turn up to here; later turns count in critic/advantages/mean only
+
+
+def turn_advantage_metrics(batch: Batch) -> dict[str, float]:
+    """`critic/advantages/turn_<k>`: the mean advantage of the tokens written in turn k (1-based), where
+    step-level credit (GiGPO's step groups, GAE over turns) puts it turn by turn; under GRPO every turn of
+    an episode carries the episode's advantage."""
+    if "advantages" not in batch:
+        return {}
+    written, turns = batch["loss_mask"] > 0, batch["turn_ids"]
+    out = {}
+    for k in range(LOGGED_TURNS):
+        picked = batch["advantages"][written & (turns == k)]
+        if picked.numel():
+            out[f"critic/advantages/turn_{k + 1}"] = picked.mean().item()
+    return out
+
+
 def batch_metrics(batch: Batch) -> dict[str, float]:
     """Lengths per episode, padding, episode scores (`critic/score`), and the
     advantage/return/value statistics over the loss mask."""
@@ -98,6 +116,7 @@ def batch_metrics(batch: Batch) -> dict[str, float]:
     ):
         if key in batch:
             out.update(_masked_stats(name, batch[key], mask))
+    out.update(turn_advantage_metrics(batch))
     if "values" in batch and "returns" in batch:
         from grl.algo import masked_var
 

@@ -282,6 +282,24 @@ def test_metrics_of_a_step():
     }
 
 
+def test_each_turns_advantage_is_the_mean_over_the_tokens_it_wrote():
+    """Against a loop over every token: turns are 1-based, only written tokens (loss_mask) count, and a
+    turn no episode reached has no metric."""
+    eps = episodes()
+    batch, _ = shape_batch(eps, rollout_cfg(), pad_token_id=0)
+    batch["advantages"] = torch.randn(batch["loss_mask"].shape, generator=torch.Generator().manual_seed(0))
+    sums, counts = {}, {}
+    for row in range(len(batch)):
+        for t in range(batch["loss_mask"].shape[1]):
+            if batch["loss_mask"][row, t] > 0:
+                turn = int(batch["turn_ids"][row, t]) + 1
+                sums[turn] = sums.get(turn, 0.0) + float(batch["advantages"][row, t])
+                counts[turn] = counts.get(turn, 0) + 1
+    logged = {k: v for k, v in batch_metrics(batch).items() if k.startswith("critic/advantages/turn_")}
+    assert len(counts) >= 2
+    assert logged == pytest.approx({f"critic/advantages/turn_{k}": sums[k] / counts[k] for k in counts})
+
+
 def test_finish_report_names_first_best_and_last_validation(tmp_path):
     from grl.trainer.report import finish_report
 
