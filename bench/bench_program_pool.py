@@ -1,6 +1,6 @@
 """Agent programs in worker processes (grl/gateway/program_pool.py) against programs on threads (before issue 54).
 
-    .venv/bin/python bench/bench_program_pool.py [--episodes 64] [--workers 8] [--repeats 3]
+    .venv/bin/python bench/bench_program_pool.py [--episodes 64] [--workers 8] [--repeats 3] [--imports agents]
 
 The program is trivial (it builds its `openai` client and returns 1.0) so that what is timed is what
 running it costs: on threads, `CallPool` calling the worker's own code in the trainer's process, as the
@@ -8,12 +8,15 @@ gateway did before; in processes, a `ProgramPool` sending the call to a worker a
 Printed: the pool's start-up (a cold pool playing `--workers` episodes, i.e. starting that many workers,
 against threads playing them), the wall time per episode of `--episodes` episodes through a warm pool and
 through threads (best of `--repeats`) and their ratio, and a worker's resident memory while idle.
-Both sides are polled the same way (every millisecond); the gateway's loop polls between engine calls.
+`--imports agents` makes the program's module import that module too (the OpenAI Agents SDK: a framework
+program's start-up). Both sides are polled the same way (every millisecond); the gateway's loop polls between engine calls.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import os
 import sys
 import time
 from pathlib import Path
@@ -26,6 +29,10 @@ from grl.gateway.program_worker import ProgramCall, _call, rss_bytes  # noqa: E4
 from grl.rollout.env_pool import CallPool  # noqa: E402
 
 PROGRAM = "bench_program_pool:trivial"  # this file, importable in a worker: its folder is on sys.path
+HEAVY_IMPORTS = "GRL_BENCH_PROGRAM_IMPORTS"  # what the program's module imports besides, told through the environment
+
+for name in filter(None, os.environ.get(HEAVY_IMPORTS, "").split(",")):
+    importlib.import_module(name)
 
 
 def trivial(client, task):
@@ -57,7 +64,9 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=64)
     parser.add_argument("--workers", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--imports", default="", help="modules the program's module imports, comma-separated")
     args = parser.parse_args()
+    os.environ[HEAVY_IMPORTS] = args.imports
     calls = [ProgramCall(PROGRAM, "http://127.0.0.1:9/v1", ProgramTask("bench", i, i, 0, {}), 30.0) for i in range(args.episodes)]
     load_program(PROGRAM)  # the thread side imports it and openai once, as the trainer did
     import openai  # noqa: F401

@@ -2,16 +2,21 @@
 one episode per worker at a time, so that a program that calls `os._exit`, segfaults, outgrows its memory,
 hangs or leaves a process behind ends only its episode and its worker, never the trainer.
 
-A worker is a fresh interpreter (`python -m`, started by fork+exec: safe beside the trainer's threads, and
-it imports neither the trainer's main module nor torch) in a session of its own, connected by a socket
-pair. The pool starts workers as episodes wait for them, up to its size, and keeps them for the episodes
-and rollouts that follow; a worker whose program failed in a way that may have left it broken is killed
-with its whole process group and every process below it, and the next episode gets a fresh one.
+A pool starts one template process (`python -m`, started by fork+exec: safe beside the trainer's threads, and
+it imports neither the trainer's main module nor torch) that imports `openai` and the pool's program once;
+each worker is forked from it (milliseconds, where a fresh interpreter would pay a second or more of imports
+for each) into a session of its own, connected to the pool by a socket pair. The pool starts workers as
+episodes wait for them, up to its size, and keeps them for the episodes and rollouts that follow; a worker
+whose program failed in a way that may have left it broken is killed with its whole process group and every
+process below it, and the next episode gets a fresh fork. A template that dies, or does not finish its
+imports within START_GRACE_S, is replaced by one that leaves the program for each worker to import, so that
+a program whose import crashes or hangs fails its episodes as it would in a fresh interpreter.
 `collect()` never blocks: the rollout's thread calls it between engine calls.
 
 The kinds of failure (`ProgramOutcome.kind`): exception, timeout (past `program_timeout`), crash (the
 worker ended: `os._exit`, a signal), memory (the worker and its processes held more than
-`program_max_rss_mb` while the program ran or when it returned), leftover_process (a process the program
+`program_max_rss_mb` while the program ran or when it returned; a forked worker's resident memory counts the
+pages it still shares with its template, as psutil's RSS does), leftover_process (a process the program
 started still ran when it returned).
 """
 
@@ -27,12 +32,13 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
+from multiprocessing.reduction import send_handle
 from typing import Any
 
-from grl.gateway.program_worker import ProgramCall, descendants, rss_bytes
+from grl.gateway.program_worker import ProgramCall, descendants, is_running, rss_bytes
 
 # A worker counts its program's time from when it says it started; one that never says so (stuck in its
-# own imports) is given this much longer before its episode times out.
+# own imports) is given this much longer before its episode times out, and a template this long for its own.
 START_GRACE_S = 60.0
 MEMORY_CHECK_S = 0.25  # how often the memory of running programs is read (~80 us a worker)
 FAULT_COUNTS = {"crash": "program_crashes", "memory": "program_memory_kills", "leftover_process": "program_leftover_processes"}
@@ -61,33 +67,92 @@ def fault_metrics(kinds: list[str | None]) -> dict[str, float]:
     return {f"gateway/{name}": float(sum(k == kind for k in kinds)) for kind, name in FAULT_COUNTS.items()}
 
 
-class _Worker:
-    def __init__(self):
+class _Template:
+    """The process the pool's workers are forked from; it reaps them and says how each ended."""
+
+    def __init__(self, program: str | None):
         ours, theirs = socket.socketpair()
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}  # the trainer's imports
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "grl.gateway.program_worker", str(theirs.fileno())],
+            [sys.executable, "-m", "grl.gateway.program_worker", str(theirs.fileno()), *([program] if program else [])],
             pass_fds=(theirs.fileno(),),
             stdin=subprocess.DEVNULL,
-            start_new_session=True,
+            start_new_session=True,  # a Ctrl-C meant for the trainer does not reach it; it ends with its pool
             env=env,
         )
         theirs.close()
         self.conn = Connection(ours.detach())
+        self.launched = time.monotonic()
+        self.ready = False
+        self.returncodes: dict[int, int] = {}  # pid -> how each of its workers ended
+
+    @property
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def read(self, until_forked: bool = False) -> int | None:
+        """Takes in what the template said; with `until_forked`, waits for the pid of the worker it forks."""
+        try:
+            while until_forked or self.conn.poll(0):
+                message = self.conn.recv()
+                if message[0] == "ready":
+                    self.ready = True
+                elif message[0] == "exited":
+                    self.returncodes[message[1]] = message[2]
+                else:
+                    return message[1]
+        except (EOFError, OSError):
+            pass  # it ended: `alive` says so
+        return None
+
+    def wait_ready(self) -> None:
+        while not self.ready and self.alive and time.monotonic() - self.launched < START_GRACE_S:
+            if self.conn.poll(0.05):
+                self.read()
+
+    def fork(self) -> _Worker | None:
+        """A new worker, or None when the template ended."""
+        ours, theirs = socket.socketpair()
+        try:
+            self.conn.send(("fork",))
+            send_handle(self.conn, theirs.fileno(), self.process.pid)
+        except OSError:
+            return None
+        finally:
+            theirs.close()
+        pid = self.read(until_forked=True)
+        return None if pid is None else _Worker(self, pid, Connection(ours.detach()))
+
+    def ended(self, pid: int) -> str | None:
+        """How worker `pid` ended, None while it runs."""
+        if pid in self.returncodes:
+            return _exit_status(self.returncodes[pid])
+        if not self.alive and not is_running(pid):
+            return "with its template process"
+        return None
+
+    def close(self) -> None:
+        self.conn.close()  # it ends its workers and exits
+        try:
+            self.process.wait(5.0)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+class _Worker:
+    def __init__(self, template: _Template, pid: int, conn: Connection):
+        self.template, self.pid, self.conn = template, pid, conn
         self.key = None  # the episode it plays, None when idle
         self.messages: Callable[[], list[dict]] | None = None
         self.sent = self.started = 0.0
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
 
     def tree(self) -> list[int]:
         return [self.pid, *descendants(self.pid)]
 
     def kill(self) -> None:
         """Ends the worker, its process group and every process below it (one that left the group too)."""
-        tree = self.tree()
+        tree = self.tree() if self.template.ended(self.pid) is None else []  # a reaped pid may be another's now
         try:
             os.killpg(self.pid, signal.SIGKILL)
         except OSError:
@@ -97,23 +162,31 @@ class _Worker:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
-        self.process.wait()
+        while self.template.ended(self.pid) is None:  # until its template reaped it (or ended itself)
+            if self.template.conn.poll(0.01):
+                self.template.read()
         self.conn.close()
 
 
 class ProgramPool:
     """`submit(key, call, messages)` an episode, `collect()` -> [(key, ProgramOutcome)] of those that ended;
-    `messages()` gives a program's final messages when it returned a function of them."""
+    `messages()` gives a program's final messages when it returned a function of them. `program` is the
+    "module:function" its template imports; without it, the first call's."""
 
-    def __init__(self, size: int, timeout: float, max_rss_mb: float | None = None):
+    def __init__(self, size: int, timeout: float, max_rss_mb: float | None = None, program: str | None = None):
         self.size = max(1, size)
         self.timeout = timeout
         self.max_rss = None if max_rss_mb is None else max_rss_mb * 2**20
+        self.program = program
         self._waiting: deque = deque()  # (key, call, messages) not yet sent to a worker
         self._workers: list[_Worker] = []
+        self._template: _Template | None = None
+        self._preload = True  # False once a template failed to import the program: workers import it then
+        self._to_start = 0  # workers asked for by `start` that wait for the template
         self._memory_checked = 0.0
 
     def submit(self, key, call: ProgramCall, messages: Callable[[], list[dict]]) -> None:
+        self.program = self.program or call.program
         self._waiting.append((key, call, messages))
         self._dispatch()
 
@@ -122,15 +195,17 @@ class ProgramPool:
         return len(self._waiting) + sum(w.key is not None for w in self._workers)
 
     def pids(self) -> list[int]:
-        """The workers' process ids (they lead their process groups)."""
+        """The workers' process ids (they lead their process groups), once those `start` asked for run."""
+        self._start_asked(wait=True)
         return [w.pid for w in self._workers]
 
     def start(self, workers: int) -> None:
         """Starts workers, up to `workers` and the pool's size, without waiting for them."""
-        while len(self._workers) < min(workers, self.size):
-            self._workers.append(_Worker())
+        self._to_start = max(self._to_start, min(workers, self.size) - len(self._workers))
+        self._start_asked()
 
     def collect(self) -> list[tuple[Any, ProgramOutcome]]:
+        self._start_asked()
         done = []
         check_memory = self.max_rss is not None and time.monotonic() - self._memory_checked > MEMORY_CHECK_S
         if check_memory:
@@ -152,17 +227,48 @@ class ProgramPool:
         self._waiting.clear()
         for worker in list(self._workers):
             self._retire(worker)
+        if self._template is not None:
+            self._template.close()
+            self._template = None
 
     # ------------------------------------------------------------ workers
+
+    def _ready_template(self, wait: bool = False) -> _Template | None:
+        """The template to fork from (started now if there is none), None while it imports."""
+        template = self._template
+        if template is not None:
+            template.read()
+            if not template.alive or (not template.ready and time.monotonic() - template.launched > START_GRACE_S):
+                # It ended, or its imports hang; one that never got ready leaves the program to each worker.
+                self._preload = self._preload and template.ready
+                if not template.ready:
+                    template.process.kill()
+                    template.close()
+                template = None
+        if template is None:
+            template = self._template = _Template(self.program if self._preload else None)
+        if wait:
+            template.wait_ready()
+        return template if template.ready else None
+
+    def _fork(self, wait: bool = False) -> _Worker | None:
+        template = self._ready_template(wait)
+        worker = None if template is None else template.fork()
+        if worker is not None:
+            self._workers.append(worker)
+        return worker
+
+    def _start_asked(self, wait: bool = False) -> None:
+        while self._to_start > 0 and len(self._workers) < self.size and self._fork(wait) is not None:
+            self._to_start -= 1
 
     def _dispatch(self) -> None:
         idle = [w for w in self._workers if w.key is None]
         while self._waiting:
             if not idle:
-                if len(self._workers) >= self.size:
+                if len(self._workers) >= self.size or (worker := self._fork()) is None:
                     return
-                idle.append(_Worker())
-                self._workers.append(idle[-1])
+                idle.append(worker)
             worker = idle.pop()
             key, call, messages = self._waiting.popleft()
             try:
@@ -198,11 +304,12 @@ class ProgramPool:
                     return self._answer(worker, *message[1:])
         except (EOFError, OSError):
             pass  # the worker ended; its exit status says how
-        if worker.process.poll() is not None:
+        worker.template.read()
+        if (ended := worker.template.ended(worker.pid)) is not None:
             if worker.key is None:
                 self._retire(worker)
                 return None
-            said = f"the program's process ended ({_exit_status(worker.process.returncode)})"
+            said = f"the program's process ended ({ended})"
             return self._end(worker, ProgramOutcome(error=said, kind="crash"), True)
         if worker.key is None:
             return None

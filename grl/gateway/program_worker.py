@@ -1,18 +1,24 @@
-"""The process an agent program runs in: started by grl/gateway/program_pool.py as
-`python -m grl.gateway.program_worker <fd>`, in a session (and process group) of its own, it plays one
-episode at a time for as long as its pool keeps it.
+"""The processes an agent program runs in. grl/gateway/program_pool.py starts one template process per pool
+(`python -m grl.gateway.program_worker <fd> [program]`): it imports `openai` and the program's module once,
+then forks the pool's workers from itself on request, so that a worker starts in milliseconds and none pays
+for the imports again. A worker (`_fork_worker`) runs in a session (and process group) of its own and plays
+one episode at a time for as long as its pool keeps it.
 
-It reads a `ProgramCall` from the connection on `fd`, says `("started",)`, calls the program with a client
+A worker reads a `ProgramCall` from its own connection, says `("started",)`, calls the program with a client
 of the episode's URL (an `openai.AsyncOpenAI` under asyncio for an `async def` program, an `openai.OpenAI`
 otherwise) and answers `("done", value, traceback, rss_bytes, leftover_pids)` (or `("bad_program", why)`
 when the path names no program): `value` is `reward_of` the
 result (or the `ProgramValueError` saying why it is none), and a returned function of the final messages
 is evaluated here, after asking the pool for them with `("messages",)`. The worker is a child subreaper, so
-a daemon its program started is still its descendant and can be named; it exits when its pool's process
-does, so that a trainer killed outright leaves no worker waiting.
+a daemon its program started is still its descendant and can be named.
 
-This module imports only the standard library, psutil and grl.gateway.contract, so that a worker starts in
-about the time `import openai` takes.
+The template reads `("fork",)` followed by the new worker's socket (`send_handle`) and answers
+`("forked", pid)`; it says `("ready",)` once its imports are done, and `("exited", pid, returncode)` when a
+worker ended (it reaps them). It exits, ending its workers, when its pool's process does or closes its
+connection; a worker exits when its template does, so that a trainer killed outright leaves nothing
+waiting. The template runs no thread of its own so that forking it is safe; a program module that starts
+threads at import is forked all the same (as by `multiprocessing`'s fork start method), its workers without
+those threads.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import asyncio
 import ctypes
 import inspect
 import os
+import select
 import signal
 import sys
 import threading
@@ -28,6 +35,7 @@ import time
 import traceback
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
+from multiprocessing.reduction import recv_handle
 
 import psutil
 
@@ -74,11 +82,74 @@ def rss_bytes(pids: list[int]) -> int:
     return total
 
 
-def main(fd: int) -> None:
+def main(fd: int, program: str | None) -> None:
+    """The template: imports what every worker needs once, then forks workers until its pool is gone."""
     import openai  # noqa: F401 - before the first call, so that a program's clock does not count it
 
     conn = Connection(fd)
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    if program:
+        try:
+            load_program(program)
+        except BaseException:  # noqa: BLE001 - each worker loads it again and reports why it failed (bad_program)
+            pass
+    conn.send(("ready",))
+    pool = os.getppid()
+    workers: dict[int, int] = {}  # pidfd -> pid of the workers alive
+    try:
+        while os.getppid() == pool:
+            readable = select.select([conn.fileno(), *workers], [], [], 1.0)[0]
+            for pidfd in set(readable) & set(workers):
+                pid = workers.pop(pidfd)
+                os.close(pidfd)
+                conn.send(("exited", pid, _returncode(os.waitpid(pid, 0)[1])))
+            if conn.fileno() in readable:
+                conn.recv()  # ("fork",): the only request
+                handle = recv_handle(conn)
+                pid = _fork_worker(handle, conn, list(workers))
+                os.close(handle)
+                workers[os.pidfd_open(pid)] = pid
+                conn.send(("forked", pid))
+    except (EOFError, OSError):
+        pass  # the pool closed its end, or its process ended
+    for pid in workers.values():
+        tree = [pid, *descendants(pid)]
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except OSError:
+            pass
+        for process in tree:
+            try:
+                os.kill(process, signal.SIGKILL)
+            except OSError:
+                pass
+    os._exit(0)
+
+
+def _fork_worker(handle: int, template_conn: Connection, template_fds: list[int]) -> int:
+    for stream in (sys.stdout, sys.stderr):  # what the template wrote is not written again by each worker
+        stream.flush()
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 0
+    try:
+        template_conn.close()
+        for fd in template_fds:
+            os.close(fd)
+        os.setsid()
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        if "numpy" in sys.modules:  # a forked worker would draw its template's numbers, not fresh ones
+            sys.modules["numpy"].random.seed()
+        _serve(Connection(handle))
+    except BaseException:  # noqa: BLE001 - never return into the template's loop
+        traceback.print_exc()
+        code = 1
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(code)
+
+
+def _serve(conn: Connection) -> None:
     threading.Thread(target=_exit_with_parent, args=(os.getppid(),), name="grl-orphan-watch", daemon=True).start()
     while True:
         try:
@@ -87,6 +158,11 @@ def main(fd: int) -> None:
             return
         conn.send(("started",))
         conn.send(_play(conn, call))
+
+
+def _returncode(status: int) -> int:
+    """As `subprocess` gives it: the exit code, or minus the signal that ended the process."""
+    return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
 
 
 def _play(conn: Connection, call: ProgramCall) -> tuple:
@@ -146,4 +222,4 @@ def _exit_with_parent(parent: int) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]))
+    main(int(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else None)

@@ -172,7 +172,7 @@ class ProgramRunner:
     def _pool_of(self, task: str, s) -> ProgramPool:
         limits = (task, s.program_workers, s.program_timeout, s.program_max_rss_mb)
         if limits not in self._pools:
-            self._pools[limits] = ProgramPool(s.program_workers, s.program_timeout, s.program_max_rss_mb)
+            self._pools[limits] = ProgramPool(s.program_workers, s.program_timeout, s.program_max_rss_mb, s.program)
         return self._pools[limits]
 
     def _open(self, tasks, base_seed, first_group, sampling) -> list[ProgramEpisode]:

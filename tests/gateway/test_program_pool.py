@@ -1,16 +1,25 @@
 """Agent programs in worker processes (grl/gateway/program_pool.py): a program that exits, segfaults,
 outgrows its memory, hangs or leaves a process running ends only its episode, counted by kind, beside sound
 programs that score as usual; its worker is replaced, the sound ones are kept, and nothing is left running
-once the runner closes. Processes are looked for by pid (the workers' and what the programs noted), never by
+once the runner closes. Workers are forked from a template process that imported the program once.
+Processes are looked for by pid (the workers' and what the programs noted), never by
 a scan of the machine, which other test runs share."""
 
+import subprocess
+import sys
+import time
+
+import psutil
 import pytest
 
 from grl.engines import SamplingParams, make_engine
-from grl.gateway.program_worker import descendants, is_running
+from grl.gateway import program_pool
+from grl.gateway.contract import ProgramTask
+from grl.gateway.program_pool import ProgramOutcome, ProgramPool
+from grl.gateway.program_worker import ProgramCall, descendants, is_running
 from grl.gateway.programs import ProgramRunner
 from grl.models import load_tokenizer
-from tests.gateway.test_programs import task
+from tests.gateway.test_programs import PROGRAMS, task
 
 
 @pytest.fixture(scope="module")
@@ -89,3 +98,87 @@ def test_a_path_that_names_no_program_stops_the_rollout_in_one_line(runner):
         runner.run([task("missing", "missing", groups=2)], 0, 0, SamplingParams())
     episodes, _ = runner.run([task("sound", "one_call")], 0, 0, SamplingParams())
     assert episodes[0].score == 1.0
+
+
+def play(pool: ProgramPool, program: str, configs: list[dict]) -> list[ProgramOutcome]:
+    """Plays one episode a config on `pool`, its calls addressed to no server (the programs call none)."""
+    tasks = [ProgramTask("t", i, i, 0, config) for i, config in enumerate(configs)]
+    calls = [ProgramCall(program, "http://127.0.0.1:9/v1", episode, 30.0) for episode in tasks]
+    for key, call in enumerate(calls):
+        pool.submit(key, call, list)
+    ended = {}
+    deadline = time.monotonic() + 120  # a bound on a broken pool, not a measurement
+    while pool.pending and time.monotonic() < deadline:
+        ended.update(pool.collect())
+        time.sleep(0.01)
+    assert len(ended) == len(calls), f"{len(ended)} of {len(calls)} episodes ended"
+    return [ended[key] for key in range(len(calls))]
+
+
+def test_workers_are_forked_from_a_template_that_imported_the_program_once():
+    program = f"{PROGRAMS}:tells_who_imported_it"
+    pool = ProgramPool(4, 60.0, program=program)
+    try:
+        pool.start(4)
+        workers = pool.pids()
+        outcomes = play(pool, program, [{}] * 4)
+        assert all(o.ok for o in outcomes), outcomes
+        template = psutil.Process(workers[0]).ppid()
+        assert {o.value[1]["pid"] for o in outcomes} == set(workers) and len(workers) == 4  # each worker played once
+        assert {o.value[1]["imported_by"] for o in outcomes} == {template}  # ... and none imported the program
+        assert all(psutil.Process(worker).ppid() == template for worker in workers)
+        # A worker that dies is replaced by a fresh fork of the same template.
+        (crashed,) = play(pool, program, [{"exit": True}])
+        assert crashed.kind == "crash" and "exit code 3" in crashed.error
+        outcomes = play(pool, program, [{}] * 4)
+        assert {o.value[1]["imported_by"] for o in outcomes} == {template}
+        assert len(pool.pids()) == 4 and set(pool.pids()) != set(workers)
+        everything = [template, *pool.pids(), *workers]
+    finally:
+        pool.close()
+    assert not any(map(is_running, everything))
+
+
+def test_a_program_whose_import_fails_crashes_or_hangs_fails_as_in_a_fresh_interpreter(tmp_path, monkeypatch):
+    pool = ProgramPool(2, 60.0, program="no_such_module:f")
+    with pytest.raises(ValueError, match=r"^program 'no_such_module:f': cannot import no_such_module: ModuleNotFoundError"):
+        play(pool, "no_such_module:f", [{}])
+    pool.close()
+    # One that ends its process at import ends its template: workers then import it themselves, and crash.
+    (tmp_path / "exits_at_import.py").write_text("import os\n\nos._exit(5)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    pool = ProgramPool(2, 60.0, program="exits_at_import:f")
+    try:
+        outcomes = play(pool, "exits_at_import:f", [{}, {}])
+    finally:
+        pool.close()
+    assert [(o.kind, "exit code 5" in o.error) for o in outcomes] == [("crash", True)] * 2
+    # One whose import hangs is given up on after START_GRACE_S, in its template and then in its worker.
+    (tmp_path / "hangs_at_import.py").write_text("import time\n\ntime.sleep(3600)\n")
+    monkeypatch.setattr(program_pool, "START_GRACE_S", 1.0)
+    pool = ProgramPool(1, 1.0, program="hangs_at_import:f")
+    try:
+        (outcome,) = play(pool, "hangs_at_import:f", [{}])
+    finally:
+        pool.close()
+    assert outcome.kind == "timeout"
+
+
+def test_the_template_and_its_workers_end_with_the_pools_process():
+    script = (
+        "from grl.gateway.program_pool import ProgramPool\n"
+        f"pool = ProgramPool(2, 60.0, program={PROGRAMS + ':one_call'!r})\n"
+        "pool.start(2)\n"
+        "print(*pool.pids(), flush=True)\n"
+        "input()\n"
+    )
+    owner = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    workers = [int(pid) for pid in owner.stdout.readline().split()]
+    template = psutil.Process(workers[0]).ppid()
+    assert len(workers) == 2 and psutil.Process(template).ppid() == owner.pid
+    owner.kill()
+    owner.wait()
+    deadline = time.monotonic() + 30  # they look for their parent once a second
+    while any(map(is_running, [template, *workers])) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(map(is_running, [template, *workers]))
