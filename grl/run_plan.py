@@ -2,7 +2,7 @@
 
 The config says what a user asked for; the plan says what the run therefore does wherever more
 than one place needs the answer: how many ranks on how many nodes, where the engine lives and how far
-its rollouts run ahead, where PPO's old log-probs come from, whether a critic and a reference model
+its rollouts run ahead, whether old log-probs need a pass of their own, whether a critic and a reference model
 are built, how a CPU node's cores are split, and the phases of a step under their one name each. The
 trainer, the worker groups and their ranks (the plan is pickled to each), the memory planner and
 preflight read it; none of them works these out again. `auto` device and engine are resolved here,
@@ -25,7 +25,6 @@ if TYPE_CHECKING:
 # A training step's phases in order, by the one name the progress bar shows, `timing_s/<name>` times
 # (verl's timer names) and the memory planner places memory in.
 PHASES = ("gen", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor", "sync_weights")
-ENGINE_LOG_PROBS, SCORED_LOG_PROBS = "engine", "scored"
 
 
 @dataclass(frozen=True)
@@ -37,7 +36,6 @@ class RunPlan:
     ranks_per_node: int  # processes on CPU
     engine_apart: bool  # the engine in a rollout worker of its own (hybrid_engine=false), else in the actor's ranks
     max_staleness: int  # rollouts run up to this many policy versions ahead of the update (engine apart only)
-    old_log_probs: str  # ENGINE_LOG_PROBS: the sampler's own; SCORED_LOG_PROBS: the weights about to be trained
     use_critic: bool  # the estimator reads values
     use_reference: bool  # a KL loss or a KL penalty in the reward needs reference log-probs
     reference_model: bool  # a model of its own; a LoRA run's reference is its base with the adapter off
@@ -51,7 +49,6 @@ class RunPlan:
     # sampled, so that the log-probs it computes are the old ones and no pass of their own is needed
     # (TRL's num_iterations=1): ppo_mini_batch_size for one epoch, no KL in the reward and no staleness, else 0.
     single_step_episodes: int
-    kl_in_reward: bool  # applied before the update, so it needs the old log-probs beforehand
 
     @classmethod
     def from_config(cls, cfg, facts: MachineFacts | None = None) -> RunPlan:
@@ -81,7 +78,6 @@ class RunPlan:
             ranks_per_node=trainer.n_gpus_per_node,
             engine_apart=not run.actor_rollout_ref.hybrid_engine,
             max_staleness=run.rollout.max_staleness,
-            old_log_probs=SCORED_LOG_PROBS if actor.recompute_old_log_probs else ENGINE_LOG_PROBS,
             use_critic=ESTIMATORS[run.algorithm.adv_estimator].needs_critic,
             use_reference=use_reference,
             reference_model=use_reference and run.actor_rollout_ref.model.lora_rank == 0,
@@ -94,7 +90,6 @@ class RunPlan:
             packing_capacity=run.rollout.max_episode_length if run.rollout.packing else None,
             share_prompts=run.rollout.share_prompts,
             single_step_episodes=actor.ppo_mini_batch_size if one_step else 0,
-            kl_in_reward=run.algorithm.use_kl_in_reward,
         )
 
     @property

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from grl.config import load_config
-from grl.run_plan import ENGINE_LOG_PROBS, PHASES, SCORED_LOG_PROBS, RunPlan
+from grl.run_plan import PHASES, RunPlan
 
 GRL = Path(__file__).resolve().parent.parent / "grl"
 AHEAD = ["actor_rollout_ref.hybrid_engine=false", "rollout.max_staleness=2", "actor_rollout_ref.actor.tis_imp_ratio_cap=2"]
@@ -33,17 +33,17 @@ def test_what_the_config_asks_for_is_what_the_plan_decides():
     assert gae_kl.phases == PHASES  # every phase, in the order a step runs them
 
     lora = plan_of("algorithm.use_kl_in_reward=true", "actor_rollout_ref.model.lora_rank=4")
-    assert lora.use_reference and lora.kl_in_reward and not lora.reference_model  # the base, adapter off
+    assert lora.use_reference and not lora.reference_model  # the base, adapter off
 
     apart = plan_of(*AHEAD, "n_gpus_per_node=2", "nnodes=3", "trainer.seed=7")
     assert (apart.engine_apart, apart.rollout_ahead, apart.max_staleness) == (True, True, 2)
-    assert (apart.world_size, apart.seed, apart.old_log_probs) == (6, 7, SCORED_LOG_PROBS)
+    assert (apart.world_size, apart.seed) == (6, 7)
     assert apart.engine_place() == " in a worker of its own, rollouts up to 2 versions ahead"
     packed = plan_of("rollout.packing=true", "rollout.max_episode_length=512", "rollout.share_prompts=true")
     assert (packed.packing_capacity, packed.share_prompts) == (512, True)
     assert plan_of("rollout.packing=false").packing_capacity is None and plan_of("trainer.device=cpu").device == "cpu"
-    colocated = plan_of("actor_rollout_ref.actor.recompute_old_log_probs=false")
-    assert (colocated.engine_apart, colocated.old_log_probs, colocated.engine_place()) == (False, ENGINE_LOG_PROBS, "")
+    colocated = plan_of()
+    assert (colocated.engine_apart, colocated.engine_place()) == (False, "")
 
 
 def test_the_plan_is_frozen_and_reaches_the_ranks_unchanged():
@@ -51,6 +51,16 @@ def test_the_plan_is_frozen_and_reaches_the_ranks_unchanged():
     assert pickle.loads(pickle.dumps(plan)) == plan == plan_of(*AHEAD)
     with pytest.raises(FrozenInstanceError):
         plan.max_staleness = 0
+
+
+def test_the_old_log_probs_come_from_the_source_the_actor_section_names():
+    from grl.config import run_sections
+    from grl.trainer.pipeline import EngineLogProbs, ScoredLogProbs, old_log_probs_from
+
+    for recompute, source in ((True, ScoredLogProbs), (False, EngineLogProbs)):
+        overrides = ["model_path=tiny", f"actor_rollout_ref.actor.recompute_old_log_probs={recompute}"]
+        run = run_sections(load_config(overrides))
+        assert type(old_log_probs_from(RunPlan.from_sections(run), run.actor_rollout_ref.actor, None)) is source
 
 
 @pytest.mark.parametrize(
@@ -94,7 +104,6 @@ def test_cpu_threads_split_the_node_between_the_ranks_and_an_engine_generating_b
 PLANNED_KEYS = (
     "max_staleness",
     "hybrid_engine",
-    "recompute_old_log_probs",
     "n_gpus_per_node",
     "nnodes",
     "packing",

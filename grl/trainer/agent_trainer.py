@@ -83,7 +83,7 @@ class AgentTrainer:
         # Where each step's episodes and old log-probs come from (grl/trainer/pipeline.py): the step reads
         # the same in every mode. The rollout source starts with the first step, after any resume.
         self._source: RolloutSource | None = None
-        self.old_log_probs = old_log_probs_from(self.plan, actor)
+        self.old_log_probs = old_log_probs_from(self.plan, self.policy.actor, actor)
 
     @classmethod
     def from_config(cls, cfg: DictConfig, hooks: list[StepHook] | None = None, plan: RunPlan | None = None) -> AgentTrainer:
@@ -131,7 +131,7 @@ class AgentTrainer:
         try:
             resumed = self.resume()
             self.tracker = Tracker(
-                list(settings.logger),
+                settings.logger,
                 settings.run_dir,
                 settings.project_name,
                 settings.experiment_name,

@@ -25,12 +25,15 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from grl.rollout import Batch
-from grl.run_plan import SCORED_LOG_PROBS, RunPlan
+from grl.run_plan import RunPlan
 from grl.trainer.metrics import Timer, old_log_prob_metrics
 from grl.trainer.transforms import staleness_metrics
+
+if TYPE_CHECKING:
+    from grl.schema import Actor
 
 log = logging.getLogger("grl.trainer")
 
@@ -237,16 +240,18 @@ class ScoredLogProbs:
     """PPO's old log-probs scored by the weights about to be trained, in a pass of their own when the
     update needs them beforehand (`RunPlan.old_log_prob_pass`); otherwise the update's first pass gives them."""
 
-    def __init__(self, plan: RunPlan, actor):
-        self._plan, self._actor = plan, actor
+    def __init__(self, plan: RunPlan, section: Actor, actor):
+        self._plan, self._section, self._actor = plan, section, actor
 
     def fill(self, batch: Batch, timer: Timer) -> dict[str, float]:
         if not self._plan.old_log_prob_pass(len(batch)):
             return {}
         with timer("old_log_prob"):
             batch["old_log_probs"], _ = self._actor.compute_log_probs(batch)
-        return old_log_prob_metrics(batch, self._actor.section.actor.tis_imp_ratio_cap)
+        return old_log_prob_metrics(batch, self._section.tis_imp_ratio_cap)
 
 
-def old_log_probs_from(plan: RunPlan, actor) -> OldLogProbSource:
-    return ScoredLogProbs(plan, actor) if plan.old_log_probs == SCORED_LOG_PROBS else EngineLogProbs()
+def old_log_probs_from(plan: RunPlan, section: Actor, actor) -> OldLogProbSource:
+    """The source `section` (actor_rollout_ref.actor) names by `recompute_old_log_probs`; `actor`: the
+    actor's worker group, which scores them."""
+    return ScoredLogProbs(plan, section, actor) if section.recompute_old_log_probs else EngineLogProbs()

@@ -95,7 +95,7 @@ def init_process_group(
     rendezvous store, gloo's and NCCL's sockets are not reachable from the network."""
     from datetime import timedelta
 
-    timeout = timedelta(seconds=float(timeout_s))
+    timeout = timedelta(seconds=timeout_s)
     os.environ.update(
         MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK="0"
     )
@@ -202,8 +202,7 @@ def make_optimizer(params, optim_cfg) -> torch.optim.Optimizer:
 def make_scheduler(optimizer: torch.optim.Optimizer, warmup_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
     """Linear warmup over `warmup_steps` optimizer steps, then constant. Step k
     (0-based) uses lr * (k + 1) / warmup_steps, so the first step already learns."""
-    warmup = max(int(warmup_steps), 0)
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda k: min(1.0, (k + 1) / warmup) if warmup else 1.0)
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda k: min(1.0, (k + 1) / warmup_steps) if warmup_steps else 1.0)
 
 
 def full_state_dict(module: nn.Module, on_all_ranks: bool = False) -> dict[str, torch.Tensor]:

@@ -111,14 +111,13 @@ class TokenScorer(nn.Module):
         if constraint_size is not None:
             sizes, ids = constraint_size[rows, columns], constraint_ids[rows, columns]
         layer = self.head.module(self.model)
-        step = max(int(chunk_size), 1)
         # Recomputing a chunk in backward keeps one chunk's logits alive at a time; with one chunk its
         # saved tensors are that one chunk anyway, so the recompute would cost time and save no memory.
-        recompute = torch.is_grad_enabled() and flat_hidden.shape[0] > step
+        recompute = torch.is_grad_enabled() and flat_hidden.shape[0] > chunk_size
         outputs = []
-        for i in range(0, flat_hidden.shape[0], step):
-            part = slice(i, i + step)
-            args = (layer, flat_hidden[part], flat_labels[part], float(temperature))
+        for i in range(0, flat_hidden.shape[0], chunk_size):
+            part = slice(i, i + chunk_size)
+            args = (layer, flat_hidden[part], flat_labels[part], temperature)
             args += (sizes[part], ids[part]) if sizes is not None else ()
             outputs.append(checkpoint(self.head.score, *args, use_reentrant=False) if recompute else self.head.score(*args))
 

@@ -174,8 +174,7 @@ class UpdateLoop:
         """Clip and step; a non-finite gradient norm skips the step. The norm
         is reduced over all ranks, so every rank takes the same decision."""
         params = [p for p in self.module.parameters() if p.grad is not None]
-        clip = self.train_cfg.grad_clip or float("inf")
-        norm = torch.nn.utils.clip_grad_norm_(params, clip)
+        norm = torch.nn.utils.clip_grad_norm_(params, self.train_cfg.grad_clip)
         if hasattr(norm, "full_tensor"):
             norm = norm.full_tensor()
         norm = float(norm)
