@@ -146,6 +146,26 @@ def split_tool_calls(text: str, family: str = "hermes") -> tuple[str | None, lis
     return (rest.strip() or None), calls
 
 
+def call_frames(family: str, names: list[str]) -> list[tuple[str, str | None, str]]:
+    """How a reply that is one call to each of `names` is written in `family`, as grammar frames
+    (grl/engines/constraint.py `compile_call_grammar`): (head, None, tail) around the JSON arguments, or for
+    qwen3_coder (head, "</function>", tail) around free parameter text."""
+    frames = []
+    for name in dict.fromkeys(names):
+        quoted = json.dumps(name, ensure_ascii=False)
+        if family == "hermes":
+            frames.append((f'<tool_call>\n{{"name": {quoted}, "arguments": ', None, "}\n</tool_call>"))
+        elif family == "llama3_json":
+            frames.append((f'{{"name": {quoted}, "parameters": ', None, "}"))
+        elif family == "mistral":
+            frames.append((f'{_MISTRAL_TAG}[{{"name": {quoted}, "arguments": ', None, "}]"))
+        elif family == "qwen3_coder":
+            frames.append((f"<tool_call>\n<function={name}>\n", "</function>", "\n</tool_call>"))
+        else:
+            raise ValueError(f"tool_parser: {family!r} is not one of {', '.join(FAMILIES)}")
+    return frames
+
+
 def split_reasoning(text: str) -> tuple[str | None, str]:
     """(reasoning, the rest) of a reply; a reply cut before `</think>` is all reasoning."""
     body = text.lstrip()

@@ -31,6 +31,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import chain
 
+from grl.engines.json_grammar import START as JSON_START, JsonObject, JsonVocabulary
+
 SLOT = "{text}"  # a free-text slot inside a valid action, e.g. WebShop's "search[{text}]"
 SLOT_ROOM = 8  # tokens a slot keeps for its text, however long the think part ran
 ANSWER_OPEN, ANSWER_CLOSE = "<answer>", "</answer>"
@@ -59,7 +61,7 @@ class ReplyGrammar:
     """An automaton over token ids. Nodes are either trie nodes (`dict token -> node`; an empty
     dict is the end) or free-text nodes (`_Free`). Plain data: it pickles to an engine process."""
 
-    def __init__(self, nodes: list[dict[int, int] | _Free], max_tokens: int, left_out: tuple[str, ...] = ()):
+    def __init__(self, nodes: list[dict[int, int] | _Free | JsonObject], max_tokens: int, left_out: tuple[str, ...] = ()):
         self.nodes = nodes
         self.max_tokens = max_tokens
         self.left_out = left_out  # valid actions too long for max_tokens
@@ -74,6 +76,8 @@ class ReplyGrammar:
             node = self.nodes[index]
             if isinstance(node, _Free):
                 reserve[index] = node.room + len(node.close) + reserve[node.next]
+            elif isinstance(node, JsonObject):
+                reserve[index] = 2 + reserve[node.next]  # "{}"
             elif node:
                 reserve[index] = 1 + max(reserve[child] for child in node.values())
         return reserve
@@ -104,6 +108,8 @@ class GrammarWalker:
         self.used = 0  # tokens sampled so far
         self.free_tokens: list[int] = []  # tokens of the current free-text part
         self.forcing: list[int] = []  # closing tokens still to force
+        self.json = JSON_START  # where a JSON node's object stands
+        self.cache: dict = {}  # a JSON node's allowed sets, by (node, state, tokens left): they cost a pass over the vocabulary
 
     @property
     def done(self) -> bool:
@@ -130,6 +136,12 @@ class GrammarWalker:
         node = self.grammar.nodes[self.node]
         if isinstance(node, _Free):
             return (-len(node.deny), node.deny)
+        if isinstance(node, JsonObject):
+            room = self.grammar.max_tokens - self.used - 1 - self.grammar.reserve[node.next]
+            key = (self.node, self.json, room)
+            if key not in self.cache:
+                self.cache[key] = node.allowed(self.json, room)
+            return self.cache[key]
         if not node:  # the end: the engine stops on the end-of-turn token, so this is never sampled
             return UNCONSTRAINED
         ids = tuple(sorted(node))
@@ -148,6 +160,12 @@ class GrammarWalker:
             self.free_tokens.append(token)
             if tuple(self.free_tokens[-len(node.close) :]) == node.close:
                 self._leave_free(node)
+        elif isinstance(node, JsonObject):
+            self.json = node.advance(self.json, token)
+            if self.json is None:
+                raise ValueError(f"token {token} does not continue the JSON object")
+            if self.json[1] == "D":
+                self.node, self.json = node.next, JSON_START
         elif node:
             self.node = node[token]
 
@@ -162,6 +180,7 @@ class GrammarWalker:
         probe = GrammarWalker(self.grammar)
         probe.node, probe.used = self.node, self.used
         probe.free_tokens, probe.forcing = list(self.free_tokens), list(self.forcing)
+        probe.json, probe.cache = self.json, self.cache
         run = []
         while not probe.done:
             size, ids = probe.allowed()
@@ -234,6 +253,46 @@ def compile_reply_grammar(
         fitted += 1
     if fitted == 0:
         raise GrammarError(f"none of the {len(actions)} valid actions fits in {max_tokens} reply tokens")
+    return ReplyGrammar(nodes, max_tokens, tuple(left_out))
+
+
+def compile_call_grammar(
+    encode: Callable[[str], list[int]],
+    end_ids: Sequence[int],
+    frames: Sequence[tuple[str, str | None, str]],
+    vocabulary: JsonVocabulary,
+    max_tokens: int,
+) -> ReplyGrammar:
+    """The grammar of a reply that is one tool call in one of `frames`, then the end of turn. A frame is
+    `(head, close, tail)`: `head` and `tail` spelled by their canonical tokens and between them a JSON
+    object (`close` None; grl/engines/json_grammar.py) or free text up to `close`. Frames that do not fit
+    in `max_tokens` are left out; if none fits, GrammarError."""
+    end, deny = int(end_ids[0]), tuple(sorted({int(i) for i in end_ids}))
+    nodes: list = [{}]
+    left_out = []
+    for head, close, tail in frames:
+        head_ids, tail_ids = encode(head), encode(tail) + [end]
+        close_ids = tuple(encode(close)) if close is not None else ()
+        if len(head_ids) + (len(close_ids) if close is not None else 2) + len(tail_ids) > max_tokens:
+            left_out.append(head)
+            continue
+        at = 0
+        for token in head_ids:
+            if not isinstance(nodes[at], dict):
+                raise GrammarError(f"the call {head!r} goes on where another call's arguments are")
+            at = nodes[at].setdefault(token, len(nodes))
+            if at == len(nodes):
+                nodes.append({})
+        if nodes[at]:
+            raise GrammarError(f"the arguments of {head!r} start where another call goes on")
+        rest = len(nodes)
+        nodes.append({})
+        for token in tail_ids:
+            nodes[-1][token] = len(nodes)
+            nodes.append({})
+        nodes[at] = JsonObject(vocabulary, rest) if close is None else _Free(close_ids, rest, deny)
+    if len(left_out) == len(frames):
+        raise GrammarError(f"no tool call fits in {max_tokens} reply tokens")
     return ReplyGrammar(nodes, max_tokens, tuple(left_out))
 
 

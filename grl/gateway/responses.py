@@ -6,7 +6,8 @@ Input items: a string (one user message), messages (`user`, `system`, `developer
 text or `input_text` / `output_text` parts), `function_call` (joined to the assistant message before it),
 `function_call_output` (a tool message) and `reasoning` (the next assistant message's reasoning). `tools`:
 function tools. Refused with one line: other tools and items, `previous_response_id` (the gateway stores no
-responses: send the whole input, as the Agents SDK does by default), `stream`, a `text.format` other than text.
+responses: send the whole input, as the Agents SDK does by default), a `text.format` other than text.
+`stream: true` sends the finished response as the API's events (grl/gateway/streaming.py `response_events`).
 """
 
 from __future__ import annotations
@@ -86,8 +87,6 @@ def chat_body(body) -> dict:
         raise BadRequest("the body must be a JSON object")
     if body.get("previous_response_id"):
         raise BadRequest("previous_response_id: the gateway stores no responses; send the whole input")
-    if body.get("stream"):
-        raise BadRequest("stream: not supported on /responses; send stream=false (chat completions stream)")
     text_format = (body.get("text") or {}).get("format") if isinstance(body.get("text"), dict) else None
     if text_format not in (None, {"type": "text"}):
         raise BadRequest("text.format: only {'type': 'text'} is supported")

@@ -9,7 +9,8 @@ are parsed in the model family's format (grl/toolcalls.py: the family is `tool_p
 from the chat template). `stream: true` answers the same reply as server-sent events
 (grl/gateway/streaming.py). Under `/episodes/<id>/v1/...` the calls of one episode are recorded for
 training (grl/gateway/episodes.py). A request may name the replies it allows (`allowed_replies`): the
-engine then decodes with the reply grammar GRL's agents use.
+engine then decodes with the reply grammar GRL's agents use; `tool_choice` `"required"` or a named
+function decodes one call in the family's format (grl/gateway/grammars.py).
 
 Bad requests get HTTP 400 with one line. The engine is used only through `engine.generate`: `grl serve`
 gives a `SerialEngine` (the hf engine is not thread-safe: one generate at a time, the calls that wait meanwhile
@@ -23,8 +24,8 @@ import uuid
 from dataclasses import replace
 
 from grl.engines.base import GenerationOutput, SamplingParams
-from grl.engines.constraint import GrammarError, compile_reply_grammar
 from grl.gateway.episodes import NO_TOOLS, Call, EpisodeLog, tools_key
+from grl.gateway.grammars import Grammars
 from grl.gateway.requests import BadRequest, ChatRequest, chat_request
 from grl.toolcalls import FAMILIES, family_of, split_reasoning, split_tool_calls, thinks, with_parsed_arguments
 from grl.rollout.chat import ChatTokens, truncate_prompt
@@ -82,6 +83,7 @@ class Gateway:
         if truncation not in ("left", "error"):
             raise ValueError(f"truncation: {truncation!r} is not one of left, error")
         self.thinks, self.truncation = thinks(template), truncation
+        self.grammars = Grammars(tokenizer, self.tool_parser)
         specials = set(getattr(tokenizer, "all_special_tokens", [])) - set(_MARKERS)
         self._specials = sorted(specials, key=len, reverse=True)
         self.episodes: dict[str, EpisodeLog] = {}  # in the order they opened
@@ -202,7 +204,7 @@ class Gateway:
         sampling = self._sampling(request, log)
         chat = self.chat(request)
         prompt, parent, truncated = self._prompt(request, chat, log, key, sampling.max_new_tokens)
-        constraints = self._constraints(request.allowed_replies, chat, sampling.max_new_tokens, request.n)
+        constraints = self.grammars.for_request(request, chat, sampling.max_new_tokens)
         outputs = self.engine.generate([prompt] * request.n, sampling, constraints)
         messages = [self.reply(out.token_ids, request) for out in outputs]
         if log is not None:
@@ -293,17 +295,6 @@ class Gateway:
             entries.append({"token": piece, "logprob": logprob, "bytes": list(piece.encode()), "top_logprobs": []})
         return {"content": entries}
 
-    def _constraints(self, allowed, chat: ChatTokens, max_new: int, n: int) -> list | None:
-        if allowed is None:
-            return None
-        if not isinstance(allowed, list) or not allowed or not all(isinstance(a, str) and a.strip() for a in allowed):
-            raise BadRequest("allowed_replies: a non-empty list of non-empty strings")
-        try:
-            grammar = compile_reply_grammar(chat.encode, chat.end_ids(), allowed, False, max_new)
-        except GrammarError as err:
-            raise BadRequest(f"allowed_replies: {err}") from None
-        return [grammar] * n
-
 
 def build_app(gateway: Gateway):
     """The FastAPI application serving `gateway` at /v1 and, per episode, at /episodes/<id>/v1."""
@@ -311,7 +302,7 @@ def build_app(gateway: Gateway):
     from fastapi.responses import JSONResponse, StreamingResponse
 
     from grl.gateway.responses import chat_body, response_of
-    from grl.gateway.streaming import chunks
+    from grl.gateway.streaming import chunks, response_events
 
     app = FastAPI(title="GRL gateway")
     threads = []  # the limiter of the threads that wait for the engine, made in the event loop on first use
@@ -381,8 +372,11 @@ def build_app(gateway: Gateway):
     async def _respond(request: Request, episode: str | None):
         body = await body_of(request)
         try:
-            return response_of(await _answer(chat_body(body), episode), body)
+            response = response_of(await _answer(chat_body(body), episode), body)
         except BadRequest as err:
             return refused(err)
+        if body.get("stream"):
+            return StreamingResponse(response_events(response, gateway.pieces), media_type="text/event-stream")
+        return response
 
     return app

@@ -3,7 +3,8 @@ from the engine's sampled ids, so a streamed call is recorded exactly as an unst
 samples a whole reply; the events only change how it travels). Each choice sends its role, then its
 reasoning, its text (a piece per sampled token where the text is the tokens' own, else at once) and its
 tool calls, in the order the OpenAI API sends them, then its finish reason; the last event carries the
-usage (asked or not: clients ignore what they do not read) and the `grl` token ids, then `data: [DONE]`."""
+usage (asked or not: clients ignore what they do not read) and the `grl` token ids, then `data: [DONE]`.
+A Responses-API reply streams the same way, as that API's typed events (`response_events`)."""
 
 from __future__ import annotations
 
@@ -38,3 +39,40 @@ def chunks(response: dict, pieces_of: Callable[[list[int], str], list[str]] | No
         yield chunk(i, {}, choice["finish_reason"], logprobs=choice["logprobs"])
     yield _event({**base, "choices": [], "usage": response["usage"], "grl": response["grl"]})
     yield "data: [DONE]\n\n"
+
+
+def response_events(response: dict, pieces_of: Callable[[list[int], str], list[str]] | None = None) -> Iterator[str]:
+    """A Responses-API reply (grl/gateway/responses.py `response_of`) as its server-sent events: created and
+    in progress, then per output item its addition, its text (a piece per sampled token, as above) or
+    arguments, and its end, then `response.completed` (or `.incomplete`) with the whole response."""
+    count = iter(range(1 << 62))
+
+    def event(kind: str, **fields) -> str:
+        return f"event: {kind}\n" + _event({"type": kind, "sequence_number": next(count), **fields})
+
+    opening = {**response, "status": "in_progress", "output": [], "incomplete_details": None}
+    yield event("response.created", response=opening)
+    yield event("response.in_progress", response=opening)
+    ids = response["grl"]["completion_token_ids"][0]
+    plain = pieces_of is not None and [item["type"] for item in response["output"]] == ["message"]
+    for index, item in enumerate(response["output"]):
+        where = {"output_index": index}
+        if item["type"] == "message":
+            yield event("response.output_item.added", **where, item={**item, "status": "in_progress", "content": []})
+            for part_index, part in enumerate(item["content"]):
+                at = {**where, "item_id": item["id"], "content_index": part_index}
+                yield event("response.content_part.added", **at, part={**part, "text": ""})
+                for piece in pieces_of(ids, part["text"]) if plain else [part["text"]]:
+                    yield event("response.output_text.delta", **at, delta=piece, logprobs=[])
+                yield event("response.output_text.done", **at, text=part["text"], logprobs=[])
+                yield event("response.content_part.done", **at, part=part)
+        elif item["type"] == "function_call":
+            yield event("response.output_item.added", **where, item={**item, "status": "in_progress", "arguments": ""})
+            at = {**where, "item_id": item["id"]}
+            yield event("response.function_call_arguments.delta", **at, delta=item["arguments"])
+            yield event("response.function_call_arguments.done", **at, name=item["name"], arguments=item["arguments"])
+        else:  # reasoning: sent whole
+            yield event("response.output_item.added", **where, item=item)
+        yield event("response.output_item.done", **where, item=item)
+    ending = "response.completed" if response["status"] == "completed" else "response.incomplete"
+    yield event(ending, response=response)

@@ -186,8 +186,9 @@ def test_a_reply_cut_at_max_tokens_is_closed_before_the_next_turn_under_qwen3(ti
 @pytest.mark.parametrize(
     "change, status, says",
     [
-        ({"tools": TOOLS, "tool_choice": "required"}, 200, None),
-        ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "python"}}}, 200, None),
+        ({"tools": TOOLS, "tool_choice": "required"}, 400, "tool_choice: no tool call fits in 2 reply tokens"),
+        ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "python"}}}, 400, "tool_choice: no tool"),
+        ({"tool_choice": "required"}, 400, "tool_choice: 'required' needs a non-empty tools list"),
         (
             {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "bash"}}},
             400,
