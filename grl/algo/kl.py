@@ -73,7 +73,7 @@ class FixedKLController:
     """Constant KL coefficient."""
 
     def __init__(self, kl_coef: float):
-        self.value = float(kl_coef)
+        self.value = kl_coef
 
     def update(self, current_kl: float, n_steps: int) -> None:
         pass
@@ -85,7 +85,7 @@ class AdaptiveKLController:
     value *= 1 + clip(kl / target - 1, -0.2, 0.2) * n_steps / horizon."""
 
     def __init__(self, init_kl_coef: float, target_kl: float, horizon: int):
-        self.value, self.target, self.horizon = float(init_kl_coef), float(target_kl), float(horizon)
+        self.value, self.target, self.horizon = init_kl_coef, target_kl, horizon
 
     def update(self, current_kl: float, n_steps: int) -> None:
         error = min(max(float(current_kl) / self.target - 1, -0.2), 0.2)
