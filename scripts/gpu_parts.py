@@ -30,6 +30,7 @@ import torch  # noqa: E402
 from grl.engines import SamplingParams, make_engine  # noqa: E402
 from grl.engines.constraint import compile_reply_grammar  # noqa: E402
 from grl.models import load_causal_lm  # noqa: E402
+from grl.rollout.allowed_sets import compact_sets  # noqa: E402
 from grl.rollout.batch import episode_tokens  # noqa: E402
 from grl.rollout.chat import ChatTokens  # noqa: E402
 from grl.rollout.types import Episode, Turn  # noqa: E402
@@ -69,7 +70,7 @@ def batch_of(outputs, prompts, grammars):
         for i, (p, o, g) in enumerate(zip(prompts, outputs, grammars))
     ]
     T = max(len(r.input_ids) for r in rows)
-    K = max([len(ids) for r in rows for _, ids in r.allowed] + [1])
+    sizes, ids = compact_sets([r.allowed for r in rows], T)
 
     def pad(values, fill=0):
         return values + [fill] * (T - len(values))
@@ -80,8 +81,8 @@ def batch_of(outputs, prompts, grammars):
         "position_ids": torch.tensor([pad(r.position_ids) for r in rows]),
         "loss_mask": torch.tensor([pad(r.loss_mask, 0.0) for r in rows]),
         "rollout_log_probs": torch.tensor([pad(r.rollout_log_probs, 0.0) for r in rows]),
-        "constraint_size": torch.tensor([pad([size for size, _ in r.allowed]) for r in rows]),
-        "constraint_ids": torch.tensor([pad([list(ids) + [0] * (K - len(ids)) for _, ids in r.allowed], [0] * K) for r in rows]),
+        "constraint_size": sizes,
+        "constraint_ids": ids,
     }
     return {k: v.to(DEVICE) for k, v in t.items()}
 

@@ -325,6 +325,23 @@ def constrain_logits(logits, sizes, ids):
     spare = torch.full_like(ids, vocab)  # listed entries go to their column, padding to a spare one
     marked = torch.zeros((logits.shape[0], vocab + 1), dtype=torch.bool, device=logits.device)
     marked.scatter_(1, torch.where(listed, ids, spare), True)
-    marked = marked[:, :vocab]
+    return _outside_to_minus_inf(logits, sizes, marked[:, :vocab])
+
+
+def constrain_logits_flat(logits, sizes, ids):
+    """`constrain_logits` with the sets' ids given flat: `ids` `[sum |sizes|]` lists row 0's set,
+    then row 1's, and so on (the batch's compact form, grl/rollout/allowed_sets.py)."""
+    import torch
+
+    rows = torch.repeat_interleave(torch.arange(len(sizes), device=sizes.device), sizes.abs(), output_size=len(ids))
+    marked = torch.zeros(logits.shape, dtype=torch.bool, device=logits.device)
+    marked[rows, ids.long()] = True
+    return _outside_to_minus_inf(logits, sizes, marked)
+
+
+def _outside_to_minus_inf(logits, sizes, marked):
+    """`marked` `[N, V]`: the ids each row lists (its allowed ones if its size is positive, else its denied ones)."""
+    import torch
+
     allowed = torch.where((sizes > 0)[:, None], marked, ~marked)
     return logits.masked_fill(~allowed, float("-inf"))

@@ -22,10 +22,10 @@ it once (`rollout.share_prompts`): it becomes a segment of its own that the epis
 through `parent_ids`.
 
 Constrained decoding: when any reply of the batch was decoded under a
-grammar, the batch also holds each token's allowed set, sparse:
+grammar, the batch also holds each token's allowed set, compact:
 `constraint_size` `[rows, T]` (+n: n ids allowed, -n: n ids denied, 0: any
-token) and `constraint_ids` `[rows, T, K]` (the ids, zero-padded; K is the
-largest set of the batch), so the trainer scores every sampled token with the
+token) and `constraint_ids` `[N]` (every set's ids, token after token;
+grl/rollout/allowed_sets.py), so the trainer scores every sampled token with the
 masked softmax it was drawn from.
 
 An episode longer than `max_episode_length` tokens, or one with no sampled
@@ -175,17 +175,10 @@ def _tensors(rows: list[dict[str, list]], width: int, pad_token_id: int) -> dict
         out[key] = torch.tensor(data, dtype=torch.float32 if key in floats else torch.long).reshape(len(rows), width)
     allowed = [row["allowed"] for row in rows if "allowed" in row]
     if any(size for row in allowed for size, _ in row):
-        out["constraint_size"], out["constraint_ids"] = _constraint_tensors(allowed, width)
+        from grl.rollout.allowed_sets import compact_sets
+
+        out["constraint_size"], out["constraint_ids"] = compact_sets(allowed, width)
     return out
-
-
-def _constraint_tensors(rows: list[list[tuple[int, tuple[int, ...]]]], width: int):
-    """Per-token allowed sets -> `constraint_size` `[rows, width]`, `constraint_ids` `[rows, width, K]`."""
-    from grl.engines.constraint import UNCONSTRAINED, allowed_sets_tensors
-
-    flat = [allowed for row in rows for allowed in row + [UNCONSTRAINED] * (width - len(row))]
-    sizes, ids = allowed_sets_tensors(flat)
-    return sizes.reshape(len(rows), width), ids.reshape(len(rows), width, -1)
 
 
 def _row(tokens: EpisodeTokens, windowed: bool) -> dict[str, list]:

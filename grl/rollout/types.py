@@ -81,8 +81,10 @@ class Batch:
         """Rows by index list or boolean tensor."""
         import torch
 
+        from grl.rollout.allowed_sets import take_rows
+
         index = torch.as_tensor(rows)
         if index.dtype == torch.bool:
             index = index.nonzero(as_tuple=True)[0]
         positions = index.tolist()
-        return Batch({k: v[index] for k, v in self.tensors.items()}, {k: [v[i] for i in positions] for k, v in self.meta.items()})
+        return Batch(take_rows(self.tensors, index), {k: [v[i] for i in positions] for k, v in self.meta.items()})

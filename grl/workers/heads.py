@@ -17,13 +17,13 @@ from torch import nn
 
 from grl import models
 from grl.algo import entropy_from_logits, log_probs_from_logits
-from grl.engines.constraint import constrain_logits
+from grl.engines.constraint import constrain_logits_flat
 
 
 def _log_prob_and_entropy(head: nn.Module, hidden, labels, temperature: float, sizes=None, ids=None):
     logits = head(hidden).float() / temperature
     if sizes is not None:
-        logits = constrain_logits(logits, sizes, ids)
+        logits = constrain_logits_flat(logits, sizes, ids)
     return log_probs_from_logits(logits, labels), entropy_from_logits(logits)
 
 
@@ -50,7 +50,7 @@ class Head:
     load: Callable[..., nn.Module]  # (path, dtype, device) -> the model with its weights, on the host
     module: Callable[[nn.Module], nn.Module]  # the head's layer within the loaded model
     # (head layer, hidden, labels, temperature, constraint sizes, constraint ids) -> a tuple of `outputs`
-    # per-position scores; one chunk of positions at a time
+    # per-position scores; one chunk of positions at a time, its allowed sets' ids flat (constrain_logits_flat)
     score: Callable[..., tuple[torch.Tensor, ...]]
     outputs: int
     loss_tokens_only: bool  # vocabulary-sized: only the positions the loss reads go through it

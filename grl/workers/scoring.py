@@ -14,7 +14,8 @@ than one chunk each is recomputed in backward, so at most one chunk of
 The policy's log-probs are those of the distribution the engine sampled from:
 logits divided by the rollout temperature and, for tokens decoded under a
 valid-action grammar, masked to their allowed set (grl/engines/constraint.py)
-before the softmax; the entropy is that distribution's.
+before the softmax; the entropy is that distribution's. The sets come compact
+(grl/rollout/allowed_sets.py) and become a vocabulary mask one chunk at a time.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from grl.rollout.allowed_sets import set_starts, spans
 from grl.rollout.batch import packed_attention_mask
 from grl.workers.heads import Head, check_head
 
@@ -89,7 +91,8 @@ class TokenScorer(nn.Module):
     ):
         """`loss_mask` (policy only): score just those positions; the vocabulary head is the
         costliest part of a small model and a multi-turn episode samples few of its tokens.
-        `parent_ids`: the shared prompts of a packed row (grl/workers/sharding.py)."""
+        `parent_ids`: the shared prompts of a packed row (grl/workers/sharding.py).
+        `constraint_size` `[B, T]`, `constraint_ids` `[N]`: the allowed sets, compact (grl/rollout/allowed_sets.py)."""
         backbone = self.model.base_model
         if segment_ids is not None:
             mask = additive_packed_mask(segment_ids, self.compute_dtype, parent_ids)
@@ -107,9 +110,9 @@ class TokenScorer(nn.Module):
         rows, columns = keep.nonzero(as_tuple=True)
         flat_hidden = hidden[rows, prev[rows, columns]]
         flat_labels = input_ids[rows, columns]
-        sizes = ids = None
+        sizes = starts = None
         if constraint_size is not None:
-            sizes, ids = constraint_size[rows, columns], constraint_ids[rows, columns]
+            sizes, starts = constraint_size[rows, columns], set_starts(constraint_size)[rows, columns]
         layer = self.head.module(self.model)
         # Recomputing a chunk in backward keeps one chunk's logits alive at a time; with one chunk its
         # saved tensors are that one chunk anyway, so the recompute would cost time and save no memory.
@@ -118,7 +121,8 @@ class TokenScorer(nn.Module):
         for i in range(0, flat_hidden.shape[0], chunk_size):
             part = slice(i, i + chunk_size)
             args = (layer, flat_hidden[part], flat_labels[part], temperature)
-            args += (sizes[part], ids[part]) if sizes is not None else ()
+            if sizes is not None:
+                args += (sizes[part], constraint_ids[spans(starts[part], sizes[part].abs())])
             outputs.append(checkpoint(self.head.score, *args, use_reentrant=False) if recompute else self.head.score(*args))
 
         def assemble(parts):

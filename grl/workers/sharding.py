@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from grl.rollout.allowed_sets import IDS, SIZES, take_rows, take_tokens
 from grl.rollout.batch import pack_rows
 from grl.rollout.types import Batch
 
@@ -27,6 +28,9 @@ def pad_rows(tensors: dict[str, torch.Tensor], multiple: int) -> tuple[dict[str,
         return tensors, n
     padded = {}
     for key, value in tensors.items():
+        if key == IDS:  # row 0's sets, once per copy
+            padded[key] = torch.cat([value, value[: int(tensors[SIZES][0].abs().sum())].repeat(extra)])
+            continue
         filler = value[:1].expand(extra, *value.shape[1:])
         if key == "loss_mask":
             filler = torch.zeros_like(filler)
@@ -37,7 +41,7 @@ def pad_rows(tensors: dict[str, torch.Tensor], multiple: int) -> tuple[dict[str,
 def equal_shards(tensors: dict[str, torch.Tensor], parts: int) -> list[dict[str, torch.Tensor]]:
     n = next(iter(tensors.values())).shape[0]
     size = n // parts
-    return [{k: v[i * size : (i + 1) * size] for k, v in tensors.items()} for i in range(parts)]
+    return [take_rows(tensors, slice(i * size, (i + 1) * size)) for i in range(parts)]
 
 
 def _prompt_families(tensors: dict[str, torch.Tensor], lengths: list[int], capacity: int) -> list[tuple[list[int], int]]:
@@ -94,7 +98,8 @@ def pack(
     """Right-padded episode rows laid side by side, first-fit decreasing into rows of `capacity`
     tokens (a longer episode gets a row of its own), with `segment_ids` 1, 2, ... per episode of a
     row (0 on padding). Each episode's tokens keep their values, so its `position_ids` (and
-    `context_ids`) restart where it starts. Padding is 0 everywhere: outside every mask.
+    `context_ids`) restart where it starts. Padding is 0 everywhere: outside every mask. The ids
+    of the tokens' allowed sets follow their tokens.
 
     `share_prompts`: episodes that begin with the same prompt hold it once (`_prompt_families`):
     the prompt is a segment of its own, followed by each episode's rest, whose `parent_ids` name
@@ -110,9 +115,12 @@ def pack(
     sizes = [p + sum(lengths[i] - p for i in members) for members, p in units]
     layout = pack_rows(sizes, capacity)
     width = max((sum(sizes[u] for u in row) for row in layout), default=0)
-    out = {k: v.new_zeros((len(layout), width, *v.shape[2:])) for k, v in tensors.items()}
+    dense = {k: v for k, v in tensors.items() if k != IDS}
+    out = {k: v.new_zeros((len(layout), width, *v.shape[2:])) for k, v in dense.items()}
     out["segment_ids"] = torch.zeros(len(layout), width, dtype=torch.long)
     parents = torch.zeros(len(layout), width, dtype=torch.long)
+    sources = torch.full((len(layout), width), -1, dtype=torch.long)  # each packed token's index in the padded rows
+    padded_width = tensors["attention_mask"].shape[1]
     where: list[list[tuple[int, int, int]]] = [[] for _ in lengths]
 
     for r, row in enumerate(layout):
@@ -121,8 +129,9 @@ def pack(
         def place(i: int, a: int, b: int, parent: int) -> None:
             nonlocal start, segment
             segment += 1
-            for k, v in tensors.items():
+            for k, v in dense.items():
                 out[k][r, start : start + b - a] = v[i, a:b]
+            sources[r, start : start + b - a] = torch.arange(i * padded_width + a, i * padded_width + b)
             out["segment_ids"][r, start : start + b - a] = segment
             parents[r, start : start + b - a] = parent
             start += b - a
@@ -139,6 +148,8 @@ def pack(
                 place(i, p, lengths[i], parent)
     if bool(parents.any()):
         out["parent_ids"] = parents
+    if IDS in tensors:
+        out[IDS] = take_tokens(tensors[SIZES], tensors[IDS], sources[sources >= 0])
     return out, where
 
 
@@ -189,7 +200,7 @@ def minibatch_shards(
     )
     per_rank: list[list[dict]] = [[] for _ in range(ranks)]
     for picked in plan:
-        chosen = {k: v[torch.tensor(picked)] for k, v in tensors.items()}
+        chosen = take_rows(tensors, torch.tensor(picked))
         if capacity is not None:
             chosen, _ = pack(chosen, row_capacity(chosen, capacity), share_prompts)
         mini, _ = pad_rows(chosen, ranks)

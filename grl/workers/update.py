@@ -9,6 +9,7 @@ import resource
 
 import torch
 
+from grl.rollout.allowed_sets import take_rows
 from grl.workers import fsdp
 
 log = logging.getLogger("grl.workers")
@@ -29,7 +30,7 @@ def split_rows(tensors: dict, size: int, count: int | None = None) -> list[dict]
         if b - a < 2:
             raise ValueError(f"{len(spans)} rows cannot make {count} micro-batches; every rank needs as many rows")
         spans[widest : widest + 1] = [(a, (a + b) // 2), ((a + b) // 2, b)]
-    return [{k: v[a:b] for k, v in tensors.items()} for a, b in spans]
+    return [take_rows(tensors, slice(a, b)) for a, b in spans]
 
 
 def _row_spans(tensors: dict, size: int) -> list[tuple[int, int]]:

@@ -13,6 +13,7 @@ from grl.engines.constraint import (
     allowed_sets_tensors,
     compile_reply_grammar,
     constrain_logits,
+    constrain_logits_flat,
 )
 from prompts import teacher_forced_log_probs
 
@@ -116,6 +117,17 @@ def test_constrain_logits_matches_a_python_loop():
         want[keep] = logits[row, keep].softmax(-1)
         assert torch.allclose(got[row], want, atol=1e-6)
         assert abs(float(got[row].sum()) - 1.0) < 1e-6
+
+
+def test_flat_sets_mask_exactly_as_padded_ones():
+    rng = torch.Generator().manual_seed(1)
+    vocab = 64
+    logits = torch.randn(7, vocab, generator=rng)
+    sets = [(3, (4, 9, 17)), (-2, (0, 63)), (0, ()), (vocab, tuple(range(vocab))), (-1, (3,)), (0, ()), (2, (63, 1))]
+    flat = torch.tensor([i for _, members in sets for i in members], dtype=torch.int32)
+    sizes, padded = allowed_sets_tensors(sets)
+    assert torch.equal(constrain_logits_flat(logits, sizes, flat), constrain_logits(logits, sizes, padded))
+    assert constrain_logits_flat(logits, sizes, flat).isinf().sum() == 61 + 2 + 0 + 0 + 1 + 0 + 62
 
 
 def test_allowed_sets_tensors_lays_each_set_out_in_its_row():

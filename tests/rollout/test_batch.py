@@ -199,3 +199,79 @@ def test_windowed_rows_score_each_turn_prompt_as_if_alone(hf_engine, packing):
         start += len(ids)
     # Scored as one chat (no spans), the later turns' replies see the earlier prompts: other values.
     assert not torch.allclose(blind[row][where][mask > 0], got[mask > 0], atol=1e-3)
+
+
+def constrained_episodes(seed=0, huge=5000):
+    """Episodes whose replies carry allowed sets: small allowed and denied sets, unconstrained
+    tokens, one huge set, and a group of episodes that share their first prompt."""
+    import random
+
+    rng = random.Random(seed)
+
+    def sets(n):
+        kinds = [(0, ())] + [(sign * k, tuple(rng.sample(range(1, 3000), k))) for sign in (1, -1) for k in (1, 3)]
+        return [rng.choice(kinds) for _ in range(n)]
+
+    def episode(g, member, prompt, replies):
+        turns = [Turn(prompt if k == 0 else [13, 14], r, None, 0.0, response_allowed=sets(len(r))) for k, r in enumerate(replies)]
+        return Episode("t", g, g, turns, 1.0, member=member)
+
+    eps = [episode(g, m, [10 + g, 11, 12], [[20 + m, 21, 22][: 1 + (g + m) % 3], [23, 24]]) for g in range(3) for m in range(3)]
+    eps[4].turns[1].response_allowed[0] = (huge, tuple(range(1, huge + 1)))
+    return eps
+
+
+def padded_sets(sizes, ids, width):
+    """The padded form the batch held before: `[rows, T, width]` ids, zero after each set."""
+    out = torch.zeros(*sizes.shape, width, dtype=torch.long)
+    at = 0
+    for r in range(sizes.shape[0]):
+        for t in range(sizes.shape[1]):
+            n = abs(int(sizes[r, t]))
+            out[r, t, :n] = ids[at : at + n]
+            at += n
+    assert at == len(ids)
+    return out
+
+
+def test_a_huge_set_costs_its_own_ids_only():
+    eps = constrained_episodes()
+    batch, _ = build_batch(eps)
+    total = sum(abs(size) for ep in eps for turn in ep.turns for size, _ in turn.response_allowed)
+    assert batch["constraint_ids"].shape == (total,) and batch["constraint_ids"].dtype == torch.int32
+    assert padded_sets(batch["constraint_size"], batch["constraint_ids"], 5000).numel() == batch["input_ids"].numel() * 5000
+    flat = [allowed for ep in eps for turn in ep.turns for allowed in [(0, ())] * len(turn.prompt_ids) + turn.response_allowed]
+    listed = [s for s in batch["constraint_size"].flatten().tolist() if s]
+    assert listed == [size for size, _ in flat if size]
+    assert batch["constraint_ids"].tolist() == [i for _, members in flat for i in members]
+
+
+@pytest.mark.parametrize("share_prompts", [False, True])
+def test_every_row_and_token_move_takes_the_sets_along(share_prompts):
+    """Each move of the worker boundary, applied to the compact sets, gives what it gives the padded
+    form (carried alongside as an ordinary tensor, moved as every tensor was before)."""
+    from grl.workers.sharding import equal_shards, pad_rows
+    from grl.workers.update import split_rows
+
+    batch, _ = build_batch(constrained_episodes())
+    width = int(batch["constraint_size"].abs().max())
+    batch["reference_sets"] = padded_sets(batch["constraint_size"], batch["constraint_ids"], width)
+
+    def check(tensors):
+        assert torch.equal(padded_sets(tensors["constraint_size"], tensors["constraint_ids"], width), tensors["reference_sets"])
+        return tensors
+
+    check(batch.tensors)
+    check(batch.select(torch.tensor([True, False, True, True, False, True, False, True, True])).tensors)
+    packed, _ = pack(check(batch.select([8, 3, 4, 0, 5, 1]).tensors), capacity=24, share_prompts=share_prompts)
+    assert ("parent_ids" in packed) == share_prompts
+    padded, _ = pad_rows(check(packed), 4)
+    assert padded["input_ids"].shape[0] == 4
+    for shard in equal_shards(check(padded), 2):
+        for micro in split_rows(check(shard), 1, 2):
+            check(micro)
+    train = OmegaConf.create({"ppo_mini_batch_size": 4, "ppo_epochs": 2, "shuffle": True})
+    for capacity in (None, 24):
+        for shards in minibatch_shards(batch.tensors, train, 2, 5, capacity, share_prompts):
+            for shard in shards:
+                check(shard)

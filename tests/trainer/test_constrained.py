@@ -91,7 +91,7 @@ def test_every_constrained_answer_parses_and_every_action_is_valid(episodes):
 
 def test_trainer_log_probs_equal_the_engine_s(actor, episodes, packing):
     batch, _ = build_batch(episodes.episodes, max_episode_length=4096)
-    assert batch["constraint_ids"].dim() == 3 and batch["constraint_size"].shape == batch["input_ids"].shape
+    assert batch["constraint_ids"].dim() == 1 and batch["constraint_size"].shape == batch["input_ids"].shape
     batch["old_log_probs"], _ = actor.compute_log_probs(batch)
     mismatch = rollout_mismatch_metrics(batch)
     assert mismatch["training/rollout_logprob_diff_max"] < 1e-4, mismatch

@@ -310,3 +310,62 @@ def test_engine_proxy_splits_prompts_and_keeps_each_prompts_seed():
     assert len({tuple(alone[i].token_ids) for i in (0, 1, 3)}) > 1  # same prompt, own seeds
     one_prompt = EngineProxy(InProcessEngines(engines), [0, 1]).generate(prompts[:1], sampling)
     assert [o.token_ids for o in one_prompt] == [alone[0].token_ids]
+
+
+def scored_as_before(policy, tensors, padded_ids, chunk, temperature):
+    """The scorer as it was with the padded sets `[B, T, K]`: each chunk's sets sliced from them
+    and masked by `constrain_logits` (the decoding engines' padded form)."""
+    from grl.algo import entropy_from_logits, log_probs_from_logits
+    from grl.engines.constraint import constrain_logits
+    from grl.workers.scoring import predecessors
+
+    ids, mask, sizes = tensors["input_ids"], tensors["attention_mask"], tensors["constraint_size"]
+    hidden = policy.base_model(input_ids=ids, attention_mask=mask, position_ids=tensors["position_ids"], use_cache=False)
+    hidden = hidden.last_hidden_state
+    prev = predecessors(mask, None)
+    rows, columns = ((prev >= 0) & (tensors["loss_mask"] > 0)).nonzero(as_tuple=True)
+    flat_hidden, labels = hidden[rows, prev[rows, columns]], ids[rows, columns]
+    flat_sizes, flat_ids = sizes[rows, columns], padded_ids[rows, columns]
+    outputs = []
+    for i in range(0, len(rows), chunk):
+        part = slice(i, i + chunk)
+        logits = policy.get_output_embeddings()(flat_hidden[part]).float() / temperature
+        logits = constrain_logits(logits, flat_sizes[part], flat_ids[part])
+        outputs.append((log_probs_from_logits(logits, labels[part]), entropy_from_logits(logits)))
+    return tuple(
+        torch.zeros(ids.shape, dtype=torch.float32).index_put((rows, columns), torch.cat([o[j] for o in outputs])) for j in (0, 1)
+    )
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 4096])
+def test_compact_sets_score_bit_for_bit_as_the_padded_ones(policy, chunk):
+    from grl.rollout.batch import build_batch
+    from tests.rollout.test_batch import constrained_episodes, padded_sets
+
+    batch, _ = build_batch(constrained_episodes(huge=900))
+    tensors = batch.tensors
+    padded = padded_sets(tensors["constraint_size"], tensors["constraint_ids"], int(tensors["constraint_size"].abs().max()))
+    args = (tensors["input_ids"], tensors["attention_mask"], tensors["position_ids"])
+    with torch.no_grad():
+        got = TokenScorer(policy, POLICY)(
+            *args,
+            chunk_size=chunk,
+            temperature=0.7,
+            constraint_size=tensors["constraint_size"],
+            constraint_ids=tensors["constraint_ids"],
+            loss_mask=tensors["loss_mask"],
+        )
+        want = scored_as_before(policy, tensors, padded, chunk, 0.7)
+        free = TokenScorer(policy, POLICY)(*args, chunk_size=chunk, temperature=0.7, loss_mask=tensors["loss_mask"])
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    with torch.enable_grad():  # in training, several chunks are recomputed in backward
+        trained = TokenScorer(policy, POLICY)(
+            *args,
+            chunk_size=chunk,
+            temperature=0.7,
+            constraint_size=tensors["constraint_size"],
+            constraint_ids=tensors["constraint_ids"],
+            loss_mask=tensors["loss_mask"],
+        )
+    assert torch.equal(trained[0].detach(), want[0]) and torch.equal(trained[1].detach(), want[1])
+    assert not torch.equal(got[0], free[0])  # the sets change the scores: the check above can fail
