@@ -35,7 +35,7 @@ from multiprocessing.connection import Connection
 from multiprocessing.reduction import send_handle
 from typing import Any
 
-from grl.gateway.program_worker import ProgramCall, descendants, is_running, rss_bytes
+from grl.gateway.program_worker import ProgramCall, descendants, is_running, kill_group_and_tree, rss_bytes
 
 # A worker counts its program's time from when it says it started; one that never says so (stuck in its
 # own imports) is given this much longer before its episode times out, and a template this long for its own.
@@ -153,15 +153,7 @@ class _Worker:
     def kill(self) -> None:
         """Ends the worker, its process group and every process below it (one that left the group too)."""
         tree = self.tree() if self.template.ended(self.pid) is None else []  # a reaped pid may be another's now
-        try:
-            os.killpg(self.pid, signal.SIGKILL)
-        except OSError:
-            pass
-        for pid in tree:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
+        kill_group_and_tree(self.pid, tree)
         while self.template.ended(self.pid) is None:  # until its template reaped it (or ended itself)
             if self.template.conn.poll(0.01):
                 self.template.read()

@@ -63,6 +63,19 @@ def descendants(pid: int) -> list[int]:
     return [child.pid for child in children if is_running(child.pid)]
 
 
+def kill_group_and_tree(group: int, tree: list[int]) -> None:
+    """SIGKILL the process group `group` and every process of `tree` (which catches those that left the group)."""
+    try:
+        os.killpg(group, signal.SIGKILL)
+    except OSError:
+        pass
+    for pid in tree:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
 def is_running(pid: int) -> bool:
     """Whether `pid` is a process that has not ended (a zombie has: it only waits to be reaped)."""
     try:
@@ -112,16 +125,7 @@ def main(fd: int, program: str | None) -> None:
     except (EOFError, OSError):
         pass  # the pool closed its end, or its process ended
     for pid in workers.values():
-        tree = [pid, *descendants(pid)]
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except OSError:
-            pass
-        for process in tree:
-            try:
-                os.kill(process, signal.SIGKILL)
-            except OSError:
-                pass
+        kill_group_and_tree(pid, [pid, *descendants(pid)])
     os._exit(0)
 
 
