@@ -119,7 +119,8 @@ def pack(
     out = {k: v.new_zeros((len(layout), width, *v.shape[2:])) for k, v in dense.items()}
     out["segment_ids"] = torch.zeros(len(layout), width, dtype=torch.long)
     parents = torch.zeros(len(layout), width, dtype=torch.long)
-    sources = torch.full((len(layout), width), -1, dtype=torch.long)  # each packed token's index in the padded rows
+    # each packed token's index in the padded rows, for the allowed sets' ids to follow their tokens
+    sources = torch.full((len(layout), width), -1, dtype=torch.long) if IDS in tensors else None
     padded_width = tensors["attention_mask"].shape[1]
     where: list[list[tuple[int, int, int]]] = [[] for _ in lengths]
 
@@ -131,7 +132,8 @@ def pack(
             segment += 1
             for k, v in dense.items():
                 out[k][r, start : start + b - a] = v[i, a:b]
-            sources[r, start : start + b - a] = torch.arange(i * padded_width + a, i * padded_width + b)
+            if sources is not None:
+                sources[r, start : start + b - a] = torch.arange(i * padded_width + a, i * padded_width + b)
             out["segment_ids"][r, start : start + b - a] = segment
             parents[r, start : start + b - a] = parent
             start += b - a
