@@ -346,26 +346,19 @@ def test_compact_sets_score_bit_for_bit_as_the_padded_ones(policy, chunk):
     tensors = batch.tensors
     padded = padded_sets(tensors["constraint_size"], tensors["constraint_ids"], int(tensors["constraint_size"].abs().max()))
     args = (tensors["input_ids"], tensors["attention_mask"], tensors["position_ids"])
-    with torch.no_grad():
-        got = TokenScorer(policy, POLICY)(
-            *args,
-            chunk_size=chunk,
-            temperature=0.7,
-            constraint_size=tensors["constraint_size"],
-            constraint_ids=tensors["constraint_ids"],
-            loss_mask=tensors["loss_mask"],
+    sets = {"constraint_size": tensors["constraint_size"], "constraint_ids": tensors["constraint_ids"]}
+
+    def scored(**sets_if_any):
+        return TokenScorer(policy, POLICY)(
+            *args, chunk_size=chunk, temperature=0.7, loss_mask=tensors["loss_mask"], **sets_if_any
         )
+
+    with torch.no_grad():
+        got = scored(**sets)
         want = scored_as_before(policy, tensors, padded, chunk, 0.7)
-        free = TokenScorer(policy, POLICY)(*args, chunk_size=chunk, temperature=0.7, loss_mask=tensors["loss_mask"])
+        free = scored()
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     with torch.enable_grad():  # in training, several chunks are recomputed in backward
-        trained = TokenScorer(policy, POLICY)(
-            *args,
-            chunk_size=chunk,
-            temperature=0.7,
-            constraint_size=tensors["constraint_size"],
-            constraint_ids=tensors["constraint_ids"],
-            loss_mask=tensors["loss_mask"],
-        )
+        trained = scored(**sets)
     assert torch.equal(trained[0].detach(), want[0]) and torch.equal(trained[1].detach(), want[1])
     assert not torch.equal(got[0], free[0])  # the sets change the scores: the check above can fail
