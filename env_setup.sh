@@ -206,7 +206,10 @@ _grl_env_setup() (
     pip_install() { "${pip[@]}" install "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2); }
     install() {
         if [ "$installer" = uv ]; then
-            "$uv" pip install --python "$venv/bin/python" -q "${uv_sources[@]}" "$@" && return 0
+            # --compile-bytecode: pip writes .pyc files at install time and uv does not; without them a
+            # process under PYTHONDONTWRITEBYTECODE (containers, CI) compiles torch and transformers from source
+            # at every start, and every Ray worker of a run is such a process (2.7 -> 5 s of CPU each here).
+            "$uv" pip install --python "$venv/bin/python" --compile-bytecode -q "${uv_sources[@]}" "$@" && return 0
             echo "env_setup: uv failed on this step (above); pip does it" >&2
         fi
         pip_install "$@"

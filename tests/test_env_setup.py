@@ -284,6 +284,19 @@ def test_a_venv_with_the_current_stamp_is_up_to_date(repo, tmp_path):
     assert sorted(p.name for p in (repo / ".venv").iterdir()) == [".grl-setup-stamp"]
 
 
+def test_the_venv_holds_the_bytecode_of_what_every_worker_imports():
+    """env_setup.sh installs compiled: under PYTHONDONTWRITEBYTECODE (containers, CI) a venv without .pyc
+    files compiles torch and transformers from source in every process a run starts (2.7 -> 5 s of CPU a
+    Ray worker here). Reads the environment this suite runs in, which env_setup.sh built."""
+    import importlib.util
+
+    import torch
+    import transformers
+
+    for module in (torch, transformers, torch.nn.functional, transformers.modeling_utils):
+        assert Path(importlib.util.cache_from_source(module.__file__)).exists(), f"no bytecode for {module.__name__}"
+
+
 def test_sourcing_a_refusal_returns_2_and_leaves_the_shell_as_it_was(repo, tmp_path):
     fake = fake_nvidia_smi(tmp_path / "bin", "470.82.01")
     script = (
