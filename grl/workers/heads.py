@@ -20,11 +20,66 @@ from grl.algo import entropy_from_logits, log_probs_from_logits
 from grl.engines.constraint import constrain_logits_flat
 
 
+# A token decoded under a grammar whose allowed set has at most this many ids is scored on those ids
+# alone: its masked softmax over the vocabulary is the softmax over its set, and the tokens of a valid
+# action or a forced tool call (mostly sets of one) then cost a few dot products, not a vocabulary's.
+SMALL_SET = 64
+
+
 def _log_prob_and_entropy(head: nn.Module, hidden, labels, temperature: float, sizes=None, ids=None):
+    if sizes is None or not isinstance(head, nn.Linear):  # a LoRA-wrapped head has no plain weight to index
+        return _over_the_vocabulary(head, hidden, labels, temperature, sizes, ids)
+    owner = _owners(sizes.abs(), len(ids))
+    label_listed = torch.zeros_like(labels, dtype=torch.bool).index_put_((owner,), ids.long() == labels[owner], accumulate=True)
+    # A label outside its set (log-prob -inf) stays on the vocabulary's path, which says so.
+    on_set = (sizes > 0) & (sizes <= SMALL_SET) & label_listed
+    if not bool(on_set.any()):
+        return _over_the_vocabulary(head, hidden, labels, temperature, sizes, ids)
+    listed_on_set = on_set[owner]
+    parts = [(on_set, _over_the_set(head, hidden[on_set], labels[on_set], temperature, sizes[on_set], ids[listed_on_set]))]
+    if not bool(on_set.all()):
+        off = ~on_set
+        parts.append((off, _over_the_vocabulary(head, hidden[off], labels[off], temperature, sizes[off], ids[~listed_on_set])))
+    scores = []
+    for j in range(2):
+        out = torch.zeros(len(labels), dtype=torch.float32, device=hidden.device)
+        for rows, part in parts:
+            out = out.masked_scatter(rows, part[j])
+        scores.append(out)
+    return tuple(scores)
+
+
+def _over_the_vocabulary(head: nn.Module, hidden, labels, temperature: float, sizes=None, ids=None):
     logits = head(hidden).float() / temperature
     if sizes is not None:
         logits = constrain_logits_flat(logits, sizes, ids)
     return log_probs_from_logits(logits, labels), entropy_from_logits(logits)
+
+
+def _owners(counts: torch.Tensor, total: int) -> torch.Tensor:
+    """The position each listed id belongs to: position i repeated `counts[i]` times."""
+    return torch.repeat_interleave(torch.arange(len(counts), device=counts.device), counts, output_size=total)
+
+
+def _over_the_set(head: nn.Linear, hidden, labels, temperature: float, sizes, ids):
+    """(log-prob, entropy) of each position's softmax over its own allowed ids (each listed once, as
+    every grammar builds them), from those ids' rows of the head: the vocabulary path's values."""
+    owner, ids = _owners(sizes, len(ids)), ids.long()
+    logits = (hidden[owner].float() * head.weight[ids].float()).sum(-1)
+    if head.bias is not None:
+        logits = logits + head.bias[ids].float()
+    logits = logits / temperature
+
+    def per_position(values):
+        return torch.zeros(len(sizes), dtype=values.dtype, device=values.device).index_add(0, owner, values)
+
+    peak = torch.full((len(sizes),), float("-inf"), device=hidden.device).scatter_reduce(0, owner, logits.detach(), "amax")
+    exp = torch.exp(logits - peak[owner])
+    total = per_position(exp)
+    log_norm = peak + torch.log(total)
+    label_logit = per_position(torch.where(ids == labels[owner], logits, torch.zeros_like(logits)))
+    entropy = log_norm - per_position(exp / total[owner] * logits)
+    return label_logit - log_norm, entropy
 
 
 def _value(head: nn.Module, hidden, labels, temperature: float, sizes=None, ids=None):

@@ -362,3 +362,56 @@ def test_compact_sets_score_bit_for_bit_as_the_padded_ones(policy, chunk):
         trained = scored(**sets)
     assert torch.equal(trained[0].detach(), want[0]) and torch.equal(trained[1].detach(), want[1])
     assert not torch.equal(got[0], free[0])  # the sets change the scores: the check above can fail
+
+
+def test_a_small_allowed_set_scores_on_its_own_ids_as_the_masked_vocabulary(policy):
+    """A token whose allowed set is small and lists its label is scored from its set's rows of the head
+    alone; log-probs, entropies and their gradients are those of the masked softmax over the whole
+    vocabulary (the reference below, in float64). Sets too big for that, denied sets, free tokens and a
+    label outside its set take the vocabulary's path."""
+    from grl.engines.constraint import constrain_logits
+    from grl.workers.heads import SMALL_SET
+
+    g = torch.Generator().manual_seed(3)
+    head = policy.get_output_embeddings()
+    vocab = head.weight.shape[0]
+    kinds = [1, 1, 2, 5, SMALL_SET, SMALL_SET + 1, 300, -3, 0, "label outside"]
+    sizes, sets, labels = [], [], []
+    for i in range(60):
+        kind = kinds[i % len(kinds)]
+        size = 4 if kind == "label outside" else kind
+        members = torch.randperm(vocab, generator=g)[: abs(size)].tolist()
+        inside = size > 0 and kind != "label outside"
+        label = members[i % size] if inside else next(t for t in range(vocab) if t not in members)
+        sizes.append(size), sets.append(members), labels.append(label)
+    sizes, labels = torch.tensor(sizes), torch.tensor(labels)
+    ids = torch.tensor([t for members in sets for t in members], dtype=torch.int32)
+    hidden = torch.randn(len(labels), head.weight.shape[1], generator=g, requires_grad=True)
+
+    rows_through_the_head = []
+    hook = head.register_forward_hook(lambda module, args, out: rows_through_the_head.append(args[0].shape[0]))
+    try:
+        log_prob, entropy = POLICY.score(head, hidden, labels, 0.7, sizes, ids)
+    finally:
+        hook.remove()
+    on_set = [i for i, kind in enumerate(kinds * 6) if isinstance(kind, int) and 0 < kind <= SMALL_SET]
+    assert rows_through_the_head == [len(labels) - len(on_set)]  # the others never met the vocabulary
+
+    padded = torch.zeros(len(sets), max(map(len, sets)), dtype=torch.long)
+    for i, members in enumerate(sets):
+        padded[i, : len(members)] = torch.tensor(members, dtype=torch.long)
+    logits = constrain_logits(head(hidden).double() / 0.7, sizes, padded)
+    want_log_prob = torch.log_softmax(logits, -1).gather(1, labels[:, None]).squeeze(1)
+    probs = torch.softmax(logits, -1)
+    want_entropy = -(probs * torch.where(probs > 0, torch.log_softmax(logits, -1), 0.0)).sum(-1)
+    finite = torch.isfinite(want_log_prob)
+    assert finite[on_set].all() and not finite.all()  # the label outside its set: -inf either way
+    assert torch.equal(torch.isfinite(log_prob), finite)
+    torch.testing.assert_close(log_prob[finite].double(), want_log_prob[finite], rtol=0, atol=1e-5)
+    torch.testing.assert_close(entropy.double(), want_entropy, rtol=0, atol=1e-5)
+    assert (log_prob[on_set][sizes[on_set] == 1] == 0).all()  # a forced token: certain
+
+    got = torch.autograd.grad(log_prob[finite].sum() + entropy.sum(), [hidden, head.weight])
+    want = torch.autograd.grad(want_log_prob[finite].sum() + want_entropy.sum(), [hidden, head.weight])
+    for g_got, g_want in zip(got, want):
+        torch.testing.assert_close(g_got.double(), g_want.double(), rtol=0, atol=1e-5)
