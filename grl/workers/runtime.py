@@ -14,6 +14,7 @@ log = logging.getLogger("grl.workers")
 PRODUCT_ENV = {"TOKENIZERS_PARALLELISM": "false"}
 REPO_ROOT = str(Path(__file__).resolve().parents[2])
 PLACEMENT_TIMEOUT_S = 600
+NO_IDLE_WORKERS = {"prestart_worker_first_driver": False, "enable_worker_prestart": False}
 # Every Ray node carries its id under this label (ray/util/placement_group.py NODE_ID_LABEL_KEY); a
 # bundle whose label selector names it can only be placed on that node.
 NODE_ID_LABEL = "ray.io/node-id"
@@ -48,6 +49,9 @@ def init_ray(address: str | None = None, **ray_kwargs) -> None:
         # "local" starts a fresh runtime; a bare ray.init() would join whatever cluster a leftover
         # session file in /tmp/ray names, and retry for minutes when that cluster is gone.
         ray_kwargs.setdefault("include_dashboard", False)
+        # Ray starts an idle Python worker per CPU for tasks without a runtime_env; every worker GRL starts
+        # has one (worker_runtime_env), so those would only spend a second of CPU each and their memory.
+        ray_kwargs["_system_config"] = {**NO_IDLE_WORKERS, **ray_kwargs.get("_system_config", {})}
         ray.init(address="local", **ray_kwargs)
         _started.add(ray.get_runtime_context().gcs_address)
     if callable(on_sigterm) and threading.current_thread() is threading.main_thread():

@@ -292,6 +292,18 @@ def test_the_local_runtime_refuses_clients_without_its_token(cfg):
     assert joined == {"its token": True, "another token": False, "no authentication": False}
 
 
+def test_the_local_runtime_starts_no_idle_workers():
+    """Ray prestarts an idle worker per CPU for tasks without a runtime_env; GRL's ranks all carry one,
+    so a runtime init_ray starts spends nothing on them (in a fresh process: Ray ends idle workers once
+    ranks fill the node)."""
+    probe = (
+        "import time, psutil; from grl.workers import init_ray; init_ray(None, num_cpus=4); time.sleep(3); "
+        "print(sorted(p.name() for p in psutil.Process().children(recursive=True)))"
+    )
+    names = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True).stdout
+    assert "raylet" in names and "ray::IDLE" not in names, names
+
+
 def test_log_probs_match_single_process(actor, batch):
     weights = actor.execute(_full_weights)[0]
     with torch.no_grad():
