@@ -84,10 +84,11 @@ def loss_units(loss_mask: torch.Tensor, mode: str, segment_ids: torch.Tensor | N
     return float(episode_masks(loss_mask, segment_ids).any(1).sum())
 
 
-def memory_metrics(device: str) -> dict[str, float]:
+def memory_metrics(device: str, role: str = "actor") -> dict[str, float]:
     """verl's `perf/max_memory_allocated_gb` (the device's peak; on CPU the process's peak
     resident memory) and `perf/cpu_memory_used_gb` (the machine's used memory). The peak is
-    the one since the previous call, which resets it: each step reports its own."""
+    the one since the previous call, which resets it: each step reports its own. Another role's
+    peak is `perf/<role>/max_memory_allocated_gb` (the critic's no longer overwrites the actor's)."""
     import psutil
 
     if device.startswith("cuda") and torch.cuda.is_available():
@@ -95,6 +96,8 @@ def memory_metrics(device: str) -> dict[str, float]:
         torch.cuda.reset_peak_memory_stats()
     else:
         peak = _peak_rss_gib_and_reset()
+    if role != "actor":
+        return {f"perf/{role}/max_memory_allocated_gb": peak}
     return {"perf/max_memory_allocated_gb": peak, "perf/cpu_memory_used_gb": psutil.virtual_memory().used / 2**30}
 
 
@@ -166,7 +169,7 @@ class UpdateLoop:
         metrics[f"{p}/grad_norm"] = sum(grad_norms) / len(grad_norms) if grad_norms else float("nan")
         metrics[f"{p}/lr"] = lr
         metrics[f"{p}/skipped_steps"] = float(skipped)
-        metrics.update(memory_metrics(self.device))
+        metrics.update(memory_metrics(self.device, self.role))
         if self.device == "cuda":
             torch.cuda.empty_cache()  # hand the cached blocks back, so the engine can wake into them
         return metrics

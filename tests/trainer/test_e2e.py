@@ -101,6 +101,7 @@ def test_train_checkpoint_kill_and_resume(tmp_path, ray_runtime, capsys):
         "perf/throughput",
         "perf/time_per_step",
         "perf/max_memory_allocated_gb",
+        "perf/critic/max_memory_allocated_gb",
         "perf/cpu_memory_used_gb",
         "critic/score/mean",
         "critic/vf_explained_var",
