@@ -10,6 +10,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import psutil
 import pytest
 from openenv.core.env_server.mcp_types import CallToolAction
 
@@ -18,7 +19,6 @@ from grl.agents import make_agent
 from grl.engines.constraint import compile_reply_grammar
 from grl.envs import openenv_servers
 from grl.envs.openenv_actions import ActionCodec, ActionError
-from tests.envs.test_openenv import gone
 
 TETRIS = {"dim_x": 4, "dim_y": 3, "box_type": 1, "max_steps": 5, "gap_rows": 1, "max_pieces": 1}
 TYPED = {"app": "grl.envs.openenv_serve_typed:make_typed_app", "app_kwargs": {"env": "tetris", "env_config": TETRIS}}
@@ -178,7 +178,7 @@ def test_an_env_package_is_played_by_name_one_session_per_server_and_its_servers
     finally:
         agent.close()
     openenv_servers.stop_idle()
-    assert all(gone(pid) for pid in pids)
+    assert not any(psutil.pid_exists(pid) for pid in pids)
 
 
 def test_a_package_this_machine_cannot_run_fails_in_one_line_when_built(tmp_path, monkeypatch):
