@@ -34,6 +34,11 @@ def compact_sets(rows: list[list[tuple[int, tuple[int, ...]]]], width: int) -> t
     return torch.from_numpy(sizes), torch.from_numpy(ids)
 
 
+def row_count(tensors: dict) -> int:
+    """Rows of a batch's tensors: every one is `[rows, ...]` but the sets' flat ids."""
+    return next(v.shape[0] for k, v in tensors.items() if k != IDS)
+
+
 def set_starts(sizes: torch.Tensor) -> torch.Tensor:
     """Where each token's ids start in `constraint_ids` (same shape as `sizes`)."""
     counts = sizes.abs().flatten()

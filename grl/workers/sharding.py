@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from grl.rollout.allowed_sets import IDS, SIZES, take_rows, take_tokens
+from grl.rollout.allowed_sets import IDS, SIZES, row_count, take_rows, take_tokens
 from grl.rollout.batch import pack_rows
 from grl.rollout.types import Batch
 
@@ -22,7 +22,7 @@ def pick(batch: Batch, keys: tuple[str, ...]) -> dict[str, torch.Tensor]:
 def pad_rows(tensors: dict[str, torch.Tensor], multiple: int) -> tuple[dict[str, torch.Tensor], int]:
     """Append copies of row 0 (with an empty loss mask) so the row count divides
     by `multiple`. -> (padded, original row count)."""
-    n = next(iter(tensors.values())).shape[0]
+    n = row_count(tensors)
     extra = (-n) % multiple
     if extra == 0:
         return tensors, n
@@ -39,7 +39,7 @@ def pad_rows(tensors: dict[str, torch.Tensor], multiple: int) -> tuple[dict[str,
 
 
 def equal_shards(tensors: dict[str, torch.Tensor], parts: int) -> list[dict[str, torch.Tensor]]:
-    n = next(iter(tensors.values())).shape[0]
+    n = row_count(tensors)
     size = n // parts
     return [take_rows(tensors, slice(i * size, (i + 1) * size)) for i in range(parts)]
 

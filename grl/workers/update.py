@@ -9,7 +9,7 @@ import resource
 
 import torch
 
-from grl.rollout.allowed_sets import take_rows
+from grl.rollout.allowed_sets import row_count, take_rows
 from grl.workers import fsdp
 
 log = logging.getLogger("grl.workers")
@@ -34,7 +34,7 @@ def split_rows(tensors: dict, size: int, count: int | None = None) -> list[dict]
 
 
 def _row_spans(tensors: dict, size: int) -> list[tuple[int, int]]:
-    n = next(iter(tensors.values())).shape[0]
+    n = row_count(tensors)
     size = max(size, 1)
     if "segment_ids" not in tensors:
         bounds = list(range(0, n, size)) + [n]

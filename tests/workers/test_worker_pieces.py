@@ -261,6 +261,19 @@ def test_padding_rows_never_carry_loss():
     assert all(s["input_ids"].shape[0] == 2 for s in shards)
 
 
+def test_rows_are_counted_whatever_order_the_sets_ids_come_in():
+    """The sets' flat ids are the one tensor not `[rows, ...]`: first in the dict, they must not count."""
+    sizes = torch.tensor([[1, 0], [2, 0], [0, 1]])
+    tensors = {
+        "constraint_ids": torch.tensor([7, 8, 9, 4], dtype=torch.int32),
+        "constraint_size": sizes,
+        "loss_mask": torch.ones(3, 2),
+    }
+    padded, rows = pad_rows(tensors, 2)
+    assert rows == 3 and padded["constraint_size"].shape[0] == 4 and padded["constraint_ids"].tolist() == [7, 8, 9, 4, 7]
+    assert [s["constraint_ids"].tolist() for s in equal_shards(padded, 2)] == [[7, 8, 9], [4, 7]]
+
+
 def test_warmup_is_linear_over_optimizer_steps():
     opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
     sched = make_scheduler(opt, warmup_steps=4)
