@@ -316,9 +316,7 @@ def build_app(gateway: Gateway):
         except ValueError:
             return None
 
-    @app.get("/v1/models")
-    @app.get("/episodes/{episode}/v1/models")
-    def models(episode: str | None = None) -> dict:
+    def models() -> dict:
         return gateway.models()
 
     @app.get("/episodes/{episode}")
@@ -335,22 +333,6 @@ def build_app(gateway: Gateway):
         except BadRequest as err:
             return refused(err)
 
-    @app.post("/v1/chat/completions")
-    async def completions(request: Request):
-        return await _complete(request, None)
-
-    @app.post("/episodes/{episode}/v1/chat/completions")
-    async def episode_completions(episode: str, request: Request):
-        return await _complete(request, episode)
-
-    @app.post("/v1/responses")
-    async def responses(request: Request):
-        return await _respond(request, None)
-
-    @app.post("/episodes/{episode}/v1/responses")
-    async def episode_responses(episode: str, request: Request):
-        return await _respond(request, episode)
-
     async def _answer(body, episode: str | None) -> dict:
         import anyio
 
@@ -359,24 +341,29 @@ def build_app(gateway: Gateway):
         # off the event loop: generation blocks for seconds
         return await anyio.to_thread.run_sync(gateway.complete, body, episode, limiter=threads[0])
 
-    async def _complete(request: Request, episode: str | None):
+    async def completions(request: Request):
         body = await body_of(request)
         try:
-            response = await _answer(body, episode)
+            response = await _answer(body, request.path_params.get("episode"))
         except BadRequest as err:
             return refused(err)
         if body.get("stream"):
             return StreamingResponse(chunks(response, gateway.pieces), media_type="text/event-stream")
         return response
 
-    async def _respond(request: Request, episode: str | None):
+    async def responses(request: Request):
         body = await body_of(request)
         try:
-            response = response_of(await _answer(chat_body(body), episode), body)
+            response = response_of(await _answer(chat_body(body), request.path_params.get("episode")), body)
         except BadRequest as err:
             return refused(err)
         if body.get("stream"):
             return StreamingResponse(response_events(response, gateway.pieces), media_type="text/event-stream")
         return response
 
+    # Each API at /v1 and, for one episode, at /episodes/<id>/v1 (the path names the episode).
+    for root in ("", "/episodes/{episode}"):
+        app.add_api_route(f"{root}/v1/models", models, methods=["GET"])
+        app.add_api_route(f"{root}/v1/chat/completions", completions, methods=["POST"])
+        app.add_api_route(f"{root}/v1/responses", responses, methods=["POST"])
     return app
