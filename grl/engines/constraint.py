@@ -333,10 +333,17 @@ def constrain_logits_flat(logits, sizes, ids):
     then row 1's, and so on (the batch's compact form, grl/rollout/allowed_sets.py)."""
     import torch
 
-    rows = torch.repeat_interleave(torch.arange(len(sizes), device=sizes.device), sizes.abs(), output_size=len(ids))
+    rows = set_owners(sizes, len(ids))
     marked = torch.zeros(logits.shape, dtype=torch.bool, device=logits.device)
     marked[rows, ids.long()] = True
     return _outside_to_minus_inf(logits, sizes, marked)
+
+
+def set_owners(sizes, total: int):
+    """The position each id of the flat sets belongs to: position i repeated `|sizes[i]|` times."""
+    import torch
+
+    return torch.repeat_interleave(torch.arange(len(sizes), device=sizes.device), sizes.abs(), output_size=total)
 
 
 def _outside_to_minus_inf(logits, sizes, marked):

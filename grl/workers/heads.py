@@ -17,7 +17,7 @@ from torch import nn
 
 from grl import models
 from grl.algo import entropy_from_logits, log_probs_from_logits
-from grl.engines.constraint import constrain_logits_flat
+from grl.engines.constraint import constrain_logits_flat, set_owners
 
 
 # A token decoded under a grammar whose allowed set has at most this many ids is scored on those ids
@@ -29,7 +29,7 @@ SMALL_SET = 64
 def _log_prob_and_entropy(head: nn.Module, hidden, labels, temperature: float, sizes=None, ids=None):
     if sizes is None or not isinstance(head, nn.Linear):  # a LoRA-wrapped head has no plain weight to index
         return _over_the_vocabulary(head, hidden, labels, temperature, sizes, ids)
-    owner = _owners(sizes.abs(), len(ids))
+    owner = set_owners(sizes, len(ids))
     label_listed = torch.zeros_like(labels, dtype=torch.bool).index_put_((owner,), ids.long() == labels[owner], accumulate=True)
     # A label outside its set (log-prob -inf) stays on the vocabulary's path, which says so.
     on_set = (sizes > 0) & (sizes <= SMALL_SET) & label_listed
@@ -56,15 +56,10 @@ def _over_the_vocabulary(head: nn.Module, hidden, labels, temperature: float, si
     return log_probs_from_logits(logits, labels), entropy_from_logits(logits)
 
 
-def _owners(counts: torch.Tensor, total: int) -> torch.Tensor:
-    """The position each listed id belongs to: position i repeated `counts[i]` times."""
-    return torch.repeat_interleave(torch.arange(len(counts), device=counts.device), counts, output_size=total)
-
-
 def _over_the_set(head: nn.Linear, hidden, labels, temperature: float, sizes, ids):
     """(log-prob, entropy) of each position's softmax over its own allowed ids (each listed once, as
     every grammar builds them), from those ids' rows of the head: the vocabulary path's values."""
-    owner, ids = _owners(sizes, len(ids)), ids.long()
+    owner, ids = set_owners(sizes, len(ids)), ids.long()
     logits = (hidden[owner].float() * head.weight[ids].float()).sum(-1)
     if head.bias is not None:
         logits = logits + head.bias[ids].float()
