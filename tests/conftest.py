@@ -19,6 +19,24 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("ONEDNN_MAX_CPU_ISA", "AVX512_CORE")
 
 SHARED_DATA = ROOT.parent / "shared" / "data"
+
+
+def _pin_xdist_worker() -> None:
+    """Under pytest-xdist, each worker process (and every process it starts: Ray, its ranks, engines)
+    runs on its own share of this process's cores. Unpinned, two workers' runs each size their torch
+    threads to every core (grl.engines.base.usable_cores) and spin-wait on each other's cores: the
+    learning, constrained-decoding and worker-group tests took 1.5x as long on 2 cores (DEVELOPMENT.md)."""
+    name, count = os.environ.get("PYTEST_XDIST_WORKER"), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if not name or count < 2 or not hasattr(os, "sched_setaffinity"):
+        return
+    cores = sorted(os.sched_getaffinity(0))
+    index = int(name.removeprefix("gw"))
+    share = cores[index * len(cores) // count : (index + 1) * len(cores) // count] or [cores[index % len(cores)]]
+    os.sched_setaffinity(0, share)
+
+
+_pin_xdist_worker()
+
 GPU_TESTS = ROOT / "tests" / "gpu"
 # Marks that say what a slow test is; each implies `slow`, so `-m "not slow"` leaves them out too.
 SLOW_KINDS = ("learning", "multinode")

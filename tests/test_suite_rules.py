@@ -56,3 +56,33 @@ def test_learning_and_multinode_tests_are_slow(pytester):
     )
     result = pytester.runpytest_subprocess("-p", "no:randomly", "-m", "not slow", "tests")
     result.assert_outcomes(passed=1, deselected=2)
+
+
+def test_each_xdist_worker_runs_on_its_own_cores(pytester, tmp_path):
+    """Two workers, two tests that each hold their worker until both have recorded the cores they run
+    on: the workers' cores are disjoint shares of this process's (one each where there is only one)."""
+    import os
+
+    cores = os.sched_getaffinity(0)
+    seen = tmp_path / "seen"
+    seen.mkdir()
+    record = (
+        "import os, time\nfrom pathlib import Path\n\n"
+        f"SEEN = Path({str(seen)!r})\n\n"
+        "def record():\n"
+        "    name = os.environ['PYTEST_XDIST_WORKER']\n"
+        "    (SEEN / name).write_text(' '.join(map(str, sorted(os.sched_getaffinity(0)))))\n"
+        "    deadline = time.time() + 60\n"
+        "    while len(list(SEEN.iterdir())) < 2 and time.time() < deadline:\n"
+        "        time.sleep(0.05)\n\n"
+        "def test_a():\n    record()\n\n"
+        "def test_b():\n    record()\n"
+    )
+    suite(pytester, **{"test_cores.py": record})
+    result = pytester.runpytest_subprocess("-p", "no:randomly", "-n", "2", "tests")
+    result.assert_outcomes(passed=2)
+    shares = {p.name: set(map(int, p.read_text().split())) for p in seen.iterdir()}
+    assert sorted(shares) == ["gw0", "gw1"]
+    assert all(share and share <= cores for share in shares.values())
+    if len(cores) >= 2:
+        assert not shares["gw0"] & shares["gw1"] and len(shares["gw0"]) + len(shares["gw1"]) == len(cores)
