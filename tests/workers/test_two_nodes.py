@@ -203,10 +203,16 @@ def cfg(cluster):
     return compose(OVERRIDES)
 
 
+# The module's group, once a test on this pytest-xdist worker started it: the node-death test needs the
+# cluster to itself, and under --dist worksteal the test that closes the group may run on the other worker.
+_module_groups: list[ActorRolloutRefGroup] = []
+
+
 @pytest.fixture(scope="module")
 def group(cfg):
     started = time.perf_counter()
     group = ActorRolloutRefGroup.from_config(cfg, RunPlan.from_config(cfg))
+    _module_groups.append(group)
     print(f"\n[two nodes] group of 2 ranks formed in {time.perf_counter() - started:.1f} s")
     yield group
     group.shutdown()
@@ -348,8 +354,12 @@ def test_a_run_stopped_with_sigterm_leaves_the_cluster_running_and_clean(cluster
 # ---------------------------------------------------------------- a node that dies mid-call
 
 
-def test_a_node_dying_mid_call_ends_it_with_one_line_naming_the_node(cluster, cfg, batch):
+def test_a_node_dying_mid_call_ends_it_with_one_line_naming_the_node(cluster, cfg):
+    for earlier in _module_groups:
+        earlier.shutdown()  # idempotent
     group = ActorRolloutRefGroup.from_config(cfg, RunPlan.from_config(cfg))
+    batch = make_batch()
+    batch["old_log_probs"], _ = group.compute_log_probs(batch)
     raylet = cluster.second.raylet()
     killer = threading.Timer(1.0, raylet.kill)
     try:
