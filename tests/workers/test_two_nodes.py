@@ -218,11 +218,16 @@ def group(cfg):
     group.shutdown()
 
 
-@pytest.fixture(scope="module")
-def batch(group):
+def scored_batch(group):
+    """A training batch whose old log-probs are `group`'s."""
     b = make_batch()
     b["old_log_probs"], _ = group.compute_log_probs(b)
     return b
+
+
+@pytest.fixture(scope="module")
+def batch(group):
+    return scored_batch(group)
 
 
 def test_one_rank_per_node_scores_and_trains_over_gloo(cluster, group, batch):
@@ -358,8 +363,7 @@ def test_a_node_dying_mid_call_ends_it_with_one_line_naming_the_node(cluster, cf
     for earlier in _module_groups:
         earlier.shutdown()  # idempotent
     group = ActorRolloutRefGroup.from_config(cfg, RunPlan.from_config(cfg))
-    batch = make_batch()
-    batch["old_log_probs"], _ = group.compute_log_probs(batch)
+    batch = scored_batch(group)
     raylet = cluster.second.raylet()
     killer = threading.Timer(1.0, raylet.kill)
     try:
