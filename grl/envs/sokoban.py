@@ -15,6 +15,12 @@ Rules
   `max_steps` actions. Steps after the end change nothing and earn 0.
 - Observation: the grid, rows joined by newlines, with `#` wall, `_` floor,
   `O` target, `X` box, `√` box on target, `P` player, `S` player on target.
+  With `describe_positions`, a line after it says the same in words: where the
+  player stands (row and column, from 1 at the top left), where each box lies
+  relative to the player, and where each free target lies relative to the
+  nearest box off target. SmolLM2's tokenizer merges runs of `_` and `#`
+  (`#____#` is three tokens), so a small model cannot count columns in the
+  grid; the words give it the same facts as short tokens.
 
 Levels
 - Generated (default): a random walk carves a room of `dim_room` (rows, cols)
@@ -93,6 +99,25 @@ def render(level: Level, boxes=None, player: Cell | None = None) -> str:
 
 
 # ---------------------------------------------------------------- parsing
+
+
+def _offset(frm: Cell, to: Cell) -> str:
+    (dr, dc) = (to[0] - frm[0], to[1] - frm[1])
+    parts = [f"{abs(dr)} {'up' if dr < 0 else 'down'}"] * bool(dr) + [f"{abs(dc)} {'left' if dc < 0 else 'right'}"] * bool(dc)
+    return " and ".join(parts) or "the same cell"
+
+
+def describe(level: Level, boxes, player: Cell) -> str:
+    """The positions in words: the player, each box from the player, each free target from the nearest box off target."""
+    places = [f"You are at row {player[0] + 1}, column {player[1] + 1}."]
+    loose = sorted(set(boxes) - level.targets)
+    for box in sorted(boxes):
+        where = "on a target, " if box in level.targets else ""
+        places.append(f"Box at row {box[0] + 1}, column {box[1] + 1}: {where}{_offset(player, box)} of you.")
+    for target in sorted(level.targets - set(boxes)):
+        nearest = min(loose, key=lambda box: abs(box[0] - target[0]) + abs(box[1] - target[1]))
+        places.append(f"Target at row {target[0] + 1}, column {target[1] + 1}: {_offset(nearest, target)} of the box.")
+    return " ".join(places)
 
 
 def _flood(start: Cell, passable) -> set[Cell]:
@@ -212,6 +237,7 @@ class SokobanEnv(Env):
         shaping_weight: float = 0.0,
         shaping_player: bool = False,
         shaping_gamma: float = 1.0,
+        describe_positions: bool = False,
     ):
         if level is not None and levels_path is not None:
             raise ValueError("sokoban: give either `level` or `levels_path`, not both")
@@ -227,6 +253,7 @@ class SokobanEnv(Env):
         self.shaping_weight = real_in("shaping_weight", shaping_weight, 0.0, 100.0, low_open=False)
         self.shaping_player = flag("sokoban", "shaping_player", shaping_player)
         self.shaping_gamma = real_in("shaping_gamma", shaping_gamma, 0.0, 1.0, low_open=True)
+        self.describe_positions = flag("sokoban", "describe_positions", describe_positions)
         if min(rows, cols) < 3 or (rows - 2) * (cols - 2) < num_boxes + 2:
             raise ValueError(f"sokoban: dim_room={dim_room!r} is too small for num_boxes={num_boxes}")
         self.dim_room = (rows, cols)
@@ -264,7 +291,8 @@ class SokobanEnv(Env):
         return -self.shaping_weight * shaping_distance(self.level.targets, self.boxes, self.player, self.shaping_player)
 
     def render(self) -> str:
-        return render(self.level, self.boxes, self.player)
+        grid = render(self.level, self.boxes, self.player)
+        return f"{grid}\n{describe(self.level, self.boxes, self.player)}" if self.describe_positions else grid
 
     def _free(self, cell: Cell) -> bool:
         r, c = cell

@@ -221,6 +221,7 @@ def test_bad_config_raises_clear_errors(tmp_path):
         ("shaping_gamma", 0),
         ("shaping_gamma", 1.5),
         ("shaping_player", "yes"),
+        ("describe_positions", 1),
     ]:
         with pytest.raises(ValueError, match=f"sokoban: {key} must"):
             grl.envs.make("sokoban", **{key: bad})
@@ -235,7 +236,62 @@ def test_bad_config_raises_clear_errors(tmp_path):
         "shaping_weight",
         "shaping_player",
         "shaping_gamma",
+        "describe_positions",
     }
+
+
+# ------------------------------------------------------- positions in words
+
+WORDS = {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}
+
+
+def read_offset(text):
+    """'2 up and 1 right' -> (-2, 1), one clause at a time."""
+    if text == "the same cell":
+        return (0, 0)
+    dr = dc = 0
+    for part in text.split(" and "):
+        count, word = part.split()
+        dr, dc = dr + int(count) * WORDS[word][0], dc + int(count) * WORDS[word][1]
+    return (dr, dc)
+
+
+def test_described_positions_say_what_the_grid_shows():
+    import re
+
+    rng = random.Random(0)
+    plain = grl.envs.make("sokoban", dim_room=(7, 7), num_boxes=2)
+    described = grl.envs.make("sokoban", dim_room=(7, 7), num_boxes=2, describe_positions=True)
+    seen_on_target = 0
+    for seed in range(12):
+        obs, text = plain.reset(seed), described.reset(seed)
+        for _ in range(30):
+            grid, words = text.split("\n")[:-1], text.split("\n")[-1]
+            assert "\n".join(grid) == obs
+            cells = {(r, c): ch for r, row in enumerate(grid) for c, ch in enumerate(row)}
+            player = next(cell for cell, ch in cells.items() if ch in "PS")
+            boxes = sorted(cell for cell, ch in cells.items() if ch in "X√")
+            loose = [cell for cell, ch in cells.items() if ch == "X"]
+            free_targets = sorted(cell for cell, ch in cells.items() if ch in "OS")
+            said = re.fullmatch(r"You are at row (\d+), column (\d+)\.((?: Box at [^.]*\.)*)((?: Target at [^.]*\.)*)", words)
+            assert said, words
+            assert (int(said[1]) - 1, int(said[2]) - 1) == player
+            said_boxes = re.findall(r"Box at row (\d+), column (\d+): (on a target, )?([^.]*) of you\.", said[3])
+            assert [(int(r) - 1, int(c) - 1) for r, c, _, _ in said_boxes] == boxes
+            for (r, c, on_target, offset), box in zip(said_boxes, boxes):
+                assert bool(on_target) == (cells[box] == "√")
+                assert read_offset(offset) == (box[0] - player[0], box[1] - player[1])
+                seen_on_target += bool(on_target)
+            said_targets = re.findall(r"Target at row (\d+), column (\d+): ([^.]*) of the box\.", said[4])
+            assert [(int(r) - 1, int(c) - 1) for r, c, _ in said_targets] == free_targets
+            for (_, _, offset), target in zip(said_targets, free_targets):
+                dr, dc = read_offset(offset)
+                nearest = min(abs(b[0] - target[0]) + abs(b[1] - target[1]) for b in loose)
+                assert (target[0] - dr, target[1] - dc) in loose
+                assert abs(dr) + abs(dc) == nearest
+            move = rng.choice(["Up", "Down", "Left", "Right"])
+            obs, text = plain.step(move)[0], described.step(move)[0]
+    assert seen_on_target  # the walk put a box on a target at least once, so that clause was checked
 
 
 # --------------------------------------------------------- actions, limits
