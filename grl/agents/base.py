@@ -188,7 +188,7 @@ class Agent:
         """The chat the next reply is written to: `messages`, cut to `max_context_window` turns."""
         return context_window(self.messages, self.instructions(), self.settings.max_context_window)
 
-    def _next_user_message(self, reward: float, feedback: str, observation: str) -> str:
+    def next_user_message(self, reward: float, feedback: str, observation: str) -> str:
         # brief_turns: a zero reward is said by its absence (a game that pays only at its end would
         # otherwise repeat "Reward: 0" every turn, tokens the model reads and the update computes on).
         shown = reward or not self.settings.brief_turns
@@ -292,7 +292,7 @@ class Agent:
         self.messages.append({"role": "assistant", "content": reply})
         if not done:
             feedback = self._feedback(parsed.error, invalid, over_budget)
-            self.messages.append({"role": "user", "content": self._next_user_message(reward, feedback, self._observation)})
+            self.messages.append({"role": "user", "content": self.next_user_message(reward, feedback, self._observation)})
         return AgentStep(reward, done, info)
 
     def _tool_turn(self, reply: str, calls: list[ToolCall]) -> AgentStep:

@@ -85,15 +85,24 @@ def test_a_board_reading_policy_scores_higher_in_the_true_arm(sokoban):
     assert swapped_arm <= true_arm - 0.5
 
 
-def test_the_decoy_keeps_showing_its_last_state_after_its_game_ends(sokoban):
-    swapped = make_swapped_agent("simpleSokobanAgent", sokoban)
+@pytest.mark.parametrize("moves", [1, 4])
+def test_a_finished_decoy_shows_its_final_board_at_the_real_turn(task, moves):
+    # `moves`: the decoy is solved in that many moves; after one move its only message was the first, instructions and all
+    block = task("simpleSokobanAgent", agent={"max_turns": 30, "max_actions_per_turn": 1, "max_actions_all_turns": 30})
+    block["env_config"]["solution_moves"] = moves
+    swapped = make_swapped_agent("simpleSokobanAgent", block)
     messages = swapped.reset(0)
     for action in solve_sokoban(state_of(messages[-1]["content"])):  # solves the decoy, not the real game
         result = swapped.step(reply(action))
     assert swapped.decoy.episode_metrics()["success"] == 1.0 and not result.done
-    before = swapped.messages[-1]
-    swapped.step(reply("Up"))
-    assert swapped.messages[-1] == before and swapped.messages[-2]["role"] == "assistant"
+    final_board = swapped.decoy.observation
+    assert "√" in final_board and "X" not in final_board
+    for turn in range(moves + 1, moves + 4):
+        shown = swapped.messages[-1]["content"]
+        assert state_of(shown) == final_board
+        assert f"Turn {turn}. State:" in shown and "Solve the Sokoban puzzle" not in shown
+        assert swapped.messages[-2]["role"] == "assistant"
+        swapped.step(reply("Wait"))  # no move, so the real game (also this close to solved) goes on
 
 
 def episodes_of(policy, make, task_name="simpleSokobanAgent"):
