@@ -127,12 +127,9 @@ class HFEngine(Engine):
             generators = [
                 torch.Generator(device=self.device).manual_seed(sampling.seed_of(i)) for i in range(len(prompt_token_ids))
             ]
-        # Similar lengths share a chunk so that little compute goes to padding.
-        order = sorted(range(len(prompt_token_ids)), key=lambda i: len(prompt_token_ids[i]))
         outputs: list[GenerationOutput | None] = [None] * len(prompt_token_ids)
         self._reusable, self._prefixes, self._extended = self._prefixes, {}, set()
-        for start in range(0, len(order), self.max_batch_size):
-            chunk = order[start : start + self.max_batch_size]
+        for chunk in self._chunks(prompt_token_ids):
             chunk_generators = [generators[i] for i in chunk] if generators else None
             results = self._generate_chunk(
                 [prompt_token_ids[i] for i in chunk], sampling, chunk_generators, [constraints[i] for i in chunk]
@@ -141,6 +138,18 @@ class HFEngine(Engine):
                 outputs[i] = result
         self._carry_unextended()
         return outputs
+
+    def _chunks(self, prompt_token_ids: list[list[int]]) -> list[list[int]]:
+        """Row indices in chunks of at most `max_batch_size`, similar lengths together so that little compute
+        goes to padding. A row with no cached prefix (its first turn, or a prompt cut to max_prompt_length)
+        runs its whole prompt, and every row of its chunk would pad its new tokens to that width: such rows
+        get chunks of their own."""
+        hit = [bool(self.reuse_prefixes and self._cached_prefix(list(p))) for p in prompt_token_ids]
+        chunks = []
+        for cached in (True, False):
+            order = sorted((i for i in range(len(hit)) if hit[i] == cached), key=lambda i: len(prompt_token_ids[i]))
+            chunks += [order[start : start + self.max_batch_size] for start in range(0, len(order), self.max_batch_size)]
+        return chunks
 
     def _carry_unextended(self) -> None:
         """Keep a cached sequence that this call did not extend for a few more calls: an episode whose

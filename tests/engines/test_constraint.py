@@ -206,6 +206,27 @@ def test_prefix_reuse_gives_what_a_fresh_prefill_gives(hf_tiny, tokenizer, promp
         assert max(abs(x - y) for x, y in zip(a.log_probs, b.log_probs)) < 1e-5
 
 
+def test_a_row_without_a_cached_prefix_does_not_widen_the_others(hf_tiny, tokenizer, prompts, monkeypatch):
+    """Turn 2 of five episodes, one of whose prompts was cut from the left (no cached prefix): the other
+    four run only their new tokens, the cut one runs whole in a chunk of its own, and the replies are
+    those of a fresh prefill."""
+    sampling = SamplingParams(greedy=True, max_new_tokens=6)
+    first = hf_tiny.generate(prompts[:5], sampling)
+    delta = tokenizer("\nNext turn, please.", add_special_tokens=False)["input_ids"]
+    second = [p + o.token_ids + delta for p, o in zip(prompts[:5], first)]
+    second[0] = second[0][3:]  # left-truncated: extends nothing the engine kept
+    forward, seen = hf_tiny.model.forward, []
+    monkeypatch.setattr(hf_tiny.model, "forward", lambda *a, **k: seen.append(k["input_ids"].shape) or forward(*a, **k))
+    reused = hf_tiny.generate(second, sampling)
+    (cut_rows, cut_width), (kept_rows, kept_width) = sorted(((rows, width) for rows, width in seen if width > 1))
+    assert (cut_rows, cut_width) == (1, len(second[0]))
+    assert kept_rows == 4 and kept_width <= len(delta) + sampling.max_new_tokens  # the delta and the reply's unrun tail
+    monkeypatch.undo()
+    hf_tiny._prefixes = {}
+    fresh = hf_tiny.generate(second, sampling)
+    assert [o.token_ids for o in reused] == [o.token_ids for o in fresh]
+
+
 def test_a_prompt_that_rows_share_is_run_once(tiny_path, prompts, monkeypatch):
     """A GRPO group: G rows of one prompt. The engine runs the prompt once and each row's last
     token on top of it; the replies and log-probs are those of an engine that runs every row whole."""
