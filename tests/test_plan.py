@@ -15,7 +15,7 @@ from grl.run_plan import RunPlan
 from grl.planner import GIB, KNOWN_MODELS, ModelShape, format_plan, model_shape, plan, plan_run, train_flops
 
 GPU_PRESETS = sorted(
-    p.stem for p in (Path(__file__).resolve().parents[1] / "configs" / "preset").glob("*.yaml") if p.stem != "cpu"
+    p.stem for p in (Path(__file__).resolve().parents[1] / "configs" / "preset").glob("*.yaml") if "cpu" not in p.stem.split("_")
 )
 
 
