@@ -98,9 +98,6 @@ def render(level: Level, boxes=None, player: Cell | None = None) -> str:
     return "\n".join(lines)
 
 
-# ---------------------------------------------------------------- parsing
-
-
 def _offset(frm: Cell, to: Cell) -> str:
     (dr, dc) = (to[0] - frm[0], to[1] - frm[1])
     parts = [f"{abs(dr)} {'up' if dr < 0 else 'down'}"] * bool(dr) + [f"{abs(dc)} {'left' if dc < 0 else 'right'}"] * bool(dc)
@@ -118,6 +115,9 @@ def describe(level: Level, boxes, player: Cell) -> str:
         nearest = min(loose, key=lambda box: abs(box[0] - target[0]) + abs(box[1] - target[1]))
         places.append(f"Target at row {target[0] + 1}, column {target[1] + 1}: {_offset(nearest, target)} of the box.")
     return " ".join(places)
+
+
+# ---------------------------------------------------------------- parsing
 
 
 def _flood(start: Cell, passable) -> set[Cell]:
