@@ -77,9 +77,10 @@ class SwappedAgent:
         self.messages.append({"role": "assistant", "content": reply_text if isinstance(reply_text, str) else ""})
         if not result.done:
             fresh = [m for m in self.decoy.messages[shown:] if m["role"] != "assistant"]
-            # A finished decoy writes no message: its final board is shown at the real game's turn and budget.
-            picture = self.real.next_user_message(0.0, "", self.decoy.observation)
-            self.messages.append(dict(fresh[-1]) if fresh else {"role": "user", "content": picture})
+            if fresh:
+                self.messages.append(dict(fresh[-1]))
+            else:  # a finished decoy writes no message: its final board is shown at the real game's turn and budget
+                self.messages.append({"role": "user", "content": self.real.next_user_message(0.0, "", self.decoy.observation)})
         return result
 
     def state_key(self) -> str:

@@ -45,10 +45,13 @@ def play(agent, seed: int, policy) -> tuple[float, list[Turn]]:
     return agent.episode_metrics()["success"], turns
 
 
+# One move a turn and enough turns for any 6x6 puzzle the generator makes.
+ONE_MOVE_TURNS = {"max_turns": 30, "max_actions_per_turn": 1, "max_actions_all_turns": 30}
+
+
 @pytest.fixture
 def sokoban(task):
-    # One move a turn and enough turns for any 6x6 puzzle the generator makes.
-    return task("simpleSokobanAgent", agent={"max_turns": 30, "max_actions_per_turn": 1, "max_actions_all_turns": 30})
+    return task("simpleSokobanAgent", agent=ONE_MOVE_TURNS)
 
 
 def success_rate(make, policy) -> float:
@@ -88,9 +91,9 @@ def test_a_board_reading_policy_scores_higher_in_the_true_arm(sokoban):
 @pytest.mark.parametrize("moves", [1, 4])
 def test_a_finished_decoy_shows_its_final_board_at_the_real_turn(task, moves):
     # `moves`: the decoy is solved in that many moves; after one move its only message was the first, instructions and all
-    block = task("simpleSokobanAgent", agent={"max_turns": 30, "max_actions_per_turn": 1, "max_actions_all_turns": 30})
-    block["env_config"]["solution_moves"] = moves
-    swapped = make_swapped_agent("simpleSokobanAgent", block)
+    swapped = make_swapped_agent(
+        "simpleSokobanAgent", task("simpleSokobanAgent", agent=ONE_MOVE_TURNS, env={"solution_moves": moves})
+    )
     messages = swapped.reset(0)
     for action in solve_sokoban(state_of(messages[-1]["content"])):  # solves the decoy, not the real game
         result = swapped.step(reply(action))

@@ -1,4 +1,5 @@
 import random
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -257,8 +258,6 @@ def read_offset(text):
 
 
 def test_described_positions_say_what_the_grid_shows():
-    import re
-
     rng = random.Random(0)
     plain = grl.envs.make("sokoban", dim_room=(7, 7), num_boxes=2)
     described = grl.envs.make("sokoban", dim_room=(7, 7), num_boxes=2, describe_positions=True)
