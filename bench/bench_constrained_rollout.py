@@ -18,10 +18,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def sokoban_setup(description: str, dtype: str, describe_positions: bool = False):
+    """The command line shared by the Sokoban rollout benches -> (args, task, greedy sampling)."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--model", default="embedded", help="tiny, embedded, a folder or a hub id")
-    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--dtype", default=dtype)
     parser.add_argument("--agents", type=int, default=16)
     parser.add_argument("--max-turns", type=int, default=10)
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
@@ -33,16 +34,24 @@ def main() -> None:
     from grl.agents import task_from_block
     from grl.config import CONFIG_DIR
     from grl.engines.base import SamplingParams
-    from grl.engines.hf import HFEngine
-    from grl.rollout import MultiTurnRollout, TaskSpec
+    from grl.rollout import TaskSpec
 
     torch.set_num_threads(args.threads)
     block = OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / "agents.yaml"), resolve=True)["simpleSokobanAgent"]
     block["agent_config"].update(
         action_decoding="constrained", enable_think=False, max_tokens=16, max_turns=args.max_turns, max_actions_per_turn=1
     )
+    if describe_positions:
+        block["env_config"] = {**block.get("env_config", {}), "describe_positions": True}
     task = TaskSpec("simpleSokobanAgent", task_from_block("simpleSokobanAgent", block), args.agents, 1)
-    greedy = SamplingParams(greedy=True, max_new_tokens=16)
+    return args, task, SamplingParams(greedy=True, max_new_tokens=16)
+
+
+def main() -> None:
+    from grl.engines.hf import HFEngine
+    from grl.rollout import MultiTurnRollout
+
+    args, task, greedy = sokoban_setup(__doc__.splitlines()[0], "bfloat16")
     results = {}
     for reuse in (False, True):
         engine = HFEngine(args.model, dtype=args.dtype, device="cpu", reuse_prefixes=reuse)

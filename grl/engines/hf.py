@@ -25,10 +25,10 @@ from __future__ import annotations
 from collections import Counter
 
 import torch
-from transformers import DynamicCache
-
 from grl.engines.base import Engine, GenerationOutput, NamedTensors, SamplingParams
+from grl.engines import cpu_attention
 from grl.engines.constraint import ReplyGrammar, allowed_sets_tensors, constrain_logits
+from grl.engines.kv_slab import prefix_slab
 from grl.engines.weights import check_named_tensors, weight_spec
 
 # Calls a cached sequence survives without being extended (its episode finished, or waits on its env).
@@ -91,6 +91,7 @@ class HFEngine(Engine):
 
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.model = load_causal_lm(model_path, dtype, self.device).to(self.device).eval()
+        cpu_attention.use_on(self.model)
         self.tokenizer = load_tokenizer(model_path)
         self.pad_token_id = self.tokenizer.pad_token_id
         self.eos_token_ids = self._eos_ids()
@@ -184,7 +185,7 @@ class HFEngine(Engine):
         input_ids, attention_mask, position_ids, past, width = self._layout(prompts, cached)
 
         stop_ids = set(sampling.stop_token_ids) | (set() if sampling.ignore_eos else self.eos_token_ids)
-        cache = self._prefill_cache(cached, past)
+        cache = self._prefill_cache(cached, past, width + sampling.max_new_tokens)
         fed: list[list[int]] = [[] for _ in range(batch)]  # reply tokens run through the model, per row
         step_ids = input_ids
         with torch.inference_mode():
@@ -260,7 +261,7 @@ class HFEngine(Engine):
         shared, cached = [ids for ids, _ in found], [prefix for _, prefix in found]
         self._extended.update(cached)
         input_ids, attention_mask, position_ids, past, width = self._layout(shared, cached)
-        cache = self._prefill_cache(cached, past)
+        cache = self._prefill_cache(cached, past, width)
         with torch.inference_mode():
             self.model(
                 input_ids=input_ids,
@@ -281,22 +282,11 @@ class HFEngine(Engine):
                 best = ids
         return best
 
-    def _prefill_cache(self, cached: list[tuple[int, ...]], past: int):
-        """A DynamicCache holding each row's cached prefix, right-aligned in `past` columns."""
-        cache = DynamicCache(config=self.model.config)
-        if past == 0:
-            return cache
-        template = next(self._reusable[ids] for ids in cached if ids)
-        for layer, (keys, values) in enumerate(template):
-            heads, dim = keys.shape[0], keys.shape[-1]
-            k = keys.new_zeros((len(cached), heads, past, dim))
-            v = values.new_zeros((len(cached), heads, past, dim))
-            for row, ids in enumerate(cached):
-                if ids:
-                    k[row, :, past - len(ids) :] = self._reusable[ids][layer][0]
-                    v[row, :, past - len(ids) :] = self._reusable[ids][layer][1]
-            cache.update(k, v, layer)
-        return cache
+    def _prefill_cache(self, cached: list[tuple[int, ...]], past: int, room: int):
+        """A cache holding each row's cached prefix, right-aligned in `past` columns, with `room` columns
+        more for this call's tokens."""
+        prefixes = [self._reusable[ids] if ids else None for ids in cached]
+        return prefix_slab(prefixes, past, room, self.model.config.get_text_config().num_hidden_layers)
 
     def _keep_prefixes(self, cache, prompts, cached, fed, past: int, width: int, into: dict | None = None) -> None:
         """Store every row's KV (its prompt and the reply tokens the model ran) for the next call
