@@ -6,7 +6,7 @@ fast kernels take no mask with grouped heads. On CPU that copy is pure cost: Smo
 heads over 3 key/value heads, so every layer of every forward copies the whole KV cache (an episode's
 thousand tokens, a batch of 64 rows) three times over, and then attends over the copy. PyTorch's CPU
 kernel takes the mask and the grouped heads together (`enable_gqa`), with the same result.
-bench/bench_cpu_attention.py measures it on the Sokoban preset's rollout.
+bench/bench_hf_kernels.py measures it on the Sokoban preset's rollout.
 
 `use_on(model)` switches a loaded model to it; everything it does not cover (no mask, no grouped heads,
 an accelerator) goes to the stock `sdpa` function unchanged.

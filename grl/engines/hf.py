@@ -25,14 +25,18 @@ from __future__ import annotations
 from collections import Counter
 
 import torch
-from grl.engines.base import Engine, GenerationOutput, NamedTensors, SamplingParams
+
 from grl.engines import cpu_attention
+from grl.engines.base import Engine, GenerationOutput, NamedTensors, SamplingParams
 from grl.engines.constraint import ReplyGrammar, allowed_sets_tensors, constrain_logits
 from grl.engines.kv_slab import prefix_slab
 from grl.engines.weights import check_named_tensors, weight_spec
 
 # Calls a cached sequence survives without being extended (its episode finished, or waits on its env).
 PREFIX_KEEP_CALLS = 8
+# Cache columns set aside for a call's reply tokens; a longer reply grows the cache (grl/engines/kv_slab.py),
+# so a free reply of max_new_tokens=4096 does not reserve 4096 columns a row it may never use.
+REPLY_RESERVE = 64
 
 
 def filter_logits(logits, temperature: float, top_k: int, top_p: float):
@@ -185,7 +189,7 @@ class HFEngine(Engine):
         input_ids, attention_mask, position_ids, past, width = self._layout(prompts, cached)
 
         stop_ids = set(sampling.stop_token_ids) | (set() if sampling.ignore_eos else self.eos_token_ids)
-        cache = self._prefill_cache(cached, past, width + sampling.max_new_tokens)
+        cache = self._prefill_cache(cached, past, width + min(sampling.max_new_tokens, REPLY_RESERVE))
         fed: list[list[int]] = [[] for _ in range(batch)]  # reply tokens run through the model, per row
         step_ids = input_ids
         with torch.inference_mode():

@@ -2,9 +2,9 @@
 
 transformers' DynamicCache appends a forward's keys and values with `torch.cat`, which copies the whole
 cache: for the engine's batches (64 rows of a thousand cached tokens, 30 layers) that is a copy of every
-layer's cache at the turn's prefill and again at each decoding step. The engine knows how many columns a
-call can fill (the cached prefixes, the new prompt tokens, the reply tokens), so each layer here takes one
-buffer of that size and a forward writes its columns into it.
+layer's cache at the turn's prefill and again at each decoding step. The engine knows the columns a call
+needs (the cached prefixes, the new prompt tokens, and room for the reply), so each layer here takes one
+buffer of that size and a forward writes its columns into it; a longer reply grows it by half again.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from transformers.cache_utils import Cache, DynamicLayer
 
 class SlabLayer(DynamicLayer):
     """A DynamicLayer over a preallocated `[batch, heads, capacity, dim]` buffer; `keys`/`values` are
-    views of its filled columns. A forward that would overflow it falls back to appending by copy."""
+    views of its filled columns. A forward that would overflow it moves the cache to a buffer half as large
+    again as it needs, so a long reply costs a few copies, not one a token."""
 
     def __init__(self, capacity: int, keys: torch.Tensor | None = None, values: torch.Tensor | None = None, filled: int = 0):
         super().__init__()
@@ -30,6 +31,11 @@ class SlabLayer(DynamicLayer):
         self.dtype, self.device = self.keys.dtype, self.keys.device
         self.is_initialized = True
 
+    def _moved(self, buffer: torch.Tensor) -> torch.Tensor:
+        grown = buffer.new_empty((*buffer.shape[:2], self.capacity, buffer.shape[-1]))
+        grown[:, :, : self._filled] = buffer[:, :, : self._filled]
+        return grown
+
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if self._key_buffer is None:
             batch, heads, _, dim = key_states.shape
@@ -37,12 +43,11 @@ class SlabLayer(DynamicLayer):
             self._value_buffer = value_states.new_empty((batch, heads, self.capacity, dim))
         end = self._filled + key_states.shape[-2]
         if end > self.capacity:
-            self._key_buffer = torch.cat([self._key_buffer[:, :, : self._filled], key_states], dim=-2)
-            self._value_buffer = torch.cat([self._value_buffer[:, :, : self._filled], value_states], dim=-2)
-            self.capacity = end
-        else:
-            self._key_buffer[:, :, self._filled : end] = key_states
-            self._value_buffer[:, :, self._filled : end] = value_states
+            self.capacity = end + end // 2
+            self._key_buffer = self._moved(self._key_buffer)
+            self._value_buffer = self._moved(self._value_buffer)
+        self._key_buffer[:, :, self._filled : end] = key_states
+        self._value_buffer[:, :, self._filled : end] = value_states
         self._filled = end
         self._expose()
         return self.keys, self.values

@@ -41,7 +41,7 @@ def _prefix(length: int, heads: int = 2, dim: int = 4, layers: int = 2, seed: in
     return [(torch.randn(heads, length, dim, generator=g), torch.randn(heads, length, dim, generator=g)) for _ in range(layers)]
 
 
-@pytest.mark.parametrize("room", [7, 2])  # 2: the second update overflows the buffer and appends
+@pytest.mark.parametrize("room", [7, 2])  # 2: the second update overflows the buffer, which grows
 def test_slab_holds_what_a_concatenated_cache_holds(room):
     prefixes = [_prefix(3, seed=1), None, _prefix(5, seed=2)]
     past = 5
@@ -71,3 +71,12 @@ def test_an_empty_slab_takes_its_shape_from_the_first_update():
     assert torch.equal(keys, first) and torch.equal(values, -first)
     keys, _ = layer.update(first[:, :, :2], first[:, :, :2])
     assert torch.equal(keys, torch.cat([first, first[:, :, :2]], dim=-2))
+
+
+def test_a_long_reply_grows_the_slab_and_keeps_every_column():
+    layer = SlabLayer(capacity=3)
+    steps = [torch.full((1, 2, 1, 4), float(i)) for i in range(40)]  # one decoded token at a time
+    for step in steps:
+        keys, values = layer.update(step, -step)
+    assert torch.equal(keys, torch.cat(steps, dim=-2)) and torch.equal(values, -torch.cat(steps, dim=-2))
+    assert 40 < layer.capacity <= 60  # grown by half again, not to the last token alone
