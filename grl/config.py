@@ -194,6 +194,9 @@ def _check_rules(cfg: DictConfig) -> None:
     curriculum = cfg.rollout.curriculum
     if curriculum.env_key is not None and not curriculum.levels:
         raise ConfigError(f"rollout.curriculum.levels: name the values of {curriculum.env_key}, easiest first")
+    if curriculum.max_turns and len(curriculum.max_turns) != len(curriculum.levels):
+        counts = f"{len(curriculum.max_turns)} values for {len(curriculum.levels)} levels"
+        raise ConfigError(f"rollout.curriculum.max_turns: {counts}; give one a level")
     mode = cfg.trainer.resume_mode
     if mode not in ("auto", "disable") and not Path(mode).is_dir():
         raise ConfigError(f"trainer.resume_mode: {mode!r} is neither auto, disable nor an existing folder")

@@ -36,6 +36,12 @@ class Curriculum:
         0.6, "training success, averaged over the last `window` steps of a stage, that moves to the next value", gt=0, le=1
     )
     window: int = key(2, "steps a stage's success is averaged over (the fewest steps a stage lasts)", ge=1)
+    max_turns: list[int] = key(
+        [],
+        "each stage's cap on a training episode's replies, one per level (a failed attempt at an easy "
+        "level costs the rollout and the update no more turns than it needs); empty: the tasks' max_turns",
+        ge=1,
+    )
 
 
 @dataclass

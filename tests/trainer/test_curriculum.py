@@ -2,8 +2,10 @@
 
 import pytest
 
+from grl.agents import make_agent
 from grl.config import ConfigError, load_config, run_sections
 from grl.envs import make
+from grl.envs.solvers import solve_sokoban
 from grl.rollout import task_specs
 from grl.rollout.types import Episode
 from grl.trainer.curriculum import Curriculum
@@ -51,6 +53,14 @@ def test_a_stage_sets_the_env_key_of_every_training_task_and_the_env_plays_it():
             ["rollout.curriculum.env_key=width", "rollout.curriculum.levels=[3]"],
             "rollout.curriculum.env_key: env tetris of tetrisAgent_gap_dim_4 has no key 'width'",
         ),
+        (
+            ["rollout.curriculum.env_key=dim_x", "rollout.curriculum.levels=[3,4]", "rollout.curriculum.max_turns=[3]"],
+            "rollout.curriculum.max_turns: 1 values for 2 levels",
+        ),
+        (
+            ["rollout.curriculum.env_key=dim_x", "rollout.curriculum.levels=[3,4]", "rollout.curriculum.max_turns=[0,3]"],
+            "rollout.curriculum.max_turns",
+        ),
     ],
 )
 def test_a_curriculum_the_tasks_cannot_play_stops_before_the_run(overrides, message):
@@ -64,3 +74,32 @@ def test_a_rollout_any_number_of_steps_ahead_finds_its_stage():
         c.record(step, played([1.0 if step == 500 else 0.0]))
     assert c.stage_after == {1: 0, 500: 1}  # the changes, not a step-by-step history
     assert [c.stage_for(1001, max_staleness=k) for k in (0, 500, 501, 999)] == [1, 1, 0, 0]
+
+
+def unsolving_move(observation: str) -> str:
+    """A move that does not solve the puzzle now: any but the first of the solver's."""
+    first = solve_sokoban(observation)[0]
+    return next(move for move in ("Up", "Down", "Left", "Right") if move != first)
+
+
+def test_each_stage_ends_a_failing_training_episode_at_its_own_turn_budget():
+    cfg = load_config(["preset=sokoban_cpu", "rollout.curriculum.levels=[1,1]", "rollout.curriculum.max_turns=[3,5]"])
+    c = Curriculum.from_config(cfg.rollout.curriculum)
+    run = run_sections(cfg)
+    specs = task_specs(run.rollout, run.tasks)
+    for stage, budget in enumerate([3, 5]):
+        (spec,) = c.tasks(specs, stage)
+        agent = make_agent(spec.name, spec.config)
+        agent.reset(11)
+        turns = 0
+        while True:
+            turns += 1
+            step = agent.step(f"<answer>{unsolving_move(agent.observation)}</answer>")
+            if step.done:
+                break
+        assert turns == budget and not agent.episode_metrics()["success"]
+    # the budget text still counts the task's actions: a stage's episode reads as validation's first turns
+    assert specs[0].config.agent_config.max_turns == 10 and "10 actions left" in agent.messages[1]["content"]
+    # without the key the tasks keep their own max_turns
+    plain = Curriculum("solution_moves", [1, 2], promote_at=0.6, window=2)
+    assert plain.tasks(specs, 1)[0].config.agent_config == specs[0].config.agent_config
