@@ -77,8 +77,9 @@ def test_a_rollout_any_number_of_steps_ahead_finds_its_stage():
 
 
 def unsolving_move(observation: str) -> str:
-    """A move that does not solve the puzzle now: any but the first of the solver's."""
-    first = solve_sokoban(observation)[0]
+    """A move that does not solve the puzzle now: any but the first of the solver's (any at all once a
+    push has made it unsolvable)."""
+    first = (solve_sokoban(observation) or [None])[0]
     return next(move for move in ("Up", "Down", "Left", "Right") if move != first)
 
 
