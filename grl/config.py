@@ -136,6 +136,13 @@ def _apply_aliases(cfg: DictConfig) -> None:
             OmegaConf.update(cfg, shorthand, "${" + key + "}")
 
 
+def _check_one_entry_each(cfg: DictConfig, key: str, along: str) -> None:
+    """`key` is a list with one entry for each entry of the list `along`."""
+    values, names = OmegaConf.select(cfg, key), OmegaConf.select(cfg, along)
+    if len(values) != len(names):
+        raise ConfigError(f"{key}: has {len(values)} entries but {along} has {len(names)}")
+
+
 def _check_rules(cfg: DictConfig) -> None:
     """What no single key's declaration can say: keys that must agree with each other, and names that
     live in a registry users add to (the advantage estimators)."""
@@ -153,11 +160,8 @@ def _check_rules(cfg: DictConfig) -> None:
         ("rollout.validation", "rollout.validation_agent_group_num", "rollout.validation_agent_group_size"),
     ]
     for names_key, num_key, size_key in groups:
-        names = OmegaConf.select(cfg, names_key)
         for key in (num_key, size_key):
-            values = OmegaConf.select(cfg, key)
-            if len(values) != len(names):
-                raise ConfigError(f"{key}: has {len(values)} entries but {names_key} has {len(names)}")
+            _check_one_entry_each(cfg, key, names_key)
     if not cfg.rollout.training:
         raise ConfigError("rollout.training: name at least one task instance")
     for list_key in ("rollout.training", "rollout.validation"):
@@ -194,9 +198,8 @@ def _check_rules(cfg: DictConfig) -> None:
     curriculum = cfg.rollout.curriculum
     if curriculum.env_key is not None and not curriculum.levels:
         raise ConfigError(f"rollout.curriculum.levels: name the values of {curriculum.env_key}, easiest first")
-    if curriculum.max_turns and len(curriculum.max_turns) != len(curriculum.levels):
-        counts = f"{len(curriculum.max_turns)} values for {len(curriculum.levels)} levels"
-        raise ConfigError(f"rollout.curriculum.max_turns: {counts}; give one a level")
+    if curriculum.max_turns:
+        _check_one_entry_each(cfg, "rollout.curriculum.max_turns", "rollout.curriculum.levels")
     mode = cfg.trainer.resume_mode
     if mode not in ("auto", "disable") and not Path(mode).is_dir():
         raise ConfigError(f"trainer.resume_mode: {mode!r} is neither auto, disable nor an existing folder")

@@ -55,7 +55,7 @@ def test_a_stage_sets_the_env_key_of_every_training_task_and_the_env_plays_it():
         ),
         (
             ["rollout.curriculum.env_key=dim_x", "rollout.curriculum.levels=[3,4]", "rollout.curriculum.max_turns=[3]"],
-            "rollout.curriculum.max_turns: 1 values for 2 levels",
+            "rollout.curriculum.max_turns: has 1 entries but rollout.curriculum.levels has 2",
         ),
         (
             ["rollout.curriculum.env_key=dim_x", "rollout.curriculum.levels=[3,4]", "rollout.curriculum.max_turns=[0,3]"],
