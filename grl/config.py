@@ -155,13 +155,10 @@ def _check_rules(cfg: DictConfig) -> None:
         raise ConfigError(
             f"actor_rollout_ref.rollout.name: {cfg.actor_rollout_ref.rollout.name!r} is not one of {', '.join(engine_names())}"
         )
-    groups = [
-        ("rollout.training", "rollout.agent_group_num", "rollout.agent_group_size"),
-        ("rollout.validation", "rollout.validation_agent_group_num", "rollout.validation_agent_group_size"),
-    ]
-    for names_key, num_key, size_key in groups:
-        for key in (num_key, size_key):
-            _check_one_entry_each(cfg, key, names_key)
+    _check_one_entry_each(cfg, "rollout.agent_group_num", "rollout.training")
+    _check_one_entry_each(cfg, "rollout.agent_group_size", "rollout.training")
+    _check_one_entry_each(cfg, "rollout.validation_agent_group_num", "rollout.validation")
+    _check_one_entry_each(cfg, "rollout.validation_agent_group_size", "rollout.validation")
     if not cfg.rollout.training:
         raise ConfigError("rollout.training: name at least one task instance")
     for list_key in ("rollout.training", "rollout.validation"):
