@@ -28,6 +28,11 @@ Rules
   names the falling piece's columns and the empty columns of the lowest row
   that is not full (columns numbered 1 to `dim_x` from the left): the same
   facts, in words a small model reads more easily than a column of a grid.
+  With `relative_positions`, a line follows that says where the nearest of
+  those empty columns lies from the falling piece's left column ("The gap is
+  2 columns left of the piece.", "The piece is right above the gap."): the
+  comparison of two column numbers, which a 135M model does not make
+  reliably, made once by the env.
 
 Boards where dropping at once is not enough (`gap_rows`, `max_pieces`)
 - `gap_rows` bottom rows start filled but for one empty cell each, at a
@@ -83,6 +88,7 @@ class TetrisEnv(Env):
         gap_rows: int = 0,
         max_pieces: int = 0,
         coordinates: bool = False,
+        relative_positions: bool = False,
         step_reward: float = -0.1,
         spawn_over_gap: bool = True,
     ):
@@ -99,6 +105,7 @@ class TetrisEnv(Env):
             raise ValueError(f"tetris: gap_rows must leave two free rows, got {gap_rows!r} of {dim_y!r}")
         self.max_pieces = 0 if max_pieces == 0 else positive_int("tetris", "max_pieces", max_pieces)
         self.coordinates = flag("tetris", "coordinates", coordinates)
+        self.relative_positions = flag("tetris", "relative_positions", relative_positions)
         self.spawn_over_gap = flag("tetris", "spawn_over_gap", spawn_over_gap)
         if isinstance(step_reward, bool) or not isinstance(step_reward, (int, float)) or not -10 < step_reward <= 0:
             raise ValueError(f"tetris: step_reward must be a number in (-10, 0], got {step_reward!r}")
@@ -161,8 +168,21 @@ class TetrisEnv(Env):
         if self.falling:
             for r, c in self._cells(self.row, self.col):
                 grid[r][c] = "X"
-        text = "\n".join("".join(row) for row in grid)
-        return f"{text}\n{self._describe()}" if self.coordinates else text
+        lines = ["".join(row) for row in grid]
+        lines += [self._describe()] if self.coordinates else []
+        lines += [self._relative()] if self.relative_positions and self.falling else []
+        return "\n".join(lines)
+
+    def _relative(self) -> str:
+        open_cols = [c for c, filled in enumerate(self._lowest_open_row()) if not filled]
+        if not open_cols:
+            return "The lowest open row has no gap."
+        nearest = min(open_cols, key=lambda c: (abs(c - self.col), c))
+        offset = nearest - self.col
+        if offset == 0:
+            return "The piece is right above the gap."
+        side, count = ("right" if offset > 0 else "left"), abs(offset)
+        return f"The gap is {count} column{'s' if count > 1 else ''} {side} of the piece."
 
     def _describe(self) -> str:
         def columns(cols) -> str:

@@ -63,6 +63,13 @@ class Rollout:
     use_turn_scores: bool = key(False, "reward on each turn's last token instead of the episode's")
     rollout_filter_ratio: float = key(1.0, "share of groups kept, by reward spread", gt=0, le=1)
     rollout_filter_type: str = key("std", "std keeps the largest spread, std_rev the smallest", choices=("std", "std_rev"))
+    top_up_rounds: int = key(
+        0,
+        "DAPO's dynamic sampling: up to this many extra rollouts of fresh puzzles a step, whose groups with reward "
+        "spread replace groups whose attempts all scored alike (grl/rollout/dynamic_sampling.py)",
+        ge=0,
+        le=16,
+    )
     reward_normalization: RewardNormalization = section(RewardNormalization)
     max_episode_length: int = key(4096, "tokens; a longer episode is dropped from the batch and counted", ge=1)
     packing: bool = key(

@@ -24,6 +24,7 @@ from grl.engines import sampling_from_config
 from grl.rng import rng_state, set_rng_state
 from grl.run_plan import RunPlan
 from grl.rollout import Batch, MultiTurnRollout, task_specs, training_base_seed
+from grl.rollout.dynamic_sampling import with_top_up
 from grl.rollout.tasks import is_program_task
 from grl.tracking import Tracker, save_run_info
 from grl.trainer import RunAborted
@@ -303,13 +304,9 @@ class AgentTrainer:
         """Every training task's episodes of `step`, sampled by the engine's current weights."""
         sampling = replace(self.sampling, seed=training_base_seed(self.plan.seed, step))
         tasks = self.train_tasks if self.curriculum is None else self.curriculum.tasks(self.train_tasks, self._stage(step))
-        return self.rollout.run(
-            tasks,
-            training_base_seed(self.sections.rollout.seed, step),
-            sampling,
-            turn_barrier=self.sections.rollout.turn_barrier,
-            on_turn=on_turn,
-        )
+        r = self.sections.rollout
+        play = partial(self.rollout.run, tasks, sampling=sampling, turn_barrier=r.turn_barrier, on_turn=on_turn)
+        return with_top_up(play, training_base_seed(r.seed, step), r.top_up_rounds)
 
     def _stage(self, step: int) -> int:
         return self.curriculum.stage_for(step, self.plan.max_staleness)

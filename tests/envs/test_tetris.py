@@ -213,6 +213,7 @@ def test_bad_config_raises_clear_errors():
         "gap_rows",
         "max_pieces",
         "coordinates",
+        "relative_positions",
         "step_reward",
         "spawn_over_gap",
     }
@@ -266,6 +267,29 @@ def test_coordinates_line_names_what_the_grid_shows():
                 break
 
 
+def test_relative_line_points_from_the_piece_to_the_gap_the_grid_shows():
+    """Read back against the grid: the words name the side and the distance of the nearest empty cell of
+    the lowest open row, and a player that does only what the words say wins every game."""
+    env = gap_env(relative_positions=True)
+    for seed in range(100):
+        obs, done = env.reset(seed), False
+        while not done:
+            height, width, filled, piece = parse(grid_of(obs))
+            words = obs.split("\n")[-1]
+            open_row = max(r for r in range(height) if not all((r, c) in filled for c in range(width)))
+            offset = min((c - piece[0][1] for c in range(width) if (open_row, c) not in filled), key=lambda d: (abs(d), d))
+            side = "right" if offset > 0 else "left"
+            expected = (
+                "The piece is right above the gap."
+                if offset == 0
+                else f"The gap is {abs(offset)} column{'s' if abs(offset) > 1 else ''} {side} of the piece."
+            )
+            assert words == expected
+            action = "Down" if offset == 0 else side.capitalize()
+            obs, _, done, info = env.step(action)
+        assert info["success"]
+
+
 def test_gap_rows_and_max_pieces_in_a_longer_game():
     env = grl.envs.make("tetris", dim_x=4, dim_y=5, box_type=1, gap_rows=2, max_pieces=3)
     for seed in range(30):
@@ -289,6 +313,7 @@ def test_gap_rows_and_max_pieces_in_a_longer_game():
         ("max_pieces", -2),
         ("max_pieces", True),
         ("coordinates", "yes"),
+        ("relative_positions", 1),
         ("step_reward", 0.5),
         ("step_reward", "0"),
         ("step_reward", float("nan")),
