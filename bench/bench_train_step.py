@@ -1,5 +1,5 @@
-"""One CPU training step of the cpu preset: time per phase, peak memory, and the
-actor update's speed against a bare PyTorch loop on the same tokens.
+"""One CPU training step of the cpu preset: time per phase, peak memory, the update's share of the
+ranks' matmul peak, and the actor update's speed against a bare PyTorch loop on the same tokens.
 
     .venv/bin/python bench/bench_train_step.py [--step-only] [hydra overrides ...]
 
@@ -155,6 +155,12 @@ def main(argv: list[str]) -> None:
     for phase in PHASES:
         if f"timing_s/{phase}" in metrics:
             print(f"  {phase:<14} {metrics[f'timing_s/{phase}']:8.2f} s")
+    if "perf/mfu/actor" in metrics:
+        print(
+            f"  the update's share of the matmul peak (perf/mfu/actor): {metrics['perf/mfu/actor']:.2f} of "
+            f"{trainer.peak_flops / 1e9:.0f} GFLOP/s a rank (F.linear forward + backward at the model's MLP "
+            f"shape, its dtype and threads: grl/workers/peak.py)"
+        )
     print(
         f"  peak RSS: Ray workers {memory.peak_workers / 2**30:.2f} GiB in all, largest "
         f"{memory.peak_one_worker / 2**30:.2f} GiB; driver "

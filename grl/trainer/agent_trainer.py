@@ -76,7 +76,7 @@ class AgentTrainer:
         self.train_tasks = task_specs(run.rollout, run.tasks)
         self.curriculum = Curriculum.from_config(run.rollout.curriculum)  # None: the tasks as their blocks set them
         self.global_step = 0
-        self.mfu_shape, self.peak_flops = mfu_inputs(self.policy.model.path, self.plan.device)
+        self.mfu_shape, self.peak_flops = mfu_inputs(self.policy.model.path, self.plan.device, actor)
         self.last_checkpoint: Path | None = None
         self.tracker: Tracker | None = None
         self.progress = Progress(enabled="console" in self.settings.logger)

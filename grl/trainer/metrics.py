@@ -158,18 +158,25 @@ def throughput_metrics(
     return out
 
 
-def mfu_inputs(model_path: str, device: str) -> tuple[ModelShape | None, float]:
-    """The policy's shape and this machine's GPU bf16 peak, for `perf/mfu/actor`; (None, 0.0) on
-    CPU, on an unknown GPU, or where the driver sees no GPU (no MFU is reported then). The GPU's name
-    is asked without a CUDA context in the driver (grl/machine.py)."""
-    gpu = None if device == "cpu" else cuda_device()
-    if gpu is None:
-        return None, 0.0
-    peak = peak_flops(gpu.name)
+def mfu_inputs(model_path: str, device: str, actor=None) -> tuple[ModelShape | None, float]:
+    """The policy's shape and one rank's matmul peak, for `perf/mfu/actor`. A GPU's is its bf16 datasheet
+    peak (the name asked without a CUDA context in the driver, grl/machine.py); a CPU rank measures its own
+    (grl/workers/peak.py: `actor`, the policy's worker group, runs it). (None, 0.0) where neither is known:
+    an unknown GPU, no GPU seen, or a model whose shape cannot be read; no MFU is reported then."""
     try:
-        return (model_shape(model_path), peak) if peak else (None, 0.0)
+        shape = model_shape(model_path)
     except PlanError:
         return None, 0.0
+    if device == "cpu":
+        if actor is None:
+            return None, 0.0
+        from grl.workers.peak import rank_peak
+
+        peaks = actor.execute(rank_peak, shape.hidden, shape.intermediate)
+        return shape, sum(peaks) / len(peaks)
+    gpu = cuda_device()
+    peak = 0.0 if gpu is None else peak_flops(gpu.name)
+    return (shape, peak) if peak else (None, 0.0)
 
 
 class Timer:

@@ -103,6 +103,7 @@ def test_train_checkpoint_kill_and_resume(tmp_path, ray_runtime, capsys):
         "perf/max_memory_allocated_gb",
         "perf/critic/max_memory_allocated_gb",
         "perf/cpu_memory_used_gb",
+        "perf/mfu/actor",  # on CPU against the ranks' own measured matmul peak (grl/workers/peak.py)
         "critic/score/mean",
         "critic/vf_explained_var",
         "prompt_length/mean",
@@ -110,6 +111,7 @@ def test_train_checkpoint_kill_and_resume(tmp_path, ray_runtime, capsys):
         "val-env/response_length",
     ]
     assert [n for n in grl_names if n not in history[2]] == []
+    assert 0 < history[2]["perf/mfu/actor"] < float("inf")
     assert {p.name for p in (a_dir / "ckpt").iterdir()} >= {"global_step_1", "global_step_2", "latest", "hf_actor"}
     assert (a_dir / "ckpt" / "latest").read_text().strip() == "global_step_2"
     assert OmegaConf.load(a_dir / "run" / "config.yaml").model_path == "tiny"
