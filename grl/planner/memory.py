@@ -43,14 +43,18 @@ tokens per episode; n = b x s tokens in a micro-batch.
                largest pass since (gathered weights, activations, log-prob chunk, sync buffers). A colocated
                vLLM's own forward buffers are inside gpu_memory_utilization while it is awake, and its
                sleep hands them back
-  runtime      CUDA_CONTEXT_GIB per process on a GPU (actor with its engine, critic); on CPU each worker
-               process's interpreter, torch, transformers and Ray (CPU_RUNTIME_GIB, measured)
+  runtime      on a GPU, each process (the actor with its engine, the critic) beyond what it allocates:
+               CUDA_PROCESS_GIB (context, cuBLAS and NCCL workspaces, the caching allocator's reserve),
+               calibrated on the H100 kit runs (NVML per process); on CPU each worker process's interpreter,
+               torch, transformers and Ray (CPU_RUNTIME_GIB, measured)
 
 bench/bench_plan_accuracy.py compares the CPU preset's prediction with the measured peak resident memory
 of each phase (docs/PERFORMANCE.md, "Memory planner").
 """
 
 from __future__ import annotations
+
+from contextlib import contextmanager
 
 from grl.config import RunSections
 from grl.engines import ENGINE_TRAITS
@@ -61,7 +65,10 @@ from grl.run_plan import PHASES as STEP_PHASES
 from grl.run_plan import RunPlan
 from grl.schema import Data, RolloutEngine
 
-CUDA_CONTEXT_GIB = 0.5  # CUDA context, cuBLAS and NCCL workspaces of one process
+# What NVML showed of each H100 process of the GPU kit's runs above its allocator's peak (2026-11-27/28,
+# docs/PERFORMANCE.md): 1.6-2.2 GiB for the actor rank, 1.5-2.0 for the critic's. Measured at one model size:
+# the allocator's reserve, a part of it, may grow with the model.
+CUDA_PROCESS_GIB = 1.6  # CUDA context, cuBLAS and NCCL workspaces, the caching allocator's reserve: one process
 CUDA_GRAPH_GIB = 1.0  # vLLM's graph pool for its default capture sizes (<= 512 tokens); kept while asleep
 CPU_RUNTIME_GIB = 0.5  # RSS of a worker process with torch, transformers, Ray and grl imported (0.45 GiB)
 SCORE_LOGIT_COPIES, TRAIN_LOGIT_COPIES = 5, 8
@@ -185,10 +192,18 @@ def plan(
         else:
             p.add("device", component, nbytes, phases_, fix)
 
-    runtime = CUDA_CONTEXT_GIB if on_gpu else CPU_RUNTIME_GIB
-    p.add("device", "runtime (CUDA context)" if on_gpu else "runtime (interpreter, libraries)", runtime * GIB * (1 + use_critic))
     if on_gpu:
         p.add("host", "runtime (worker processes)", CPU_RUNTIME_GIB * GIB * per_node * (1 + use_critic))
+    else:
+        p.add("device", "runtime (interpreter, libraries)", CPU_RUNTIME_GIB * GIB * (1 + use_critic))
+    critic_share = dict.fromkeys(p.phases, 0.0)  # what the critic's process allocates, per phase
+
+    @contextmanager
+    def the_critic_s():
+        before = {x: p.device_total(x) for x in p.phases}
+        yield
+        for x in p.phases:
+            critic_share[x] += p.device_total(x) - before[x]
 
     # Actor: master weights, AdamW state, gradients; what its passes gather and keep.
     e = element_bytes(arr.model.dtype, device)
@@ -212,17 +227,19 @@ def plan(
             fix="actor_rollout_ref.ref.fsdp_config.param_offload=true",
         )
     if use_critic:
-        cf = critic_cfg.fsdp_config
-        ce = element_bytes(critic_cfg.model.dtype, device)
-        c_mixed = fsdp_rules.mixed_precision(cf, critic_cfg.model.dtype, device)
-        cm = 4 if c_mixed else ce
-        c_offload = fsdp_rules.offloaded(cf)
-        cfix = "critic.fsdp_config.optimizer_offload=true" if not c_offload else f"n_gpus_per_node={2 * per_node}"
-        state("critic weights (master)", shape.value_params * cm / world, c_offload, fix=cfix)
-        state("critic optimizer (AdamW m, v)", 2 * shape.value_params * cm / world, c_offload, fix=cfix)
-        state("critic gradients", shape.value_params * cm / world, c_offload, ["update_critic"], fix=cfix)
-        p.add("device", "unsharded root gradients", root_gradient_bytes(shape, c_mixed, ce, value_head=True), ["update_critic"])
-        p.add("device", "gathered weights", gathered_bytes(shape, ce, value_head=True), ["values", "update_critic"])
+        with the_critic_s():
+            cf = critic_cfg.fsdp_config
+            ce = element_bytes(critic_cfg.model.dtype, device)
+            c_mixed = fsdp_rules.mixed_precision(cf, critic_cfg.model.dtype, device)
+            cm = 4 if c_mixed else ce
+            c_offload = fsdp_rules.offloaded(cf)
+            cfix = "critic.fsdp_config.optimizer_offload=true" if not c_offload else f"n_gpus_per_node={2 * per_node}"
+            state("critic weights (master)", shape.value_params * cm / world, c_offload, fix=cfix)
+            state("critic optimizer (AdamW m, v)", 2 * shape.value_params * cm / world, c_offload, fix=cfix)
+            state("critic gradients", shape.value_params * cm / world, c_offload, ["update_critic"], fix=cfix)
+            root = root_gradient_bytes(shape, c_mixed, ce, value_head=True)
+            p.add("device", "unsharded root gradients", root, ["update_critic"])
+            p.add("device", "gathered weights", gathered_bytes(shape, ce, value_head=True), ["values", "update_critic"])
     p.add("device", "gathered weights", gathered_bytes(shape, e), ["old_log_prob", "ref", "update_actor"], cached=True)
 
     # Activations and the vocabulary-sized log-prob chunk of each pass.
@@ -238,13 +255,14 @@ def plan(
     p.add("device", "activations", forward_activations(shape, b_ref, s, e), ["ref"], cached=True)
     p.add("device", "activations", training_activations(shape, b_train, s, e, checkpointing), ["update_actor"], cached=True)
     if use_critic:
-        p.add("device", "activations", forward_activations(shape, b_critic, s, e), ["values"])
-        p.add(
-            "device",
-            "activations",
-            training_activations(shape, b_critic, s, e, critic_cfg.model.enable_gradient_checkpointing),
-            ["update_critic"],
-        )
+        with the_critic_s():
+            p.add("device", "activations", forward_activations(shape, b_critic, s, e), ["values"])
+            p.add(
+                "device",
+                "activations",
+                training_activations(shape, b_critic, s, e, critic_cfg.model.enable_gradient_checkpointing),
+                ["update_critic"],
+            )
     chunk = run.logits_chunk_size
     chunk_fix = f"actor_rollout_ref.actor.logits_chunk_size={max(chunk // 2, 1)}"
     for phase, b, copies in (
@@ -267,6 +285,13 @@ def plan(
         passes = [x for x in ("old_log_prob", "ref", *(() if emptied else ("sync_weights",))) if x in p.phases]
         held = max(sum(p.device.get(name, {}).get(x, 0.0) for name in p.cached) for x in passes)
         p.add("device", "cached by the actor's process", held, ["values", "update_critic"])
+    if on_gpu:
+        shares = {"actor": {x: p.device_total(x) - critic_share[x] for x in p.phases}}
+        if use_critic:
+            shares["critic"] = critic_share
+        for name, share in shares.items():  # one such process a GPU
+            p.add("device", f"runtime: {name} process (CUDA context, allocator reserve)", CUDA_PROCESS_GIB * GIB)
+            p.processes[name] = {x: share[x] + CUDA_PROCESS_GIB * GIB for x in p.phases}
     return p
 
 

@@ -20,6 +20,7 @@ class Plan:
     host: dict[str, dict[str, float]] = field(default_factory=dict)
     fixes: dict[str, str] = field(default_factory=dict)  # component -> the key=value that shrinks it
     cached: set[str] = field(default_factory=set)  # components a pass frees into its process's allocator cache
+    processes: dict[str, dict[str, float]] = field(default_factory=dict)  # GPU: bytes per process (actor, critic) and phase
 
     def add(self, where: str, component: str, nbytes: float, phases=None, fix: str = "", cached: bool = False) -> None:
         if nbytes <= 0:
