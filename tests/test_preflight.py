@@ -139,7 +139,7 @@ def test_bare_grl_train_without_cuda_points_at_the_cpu_preset(capsys):
     [
         (["trainer.device=cuda"], "grl-train: trainer.device: cuda, but this machine has no CUDA device;"),
         (
-            ["preset=a100_1x_0.5b"],
+            ["preset=a100_1x_0.5b", "max_prompt_length=1024"],
             "grl-train: trainer.device: cuda (set by preset=a100_1x_0.5b), but this machine has no CUDA device;",
         ),
     ],
