@@ -1,16 +1,17 @@
 """`grl list` (and `grl-train --list`): what a config can name, read from where the config itself reads it:
-the presets of configs/preset/, the task instances of the composed config (configs/agents.yaml and what a
-preset adds) with the env each drives, and the engine registry (grl/engines)."""
+the presets of configs/preset/, the task instances of a checked config (configs/agents.yaml and what a
+preset adds, `grl.config.task_blocks`) with the env each drives, and the engine registry (grl/engines)."""
 
 from __future__ import annotations
 
 import ast
 import importlib.util
 import re
-from dataclasses import fields
 from pathlib import Path
 
-from grl.schema import PROGRAM, GRLConfig
+from omegaconf import DictConfig, OmegaConf
+
+from grl.schema import PROGRAM
 
 
 def _columns(rows: list[tuple[str, ...]]) -> list[str]:
@@ -34,11 +35,9 @@ def module_summary(target: str) -> str:
     return doc.splitlines()[0] if doc else ""
 
 
-def _settings(blocks: dict) -> dict[str, str]:
+def _settings(blocks: dict[str, DictConfig]) -> dict[str, str]:
     """Each task instance's env_config values that tell it from the other instances of its env
     (simpleSokobanAgent's dim_room, a GEM instance's env_id), as `key=value` text."""
-    from omegaconf import OmegaConf
-
     plain = {name: OmegaConf.to_container(block.env_config, resolve=True) for name, block in blocks.items()}
     differ = {key for config in plain.values() for key in config if len({repr(c.get(key)) for c in plain.values()}) > 1}
     return {
@@ -47,13 +46,11 @@ def _settings(blocks: dict) -> dict[str, str]:
     }
 
 
-def task_rows(cfg) -> list[tuple[str, str, str]]:
-    """(name, env, one line) of every task instance of a checked config (grl.config.load_config): the first
-    sentence of its prompt, its turns and tools, and the env settings that set it apart."""
+def task_rows(blocks: dict[str, DictConfig]) -> list[tuple[str, str, str]]:
+    """(name, env, one line) of each checked task instance block: the first sentence of its prompt, its
+    turns and tools, and the env settings that set it apart."""
     import grl.agents
 
-    core = {f.name for f in fields(GRLConfig)}
-    blocks = {str(k): cfg[k] for k in cfg.keys() if k not in core}
     envs = {name: PROGRAM if b.agent_type == PROGRAM else grl.agents.env_name(b.agent_type) for name, b in blocks.items()}
     apart = {}
     for env in set(envs.values()):
@@ -71,15 +68,15 @@ def task_rows(cfg) -> list[tuple[str, str, str]]:
     return rows
 
 
-def catalog(config_dir: str | Path | None = None, config_name: str = "base") -> str:
-    """The listing `grl list` prints."""
+def catalog(config_dir: str | Path | None, tasks: dict[str, DictConfig]) -> str:
+    """The listing `grl list` prints: the presets of `config_dir` (default configs/), the task instance
+    blocks `tasks` and the registered engines."""
     from grl.composition import presets
-    from grl.config import load_config
     from grl.engines import ENGINES
 
     lines = ["presets (preset=NAME; configs/preset/):", *_columns(sorted(presets(config_dir).items()))]
     lines += ["", "task instances (rollout.training=[NAME], grl play NAME; configs/agents.yaml):"]
-    lines += _columns(task_rows(load_config((), config_name, config_dir)))
+    lines += _columns(task_rows(tasks))
     engines = [("auto", "resolved once per run for the machine (grl/machine.py)")]
     engines += [(name, module_summary(target)) for name, target in ENGINES.items()]
     lines += ["", "engines (actor_rollout_ref.rollout.name=NAME; grl/engines/):", *_columns(engines)]

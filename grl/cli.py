@@ -170,10 +170,10 @@ def _list_main(argv: list[str]) -> int:
     parser.add_argument("--config-dir", default=None, help="folder holding base.yaml (default: the repo's configs/)")
     args = parser.parse_args(argv)
     from grl.catalog import catalog
-    from grl.config import ConfigError
+    from grl.config import ConfigError, load_config, task_blocks
 
     try:
-        print(catalog(args.config_dir))
+        print(catalog(args.config_dir, task_blocks(load_config(config_dir=args.config_dir))))
     except ConfigError as err:
         print(f"grl list: {err}", file=sys.stderr)
         return 2

@@ -115,11 +115,11 @@ def compose(
     return composed
 
 
-def all_keys(cfg: DictConfig, prefix: str = "") -> list[str]:
-    """Every key of a composed config, sections and leaves, by its dotted path."""
+def all_keys(node: DictConfig, prefix: str = "") -> list[str]:
+    """Every key of a composed config node, sections and leaves, by its dotted path."""
     keys = []
-    for key in cfg.keys():
-        value = cfg._get_node(key)
+    for key in node.keys():
+        value = node._get_node(key)
         full = f"{prefix}{key}"
         keys.append(full)
         if isinstance(value, DictConfig):

@@ -55,6 +55,7 @@ __all__ = [
     "load_config",
     "presets",
     "run_sections",
+    "task_blocks",
     "task_instance",
     "typed_section",
     "validate",
@@ -286,6 +287,13 @@ def load_config(
 ) -> DictConfig:
     """Compose `configs/<config_name>.yaml` with overrides and validate it."""
     return validate(compose(overrides, config_name, config_dir))
+
+
+def task_blocks(cfg: DictConfig) -> dict[str, DictConfig]:
+    """Every task instance block of a checked config (configs/agents.yaml's and what a preset or the command
+    line adds), by name."""
+    known = {f.name for f in fields(GRLConfig)}
+    return {str(key): cfg[key] for key in cfg.keys() if key not in known}
 
 
 def typed_section(cfg: DictConfig, name: str) -> Any:

@@ -56,7 +56,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--cfg", "-c", choices=CFG_PARTS, help="print the resolved, checked config and exit (alone: job, as in Hydra)"
     )
-    parser.add_argument("--list", action="store_true", help="list the presets, task instances and engines and exit")
+    parser.add_argument(
+        "--list", action="store_true", help="list the presets, task instances (overrides applied) and engines, and exit"
+    )
     parser.add_argument("--multirun", "-m", action="store_true", help="Hydra's sweeps: refused, GRL runs one config per command")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides KEY=VALUE")
     return parser.parse_intermixed_args(_with_cfg_part(argv))
@@ -139,11 +141,6 @@ def main(argv: list[str] | None = None) -> int:
     if refused:
         print(f"grl-train: {refused}", file=sys.stderr)
         return 2
-    if args.list:
-        from grl.catalog import catalog
-
-        print(catalog(args.config_dir, args.config_name))
-        return 0
 
     from omegaconf import OmegaConf
 
@@ -157,6 +154,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.cfg:
         print(OmegaConf.to_yaml(cfg))
+        return 0
+    if args.list:
+        from grl.catalog import catalog
+        from grl.config import task_blocks
+
+        print(catalog(args.config_dir, task_blocks(cfg)))
         return 0
     try:
         plan = resolve_run_plan(cfg, args.overrides)
