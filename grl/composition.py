@@ -60,15 +60,17 @@ def check_overrides(overrides: list[str] | tuple[str, ...], config_dir: Path) ->
             )
 
 
-def _sweep_error(message: str, overrides: list[str] | tuple[str, ...]) -> ConfigError | None:
-    """Hydra's "Ambiguous value" (a comma in a value, which only a sweep reads) as the key and the fix."""
-    found = re.match(r"Ambiguous value for argument '(.*)'", message)
+def _sweep_error(message: str) -> ConfigError | None:
+    """Hydra's refusal of a sweep outside --multirun (`a,b`, `range(...)`, `choice(...)`) as the key and the fix."""
+    found = re.match(r"(?:Ambiguous value for argument|Sweep parameters) '(.*)'", message)
     if not found:
         return None
     name, value = _split(found.group(1))
+    plain = "(" not in value  # a,b: perhaps a list or a text was meant
+    meant = f"write a list as {name}=[{value}], quote text holding a comma ({name}='{value}'), or " if plain else ""
     return ConfigError(
-        f"{name}: {value!r} is a Hydra sweep, and GRL runs one config per command (no -m); write a list as "
-        f"{name}=[{value}], quote text holding a comma ({name}='{value}'), or run each value as its own command"
+        f"{name}: {value!r} is a Hydra sweep, and GRL runs one config per command (no -m); {meant}"
+        "run each value as its own command"
     )
 
 
@@ -108,7 +110,7 @@ def compose(
                     f"{key}: this task block does not list {leaf} (its default applies); add it with +{key}=..."
                 ) from None
             raise ConfigError(f"{key}: unknown key{did_you_mean(key, _known_keys(config_dir, config_name))}") from None
-        raise _sweep_error(message, overrides) or ConfigError(f"{key + ': ' if key else ''}{message}") from None
+        raise _sweep_error(message) or ConfigError(f"{key + ': ' if key else ''}{message}") from None
     if len(_composed) >= 256:
         _composed.pop(next(iter(_composed)))
     _composed[cache_key] = copy.deepcopy(composed)

@@ -163,6 +163,10 @@ def test_hydra_shaped_mistakes_get_one_line_naming_the_fix(override, says):
 def test_a_hydra_sweep_names_the_list_it_may_have_meant():
     with pytest.raises(ConfigError, match=re.escape("rollout.training=[simpleSokobanAgent,largeSokobanAgent]")):
         load_config(["rollout.training=simpleSokobanAgent,largeSokobanAgent"])
+    with pytest.raises(
+        ConfigError, match=r"^algorithm.gamma: 'range\(1,3\)' is a Hydra sweep.*; run each value as its own command$"
+    ):
+        load_config(["algorithm.gamma=range(1,3)"])
 
 
 @pytest.mark.parametrize(
