@@ -131,6 +131,7 @@ def resolve_run_plan(cfg, overrides: list[str] = ()):
 
         check_ray_address(cfg, os.environ)
         cluster = cluster_gpus(address)
+    # The GPUs alone first: a named engine ("hf") asks no vLLM probe, which takes seconds.
     check_device(cfg, list(overrides), machine_facts(trainer.device, "hf", trainer.gpu_memory_gb, cluster).gpus)
     return RunPlan.from_config(cfg, machine_facts(trainer.device, engine.name, trainer.gpu_memory_gb, cluster))
 
