@@ -4,6 +4,8 @@
         play a task in the terminal, seeing exactly the messages the model sees;
         a reply of `help` or `?` lists the valid actions where the env has a list (e.g. TextWorld);
         in a task with tools, a reply holding <python>code</python> runs it in the sandbox and shows its output
+    grl list [--config-dir DIR]
+        the presets, task instances (with their env) and rollout engines a config can name
     grl plot ...
         plot logged curves (grl.tracking.plot)
     grl plan [key=value ...] [--seq-len N] [--config-dir DIR]
@@ -131,22 +133,50 @@ def play(
         agent.close()
 
 
+def usage(command: str) -> str:
+    """The usage line of `command` as `grl --help` gives it (this module's docstring), for its parser."""
+    return next(line.strip() for line in __doc__.splitlines() if line.strip().startswith(f"grl {command} "))
+
+
 def _play_main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="grl play", description="Play a task instance in the terminal.")
-    parser.add_argument("task", help="task instance name from configs/agents.yaml, e.g. simpleSokobanAgent")
-    parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. simpleSokobanAgent.env_config.num_boxes=2")
+    parser = argparse.ArgumentParser(prog="grl play", usage=usage("play"), description="Play a task instance in the terminal.")
+    parser.add_argument(
+        "words",
+        nargs="*",
+        metavar="task [key=value ...]",
+        help="a task instance of configs/agents.yaml (`grl list`), e.g. simpleSokobanAgent, then Hydra overrides, "
+        "e.g. simpleSokobanAgent.env_config.num_boxes=2",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--config-dir", default=None, help="folder holding base.yaml (default: the repo's configs/)")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # flags between overrides, as in `grl plan`
+    if not args.words or "=" in args.words[0]:
+        parser.error("name a task instance first, e.g. `grl play simpleSokobanAgent` (`grl list` shows them)")
+    task, overrides = args.words[0], args.words[1:]
     from grl.config import ConfigError
 
     try:
-        play(args.task, args.seed, args.overrides, args.config_dir)
+        play(task, args.seed, overrides, args.config_dir)
     except (ConfigError, ValueError, KeyError, OSError, RuntimeError) as err:
         print(f"grl play: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
+    return 0
+
+
+def _list_main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="grl list", usage=usage("list"), description="What a config can name.")
+    parser.add_argument("--config-dir", default=None, help="folder holding base.yaml (default: the repo's configs/)")
+    args = parser.parse_args(argv)
+    from grl.catalog import catalog
+    from grl.config import ConfigError, load_config, task_blocks
+
+    try:
+        print(catalog(args.config_dir, task_blocks(load_config(config_dir=args.config_dir))))
+    except ConfigError as err:
+        print(f"grl list: {err}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -157,7 +187,9 @@ def _plot_main(argv: list[str]) -> int:
 
 
 def _plan_main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="grl plan", description="Predict memory per GPU for each phase of a step.")
+    parser = argparse.ArgumentParser(
+        prog="grl plan", usage=usage("plan"), description="Predict memory per GPU for each phase of a step."
+    )
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. preset=a100_8x_7b")
     parser.add_argument(
         "--seq-len", type=int, default=None, help="tokens per episode (default: rollout.max_episode_length, the longest kept)"
@@ -255,7 +287,7 @@ def _serve_main(argv: list[str]) -> int:
     return 0
 
 
-COMMANDS = {"play": _play_main, "plot": _plot_main, "plan": _plan_main, "serve": _serve_main}
+COMMANDS = {"play": _play_main, "list": _list_main, "plot": _plot_main, "plan": _plan_main, "serve": _serve_main}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,7 +4,7 @@ The schema (grl/schema/) declares every key once: its type, default, allowed val
 `load_config` composes the schema's defaults, configs/agents.yaml, a preset and the command-line
 overrides, merges the result into the typed schema, checks each value against its declaration and
 then the rules that tie keys together. Every mistake becomes one `ConfigError` line that names the
-key, so a typo costs seconds, not a Ray start-up.
+key, so a typo costs seconds, not a Ray start-up. The composition itself (Hydra) is grl/composition.py.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from grl.algo.estimators import ESTIMATORS
+from grl.composition import CONFIG_DIR, compose, presets
 from grl.engines import engine_names
 from grl.schema import (
     PROGRAM,
@@ -39,13 +40,10 @@ from grl.schema import (
     leaves,
     merge_typed,
 )
-from grl.schema.keys import defaults, did_you_mean, one_line
+from grl.schema.keys import did_you_mean, one_line
 
 if TYPE_CHECKING:
     from grl.agents.tasks import Task
-
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
-SCHEMA_NODE = "grl_schema"  # the name configs/base.yaml lists first in its defaults
 
 __all__ = [
     "ALIASES",
@@ -55,7 +53,9 @@ __all__ = [
     "RunSections",
     "compose",
     "load_config",
+    "presets",
     "run_sections",
+    "task_blocks",
     "task_instance",
     "typed_section",
     "validate",
@@ -97,17 +97,6 @@ SHORTHANDS = _shorthands()
 
 
 # ---------------------------------------------------------------- checks
-
-
-def _all_keys(cfg: DictConfig, prefix: str = "") -> list[str]:
-    keys = []
-    for key in cfg.keys():
-        value = cfg._get_node(key)
-        full = f"{prefix}{key}"
-        keys.append(full)
-        if isinstance(value, DictConfig):
-            keys += _all_keys(value, f"{full}.")
-    return keys
 
 
 def _apply_aliases(cfg: DictConfig) -> None:
@@ -261,53 +250,6 @@ def _check_tasks(cfg: DictConfig, tasks: dict[str, DictConfig]) -> dict[str, Dic
 # ---------------------------------------------------------------- entry
 
 
-def compose(
-    overrides: list[str] | tuple[str, ...] = (), config_name: str = "base", config_dir: str | Path | None = None
-) -> DictConfig:
-    """Hydra composition only (no checks). A composition is kept, keyed by its inputs and the config
-    files' modification times, and handed out as a copy: Hydra re-reads every YAML file on each call
-    (~0.3 s), which a test suite composing the same overrides again pays each time."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from hydra.core.config_store import ConfigStore
-    from hydra.errors import HydraException
-
-    config_dir = Path(config_dir or CONFIG_DIR).resolve()
-    files = tuple(sorted((str(path), path.stat().st_mtime_ns) for path in config_dir.rglob("*.yaml")))
-    cache_key = (str(config_dir), config_name, tuple(overrides), files)
-    if cache_key in _composed:
-        return copy.deepcopy(_composed[cache_key])
-    ConfigStore.instance().store(name=SCHEMA_NODE, node=defaults(GRLConfig))
-    try:
-        with initialize_config_dir(config_dir=str(config_dir), version_base=None):
-            composed = hydra_compose(config_name=config_name, overrides=list(overrides))
-    except (HydraException, OmegaConfBaseException) as err:
-        message = one_line(err)
-        key = getattr(err.__cause__, "full_key", None) or getattr(err, "full_key", None)
-        if key and "not in struct" in message:
-            parent, _, leaf = key.rpartition(".")
-            if parent.endswith(".agent_config") and leaf in {f.name for f in fields(AgentConfig)}:
-                raise ConfigError(
-                    f"{key}: this task block does not list {leaf} (its default applies); add it with +{key}=..."
-                ) from None
-            raise ConfigError(f"{key}: unknown key{did_you_mean(key, _known_keys(config_dir, config_name))}") from None
-        raise ConfigError(f"{key + ': ' if key else ''}{message}") from None
-    if len(_composed) >= 256:
-        _composed.pop(next(iter(_composed)))
-    _composed[cache_key] = copy.deepcopy(composed)
-    return composed
-
-
-_composed: dict[tuple, DictConfig] = {}
-
-
-def _known_keys(config_dir: Path, config_name: str) -> list[str]:
-    try:
-        return _all_keys(compose((), config_name, config_dir))
-    except ConfigError:
-        return []
-
-
 def validate(cfg: DictConfig) -> DictConfig:
     """Check a composed config; returns it typed, with task blocks kept."""
     known = {f.name for f in fields(GRLConfig)}
@@ -345,6 +287,13 @@ def load_config(
 ) -> DictConfig:
     """Compose `configs/<config_name>.yaml` with overrides and validate it."""
     return validate(compose(overrides, config_name, config_dir))
+
+
+def task_blocks(cfg: DictConfig) -> dict[str, DictConfig]:
+    """Every task instance block of a checked config (configs/agents.yaml's and what a preset or the command
+    line adds), by name."""
+    known = {f.name for f in fields(GRLConfig)}
+    return {str(key): cfg[key] for key in cfg.keys() if key not in known}
 
 
 def typed_section(cfg: DictConfig, name: str) -> Any:

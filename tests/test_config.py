@@ -4,6 +4,7 @@ import re
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -125,3 +126,75 @@ def test_a_program_task_names_its_program(overrides, says):
         "+prog.env_config.anything=1",
     ]
     assert load_config(good).prog.agent_config.program == "tests.gateway.programs:one_call"
+
+
+PRESETS = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "configs" / "preset").glob("*.yaml"))
+
+
+@pytest.mark.parametrize(
+    "override, says",
+    [
+        (
+            "rollout.training=simpleSokobanAgent",
+            "rollout.training: takes a list, not the single value 'simpleSokobanAgent'; use [simpleSokobanAgent]",
+        ),
+        ("trainer.logger=console", "trainer.logger: takes a list, not the single value 'console'; use [console]"),
+        ("rollout.agent_group_num=8", "rollout.agent_group_num: takes a list, not the single value 8; use [8]"),
+        (
+            "+simpleSokobanAgent.agent_config.tools=python",
+            "simpleSokobanAgent.agent_config.tools: takes a list, not the single value 'python'; use [python]",
+        ),
+        ("preset=cpuu", f"preset: no preset named 'cpuu' (did you mean cpu?); the presets are {', '.join(PRESETS)}"),
+        ("hydra.run.dir=/tmp/elsewhere", "hydra.run.dir: GRL composes its config with Hydra but runs no Hydra job"),
+        ("hydra/job_logging=disabled", "hydra/job_logging: GRL composes its config with Hydra but runs no Hydra job"),
+        (
+            "rollout.training=simpleSokobanAgent,largeSokobanAgent",
+            "rollout.training: 'simpleSokobanAgent,largeSokobanAgent' is a Hydra sweep",
+        ),
+    ],
+)
+def test_hydra_shaped_mistakes_get_one_line_naming_the_fix(override, says):
+    with pytest.raises(ConfigError) as info:
+        load_config([override])
+    message = str(info.value)
+    assert "\n" not in message and message.startswith(says), message
+
+
+def test_a_hydra_sweep_names_the_list_it_may_have_meant():
+    with pytest.raises(ConfigError, match=re.escape("rollout.training=[simpleSokobanAgent,largeSokobanAgent]")):
+        load_config(["rollout.training=simpleSokobanAgent,largeSokobanAgent"])
+    with pytest.raises(
+        ConfigError, match=r"^algorithm.gamma: 'range\(1,3\)' is a Hydra sweep.*; run each value as its own command$"
+    ):
+        load_config(["algorithm.gamma=range(1,3)"])
+
+
+@pytest.mark.parametrize(
+    "flags, says",
+    [
+        (["--cfg", "hydra"], "grl-train: --cfg hydra: GRL runs no Hydra job"),
+        (["--cfg=all"], "grl-train: --cfg all: GRL runs no Hydra job"),
+        (["-m", "actor_rollout_ref.actor.optim.lr=1e-6,3e-6"], "grl-train: -m/--multirun: GRL runs one config per command"),
+        (["--multirun"], "grl-train: -m/--multirun: GRL runs one config per command"),
+    ],
+)
+def test_hydra_flags_grl_does_not_offer_say_what_it_offers_in_one_line(flags, says, capsys):
+    from grl import train
+
+    assert train.main(flags) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and len(out.err.strip().splitlines()) == 1 and out.err.startswith(says), out.err
+
+
+def test_cfg_job_prints_what_cfg_prints_wherever_the_flag_stands(capsys):
+    import yaml
+
+    from grl import train
+
+    printed = []
+    for flags in (["--cfg", "preset=cpu"], ["preset=cpu", "--cfg", "job"], ["-c", "job", "preset=cpu"]):
+        assert train.main(flags) == 0, capsys.readouterr().err
+        printed.append(capsys.readouterr().out)
+    assert printed[1:] == printed[:1] * 2
+    preset = yaml.safe_load((Path(__file__).resolve().parents[1] / "configs" / "preset" / "cpu.yaml").read_text())
+    assert yaml.safe_load(printed[0])["trainer"]["experiment_name"] == preset["experiment_name"]

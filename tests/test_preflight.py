@@ -133,6 +133,26 @@ def test_bare_grl_train_without_cuda_points_at_the_cpu_preset(capsys):
     assert "preset=cpu" in capsys.readouterr().err
 
 
+@pytest.mark.cpu_only
+@pytest.mark.parametrize(
+    "asked, says",
+    [
+        (["trainer.device=cuda"], "grl-train: trainer.device: cuda, but this machine has no CUDA device;"),
+        (
+            ["preset=a100_1x_0.5b", "max_prompt_length=1024"],
+            "grl-train: trainer.device: cuda (set by preset=a100_1x_0.5b), but this machine has no CUDA device;",
+        ),
+    ],
+)
+def test_a_gpu_run_without_cuda_is_refused_before_ray_naming_the_cpu_preset(asked, says, tmp_path, capsys):
+    folders = [f"trainer.run_dir={tmp_path}/run", f"trainer.default_local_dir={tmp_path}/ckpt"]
+    assert train.main(["model_path=tiny", *asked, *folders]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and err.startswith(says) and "preset=cpu" in err, err
+    assert "ray" not in sys.modules or not sys.modules["ray"].is_initialized()
+    assert list(tmp_path.iterdir()) == []
+
+
 def _run_processes(marker: str) -> list[int]:
     """Pids of processes whose environment carries `marker` (the driver, Ray, its workers)."""
     pids = []

@@ -138,7 +138,18 @@ def merge_typed(cls: type, cfg: Any, prefix: str = "") -> DictConfig:
         if "not in struct" in message or message.startswith("Key '"):  # from a DictConfig or a plain mapping
             known = [f"{prefix}{leaf.path}" for leaf in leaves(cls)]
             raise ConfigError(f"{full}: unknown key{did_you_mean(full, known)}") from None
+        given = _given(cfg, key_name)
+        if "is not a ListConfig" in message and isinstance(given, (str, int, float, bool)):
+            raise ConfigError(f"{full}: takes a list, not the single value {given!r}; use [{shown(given)}]") from None
         raise ConfigError(f"{full}: {message}") from None
+
+
+def _given(cfg: Any, dotted: str) -> Any:
+    """The value `cfg` (a DictConfig or a plain mapping) holds at `dotted`, as given; None where it holds none."""
+    try:
+        return OmegaConf.select(cfg if OmegaConf.is_config(cfg) else OmegaConf.create(cfg), dotted)
+    except OmegaConfBaseException:
+        return None
 
 
 def check_values(cls: type, cfg: DictConfig, prefix: str = "") -> None:

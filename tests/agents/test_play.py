@@ -118,3 +118,22 @@ def test_play_textworld_lists_valid_commands_on_help_and_wins_by_the_walkthrough
     assert all(f"\n  {command}\n" in listing for command in valid)
     assert out.stdout.count("=> reward") == len(plan)
     assert "done True" in out.stdout and "success True" in out.stdout and "success 1" in out.stdout
+
+
+def test_play_takes_flags_and_overrides_in_any_order():
+    out = grl_cli("play", "simpleSokobanAgent", "--seed", "1", "simpleSokobanAgent.env_config.num_boxes=2")
+    assert out.returncode == 0, out.stderr
+    two_boxes = grl.envs.make("sokoban", dim_room=[6, 6], num_boxes=2).reset(1)
+    assert "task simpleSokobanAgent, seed 1:" in out.stdout and two_boxes in out.stdout
+
+
+def test_play_usage_is_the_line_grl_help_gives(capsys):
+    from grl.cli import main
+
+    assert main(["--help"]) == 0
+    overview = capsys.readouterr().out
+    out = grl_cli("play")
+    assert out.returncode == 2 and out.stdout == ""
+    usage, error = out.stderr.strip().splitlines()
+    assert usage.startswith("usage: grl play ") and usage.removeprefix("usage: ") in overview, (usage, overview)
+    assert "overrides" not in error and "name a task instance" in error and "grl list" in error
