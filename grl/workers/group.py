@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from grl.engines.base import Engine
+from grl.engines.weights import SyncCheck, raise_on_mismatch
 from grl.errors import first_line
 from grl.rollout.types import Batch
 from grl.config import typed_section
@@ -217,6 +218,7 @@ class ActorRolloutRefGroup(_WorkerGroup):
         from grl.workers.rollout_worker import SeparateEngine
 
         self.use_ref, self.separate = plan.use_reference, plan.engine_apart
+        self._last_check: SyncCheck | None = None
         init_ray()
         self.engine_name = plan.engine
         engine_ranks = plan.engine_ranks()
@@ -268,15 +270,24 @@ class ActorRolloutRefGroup(_WorkerGroup):
         return self._update(batch, ACTOR_KEYS, self.section.actor, step)
 
     def sync_weights(self) -> None:
-        """Push the actor's current weights into the rollout engine(s), in memory."""
+        """Push the actor's current weights into the rollout engine(s), in memory, and check that each
+        engine holds what was sent: WeightsMismatch (grl/engines/weights.py) where one does not."""
         if self.separate:
             self.engine.load_weights(self.weights_handle(), version=-1)
-        else:
-            self.call("sync_weights")
+            return
+        checks = self.call("sync_weights")
+        for rank in self.engine_ranks:
+            raise_on_mismatch(checks[rank], f"the engine of actor rank {rank}")
+        self._last_check = SyncCheck(sum(checks[rank].tensors for rank in self.engine_ranks), ())
+
+    @property
+    def weights_check(self) -> SyncCheck | None:
+        """The last sync's check of the engines' weights (None before the first)."""
+        return self.engine.last_check if self.separate else self._last_check
 
     def weights_handle(self):
-        """A handle to a copy of the actor's current weights, for a rollout worker of its own:
-        `engine.load_weights(handle, version)` loads them, at any later time."""
+        """A handle to a copy of the actor's current weights (with their digests), for a rollout worker
+        of its own: `engine.load_weights(handle, version)` loads and checks them, at any later time."""
         return self.call("engine_weights")[0][0]
 
     def shutdown(self, timeout: float = TEARDOWN_TIMEOUT_S) -> None:
