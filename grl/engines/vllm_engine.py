@@ -28,7 +28,7 @@ from contextlib import contextmanager, nullcontext
 
 from grl.engines.base import Engine, GenerationOutput, NamedTensors, SamplingParams, engine_cpu_threads
 from grl.engines.hf import _check_constraints, _check_prompts
-from grl.engines.weights import TensorStream, check_named_tensors, digesting, meta_weight_spec, tensor_digest
+from grl.engines.weights import check_named_tensors, meta_weight_spec, tensor_digest
 
 logger = logging.getLogger(__name__)
 
@@ -118,7 +118,9 @@ def held_digests(worker, received: dict) -> dict:
     """Runs in the vLLM worker: each of its parameters the trainer's tensors fill -> (their names, its
     digest). vLLM fuses some (`packed_modules_mapping`: q, k, v in qkv_proj), whose digest is the sum of
     its parts'. vLLM CPU keeps only oneDNN's packed copy of a linear weight, which cannot be read back,
-    and leaves the parameter empty: its digest is then of the tensors as the worker received them."""
+    and leaves the parameter empty: its digest is then of the tensors as the worker received them. A
+    parameter kept in a wider dtype than it came in (vLLM CPU widens some biases to fp32) is read back
+    in the dtype it came in. `received`: name -> (digest, dtype) of each tensor of the last update."""
     model = worker.get_model()
     params = dict(model.named_parameters())
     fused = {f".{part}.": f".{whole}." for whole, parts in getattr(model, "packed_modules_mapping", {}).items() for part in parts}
@@ -132,10 +134,11 @@ def held_digests(worker, received: dict) -> dict:
     held = {}
     for key, names in members.items():
         param = params.get(key)
+        dtype = received[names[0]][1]
         if param is not None and param.numel() == 0:  # packed away: what reached the worker
-            digest = tuple(sum(d) for d in zip(*(received[n] for n in names)))
+            digest = tuple(sum(d) for d in zip(*(received[n][0] for n in names)))
         else:
-            digest = None if param is None else tensor_digest(param)
+            digest = None if param is None else tensor_digest(param.to(dtype))
         held[key] = (tuple(names), digest)
     return held
 
@@ -235,13 +238,18 @@ class VLLMEngine(Engine):
             # after the trainer's tensors are freed, which keeps the peak low.
             self.llm.wake_up(tags=["weights"])
             self.weights_asleep = False
-        self.received = {}  # name -> digest of each tensor as the worker took it, for a packed-away weight
-        received = digesting(TensorStream({}, checked), self.received)
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(received)})
+        self.received = {}
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": self._receiving(checked)})
         self.llm.collective_rpc(repack_shared_weights)
         self.weights_discarded = False
         # Cached prefixes were computed with the old weights.
         self.llm.reset_prefix_cache()
+
+    def _receiving(self, named_tensors):
+        """The tensors as vLLM's worker takes them, each one's digest and dtype kept (`held_digests`)."""
+        for name, tensor in named_tensors:
+            self.received[name] = (tensor_digest(tensor), tensor.dtype)
+            yield name, tensor
 
     def weights_digest(self) -> dict:
         (held,) = self.llm.collective_rpc(held_digests, args=(self.received,))  # one worker: preflight's tensor parallel 1

@@ -98,24 +98,6 @@ def config(tmp_path, name, **over):
     return load_config([f"{k}={v}" for k, v in overrides.items()])
 
 
-def corrupt_on_the_way(worker):
-    """In the process that holds the engine: one tensor changes by one value between the trainer and the engine."""
-    if worker.engine is None:  # an actor rank without an engine
-        return
-    load = worker.engine.update_weights
-
-    def corrupted(named_tensors):
-        items = list(named_tensors.items()) if hasattr(named_tensors, "items") else list(named_tensors)
-        for i, (name, tensor) in enumerate(items):
-            if name == CORRUPTED:
-                tensor = tensor.clone()
-                tensor.view(-1)[0] += 1.0
-                items[i] = (name, tensor)
-        load(items)
-
-    worker.engine.update_weights = corrupted
-
-
 @pytest.mark.slow
 def test_every_step_prints_and_logs_its_certificate(tmp_path, ray_runtime, capsys):
     cfg = config(tmp_path, "good")
@@ -138,8 +120,26 @@ def test_every_step_prints_and_logs_its_certificate(tmp_path, ray_runtime, capsy
 def test_a_tensor_corrupted_on_its_way_to_the_engine_stops_the_run_with_one_line(tmp_path, ray_runtime, apart):
     over = {"actor_rollout_ref.hybrid_engine": False, "rollout.max_staleness": 0} if apart else {}
     cfg = config(tmp_path, "broken", **over)
+
+    def corrupt_on_the_way(worker, corrupted_name):
+        """In the process that holds the engine: one tensor changes by one value between the trainer and the engine."""
+        if worker.engine is None:  # an actor rank without an engine
+            return
+        load = worker.engine.update_weights
+
+        def corrupted(named_tensors):
+            items = list(named_tensors.items()) if hasattr(named_tensors, "items") else list(named_tensors)
+            for i, (name, tensor) in enumerate(items):
+                if name == corrupted_name:
+                    tensor = tensor.clone()
+                    tensor.view(-1)[0] += 1.0
+                    items[i] = (name, tensor)
+            load(items)
+
+        worker.engine.update_weights = corrupted
+
     trainer = AgentTrainer.from_config(cfg)
-    (trainer.actor.engine if apart else trainer.actor).execute(corrupt_on_the_way)
+    (trainer.actor.engine if apart else trainer.actor).execute(corrupt_on_the_way, CORRUPTED)
     with pytest.raises(RunAborted) as info:
         trainer.fit()
     message = str(info.value)
