@@ -116,11 +116,12 @@ def repack_shared_weights(worker) -> int:
 
 def held_digests(worker, received: dict) -> dict:
     """Runs in the vLLM worker: each of its parameters the trainer's tensors fill -> (their names, its
-    digest). vLLM fuses some (`packed_modules_mapping`: q, k, v in qkv_proj), whose digest is the sum of
-    its parts'. vLLM CPU keeps only oneDNN's packed copy of a linear weight, which cannot be read back,
-    and leaves the parameter empty: its digest is then of the tensors as the worker received them. A
-    parameter kept in a wider dtype than it came in (vLLM CPU widens some biases to fp32) is read back
-    in the dtype it came in. `received`: name -> (digest, dtype) of each tensor of the last update."""
+    digest). vLLM fuses some (q, k, v in qkv_proj: the model's own name mapper stacks them, or for a
+    model without one, its `packed_modules_mapping`), whose digest is the sum of its parts'. vLLM CPU
+    keeps only oneDNN's packed copy of a linear weight, which cannot be read back, and leaves the
+    parameter empty: its digest is then of the tensors as the worker received them. A parameter kept in
+    a wider dtype than it came in (vLLM CPU widens some biases to fp32) is read back in the dtype it came
+    in. `received`: name -> (digest, dtype) of each tensor of the last update."""
     model = worker.get_model()
     params = dict(model.named_parameters())
     fused = {f".{part}.": f".{whole}." for whole, parts in getattr(model, "packed_modules_mapping", {}).items() for part in parts}
