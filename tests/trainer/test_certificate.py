@@ -11,7 +11,6 @@
 
 import pytest
 
-from grl.config import load_config
 from grl.rollout.batch import build_batch
 from grl.rollout.types import Episode, Turn
 from grl.tracking import METRICS_FILE, read_jsonl
@@ -19,6 +18,7 @@ from grl.trainer import RunAborted
 from grl.trainer.agent_trainer import AgentTrainer
 from grl.trainer.certificate import PREFIX, CertificateBroken, StepCertificate
 from grl.schema.certificate import Certificate
+from tests.trainer.test_async import config as async_run_config
 
 CORRUPTED = "model.layers.1.mlp.down_proj.weight"
 
@@ -72,30 +72,21 @@ def test_the_figures_are_the_counts_by_hand_and_each_limit_stops_with_one_line()
 
 
 def config(tmp_path, name, **over):
-    overrides = {
-        "preset": "cpu",
-        "model_path": "tiny",
-        "actor_rollout_ref.model.dtype": "float32",  # the gap is fp32 noise
-        "max_response_length": 8,
-        "rollout.agent_group_num": "[2]",
-        "rollout.agent_group_size": "[2]",
-        "rollout.rollout_filter_ratio": 1.0,
-        "ppo_mini_batch_size": 2,
-        "micro_batch_size_per_gpu": 2,
-        "total_training_steps": 2,
-        "test_freq": -1,
-        "trainer.val_before_train": False,
-        "save_freq": -1,
-        "trainer.logger": "[jsonl]",
-        "trainer.export_hf": False,
-        "trainer.validation_controls": "[]",
-        "trainer.certificate.logprob_check_fraction": 0.5,
-        "actor_rollout_ref.actor.optim.lr": 1e-3,
-        "trainer.run_dir": str(tmp_path / name / "run"),
-        "trainer.default_local_dir": str(tmp_path / name / "ckpt"),
-    }
-    overrides.update(over)
-    return load_config([f"{k}={v}" for k, v in overrides.items()])
+    """test_async's run of the tiny model (CPU preset), in fp32 (the gap is fp32 noise), PPO's old log-probs
+    the engine's, two steps and no validation."""
+    return async_run_config(
+        tmp_path,
+        name,
+        **{
+            "actor_rollout_ref.model.dtype": "float32",
+            "actor_rollout_ref.actor.recompute_old_log_probs": False,
+            "total_training_steps": 2,
+            "test_freq": -1,
+            "trainer.val_before_train": False,
+            "trainer.certificate.logprob_check_fraction": 0.5,
+            **over,
+        },
+    )
 
 
 @pytest.mark.slow
