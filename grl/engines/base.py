@@ -63,6 +63,11 @@ class Engine:
         and leaves the old weights."""
         raise NotImplementedError
 
+    def weights_digest(self) -> dict:
+        """The weights it samples with, as `grl.engines.weights.check_sync` reads them: each of its tensors
+        -> (the trainer's names it holds, its `tensor_digest`), computed where the weights are."""
+        raise NotImplementedError
+
     def sleep(self, discard_weights: bool = False) -> None:
         """Free accelerator memory (weights and KV cache) until `wake`. `discard_weights`: the
         caller's next call is `update_weights` with every weight, so they need not be kept."""

@@ -30,7 +30,7 @@ from grl.engines import cpu_attention
 from grl.engines.base import Engine, GenerationOutput, NamedTensors, SamplingParams
 from grl.engines.constraint import ReplyGrammar, allowed_sets_tensors, constrain_logits
 from grl.engines.kv_slab import prefix_slab
-from grl.engines.weights import check_named_tensors, weight_spec
+from grl.engines.weights import check_named_tensors, module_digests, weight_spec
 
 # Calls a cached sequence survives without being extended (its episode finished, or waits on its env).
 PREFIX_KEEP_CALLS = 8
@@ -370,6 +370,9 @@ class HFEngine(Engine):
         with torch.no_grad():
             for name, tensor in checked:
                 params[name].data.copy_(tensor)
+
+    def weights_digest(self) -> dict:
+        return module_digests(self.model, self.spec)
 
     def sleep(self, discard_weights: bool = False) -> None:
         """On GPU, park the weights in host memory and release the CUDA cache;

@@ -165,6 +165,9 @@ class SubprocessEngine(Engine):
             [(name, tensor.detach().cpu()) if hasattr(tensor, "detach") else (name, tensor) for name, tensor in items],
         )
 
+    def weights_digest(self) -> dict:
+        return self._call("weights_digest")
+
     def sleep(self, discard_weights: bool = False) -> None:
         # The flag travels only when set: a target without it keeps a plain sleep().
         self._call("sleep", *([True] if discard_weights else []))

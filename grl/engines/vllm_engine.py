@@ -28,7 +28,7 @@ from contextlib import contextmanager, nullcontext
 
 from grl.engines.base import Engine, GenerationOutput, NamedTensors, SamplingParams, engine_cpu_threads
 from grl.engines.hf import _check_constraints, _check_prompts
-from grl.engines.weights import check_named_tensors, meta_weight_spec
+from grl.engines.weights import check_named_tensors, meta_weight_spec, tensor_digest
 
 logger = logging.getLogger(__name__)
 
@@ -114,6 +114,36 @@ def repack_shared_weights(worker) -> int:
     return len(shared)
 
 
+def held_digests(worker, received: dict) -> dict:
+    """Runs in the vLLM worker: each of its parameters the trainer's tensors fill -> (their names, its
+    digest). vLLM fuses some (q, k, v in qkv_proj: the model's own name mapper stacks them, or for a
+    model without one, its `packed_modules_mapping`), whose digest is the sum of its parts'. vLLM CPU
+    keeps only oneDNN's packed copy of a linear weight, which cannot be read back, and leaves the
+    parameter empty: its digest is then of the tensors as the worker received them. A parameter kept in
+    a wider dtype than it came in (vLLM CPU widens some biases to fp32) is read back in the dtype it came
+    in. `received`: name -> (digest, dtype) of each tensor of the last update."""
+    model = worker.get_model()
+    params = dict(model.named_parameters())
+    fused = {f".{part}.": f".{whole}." for whole, parts in getattr(model, "packed_modules_mapping", {}).items() for part in parts}
+    mapper = getattr(model, "hf_to_vllm_mapper", None)
+    members: dict[str, list[str]] = {}
+    for name in received:
+        key = name if mapper is None else mapper.map_name(name) or name
+        for part, whole in fused.items():
+            key = key.replace(part, whole)
+        members.setdefault(key, []).append(name)
+    held = {}
+    for key, names in members.items():
+        param = params.get(key)
+        dtype = received[names[0]][1]
+        if param is not None and param.numel() == 0:  # packed away: what reached the worker
+            digest = tuple(sum(d) for d in zip(*(received[n][0] for n in names)))
+        else:
+            digest = None if param is None else tensor_digest(param.to(dtype))
+        held[key] = (tuple(names), digest)
+    return held
+
+
 class VLLMEngine(Engine):
     """`vllm.LLM` behind the Engine interface. `grammar`: requests may carry a
     reply grammar (some task decodes constrained); without it vLLM gets no
@@ -167,6 +197,7 @@ class VLLMEngine(Engine):
         self.llm = LLM(**args, logits_processors=grammar_processors(args, grammar))
         self.spec = meta_weight_spec(path)
         self.weights_asleep = self.cache_asleep = False
+        self.received: dict = {}
         self.weights_discarded = False  # asleep at level 2: only update_weights brings them back
         if free_cache_engine and not on_gpu:
             logger.info("vLLM on CPU has no sleep mode: sleep() and wake() keep the memory")
@@ -208,11 +239,22 @@ class VLLMEngine(Engine):
             # after the trainer's tensors are freed, which keeps the peak low.
             self.llm.wake_up(tags=["weights"])
             self.weights_asleep = False
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": checked})
+        self.received = {}
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": self._receiving(checked)})
         self.llm.collective_rpc(repack_shared_weights)
         self.weights_discarded = False
         # Cached prefixes were computed with the old weights.
         self.llm.reset_prefix_cache()
+
+    def _receiving(self, named_tensors):
+        """The tensors as vLLM's worker takes them, each one's digest and dtype kept (`held_digests`)."""
+        for name, tensor in named_tensors:
+            self.received[name] = (tensor_digest(tensor), tensor.dtype)
+            yield name, tensor
+
+    def weights_digest(self) -> dict:
+        (held,) = self.llm.collective_rpc(held_digests, args=(self.received,))  # one worker: preflight's tensor parallel 1
+        return held
 
     def sleep(self, discard_weights: bool = False) -> None:
         """Give the GPU memory back. `discard_weights`: the caller reloads the

@@ -143,3 +143,92 @@ def _checked_stream(stream: TensorStream, filled: dict[str, str | None]) -> Iter
             )
         if filled[name] is not None:
             yield filled[name], tensor
+
+
+# ---------------------------------------------------------------- the engine holds what the trainer sent
+
+# A digest of a tensor: (words, sum, sum of squares, column-weighted sum) over its raw bits read as
+# 16-bit words (bytes for 1-byte dtypes), each word taken as an unsigned number. Exact (integers: no
+# rounding, no tolerance) and additive: the digest of tensors concatenated along their first dimension
+# is the sum of theirs, so a fused engine tensor (vLLM's qkv_proj = q, k, v) is checked against the sum
+# of its parts. Any changed, missing or extra value changes it, as does a transposed or reordered row;
+# values swapped between rows of one column are what it cannot see.
+Digest = tuple[int, int, int, int]
+DIGEST_CHUNK_WORDS = 1 << 22  # words per pass: bounds the int64 copies and keeps every partial sum below 2**63
+
+
+def tensor_digest(tensor: torch.Tensor) -> Digest:
+    import torch
+
+    value = tensor.detach().contiguous()
+    # Rows keep their columns when tensors are concatenated along dim 0; a 1-D tensor has one column.
+    value = value.reshape(-1, 1) if value.dim() < 2 else value.flatten(1)
+    byte_words = value.element_size() == 1
+    words = value.view(torch.uint8 if byte_words else torch.int16)
+    column = torch.arange(1, words.shape[1] + 1, device=words.device, dtype=torch.int64)
+    totals = [0, 0, 0, 0]
+    for part in words.split(max(1, DIGEST_CHUNK_WORDS // words.shape[1])):
+        w = part.to(torch.int64) & (0xFF if byte_words else 0xFFFF)
+        for i, term in enumerate((w.numel(), w.sum(), (w * w).sum(), (w * column).sum())):
+            totals[i] += int(term)
+    return tuple(totals)
+
+
+def add_digests(digests) -> Digest:
+    return tuple(sum(parts) for parts in zip(*digests)) if digests else (0, 0, 0, 0)
+
+
+def digesting(stream: TensorStream, into: dict[str, Digest]) -> TensorStream:
+    """`stream` unchanged, each tensor's digest written to `into` (name -> digest) as it passes."""
+
+    def tensors():
+        for name, tensor in stream:
+            into[name] = tensor_digest(tensor)
+            yield name, tensor
+
+    return TensorStream(stream.shapes, tensors())
+
+
+def module_digests(module, spec: WeightSpec) -> dict[str, tuple[tuple[str, ...], Digest]]:
+    """An engine's digests of a torch module that keeps the trainer's names (the hf engine): each canonical
+    tensor of `spec` -> ((its name,), its digest)."""
+    params = module.state_dict(keep_vars=True)
+    return {name: ((name,), tensor_digest(params[name])) for name in spec.shapes}
+
+
+@dataclass(frozen=True)
+class SyncCheck:
+    """An engine's weights against what the trainer sent: how many engine tensors, which differ."""
+
+    tensors: int
+    mismatched: tuple[str, ...]
+
+
+class WeightsMismatch(RuntimeError):
+    """The engine does not hold the weights the trainer sent (always fatal: it would sample another policy)."""
+
+
+def check_sync(sent: dict[str, Digest], held: dict[str, tuple[tuple[str, ...], Digest | None]]) -> SyncCheck:
+    """`sent`: name -> digest of each tensor the trainer sent; `held`: the engine's tensor -> (the sent
+    names it holds, its digest; None where it has no such tensor). An engine tensor differs when its
+    digest is not the sum of its members' (or a member was never sent); a sent tensor no engine tensor
+    holds counts as differing too."""
+    mismatched = [
+        key
+        for key, (members, digest) in held.items()
+        if digest is None or any(m not in sent for m in members) or add_digests([sent[m] for m in members]) != tuple(digest)
+    ]
+    held_names = {m for members, _ in held.values() for m in members}
+    mismatched += [name for name in sent if name not in held_names]
+    return SyncCheck(len(held), tuple(mismatched))
+
+
+def raise_on_mismatch(check: SyncCheck, where: str) -> SyncCheck:
+    """`check`, or WeightsMismatch in one line naming the first tensor that differs."""
+    if check.mismatched:
+        raise WeightsMismatch(
+            f"{where}: the rollout engine's weights differ from the trainer's after the weight sync in "
+            f"{len(check.mismatched)} of {check.tensors} tensors, e.g. {check.mismatched[0]!r}: the engine "
+            "would sample with other weights than those trained"
+        )
+    return check

@@ -7,6 +7,7 @@ from typing import Any, Optional
 
 from omegaconf import II
 
+from grl.schema.certificate import Certificate
 from grl.schema.keys import key, section
 from grl.schema.workers import KL_ESTIMATORS, ActorRolloutRef, Critic
 
@@ -169,6 +170,7 @@ class Trainer:
     )
     critic_warmup: int = key(0, "steps that update only the critic", ge=0)
     seed: int = key(42, "seeds sampling and, through rollout.seed, the training games")
+    certificate: Certificate = section(Certificate)
 
 
 @dataclass

@@ -29,6 +29,7 @@ from grl.rollout.tasks import is_program_task
 from grl.tracking import Tracker, save_run_info
 from grl.trainer import RunAborted
 from grl.trainer import checkpoint as ckpt
+from grl.trainer.certificate import STOPS, certified
 from grl.trainer.curriculum import Curriculum
 from grl.trainer.metrics import (
     Timer,
@@ -84,7 +85,7 @@ class AgentTrainer:
         # Where each step's episodes and old log-probs come from (grl/trainer/pipeline.py): the step reads
         # the same in every mode. The rollout source starts with the first step, after any resume.
         self._source: RolloutSource | None = None
-        self.old_log_probs = old_log_probs_from(self.plan, self.policy.actor, actor)
+        self.certificate, self.old_log_probs = certified(run, plan, actor, old_log_probs_from(plan, self.policy.actor, actor))
 
     @classmethod
     def from_config(cls, cfg: DictConfig, hooks: list[StepHook] | None = None, plan: RunPlan | None = None) -> AgentTrainer:
@@ -152,6 +153,7 @@ class AgentTrainer:
                 self.global_step += 1
                 step, last = self.global_step, self.global_step == settings.total_training_steps
                 metrics, batch = self.train_step(step)
+                metrics.update(self.certificate.certify(step, metrics, batch, self.actor.weights_check))
                 if settings.test_freq > 0 and (step % settings.test_freq == 0 or last):
                     metrics.update(self.validate())
                     if settings.export_hf and settings.export_best and self.validation.is_best(step, metrics):
@@ -165,7 +167,7 @@ class AgentTrainer:
             best = self.validation.best.step  # 0: none after a training step, or trainer.export_best off
             export = None if not settings.export_hf else self.export_hf(only_path=best > 0)
             print(finish_report(self.validation.success, self.last_checkpoint, export, best), flush=True)
-        except (WorkerDiedError, WeightSyncTimeout) as err:
+        except (WorkerDiedError, WeightSyncTimeout, *STOPS) as err:
             message = abort_message(err, self.global_step, self.last_checkpoint)
             log.error(message)
             raise RunAborted(message) from err
@@ -224,6 +226,7 @@ class AgentTrainer:
         """The episodes the update may train on (none older than rollout.max_staleness) and the
         rollout's metrics; the curriculum records the step's success."""
         result = sampled.result
+        self.certificate.sampled(result.episodes)
         episodes, stale = drop_stale_episodes(result.episodes, step - 1, self.plan.max_staleness)
         if stale:
             log.error(

@@ -41,9 +41,9 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from grl.workers.engine_proxy import EngineProxy
-from grl.workers.group import ActorRolloutRefGroup, CriticGroup, WorkerDiedError
+from grl.workers.group import ActorRolloutRefGroup, CriticGroup
 from grl.workers.rollout_worker import WeightSyncTimeout
-from grl.workers.runtime import init_ray
+from grl.workers.runtime import WorkerDiedError, init_ray
 from grl.workers.sharding import plan_minibatches
 
 log = logging.getLogger("grl.workers")

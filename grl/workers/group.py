@@ -13,19 +13,20 @@ rank i of each role lives on GPU i (colocated, as in verl).
 from __future__ import annotations
 
 import logging
-import time
 from pathlib import Path
 
 import torch
 
 from grl.engines.base import Engine
+from grl.engines.weights import SyncCheck, raise_on_mismatch
 from grl.errors import first_line
 from grl.rollout.types import Batch
 from grl.config import typed_section
 from grl.run_plan import RunPlan
 from grl.schema import ActorRolloutRef, Critic
+from grl.workers.dispatch import FaultAwareDispatch
 from grl.workers.engine_proxy import EngineProxy
-from grl.workers.runtime import WorkerDiedError, acquire_pool, check_device, init_ray, release_pool, worker_runtime_env
+from grl.workers.runtime import acquire_pool, check_device, init_ray, release_pool, worker_runtime_env
 from grl.workers.sharding import equal_shards, minibatch_shards, pack, pad_rows, pick, row_capacity, unpack
 
 log = logging.getLogger("grl.workers")
@@ -34,9 +35,6 @@ log = logging.getLogger("grl.workers")
 # critic, a second actor while a test compares two) can share one bundle.
 GROUPS_PER_BUNDLE = 4
 TEARDOWN_TIMEOUT_S = 10  # a rank stuck in a collective (a peer died) is killed after this
-# A rank whose peer's process is gone fails in its collective (gloo: connection closed) about a second
-# before Ray reports the peer itself: the death, not the broken collective, is what the error names.
-PEER_DEATH_GRACE_S = 5
 # A step's mini-batch shuffle is seeded by the run's seed and the step (step 1: offset 0), so a
 # resumed run draws the same mini-batches without the driver restoring anything.
 SHUFFLE_SEED_STRIDE = 1_000_003
@@ -63,7 +61,7 @@ POLICY_SCORE_KEYS = SCORE_KEYS + CONSTRAINT_KEYS
 # ---------------------------------------------------------------- groups
 
 
-class _WorkerGroup:
+class _WorkerGroup(FaultAwareDispatch):
     """N ranks of one role; shared plumbing of the actor and critic groups."""
 
     def __init__(self, worker_class: type, plan: RunPlan, section, rank_args=lambda rank: ()):
@@ -109,88 +107,6 @@ class _WorkerGroup:
         except BaseException:
             self.shutdown()
             raise
-
-    # -- dispatch
-
-    def _gather(self, refs: list, ranks: list[int]) -> list:
-        """Results in rank order. Returns as soon as any rank fails, so a dead
-        rank never leaves the driver waiting on its peers' collectives."""
-        import ray
-        from ray.exceptions import RayActorError, RayTaskError
-
-        where = {ref: i for i, ref in enumerate(refs)}
-        results: list = [None] * len(refs)
-        pending = list(refs)
-        while pending:
-            ready, pending = ray.wait(pending, num_returns=1)
-            i = where[ready[0]]
-            try:
-                results[i] = ray.get(ready[0])
-            except RayActorError as err:
-                self._abandoned += pending
-                raise self._died(ranks[i], err) from err
-            except RayTaskError as err:
-                self._abandoned += pending
-                died = self._peer_death(pending, where, ranks)
-                if died is not None:
-                    raise died from err
-                raise
-            except BaseException:
-                self._abandoned += pending
-                raise
-        return results
-
-    def _peer_death(self, pending: list, where: dict, ranks: list[int]) -> WorkerDiedError | None:
-        """The death of one of the ranks still `pending`, if Ray reports one within PEER_DEATH_GRACE_S."""
-        import ray
-        from ray.exceptions import RayActorError
-
-        deadline = time.monotonic() + PEER_DEATH_GRACE_S
-        while pending and (left := deadline - time.monotonic()) > 0:
-            ready, pending = ray.wait(pending, num_returns=1, timeout=left)
-            for ref in ready:
-                try:
-                    ray.get(ref)
-                except RayActorError as err:
-                    return self._died(ranks[where[ref]], err)
-                except Exception as err:  # noqa: BLE001 - another rank's share of the same failure
-                    log.debug("peer of a failed rank: %s", first_line(err))
-        return None
-
-    def _died(self, rank: int, err) -> WorkerDiedError:
-        """One line for a dead rank, naming its node (IP and id) when Ray reports the node dead."""
-        import ray
-        from ray.exceptions import ActorUnavailableError
-
-        from grl.workers.runtime import node_death_wait_s
-
-        name = f"{self.role} rank {rank}"
-        # A lost connection to a rank on another node is how that node's death first shows; Ray marks the
-        # node dead only once its health checks have failed, so wait for that verdict (bounded by how long
-        # the checks take). The driver's own node cannot be dead while the driver runs: no wait on one node.
-        remote = rank < len(self.nodes) and self.nodes[rank] != ray.get_runtime_context().get_node_id()
-        node = self._dead_node(rank, node_death_wait_s() if remote and isinstance(err, ActorUnavailableError) else 0.0)
-        if node is None:
-            return WorkerDiedError(f"{name} died: {first_line(err)}", worker=name)
-        ip, node_id, reason = node
-        because = f" ({reason.strip().splitlines()[0]})" if reason.strip() else ""
-        return WorkerDiedError(f"{name} died: its node {ip} (node id {node_id}) died{because}", worker=name, node=(ip, node_id))
-
-    def _dead_node(self, rank: int, wait_s: float) -> tuple[str, str, str] | None:
-        """(IP, node id, Ray's reason) of the node `rank` ran on, once Ray has marked it dead; None if it
-        is alive after `wait_s` seconds, or the rank's node is not known (it died while the group formed)."""
-        import ray
-
-        if rank >= len(self.nodes):
-            return None
-        node_id, deadline = self.nodes[rank], time.monotonic() + wait_s
-        while True:
-            for node in ray.nodes():
-                if node["NodeID"] == node_id and not node["Alive"]:
-                    return node["NodeManagerAddress"], node_id, node.get("DeathReasonMessage", "")
-            if time.monotonic() >= deadline:
-                return None
-            time.sleep(0.5)
 
     def call(self, method: str, *args) -> list:
         """`method(*args)` on every rank."""
@@ -302,6 +218,7 @@ class ActorRolloutRefGroup(_WorkerGroup):
         from grl.workers.rollout_worker import SeparateEngine
 
         self.use_ref, self.separate = plan.use_reference, plan.engine_apart
+        self._last_check: SyncCheck | None = None
         init_ray()
         self.engine_name = plan.engine
         engine_ranks = plan.engine_ranks()
@@ -353,15 +270,24 @@ class ActorRolloutRefGroup(_WorkerGroup):
         return self._update(batch, ACTOR_KEYS, self.section.actor, step)
 
     def sync_weights(self) -> None:
-        """Push the actor's current weights into the rollout engine(s), in memory."""
+        """Push the actor's current weights into the rollout engine(s), in memory, and check that each
+        engine holds what was sent: WeightsMismatch (grl/engines/weights.py) where one does not."""
         if self.separate:
             self.engine.load_weights(self.weights_handle(), version=-1)
-        else:
-            self.call("sync_weights")
+            return
+        checks = self.call("sync_weights")
+        for rank in self.engine_ranks:
+            raise_on_mismatch(checks[rank], f"the engine of actor rank {rank}")
+        self._last_check = SyncCheck(sum(checks[rank].tensors for rank in self.engine_ranks), ())
+
+    @property
+    def weights_check(self) -> SyncCheck | None:
+        """The last sync's check of the engines' weights (None before the first)."""
+        return self.engine.last_check if self.separate else self._last_check
 
     def weights_handle(self):
-        """A handle to a copy of the actor's current weights, for a rollout worker of its own:
-        `engine.load_weights(handle, version)` loads them, at any later time."""
+        """A handle to a copy of the actor's current weights (with their digests), for a rollout worker
+        of its own: `engine.load_weights(handle, version)` loads and checks them, at any later time."""
         return self.call("engine_weights")[0][0]
 
     def shutdown(self, timeout: float = TEARDOWN_TIMEOUT_S) -> None:

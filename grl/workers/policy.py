@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from grl.engines.weights import SyncCheck, check_sync, digesting
 from grl.run_plan import RunPlan
 from grl.workers import lora, sharded, streaming
 from grl.workers.heads import POLICY
@@ -177,39 +178,46 @@ class PolicyWorker(Worker):
 
     # ------------------------------------------------------------ engine
 
-    def sync_weights(self) -> None:
+    def sync_weights(self) -> SyncCheck | None:
         """Full weights -> this rank's engine, in place, one tensor at a time in the engine's
-        dtype. Collective: every rank runs every gather; ranks without an engine drop them."""
+        dtype. Collective: every rank runs every gather; ranks without an engine drop them. A rank
+        with an engine returns what the engine holds checked against what it was sent."""
         from grl.models import torch_dtype
 
         stream = self._policy_tensors(hf_names(self.module.state_dict()), torch_dtype(self.model_cfg.dtype, self.device))
+        sent: dict = {}
+        if self.engine is not None:
+            stream = digesting(stream, sent)
         try:
             if self.engine is not None:
                 self.engine.update_weights(stream)
         finally:
             stream.drain()  # after an engine error too: the other ranks wait in these gathers
+        return None if self.engine is None else check_sync(sent, self.engine.weights_digest())
 
     def engine_weights(self) -> tuple:
         """Collective: the full weights in the engine's dtype, on the host, put in Ray's object store by
-        rank 0 for a rollout worker of its own (grl/workers/rollout_worker.py). Rank 0 returns
-        (handle,), the others (None,): the handle travels inside a tuple so the driver never fetches
-        the weights themselves."""
+        rank 0 for a rollout worker of its own (grl/workers/rollout_worker.py), with the digest of each
+        as it left the trainer. Rank 0 returns ((handle, digests),), the others (None,): the handle
+        travels inside a tuple so the driver never fetches the weights themselves."""
         import ray
 
-        items = self.host_weights()
-        return (None,) if items is None else (ray.put(items),)
+        sent: dict = {}
+        items = self.host_weights(sent)
+        return (None,) if items is None else ((ray.put(items), sent),)
 
-    def host_weights(self) -> list | None:
+    def host_weights(self, digests: dict | None = None) -> list | None:
         """Collective: rank 0 gets the full weights in the engine's dtype as host tensors, the other
         ranks None. Every rank joins each gather, but only rank 0 sends the weights on, so the others
-        drop each tensor as it comes (at 7B, 15 GB of host memory per rank that nobody reads)."""
+        drop each tensor as it comes (at 7B, 15 GB of host memory per rank that nobody reads).
+        `digests`: filled on rank 0 with each tensor's digest, taken on the device."""
         from grl.models import torch_dtype
 
         stream = self._policy_tensors(hf_names(self.module.state_dict()), torch_dtype(self.model_cfg.dtype, self.device))
         if self.rank != 0:
             stream.drain()
             return None
-        return [(name, tensor.cpu()) for name, tensor in stream]
+        return [(name, tensor.cpu()) for name, tensor in (stream if digests is None else digesting(stream, digests))]
 
     def engine_generate(self, prompts: list[list[int]], sampling, constraints=None) -> list:
         return self.engine.generate(prompts, sampling, constraints)

@@ -18,6 +18,7 @@ import logging
 import torch
 
 from grl.engines.base import Engine, GenerationOutput, NamedTensors, SamplingParams, usable_cores
+from grl.engines.weights import SyncCheck, check_sync, raise_on_mismatch, tensor_digest
 from grl.errors import first_line
 from grl.run_plan import RunPlan
 from grl.workers.runtime import WorkerDiedError, worker_runtime_env
@@ -69,8 +70,10 @@ class RolloutWorker:
     def generate(self, prompts: list[list[int]], sampling: SamplingParams, constraints=None) -> list[GenerationOutput]:
         return self.engine.generate(prompts, sampling, constraints)
 
-    def update_weights(self, named_tensors: NamedTensors) -> None:
+    def update_weights(self, named_tensors: NamedTensors) -> dict:
+        """Load them; -> the engine's digest of what it then holds (`Engine.weights_digest`)."""
         self.engine.update_weights(named_tensors)
+        return self.engine.weights_digest()
 
     def execute(self, fn, *args):
         """Run `fn(self, *args)` here (fault injection in tests)."""
@@ -102,6 +105,7 @@ class SeparateEngine(Engine):
         self._worker = None
         self.timeout = weight_sync_timeout
         self._stuck = False
+        self.last_check: SyncCheck | None = None  # the engine's weights against the trainer's, at the last load
         self._worker = ray.remote(RolloutWorker).options(**options).remote(section, plan, device)
         ready, _ = ray.wait([self._worker.ready.remote()], timeout=ENGINE_START_TIMEOUT_S)
         if not ready:
@@ -127,24 +131,30 @@ class SeparateEngine(Engine):
         return self._get(self._worker.generate.remote([list(p) for p in prompt_token_ids], sampling, constraints))
 
     def load_weights(self, handle, version: int) -> None:
-        """The weights `handle` names (`ActorRolloutRefGroup.weights_handle`) into the engine; a
-        transfer that takes longer than `rollout.weight_sync_timeout` raises WeightSyncTimeout."""
+        """The weights `handle` names (`ActorRolloutRefGroup.weights_handle`: the weights' reference and
+        their digests as they left the trainer) into the engine, checked against what it then holds
+        (WeightsMismatch where they differ); a transfer that takes longer than
+        `rollout.weight_sync_timeout` raises WeightSyncTimeout."""
         from ray.exceptions import GetTimeoutError
 
+        weights, sent = handle
         try:
-            self._get(self._worker.update_weights.remote(handle), timeout=self.timeout)
+            held = self._get(self._worker.update_weights.remote(weights), timeout=self.timeout)
         except GetTimeoutError:
             self._stuck = True
             raise WeightSyncTimeout(
                 f"the rollout engine did not load the weights of policy version {version} within "
                 f"{self.timeout:g} s (rollout.weight_sync_timeout)"
             ) from None
+        where = "the rollout worker" + (f" (policy version {version})" if version >= 0 else "")
+        self.last_check = raise_on_mismatch(check_sync(sent, held), where)
 
     def update_weights(self, named_tensors: NamedTensors) -> None:
         import ray
 
         items = list(named_tensors.items()) if hasattr(named_tensors, "items") else list(named_tensors)
-        self.load_weights(ray.put([(name, tensor.detach().cpu()) for name, tensor in items]), version=-1)
+        sent = {name: tensor_digest(tensor) for name, tensor in items}
+        self.load_weights((ray.put([(name, tensor.detach().cpu()) for name, tensor in items]), sent), version=-1)
 
     def execute(self, fn, *args):
         return self._get(self._worker.execute.remote(fn, *args))

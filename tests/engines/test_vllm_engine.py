@@ -176,3 +176,30 @@ def test_sampled_multi_turn_with_prompts_longer_than_a_step_budget(vllm_tiny, to
     replies = episode()
     assert replies == episode()
     assert len({tuple(r) for r in replies[0]}) > 1
+
+
+def test_the_weights_vllm_holds_are_checked_against_those_it_was_sent(vllm_tiny, hf_tiny, prompts):
+    """Each vLLM tensor's digest against the sum of the sent tensors it holds (q, k, v in qkv_proj); a value
+    changed between the trainer and the engine shows in the tensor that holds it, read back where vLLM
+    keeps the weight (the norm) and as received where vLLM CPU keeps only a packed copy (the linears)."""
+    from grl.engines.weights import SyncCheck, check_sync, tensor_digest
+
+    original = {name: t.clone() for name, t in hf_tiny.model.state_dict().items() if name != "lm_head.weight"}  # tied
+    state = {name: t + 0.01 for name, t in original.items()}
+    sent = {name: tensor_digest(t) for name, t in state.items()}
+    vllm_tiny.update_weights(state)
+    held = vllm_tiny.weights_digest()
+    fused = "model.layers.0.self_attn.qkv_proj.weight"
+    assert held[fused][0] == tuple(f"model.layers.0.self_attn.{p}_proj.weight" for p in "qkv")
+    assert check_sync(sent, held) == SyncCheck(len(held), ())
+    for changed, engine_tensor in [
+        ("model.norm.weight", "model.norm.weight"),
+        ("model.layers.0.self_attn.k_proj.weight", fused),
+        ("model.layers.1.mlp.down_proj.weight", "model.layers.1.mlp.down_proj.weight"),
+    ]:
+        on_the_way = dict(state)
+        on_the_way[changed] = state[changed].clone()
+        on_the_way[changed].view(-1)[0] += 1.0
+        vllm_tiny.update_weights(on_the_way)
+        assert check_sync(sent, vllm_tiny.weights_digest()).mismatched == (engine_tensor,), changed
+    vllm_tiny.update_weights(original)

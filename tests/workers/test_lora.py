@@ -105,6 +105,45 @@ def test_sync_gives_the_engine_the_merged_model(actor, batch, tmp_path, vllm_cpu
             in_vllm.shutdown()
 
 
+def test_the_sync_check_covers_the_merged_adapter(actor, batch):
+    """The digests compared at each sync are of the merged weights: an engine that never gets the adapter
+    (verl#7495) stops the sync with one line naming an adapted Linear, and the real sync passes."""
+    from grl.engines.weights import WeightsMismatch
+
+    def _keep_adapted_layers(worker, keep: bool) -> list[str]:
+        """Rank 0's engine takes every tensor but the adapted Linears', whose values it keeps: the merged
+        adapter never reaches it. -> the adapted Linears' names."""
+        from grl.workers import lora
+        from grl.workers.worker import hf_names
+
+        adapted = sorted(lora.plain_name(n) for n in hf_names(worker.module.state_dict()) if n.endswith(lora.BASE + "weight"))
+        if worker.engine is None:
+            return adapted
+        engine = worker.engine
+        if not keep:
+            vars(engine).pop("update_weights", None)
+            return adapted
+        load, current = engine.update_weights, engine.model.state_dict()
+
+        def without_adapter(named_tensors):
+            load([(name, current[name].clone() if name in adapted else tensor) for name, tensor in named_tensors])
+
+        engine.update_weights = without_adapter
+        return adapted
+
+    actor.update(batch, step=1)  # B moves off zero: merged != base
+    adapted = actor.execute(_keep_adapted_layers, True)[0]
+    try:
+        with pytest.raises(WeightsMismatch) as info:
+            actor.sync_weights()
+    finally:
+        actor.execute(_keep_adapted_layers, False)
+    message = str(info.value)
+    assert f"in {len(adapted)} of " in message and message.split("e.g. ")[1].split("'")[1] in adapted
+    actor.sync_weights()
+    assert actor.weights_check.tensors > len(adapted) and not actor.weights_check.mismatched
+
+
 def test_checkpoint_holds_the_adapter_and_resumes_exactly(lora_cfg, actor, batch, tmp_path):
     actor.save_checkpoint(tmp_path / "ckpt")
     saved = saved_names(tmp_path / "ckpt")["model"]  # the sharded checkpoint's weight names
