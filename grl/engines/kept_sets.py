@@ -97,8 +97,8 @@ class KeptSets:
         missing = [p for p in range(length) if p not in self.sets]
         if missing:
             raise RuntimeError(
-                f"vLLM reported no kept set for reply positions {missing[:5]}: its logits processor ran in "
-                "another process than the engine (GRL builds vLLM with an in-process engine core and one worker)"
+                f"vLLM's logits processor left no kept set for reply positions {missing[:5]}; it writes them here "
+                "only when it runs in this process (GRL builds vLLM with an in-process engine core and one worker)"
             )
         return [self.sets[p] for p in range(length)]
 
