@@ -40,7 +40,9 @@ class RunPlan:
     use_reference: bool  # a KL loss or a KL penalty in the reward needs reference log-probs
     reference_model: bool  # a model of its own; a LoRA run's reference is its base with the adapter off
     seed: int
-    reply_grammars: bool  # some task decodes from valid actions or is a program (allowed_replies): the engine takes grammars
+    # some task decodes from valid actions or is a program (allowed_replies), or the rollout samples with
+    # top-k/top-p: the engine takes grammars and filters in its own logits processor (grl/engines/kept_sets.py)
+    reply_grammars: bool
     score_temperature: float  # the scoring distribution is the sampling one: the rollout's temperature, 1 for greedy (0)
     logits_chunk_size: int  # positions per chunk through a head, the actor's key for every role (the critic's value head too)
     packing_capacity: int | None  # tokens of a packed row sent to the ranks (rollout.packing); None: an episode a row
@@ -61,6 +63,8 @@ class RunPlan:
     def from_sections(cls, run: RunSections, facts: MachineFacts | None = None) -> RunPlan:
         """The plan of a config's typed sections on the machine `facts` describe; without them, on this
         machine (grl/machine.py asks only what the config leaves to `auto`)."""
+        from grl.engines import sampling_from_config
+        from grl.engines.kept_sets import filters
         from grl.rollout.tasks import decodes_constrained, task_specs
 
         actor, engine, trainer = run.actor_rollout_ref.actor, run.actor_rollout_ref.rollout, run.trainer
@@ -84,7 +88,8 @@ class RunPlan:
             seed=trainer.seed,
             reply_grammars=decodes_constrained(
                 [spec for validation in (False, True) for spec in task_specs(run.rollout, run.tasks, validation)]
-            ),
+            )
+            or any(filters(sampling_from_config(engine, validation, max_new_tokens=1)) for validation in (False, True)),
             score_temperature=temperature if temperature > 0 else 1.0,
             logits_chunk_size=actor.logits_chunk_size,
             packing_capacity=run.rollout.max_episode_length if run.rollout.packing else None,

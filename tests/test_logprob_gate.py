@@ -3,6 +3,7 @@ sound run whose largest gap is large (many tokens, a near-tie), and fails a run 
 whose tail is wrong, or that logged nothing."""
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -53,3 +54,58 @@ def test_a_run_without_the_figures_fails(tmp_path):
         result = run_gate(tmp_path, records)
         assert result.returncode == 1 and "step 2 logged no" in result.stderr, records
     assert run_gate(tmp_path, [], "--step", "3").stderr.startswith("step 3 logged no")
+
+
+@pytest.mark.slow  # one training step of the tiny model through Ray
+def test_a_top_k_top_p_run_scores_each_token_under_the_set_it_was_drawn_from(tmp_path, ray_runtime):
+    """A real step in fp32 with top_p 0.7 and top_k 5, free replies (Sokoban) and valid-action replies
+    (BlocksWorld) side by side, the old-log-prob pass on (two mini-batches): the trainer scores each sampled
+    token under the renormalised softmax over the engine's kept set (inside the grammar's), so the
+    engine/trainer gap is fp32 noise, as without a filter; over the full softmax it was 9 nats."""
+    from grl.config import load_config
+    from grl.run_plan import RunPlan
+    from grl.tracking import METRICS_FILE, read_jsonl
+    from grl.trainer.agent_trainer import AgentTrainer
+
+    tasks = ["simpleSokobanAgent", "blocksworldAgent_text"]
+    overrides = {
+        "model_path": "tiny",
+        "n_gpus_per_node": 1,
+        "trainer.device": "cpu",
+        "actor_rollout_ref.model.dtype": "float32",
+        "actor_rollout_ref.rollout.name": "hf",
+        "actor_rollout_ref.rollout.temperature": 0.9,
+        "actor_rollout_ref.rollout.top_p": 0.7,
+        "actor_rollout_ref.rollout.top_k": 5,
+        "actor_rollout_ref.actor.use_kl_loss": True,  # the reference scores the same tokens under the same sets
+        "rollout.training": f"[{','.join(tasks)}]",
+        "rollout.agent_group_num": "[1,1]",
+        "rollout.agent_group_size": "[2,2]",
+        "blocksworldAgent_text.agent_config.action_decoding": "constrained",
+        **{f"{task}.agent_config.max_turns": 2 for task in tasks},
+        "max_response_length": 24,
+        "algorithm.adv_estimator": "grpo",
+        "critic.enable": False,
+        "ppo_mini_batch_size": 2,
+        "micro_batch_size_per_gpu": 2,
+        "total_training_steps": 1,
+        "test_freq": -1,
+        "save_freq": -1,
+        "trainer.val_before_train": False,
+        "trainer.export_hf": False,
+        "trainer.logger": "[jsonl]",
+        "resume_mode": "disable",
+        "trainer.run_dir": str(tmp_path / "run"),
+        "trainer.default_local_dir": str(tmp_path / "ckpt"),
+        "actor_rollout_ref.model.enable_gradient_checkpointing": False,
+    }
+    cfg = load_config([f"{k}={v}" for k, v in overrides.items()])
+    assert RunPlan.from_config(cfg).old_log_prob_pass(4)
+    AgentTrainer.from_config(cfg).fit()
+    metrics = tmp_path / "run" / METRICS_FILE
+    (step,) = [r for r in read_jsonl(metrics) if r["step"] == 1]
+    assert step[MEAN] <= 1e-5 and step[MAX] <= 1e-4, (step[MEAN], step[MAX])
+    # The entropy is that of the same distributions: at most 5 ids each (the full softmax's is ~10 nats).
+    assert 0 < step["actor/entropy"] <= math.log(5), step["actor/entropy"]
+    gate = subprocess.run([sys.executable, str(GATE), str(metrics), "--step", "1"], capture_output=True, text=True, timeout=60)
+    assert gate.returncode == 0, gate.stderr

@@ -42,6 +42,23 @@ class GenerationOutput:
     token_ids: list[int]
     log_probs: list[float] | None = None  # one per token in token_ids, or None
     finish_reason: str = "stop"  # "stop" (eos / stop string / stop token) or "length"
+    # One per token when top-k/top-p filtered the sampling: the set it was drawn from (grl/engines/kept_sets.py)
+    kept_sets: list[tuple[int, tuple[int, ...]]] | None = None
+
+
+def check_prompts(prompt_token_ids) -> None:
+    for i, prompt in enumerate(prompt_token_ids):
+        if len(prompt) == 0:
+            raise ValueError(f"generate: prompt {i} is empty")
+
+
+def check_constraints(constraints, count: int) -> list:
+    """One grammar (or None: free decoding) per prompt."""
+    if constraints is None:
+        return [None] * count
+    if len(constraints) != count:
+        raise ValueError(f"generate: {len(constraints)} constraints for {count} prompts")
+    return list(constraints)
 
 
 NamedTensors = Iterable[tuple[str, "torch.Tensor"]] | Mapping[str, "torch.Tensor"]  # noqa: F821
@@ -55,7 +72,7 @@ class Engine:
     ) -> list[GenerationOutput]:
         """`constraints`: one `grl.engines.constraint.ReplyGrammar` (or None: free decoding) per
         prompt. Log-probs are those of the distribution each token was drawn from: temperature,
-        top-k/top-p and the grammar's mask applied."""
+        top-k/top-p and the grammar's mask applied; with top-k/top-p each token's kept set comes too."""
         raise NotImplementedError
 
     def update_weights(self, named_tensors: NamedTensors) -> None:

@@ -27,8 +27,9 @@ from collections import Counter
 import torch
 
 from grl.engines import cpu_attention
-from grl.engines.base import Engine, GenerationOutput, NamedTensors, SamplingParams
+from grl.engines.base import Engine, GenerationOutput, NamedTensors, SamplingParams, check_constraints, check_prompts
 from grl.engines.constraint import ReplyGrammar, allowed_sets_tensors, constrain_logits
+from grl.engines.kept_sets import filter_logits, filters, kept_sets
 from grl.engines.kv_slab import prefix_slab
 from grl.engines.weights import check_named_tensors, module_digests, weight_spec
 
@@ -37,39 +38,6 @@ PREFIX_KEEP_CALLS = 8
 # Cache columns set aside for a call's reply tokens; a longer reply grows the cache (grl/engines/kv_slab.py),
 # so a free reply of max_new_tokens=4096 does not reserve 4096 columns a row it may never use.
 REPLY_RESERVE = 64
-
-
-def filter_logits(logits, temperature: float, top_k: int, top_p: float):
-    """Scale by temperature and mask (-inf) what top-k and top-p exclude.
-    logits: float [B, V]. Top-p keeps the smallest set of most likely tokens
-    whose probability reaches top_p (always at least one)."""
-    logits = logits / temperature
-    if 0 < top_k < logits.shape[-1]:
-        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
-        probs = sorted_logits.softmax(-1)
-        mass_before = probs.cumsum(-1) - probs  # probability of the tokens ranked above
-        drop_sorted = mass_before >= top_p
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-        logits = logits.masked_fill(drop, float("-inf"))
-    return logits
-
-
-def _check_prompts(prompt_token_ids) -> None:
-    for i, prompt in enumerate(prompt_token_ids):
-        if len(prompt) == 0:
-            raise ValueError(f"generate: prompt {i} is empty")
-
-
-def _check_constraints(constraints, count: int) -> list:
-    """One grammar (or None: free decoding) per prompt."""
-    if constraints is None:
-        return [None] * count
-    if len(constraints) != count:
-        raise ValueError(f"generate: {len(constraints)} constraints for {count} prompts")
-    return list(constraints)
 
 
 def build(model_path: str, *, dtype: str, device: str | None, seed: int, **_vllm_options) -> HFEngine:
@@ -121,8 +89,8 @@ class HFEngine(Engine):
     def generate(
         self, prompt_token_ids: list[list[int]], sampling: SamplingParams, constraints: list[ReplyGrammar | None] | None = None
     ) -> list[GenerationOutput]:
-        _check_prompts(prompt_token_ids)
-        constraints = _check_constraints(constraints, len(prompt_token_ids))
+        check_prompts(prompt_token_ids)
+        constraints = check_constraints(constraints, len(prompt_token_ids))
         if self.asleep:
             self.wake()
         if sampling.max_new_tokens <= 0:
@@ -170,6 +138,7 @@ class HFEngine(Engine):
         batch = len(prompts)
         tokens: list[list[int]] = [[] for _ in range(batch)]
         log_probs: list[list[float]] = [[] for _ in range(batch)]
+        kept = [{} for _ in range(batch)] if filters(sampling) else None  # reply position -> its token's kept set
         finish: list[str | None] = [None] * batch
         walkers = [c.walker() if c is not None else None for c in constraints]
         # Jump-forward: tokens a grammar forces (probability 1) need no sampling step. Those before the
@@ -178,9 +147,7 @@ class HFEngine(Engine):
             if walker is not None:
                 self._take_forced(walker, tokens[row], log_probs[row], finish, row, sampling.max_new_tokens)
         if all(f is not None for f in finish):  # every reply was forced whole (one valid action): no model call
-            return [
-                GenerationOutput(tokens[row], log_probs[row] if sampling.logprobs else None, finish[row]) for row in range(batch)
-            ]
+            return self._outputs(tokens, log_probs, kept, finish, sampling)
         prompts = [list(p) + t for p, t in zip(prompts, tokens)]
         if self.reuse_prefixes:
             self._prefill_shared(prompts)
@@ -205,12 +172,14 @@ class HFEngine(Engine):
                     logits_to_keep=1,
                 )
                 logits = self._constrain(out.logits[:, -1, :].float(), walkers, finish)
-                chosen, chosen_log_probs = self._choose(logits, sampling, generators)
+                chosen, chosen_log_probs, step_kept = self._choose(logits, sampling, generators)
                 for row, (token, log_prob) in enumerate(zip(chosen.tolist(), chosen_log_probs.tolist())):
                     if finish[row] is not None:
                         continue
                     tokens[row].append(token)
                     log_probs[row].append(log_prob)
+                    if kept is not None:
+                        kept[row][len(tokens[row]) - 1] = step_kept[row]
                     if walkers[row] is not None:
                         walkers[row].advance(token)
                     if token in stop_ids or self._hit_stop_string(tokens[row], sampling.stop):
@@ -231,9 +200,19 @@ class HFEngine(Engine):
                 position_ids = position_ids[:, -1:] + 1
         if self.reuse_prefixes:
             self._keep_prefixes(cache, prompts, cached, fed, past, width)
+        return self._outputs(tokens, log_probs, kept, finish, sampling)
+
+    @staticmethod
+    def _outputs(tokens, log_probs, kept, finish, sampling: SamplingParams) -> list[GenerationOutput]:
+        """The rows' replies. A token a grammar forced (no sampling step) was drawn from the set of itself alone."""
         return [
-            GenerationOutput(tokens[row], log_probs[row] if sampling.logprobs else None, finish[row] or "length")
-            for row in range(batch)
+            GenerationOutput(
+                tokens[row],
+                log_probs[row] if sampling.logprobs else None,
+                finish[row] or "length",
+                None if kept is None else [kept[row].get(i, (1, (token,))) for i, token in enumerate(tokens[row])],
+            )
+            for row in range(len(tokens))
         ]
 
     def _layout(self, prompts: list[list[int]], cached: list[tuple[int, ...]]):
@@ -337,17 +316,19 @@ class HFEngine(Engine):
 
     def _choose(self, logits, sampling: SamplingParams, generators):
         """-> (tokens, their log-probs under the distribution they were drawn from: greedy rows
-        report the log-softmax of the (masked) logits, as vLLM's processed log-probs do)."""
+        report the log-softmax of the (masked) logits, as vLLM's processed log-probs do; the rows' kept
+        sets when top-k/top-p filtered, else None)."""
         if sampling.is_greedy:
             chosen = logits.argmax(-1)
-            return chosen, logits.log_softmax(-1).gather(-1, chosen[:, None])[:, 0]
+            return chosen, logits.log_softmax(-1).gather(-1, chosen[:, None])[:, 0], None
         filtered = filter_logits(logits, sampling.temperature, sampling.top_k, sampling.top_p)
         probs = filtered.softmax(-1)
         if generators is None:
             chosen = torch.multinomial(probs, 1, generator=self.generator)[:, 0]
         else:
             chosen = torch.cat([torch.multinomial(p, 1, generator=g) for p, g in zip(probs, generators)])
-        return chosen, filtered.log_softmax(-1).gather(-1, chosen[:, None])[:, 0]
+        kept = kept_sets(filtered) if filters(sampling) else None
+        return chosen, filtered.log_softmax(-1).gather(-1, chosen[:, None])[:, 0], kept
 
     def _hit_stop_string(self, tokens: list[int], stops: list[str]) -> bool:
         if not stops:

@@ -15,9 +15,10 @@ rank must build its engine at the same time (new_group is collective; grl.worker
 That default group stays GRL's: `shutdown` does not let vLLM destroy it.
 
 Log-probs are vLLM's `processed_logprobs` of the sampled token: log-softmax
-of the logits after the valid-action grammar (a logits processor,
-grl/engines/vllm_grammar.py) and temperature (and top-k/top-p), i.e. of the
-distribution the token was drawn from, which is what the trainer scores.
+of the logits after the valid-action grammar and top-k/top-p (GRL's logits
+processor, grl/engines/vllm_grammar.py) and temperature, i.e. of the
+distribution the token was drawn from, which is what the trainer scores (each
+filtered token under its kept set, grl/engines/kept_sets.py).
 """
 
 from __future__ import annotations
@@ -26,8 +27,16 @@ import logging
 import os
 from contextlib import contextmanager, nullcontext
 
-from grl.engines.base import Engine, GenerationOutput, NamedTensors, SamplingParams, engine_cpu_threads
-from grl.engines.hf import _check_constraints, _check_prompts
+from grl.engines.base import (
+    Engine,
+    GenerationOutput,
+    NamedTensors,
+    SamplingParams,
+    check_constraints,
+    check_prompts,
+    engine_cpu_threads,
+)
+from grl.engines.kept_sets import FILTER_ARG, KeptSets, filters
 from grl.engines.weights import check_named_tensors, meta_weight_spec, tensor_digest
 
 logger = logging.getLogger(__name__)
@@ -70,17 +79,21 @@ def whole_prefills(path: str, max_model_len: int | None) -> dict:
 
 
 def to_vllm_sampling(sampling: SamplingParams, index: int, grammar=None):
-    """Our SamplingParams for request `index` of a batch, as vLLM's."""
+    """Our SamplingParams for request `index` of a batch, as vLLM's. Top-k/top-p go to GRL's logits
+    processor, which reports the kept sets (grl/engines/kept_sets.py), not to vLLM's sampler."""
     from vllm import SamplingParams as VllmSamplingParams
 
     from grl.engines.vllm_grammar import GRAMMAR_ARG
 
     greedy = sampling.is_greedy
+    extra = {} if grammar is None else {GRAMMAR_ARG: grammar}
+    if filters(sampling):
+        extra[FILTER_ARG] = KeptSets(sampling.temperature, sampling.top_k, sampling.top_p)
     return VllmSamplingParams(
         n=1,
         temperature=0.0 if greedy else sampling.temperature,
-        top_p=1.0 if greedy else sampling.top_p,
-        top_k=0 if greedy or sampling.top_k <= 0 else sampling.top_k,
+        top_p=1.0,
+        top_k=0,
         max_tokens=sampling.max_new_tokens,
         stop=list(sampling.stop) or None,
         stop_token_ids=list(sampling.stop_token_ids) or None,
@@ -88,7 +101,7 @@ def to_vllm_sampling(sampling: SamplingParams, index: int, grammar=None):
         seed=None if greedy else sampling.seed_of(index),
         logprobs=0 if sampling.logprobs else None,  # 0: the sampled token only
         include_stop_str_in_output=True,  # the text keeps what the token ids hold
-        extra_args=None if grammar is None else {GRAMMAR_ARG: grammar},
+        extra_args=extra or None,
     )
 
 
@@ -146,8 +159,8 @@ def held_digests(worker, received: dict) -> dict:
 
 class VLLMEngine(Engine):
     """`vllm.LLM` behind the Engine interface. `grammar`: requests may carry a
-    reply grammar (some task decodes constrained); without it vLLM gets no
-    logits processor at all."""
+    reply grammar (some task decodes constrained) or a top-k/top-p filter; without
+    it vLLM gets no logits processor at all."""
 
     def __init__(
         self,
@@ -207,13 +220,13 @@ class VLLMEngine(Engine):
     ) -> list[GenerationOutput]:
         from vllm.inputs import TokensPrompt
 
-        _check_prompts(prompt_token_ids)
-        constraints = _check_constraints(constraints, len(prompt_token_ids))
-        if not self.grammar and any(c is not None for c in constraints):
+        check_prompts(prompt_token_ids)
+        constraints = check_constraints(constraints, len(prompt_token_ids))
+        if not self.grammar and (any(c is not None for c in constraints) or filters(sampling)):
             raise ValueError(
-                "generate: a reply grammar was given to a vllm engine built with grammar=False; build it "
-                "with make_engine(..., grammar=True) when a task sets agent_config.action_decoding: "
-                "constrained"
+                "generate: a reply grammar or top-k/top-p was given to a vllm engine built with grammar=False; "
+                "build it with make_engine(..., grammar=True) when a task sets agent_config.action_decoding: "
+                "constrained or the rollout samples with top_p < 1 or top_k > 0"
             )
         if sampling.max_new_tokens <= 0:  # vLLM requires max_tokens >= 1
             return [GenerationOutput([], [] if sampling.logprobs else None, "length") for _ in prompt_token_ids]
@@ -221,15 +234,21 @@ class VLLMEngine(Engine):
         prompts = [TokensPrompt(prompt_token_ids=list(p)) for p in prompt_token_ids]
         params = [to_vllm_sampling(sampling, i, grammar) for i, grammar in enumerate(constraints)]
         results = self.llm.generate(prompts, params, use_tqdm=False)
-        return [self._output(result.outputs[0], sampling.logprobs) for result in results]
+        return [self._output(result.outputs[0], sampling.logprobs, p.extra_args) for result, p in zip(results, params)]
 
     @staticmethod
-    def _output(completion, want_log_probs: bool) -> GenerationOutput:
+    def _output(completion, want_log_probs: bool, extra_args: dict | None) -> GenerationOutput:
         token_ids = list(completion.token_ids)
         log_probs = None
         if want_log_probs:
             log_probs = [float(step[token].logprob) for token, step in zip(token_ids, completion.logprobs)]
-        return GenerationOutput(token_ids, log_probs, "length" if completion.finish_reason == "length" else "stop")
+        kept = (extra_args or {}).get(FILTER_ARG)
+        return GenerationOutput(
+            token_ids,
+            log_probs,
+            "length" if completion.finish_reason == "length" else "stop",
+            None if kept is None else kept.for_reply(len(token_ids)),
+        )
 
     def update_weights(self, named_tensors: NamedTensors) -> None:
         checked = check_named_tensors(named_tensors, self.spec)

@@ -1,4 +1,5 @@
-"""The reply grammar (grl/engines/constraint.py) as a vLLM logits processor.
+"""The reply grammar (grl/engines/constraint.py) and top-k/top-p (grl/engines/kept_sets.py) as a vLLM
+logits processor.
 
 vLLM 0.32 has two model runners with two logits-processor interfaces, and its
 loader for each rejects the other's classes:
@@ -16,6 +17,10 @@ Both apply the mask before temperature and top-k/top-p (V2: `Sampler.
 apply_sampling_params`), so vLLM's `processed_logprobs` are those of the
 masked, temperature-scaled distribution the token was drawn from.
 
+A request that filters carries a `KeptSets` (its temperature, top-k and top-p; vLLM itself gets top_p 1
+and top_k off): the processor masks each row to what `filter_logits` keeps of the grammar's masked logits,
+as the hf engine does, and writes the row's kept set into it at the reply position sampled.
+
 The classes are handed to vLLM by name ("module:Class"): a config that crosses
 a process boundary then pickles a string, not a class.
 """
@@ -31,6 +36,7 @@ from vllm.v1.sample.logits_processor import AdapterLogitsProcessor
 from vllm.v1.worker.gpu.sample.logits_processor import LogitsProcessor as V2LogitsProcessor
 
 from grl.engines.constraint import AllowedSet, GrammarWalker, ReplyGrammar
+from grl.engines.kept_sets import FILTER_ARG, KeptSets, pack_filters
 
 GRAMMAR_ARG = "grl_grammar"  # SamplingParams.extra_args key of a request's ReplyGrammar
 V1_PROCESSOR = f"{__name__}:GrammarLogitsProcessor"
@@ -52,6 +58,13 @@ def grammar_processors(engine_args: dict, grammar: bool) -> list[str]:
     if not grammar:
         return []
     return [V2_PROCESSOR if uses_v2_model_runner(engine_args) else V1_PROCESSOR]
+
+
+def request_kept_sets(params) -> KeptSets | None:
+    kept = (params.extra_args or {}).get(FILTER_ARG)
+    if kept is not None and not isinstance(kept, KeptSets):
+        raise ValueError(f"SamplingParams.extra_args[{FILTER_ARG!r}]: expected a KeptSets, got {type(kept).__name__}")
+    return kept
 
 
 def request_grammar(params) -> ReplyGrammar | None:
@@ -131,24 +144,32 @@ class GrammarLogitsProcessor(AdapterLogitsProcessor):
     @classmethod
     def validate_params(cls, sampling_params) -> None:
         request_grammar(sampling_params)
+        request_kept_sets(sampling_params)
 
     def is_argmax_invariant(self) -> bool:
         return False
 
     def new_req_logits_processor(self, params):
-        grammar = request_grammar(params)
-        return None if grammar is None else _RequestMask(_Walk(grammar))
+        grammar, kept = request_grammar(params), request_kept_sets(params)
+        if grammar is None and kept is None:
+            return None
+        return _RequestMask(None if grammar is None else _Walk(grammar), kept)
 
 
 class _RequestMask:
-    def __init__(self, walk: _Walk):
-        self.walk = walk
+    def __init__(self, walk: _Walk | None, kept: KeptSets | None):
+        self.walk, self.kept = walk, kept
 
     def __call__(self, output_ids: list[int], logits: torch.Tensor) -> torch.Tensor:
-        self.walk.advance(output_ids[self.walk.seen :])
-        allowed = self.walk.walker.allowed()
-        if allowed[0] != 0:
-            mask_rows(logits[None], [0], [allowed])  # in place: the row is a view of vLLM's batch
+        if self.walk is not None:
+            self.walk.advance(output_ids[self.walk.seen :])
+            allowed = self.walk.walker.allowed()
+            if allowed[0] != 0:
+                mask_rows(logits[None], [0], [allowed])  # in place: the row is a view of vLLM's batch
+        if self.kept is not None:
+            outside, (kept,) = self.kept.keep(logits[None])
+            logits.masked_fill_(outside[0], float("-inf"))
+            self.kept.sets[len(output_ids)] = kept
         return logits
 
 
@@ -181,6 +202,8 @@ class GrammarLogitsProcessorV2(V2LogitsProcessor):
         # Slots whose walk still constrains: the batch is filtered in numpy, and a finished reply
         # (its walk at the end, unconstrained from then on) drops out of the per-step copy.
         self.constrained = np.zeros(req_states.max_num_reqs, dtype=bool)
+        self.kept: dict[int, KeptSets] = {}  # request slot -> where its top-k/top-p kept sets go
+        self.filtered = np.zeros(req_states.max_num_reqs, dtype=bool)
         device = torch.device(req_states.device)
         self.device = device
         self.pinned = device.type == "cuda" and torch.cuda.is_available()
@@ -193,23 +216,32 @@ class GrammarLogitsProcessorV2(V2LogitsProcessor):
     @classmethod
     def validate_params(cls, sampling_params) -> None:
         request_grammar(sampling_params)
+        request_kept_sets(sampling_params)
 
     def add_request(self, req_idx: int, sampling_params) -> bool:
-        grammar = request_grammar(sampling_params)
-        if grammar is None:
-            self.walks.pop(req_idx, None)
-            self.constrained[req_idx] = False
-            return False
-        self.walks[req_idx] = _Walk(grammar)
-        self.constrained[req_idx] = True
-        return True
+        grammar, kept = request_grammar(sampling_params), request_kept_sets(sampling_params)
+        self.walks.pop(req_idx, None)
+        self.kept.pop(req_idx, None)
+        if grammar is not None:
+            self.walks[req_idx] = _Walk(grammar)
+        if kept is not None:
+            self.kept[req_idx] = kept
+        self.constrained[req_idx], self.filtered[req_idx] = grammar is not None, kept is not None
+        return grammar is not None or kept is not None
 
     def apply(self, logits: torch.Tensor, ctx) -> torch.Tensor:
         slot_of_row = ctx.idx_mapping_np  # one row per request without speculative decoding
-        rows = np.flatnonzero(self.constrained[slot_of_row])
-        if rows.size == 0:
+        constrained, filtered = self.constrained[slot_of_row], self.filtered[slot_of_row]
+        if not (constrained.any() or filtered.any()):
             return logits
         ends, lasts = self._lengths_and_last_tokens(ctx.idx_mapping)
+        if constrained.any():
+            self._constrain(logits, np.flatnonzero(constrained), slot_of_row, ends, lasts)
+        if filtered.any():  # after the grammar: a kept set lies within the allowed one
+            self._filter(logits, np.flatnonzero(filtered), slot_of_row, ends)
+        return logits
+
+    def _constrain(self, logits: torch.Tensor, rows: np.ndarray, slot_of_row: np.ndarray, ends, lasts) -> None:
         prompt_len = self.req_states.prompt_len.np
         slots = slot_of_row[rows].tolist()
         rows = rows.tolist()
@@ -235,7 +267,20 @@ class GrammarLogitsProcessorV2(V2LogitsProcessor):
                 sets.append(allowed)
         if masked_rows:
             self._mask(logits, masked_rows, sets)
-        return logits
+
+    def _filter(self, logits: torch.Tensor, rows: np.ndarray, slot_of_row: np.ndarray, ends) -> None:
+        """Top-k/top-p over the rows of filtering requests, the rows of one filter in one call; each
+        row's kept set goes to its request at its reply position (`total_len - prompt_len`; a prefill
+        chunk that samples nothing writes the position its last chunk then overwrites)."""
+        prompt_len = self.req_states.prompt_len.np
+        slots = slot_of_row[rows]
+        kept = [self.kept[int(slot)] for slot in slots]
+        for members in pack_filters(kept).values():
+            index = torch.from_numpy(rows[members]).to(logits.device)
+            outside, sets = kept[members[0]].keep(logits[index])
+            logits[index] = logits[index].masked_fill(outside, float("-inf"))
+            for i, kept_set in zip(members, sets):
+                kept[i].sets[int(ends[rows[i]]) - int(prompt_len[slots[i]])] = kept_set
 
     def _lengths_and_last_tokens(self, slot_index: torch.Tensor):
         """Each row's `total_len` and the token at `total_len - 1`, gathered on the device and read

@@ -47,7 +47,7 @@ class Call:
     completion_ids: list[int]
     log_probs: list[float]
     continues: bool  # the prompt extends a recorded call's prompt and completion token for token
-    allowed: list | None = None  # under `allowed_replies` or a forced tool call: each token's allowed set (ReplyGrammar.trace)
+    allowed: list | None = None  # each token's kept set (top-k/top-p), else its grammar's (`allowed_replies`, forced tool call)
     finish_reason: str = ""
     tools: str = NO_TOOLS  # the tools the template rendered and the tool_choice, as `tools_key` writes them
     parent: int | None = None  # the index of the call whose prompt and reply this one's prompt extends

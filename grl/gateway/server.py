@@ -24,6 +24,7 @@ import uuid
 from dataclasses import replace
 
 from grl.engines.base import GenerationOutput, SamplingParams
+from grl.engines.kept_sets import reply_sets
 from grl.gateway.episodes import NO_TOOLS, Call, EpisodeLog, tools_key
 from grl.gateway.grammars import Grammars
 from grl.gateway.requests import BadRequest, ChatRequest, chat_request
@@ -217,7 +218,7 @@ class Gateway:
                         list(out.token_ids),
                         list(out.log_probs or []),
                         parent is not None,
-                        constraints[i].trace(out.token_ids) if constraints else None,
+                        reply_sets(out, constraints[i] if constraints else None),
                         out.finish_reason,
                         tools=key,
                         parent=parent,

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from grl.engines.base import Engine, SamplingParams
 from grl.engines.constraint import GrammarError, ReplyGrammar, compile_reply_grammar
+from grl.engines.kept_sets import reply_sets
 from grl.envs.checks import EnvValueError
 from grl.rollout.chat import ChatTokens, truncate_prompt
 from grl.rollout.env_faults import EnvFaults, RolloutError, reset_agent, retire_failed
@@ -289,7 +290,7 @@ class MultiTurnRollout:
                     reward=0.0,
                     finish_reason=out.finish_reason,
                     state_key=s.agent.state_key(),
-                    response_allowed=None if grammar is None else grammar.trace(ids),
+                    response_allowed=reply_sets(out, grammar),
                     new_context=s.new_context,
                 )
             )

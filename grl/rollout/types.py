@@ -20,8 +20,8 @@ class Turn:
     info: dict[str, Any] = field(default_factory=dict)
     finish_reason: str = ""  # the engine's: "stop" or "length"
     state_key: str = ""  # the agent's key of the env state the reply acted on (GiGPO's anchor states)
-    # Constrained decoding: each response token's allowed set, (signed size, ids) as in
-    # grl/engines/constraint.py; None when the reply was decoded freely.
+    # Each response token's allowed set, (signed size, ids) as in grl/engines/constraint.py: the set top-k/top-p
+    # kept (grl/engines/kept_sets.py), else the grammar's; None when the reply was drawn from the full softmax.
     response_allowed: list[tuple[int, tuple[int, ...]]] | None = None
     # `prompt_ids` are a whole prompt the reply was written to (the first turn's, or a windowed one:
     # agent_config.max_context_window), not a continuation of the turns before.

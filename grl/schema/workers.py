@@ -127,11 +127,21 @@ def _temperature(default: float) -> Any:
 
 
 def _top_p(default: float) -> Any:
-    return key(default, "nucleus sampling mass", gt=0, le=1)
+    return key(
+        default,
+        "nucleus sampling mass; below 1 the trainer scores each token under the softmax over the ids kept "
+        "(old log-probs, reference, update, entropy; verl scores the full softmax): docs/CONTRACTS.md",
+        gt=0,
+        le=1,
+    )
 
 
 def _top_k(default: int) -> Any:
-    return key(default, "sample from the k most likely tokens; -1 or 0: off", ge=-1)
+    return key(
+        default,
+        "sample from the k most likely tokens, and score each under the softmax over them as top_p does; -1 or 0: off",
+        ge=-1,
+    )
 
 
 @dataclass

@@ -38,22 +38,51 @@ def chat_prompts(tokenizer, n: int = len(QUESTIONS)) -> list[list[int]]:
     ]
 
 
-def teacher_forced_log_probs(model, prompt, response, sampling=None, allowed=None):
-    """Log-probs of `response` under the distribution it was drawn from: the model's logits,
-    scaled and filtered as `sampling` says (greedy: the plain softmax) and, with `allowed` (one
-    (size, ids) set per response token, grl/engines/constraint.py), masked by a Python loop."""
+def teacher_forced_logits(model, prompt, response, sampling=None, allowed=None):
+    """The logits each token of `response` was drawn from: the model's, masked by `allowed` (one (size, ids)
+    set per response token, grl/engines/constraint.py) in a Python loop, then scaled and filtered as
+    `sampling` says (greedy: left as they are), the order both engines apply them in."""
     import torch
 
-    from grl.engines.hf import filter_logits
+    from grl.engines.kept_sets import filter_logits
 
     ids = torch.tensor([prompt + response])
     with torch.no_grad():
         logits = model(ids).logits[0].float()[len(prompt) - 1 : -1]
-    if sampling is not None and not sampling.is_greedy:
-        logits = filter_logits(logits, sampling.temperature, sampling.top_k, sampling.top_p)
     if allowed is not None:
         for position, (size, members) in enumerate(allowed):
-            for token in range(logits.shape[-1]):
-                if (size > 0 and token not in members) or (size < 0 and token in members):
-                    logits[position, token] = float("-inf")
+            members = set(members)
+            if size != 0:
+                outside = [token for token in range(logits.shape[-1]) if (token in members) != (size > 0)]
+                logits[position, outside] = float("-inf")
+    if sampling is not None and not sampling.is_greedy:
+        logits = filter_logits(logits, sampling.temperature, sampling.top_k, sampling.top_p)
+    return logits
+
+
+def teacher_forced_log_probs(model, prompt, response, sampling=None, allowed=None):
+    """Log-probs of `response` under the distribution it was drawn from (`teacher_forced_logits`)."""
+    import torch
+
+    logits = teacher_forced_logits(model, prompt, response, sampling, allowed)
     return logits.log_softmax(-1).gather(-1, torch.tensor(response)[:, None])[:, 0]
+
+
+def kept_members(kept_set, vocab: int) -> set[int]:
+    """The ids of a kept set: those listed (+n), or all the others (-n)."""
+    size, ids = kept_set
+    return set(ids) if size > 0 else set(range(vocab)) - set(ids)
+
+
+def assert_drawn_from_what_the_filter_kept(model, prompt, out, sampling, allowed=None):
+    """Each token's kept set is what top-k/top-p keep of the teacher-forced (grammar-masked) logits, the
+    token is in it, and its log-prob is that of the softmax over it."""
+    import torch
+
+    logits = teacher_forced_logits(model, prompt, out.token_ids, sampling, allowed)
+    vocab = logits.shape[-1]
+    want = [set(torch.isfinite(row).nonzero()[:, 0].tolist()) for row in logits]
+    assert [kept_members(s, vocab) for s in out.kept_sets] == want
+    assert all(token in members for token, members in zip(out.token_ids, want))
+    log_probs = logits.log_softmax(-1).gather(-1, torch.tensor(out.token_ids)[:, None])[:, 0]
+    assert torch.allclose(torch.tensor(out.log_probs), log_probs, atol=1e-4)

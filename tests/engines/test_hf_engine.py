@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from grl.engines import SamplingParams, make_engine
-from grl.engines.hf import filter_logits
+from grl.engines.kept_sets import filter_logits, kept_sets
 from grl.engines.weights import WeightMismatchError
-from prompts import teacher_forced_log_probs
+from prompts import assert_drawn_from_what_the_filter_kept, kept_members, teacher_forced_log_probs
 
 
 def reference_filter(logits, temperature, top_k, top_p):
@@ -64,6 +64,31 @@ def test_log_probs_equal_teacher_forcing(hf_tiny, prompts, sampling):
         assert len(out.log_probs) == len(out.token_ids) == 12
         want = teacher_forced_log_probs(hf_tiny.model, prompt, out.token_ids, sampling)
         assert torch.allclose(torch.tensor(out.log_probs), want, atol=1e-4)
+
+
+def test_kept_sets_list_the_kept_ids_or_deny_the_others_whichever_is_shorter():
+    logits = torch.randn(6, 10, generator=torch.Generator().manual_seed(3))
+    kept_counts = [1, 4, 5, 6, 9, 10]
+    filtered = torch.stack([row.masked_fill(row < row.topk(k).values[-1], float("-inf")) for row, k in zip(logits, kept_counts)])
+    got = kept_sets(filtered)
+    assert [size for size, _ in got] == [1, 4, 5, -4, -1, 0]
+    assert [kept_members(s, 10) for s in got] == [set(torch.isfinite(row).nonzero()[:, 0].tolist()) for row in filtered]
+
+
+@pytest.mark.parametrize("constrained", [False, True], ids=["free", "constrained"])
+def test_each_token_comes_with_the_set_top_k_top_p_kept(hf_tiny, tokenizer, prompts, constrained):
+    """Under a grammar the kept set is what the filter keeps of the grammar's allowed set (a forced token's
+    is itself); without a filter, or greedy, there is none."""
+    from test_constraint import grammars_for
+
+    sampling = SamplingParams(temperature=0.8, top_k=5, top_p=0.7, max_new_tokens=16, seed=9)
+    grammars = grammars_for(tokenizer, 6) if constrained else None
+    outputs = hf_tiny.generate(prompts[:6], sampling, grammars)
+    for i, (prompt, out) in enumerate(zip(prompts[:6], outputs)):
+        allowed = grammars[i].trace(out.token_ids) if constrained else None
+        assert_drawn_from_what_the_filter_kept(hf_tiny.model, prompt, out, sampling, allowed)
+    plain = SamplingParams(temperature=0.8, max_new_tokens=4, seed=9)
+    assert all(o.kept_sets is None for o in hf_tiny.generate(prompts[:2], plain, grammars and grammars[:2]))
 
 
 def test_batched_greedy_equals_one_at_a_time(hf_tiny, prompts):

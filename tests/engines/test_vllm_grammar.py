@@ -250,6 +250,57 @@ def test_v2_apply_masks_exactly_the_grammars_allowed_sets(vllm_config, request_s
     assert all(count > 0 for count in seen.values()), seen
 
 
+def test_v2_apply_filters_top_k_top_p_inside_the_grammar_and_records_each_kept_set(
+    vllm_config, request_state, tokenizer, prompts
+):
+    """Requests with and without a grammar, with and without top-k/top-p, share a batch whose order changes
+    every step, and slots are recycled: a filtering row keeps what `filter_logits` keeps of its grammar-masked
+    logits, the others are as the grammar alone leaves them, and each request's KeptSets ends up holding the
+    set of every position it sampled."""
+    from grl.engines.kept_sets import FILTER_ARG, KeptSets, filter_logits, kept_sets
+
+    state = request_state
+    processor = build_custom_logits_processors(vllm_config, state, False, [V2_PROCESSOR])[0]
+    grammars = real_grammars(tokenizer)
+    generator = torch.Generator().manual_seed(1)
+    queue = [(Request(grammars[i % 4] if i % 3 else None, prompts[i], 6), i % 2 == 0) for i in range(8)]
+    free, active, done = list(range(SLOTS)), {}, []
+    while queue or active:
+        while queue and free:
+            slot, (request, filtering) = free.pop(0), queue.pop(0)
+            request.kept = KeptSets(0.8, 5, 0.7) if filtering else None
+            request.want = []
+            admit(state, slot, request)
+            extra = {GRAMMAR_ARG: request.grammar} if request.grammar else {}
+            sampling = VllmSamplingParams(
+                max_tokens=64, extra_args={**extra, FILTER_ARG: request.kept} if filtering else extra or None
+            )
+            assert processor.add_request(slot, sampling) == (request.grammar is not None or filtering)
+            active[slot] = request
+        order = list(active)[::-1] if len(done) % 2 else list(active)
+        logits = torch.randn(len(order), len(tokenizer), generator=generator)
+        masked = processor.apply(logits.clone(), context(state, order))
+        for row, slot in enumerate(order):
+            request = active[slot]
+            want = logits[row : row + 1]
+            if request.grammar is not None and not request.walk().done:
+                want = constrain_logits(want, *allowed_sets_tensors([request.walk().allowed()]))
+            if request.kept is not None:
+                filtered = filter_logits(want, 0.8, 5, 0.7)
+                want = want.masked_fill(~torch.isfinite(filtered), float("-inf"))
+                request.want += kept_sets(filtered)
+            assert torch.equal(masked[row : row + 1], want), (slot, request.outputs)
+            token = int(torch.multinomial(masked[row].softmax(-1), 1, generator=generator))
+            request.outputs.append(token)
+            commit(state, slot, token)
+            if request.finished() or len(request.outputs) >= 10:
+                done.append(active.pop(slot))
+                free.append(slot)
+    filtering = [r for r in done if r.kept is not None]
+    assert {r.grammar is None for r in filtering} == {True, False}
+    assert all(r.kept.for_reply(len(r.outputs)) == r.want for r in filtering)
+
+
 # ---------------------------------------------------------------------------- against a reference
 
 
