@@ -176,3 +176,21 @@ def test_sampled_multi_turn_with_prompts_longer_than_a_step_budget(vllm_tiny, to
     replies = episode()
     assert replies == episode()
     assert len({tuple(r) for r in replies[0]}) > 1
+
+
+def test_both_engines_report_the_models_context(vllm_tiny, hf_tiny, vllm_embedded, hf_embedded):
+    assert vllm_tiny.context_length() == hf_tiny.context_length() == 4096
+    assert vllm_embedded.context_length() == hf_embedded.context_length() == 8192
+
+
+def test_a_gateway_on_vllm_cuts_a_prompt_longer_than_its_context(vllm_tiny, tokenizer):
+    """vLLM refuses a prompt that leaves no room for the reply (a 500 through the gateway, before the gateway
+    took its context from the engine): the gateway cuts it on the left first, or refuses it with one line."""
+    from grl.gateway import BadRequest, Gateway, SerialEngine
+
+    words = " ".join(f"w{i}" for i in range(5000))
+    body = {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": words}], "max_tokens": 8}
+    reply = Gateway(SerialEngine(vllm_tiny), tokenizer, "tiny").complete(body)
+    assert 4096 - 8 - 8 < reply["usage"]["prompt_tokens"] <= 4096 - 8
+    with pytest.raises(BadRequest, match="exceed the context of 4096"):
+        Gateway(SerialEngine(vllm_tiny), tokenizer, "tiny", truncation="error").complete(body)
