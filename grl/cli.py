@@ -212,79 +212,10 @@ def _plan_main(argv: list[str]) -> int:
     return 0
 
 
-def _serve_args(argv: list[str]) -> argparse.Namespace:
-    from grl.toolcalls import FAMILIES
-
-    parser = argparse.ArgumentParser(prog="grl serve", description="An OpenAI-compatible chat endpoint for a model.")
-    parser.add_argument("model", help="hub id, local folder (a checkpoint's hf_actor export), `embedded` or `tiny`")
-    parser.add_argument("--host", default="127.0.0.1", help="the address to listen on (default: this machine only)")
-    parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--engine", default="auto", help="auto, hf or vllm")
-    parser.add_argument("--dtype", default="auto")
-    parser.add_argument("--max-tokens", type=int, default=1024, help="reply tokens when a request names none")
-    parser.add_argument(
-        "--tool-parser", help=f"the tool-call format: {', '.join(FAMILIES)} (default: read from the chat template)"
-    )
-    parser.add_argument("--chat-template", help="a file holding the Jinja chat template to use instead of the tokenizer's")
-    return parser.parse_args(argv)
-
-
-def serve_gateway(args: argparse.Namespace, engine=None):
-    """The gateway `grl serve` answers with for `args` (on `engine` if given, else the model's); a bad flag
-    raises ValueError with one line, before the model is loaded."""
-    from pathlib import Path
-
-    from grl.gateway import Gateway, SerialEngine
-    from grl.models import load_tokenizer
-    from grl.toolcalls import FAMILIES
-
-    if args.tool_parser is not None and args.tool_parser not in FAMILIES:
-        raise ValueError(f"--tool-parser: {args.tool_parser!r} is not one of {', '.join(FAMILIES)}")
-    template = None
-    if args.chat_template is not None:
-        try:
-            template = Path(args.chat_template).read_text()
-        except (OSError, UnicodeDecodeError) as err:
-            raise ValueError(f"--chat-template: cannot read {args.chat_template}: {err}") from None
-    tokenizer = load_tokenizer(args.model)
-    if template is not None:
-        try:
-            hello = [{"role": "user", "content": "hello"}]
-            tokenizer.apply_chat_template(hello, chat_template=template, tokenize=False, add_generation_prompt=True)
-        except Exception as err:  # noqa: BLE001 - Jinja fails in many ways; the first line says which
-            first = (str(err).splitlines() or [type(err).__name__])[0]
-            raise ValueError(f"--chat-template: {args.chat_template} does not render a user message: {first}") from None
-    if engine is None:
-        from grl.engines import make_engine
-
-        engine = make_engine(args.engine, args.model, dtype=args.dtype, grammar=True)
-    context = int(getattr(tokenizer, "model_max_length", 0) or 0)
-    return Gateway(
-        SerialEngine(engine),
-        tokenizer,
-        args.model,
-        max_tokens=args.max_tokens,
-        context=context if 0 < context < 10**7 else 32768,
-        chat_template=template,
-        tool_parser=args.tool_parser,
-    )
-
-
 def _serve_main(argv: list[str]) -> int:
-    args = _serve_args(argv)
-    from grl.gateway import build_app
-    from grl.models import ModelLoadError
+    from grl.gateway.serving import serve_main
 
-    try:
-        gateway = serve_gateway(args)
-    except (ModelLoadError, ValueError) as err:
-        print(f"grl serve: {err}", file=sys.stderr)
-        return 2
-    import uvicorn
-
-    print(f"grl serve: {args.model} at http://{args.host}:{args.port}/v1", flush=True)
-    uvicorn.run(build_app(gateway), host=args.host, port=args.port, log_level="warning")
-    return 0
+    return serve_main(argv)
 
 
 COMMANDS = {"play": _play_main, "list": _list_main, "plot": _plot_main, "plan": _plan_main, "serve": _serve_main}

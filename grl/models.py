@@ -136,6 +136,58 @@ def resolve_model_path(name: str | os.PathLike) -> str:
     return name  # a hub id; from_pretrained fetches or finds it in the HF cache
 
 
+# The config fields a model's context may be under, as vLLM reads them (the smallest one present bounds it).
+CONTEXT_FIELDS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "max_sequence_length", "seq_len")
+
+
+def config_context(config) -> int | None:
+    """The most tokens (prompt and reply) a model of transformers `config` holds; None where it names none."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    found = [value for name in CONTEXT_FIELDS if isinstance(value := getattr(text, name, None), int) and value > 0]
+    return min(found, default=None)
+
+
+def check_model_name(name: str | os.PathLike, environ=None) -> str:
+    """`resolve_model_path(name)`, and a hub id found in the Hugging Face cache or on the hub, in about a second
+    and without downloading: what `grl-train`'s preflight and `grl serve` check before loading anything. A name
+    that will not load raises ModelLoadError with one line naming the fix."""
+    environ = os.environ if environ is None else environ
+    try:
+        resolved = resolve_model_path(name)
+    except ModelLoadError as err:
+        raise ModelLoadError(f"{err}; give a local folder with config.json, a hub id, `embedded` or `tiny`") from None
+    if not Path(resolved).is_dir():
+        _check_hub_id(resolved, environ)
+    return resolved
+
+
+def _check_hub_id(name: str, environ) -> None:
+    from huggingface_hub import try_to_load_from_cache
+
+    if isinstance(try_to_load_from_cache(name, "config.json"), str):
+        return
+    if environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes"):
+        raise ModelLoadError(
+            f"{name!r} is not in the Hugging Face cache and HF_HUB_OFFLINE is set; "
+            "download it on a machine with internet or give a local folder"
+        )
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+
+    try:
+        HfApi().model_info(name, timeout=5)
+    except GatedRepoError:
+        raise ModelLoadError(f"{name!r} is gated; accept its licence on the hub and set HF_TOKEN") from None
+    except RepositoryNotFoundError:
+        raise ModelLoadError(f"no hub repository or local folder named {name!r}") from None
+    except Exception as err:  # noqa: BLE001 - any network failure means the same thing here
+        raise ModelLoadError(
+            f"{name!r} is not cached and the hub cannot be reached (offline? "
+            f"{type(err).__name__}); give a local folder or set HF_HUB_OFFLINE=1 with a "
+            "cached model"
+        ) from None
+
+
 MODEL_FILES = ["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "*.tiktoken"]
 
 

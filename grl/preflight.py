@@ -196,16 +196,14 @@ def _unwritable(path: Path) -> str | None:
 def check_model(cfg: DictConfig, environ) -> None:
     """The model resolves, its tokenizer has a chat template, and prompt +
     response fit in its context."""
-    from grl.models import ModelLoadError, resolve_model_path
+    from grl.models import ModelLoadError, check_model_name, config_context
 
     key = "actor_rollout_ref.model.path"
     name = cfg.actor_rollout_ref.model.path
     try:
-        resolved = resolve_model_path(name)
+        resolved = check_model_name(name, environ)
     except ModelLoadError as err:
-        raise PreflightError(f"{key}: {err}; give a local folder with config.json, a hub id, `embedded` or `tiny`") from None
-    if not Path(resolved).is_dir():
-        _check_hub_id(key, name, environ)
+        raise PreflightError(f"{key}: {err}") from None
     from transformers import AutoConfig, AutoTokenizer
 
     try:
@@ -215,7 +213,7 @@ def check_model(cfg: DictConfig, environ) -> None:
         raise PreflightError(f"{key}: cannot load {name!r}: {first_line(err)}") from None
     if not getattr(tokenizer, "chat_template", None):
         raise PreflightError(f"{key}: the tokenizer of {name!r} has no chat template; use an instruct/chat model")
-    context = getattr(model_config, "max_position_embeddings", None)
+    context = config_context(model_config)
     wanted = cfg.actor_rollout_ref.rollout.max_model_len or cfg.max_prompt_length + cfg.max_response_length
     if context and wanted > context:
         raise PreflightError(
@@ -229,33 +227,6 @@ def check_model(cfg: DictConfig, environ) -> None:
             f"actor_rollout_ref.rollout.max_model_len: {max_model_len} is shorter than "
             f"max_prompt_length + max_response_length ({cfg.max_prompt_length + cfg.max_response_length})"
         )
-
-
-def _check_hub_id(key: str, name: str, environ) -> None:
-    from huggingface_hub import try_to_load_from_cache
-
-    if isinstance(try_to_load_from_cache(name, "config.json"), str):
-        return
-    if environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes"):
-        raise PreflightError(
-            f"{key}: {name!r} is not in the Hugging Face cache and HF_HUB_OFFLINE is set; "
-            "download it on a machine with internet or give a local folder"
-        )
-    from huggingface_hub import HfApi
-    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
-
-    try:
-        HfApi().model_info(name, timeout=5)
-    except GatedRepoError:
-        raise PreflightError(f"{key}: {name!r} is gated; accept its licence on the hub and set HF_TOKEN") from None
-    except RepositoryNotFoundError:
-        raise PreflightError(f"{key}: no hub repository or local folder named {name!r}") from None
-    except Exception as err:  # noqa: BLE001 - any network failure means the same thing here
-        raise PreflightError(
-            f"{key}: {name!r} is not cached and the hub cannot be reached (offline? "
-            f"{type(err).__name__}); give a local folder or set HF_HUB_OFFLINE=1 with a "
-            "cached model"
-        ) from None
 
 
 # ---------------------------------------------------------------- memory

@@ -75,6 +75,12 @@ class Engine:
         top-k/top-p and the grammar's mask applied; with top-k/top-p each token's kept set comes too."""
         raise NotImplementedError
 
+    def context_length(self) -> int | None:
+        """The most tokens one sequence (prompt and reply) may hold here: the model's context, or the
+        `max_model_len` the engine was built with. None where the engine cannot tell (the trainer's
+        handles on engines in other processes: their run's lengths bound them)."""
+        return None
+
     def update_weights(self, named_tensors: NamedTensors) -> None:
         """Load new weights in place (no disk). A name or shape mismatch raises
         and leaves the old weights."""

@@ -78,6 +78,11 @@ class HFEngine(Engine):
         self._prefix_ages: dict[tuple[int, ...], int] = {}  # calls a carried sequence has waited unextended
         self.reuse_prefixes = reuse_prefixes  # off: every prompt is prefilled whole (the benchmark's baseline)
 
+    def context_length(self) -> int | None:
+        from grl.models import config_context
+
+        return config_context(self.model.config)
+
     def _eos_ids(self) -> set[int]:
         configured = self.model.generation_config.eos_token_id
         ids = set(configured if isinstance(configured, (list, tuple)) else [configured])

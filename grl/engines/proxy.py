@@ -157,6 +157,9 @@ class SubprocessEngine(Engine):
     ) -> list[GenerationOutput]:
         return self._call("generate", [list(p) for p in prompt_token_ids], sampling, constraints)
 
+    def context_length(self) -> int | None:
+        return self._call("context_length")
+
     def update_weights(self, named_tensors: NamedTensors) -> None:
         items = named_tensors.items() if hasattr(named_tensors, "items") else named_tensors
         # Detached CPU copies: gradients and devices do not cross processes.

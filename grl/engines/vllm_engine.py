@@ -215,6 +215,10 @@ class VLLMEngine(Engine):
         if free_cache_engine and not on_gpu:
             logger.info("vLLM on CPU has no sleep mode: sleep() and wake() keep the memory")
 
+    def context_length(self) -> int:
+        """vLLM's `max_model_len`: the one given, else what it derived from the model's config."""
+        return self.llm.llm_engine.model_config.max_model_len
+
     def generate(
         self, prompt_token_ids: list[list[int]], sampling: SamplingParams, constraints: list | None = None
     ) -> list[GenerationOutput]:

@@ -81,6 +81,9 @@ class BatchingEngine:
         self._waiting: list[_Request] = []  # taken off the queue, in arrival order, not served yet
         self._serving = False
 
+    def context_length(self) -> int | None:
+        return self.engine.context_length()
+
     def generate(self, prompts, sampling, constraints=None):
         if not self._serving:
             raise BadRequest("no rollout is running: the episode this call belongs to is over")
@@ -138,6 +141,9 @@ class SerialEngine:
         self._changed = threading.Condition()  # guards `_waiting` and `_busy`; notified when a generate ends
         self._waiting: list[_Request] = []
         self._busy = False
+
+    def context_length(self) -> int | None:
+        return self.engine.context_length()
 
     def generate(self, prompts, sampling, constraints=None):
         request = _Request(list(prompts), sampling, constraints)

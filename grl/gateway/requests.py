@@ -47,7 +47,8 @@ def messages_of(messages) -> list[dict]:
             raise BadRequest(f"messages[{i}]: role must be one of {', '.join(ROLES)}")
         content = message.get("content")
         if isinstance(content, list):  # content parts: the text ones, in order
-            content = "".join(part.get("text", "") for part in content if isinstance(part, dict) and part.get("type") == "text")
+            texts = [part.get("text", "") for part in content if isinstance(part, dict) and part.get("type") == "text"]
+            content = "".join(texts) if all(isinstance(text, str) for text in texts) else 0  # not text: refused below
         if content is not None and not isinstance(content, str):
             raise BadRequest(f"messages[{i}].content: a string, a list of text parts or null")
         kept = {"role": message["role"], "content": content}
@@ -74,14 +75,15 @@ def _tool_choice(choice, tools: list | None):
         raise BadRequest(f"tool_choice: {choice!r} needs a non-empty tools list")
     if choice == "required":
         return choice
-    named = choice.get("function", {}).get("name") if isinstance(choice, dict) and choice.get("type") == "function" else None
+    function = choice.get("function") if isinstance(choice, dict) and choice.get("type") == "function" else None
+    named = function.get("name") if isinstance(function, dict) else None
     if not isinstance(named, str):
         raise BadRequest(
             f'tool_choice: "auto", "none", "required" or {{"type": "function", "function": {{"name": ...}}}}; got {choice!r}'[
                 :200
             ]
         )
-    names = [t.get("function", {}).get("name") for t in tools if isinstance(t, dict)]
+    names = [t["function"].get("name") for t in tools if isinstance(t.get("function"), dict)]
     if named not in names:
         raise BadRequest(f"tool_choice: function {named!r} is not among the tools ({', '.join(map(str, names))})")
     return choice

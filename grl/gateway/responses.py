@@ -31,7 +31,13 @@ def _text(content, where: str) -> str:
         if not isinstance(part, dict) or part.get("type") not in ("input_text", "output_text", "text"):
             raise BadRequest(f"{where}.content: only text parts are supported, got {str(part)[:80]}")
         parts.append(part.get("text", ""))
-    return "".join(parts)
+    return _joined(parts, f"{where}.content")
+
+
+def _joined(texts: list, where: str) -> str:
+    if not all(isinstance(text, str) for text in texts):
+        raise BadRequest(f"{where}: each part's text must be a string")
+    return "".join(texts)
 
 
 def _messages(body: dict) -> list[dict]:
@@ -43,7 +49,7 @@ def _messages(body: dict) -> list[dict]:
     reasoning = None
     for i, item in enumerate(items):
         kind = item.get("type", "message") if isinstance(item, dict) else None
-        if kind == "message" and item.get("role") in _ROLES:
+        if kind == "message" and isinstance(item.get("role"), str) and item["role"] in _ROLES:
             message = {"role": _ROLES[item["role"]], "content": _text(item.get("content"), f"input[{i}]")}
             if message["role"] == "assistant" and reasoning is not None:
                 message["reasoning_content"], reasoning = reasoning, None
@@ -61,7 +67,10 @@ def _messages(body: dict) -> list[dict]:
             output = item.get("output")
             messages.append({"role": "tool", "tool_call_id": item.get("call_id"), "content": _text(output, f"input[{i}].output")})
         elif kind == "reasoning":
-            reasoning = "".join(s.get("text", "") for s in item.get("summary") or [] if isinstance(s, dict))
+            summary = item.get("summary") or []
+            if not isinstance(summary, list):
+                raise BadRequest(f"input[{i}].summary: a list of summary_text parts")
+            reasoning = _joined([s.get("text", "") for s in summary if isinstance(s, dict)], f"input[{i}].summary")
         else:
             raise BadRequest(
                 f"input[{i}]: {kind or type(item).__name__} items are not supported (messages and function calls are)"

@@ -57,9 +57,10 @@ class Gateway:
     `max_open_episodes` at once (the oldest is dropped, counted in `evicted_episodes`); a program reads an
     episode's record back with `GET /episodes/<id>` and frees it with `DELETE`. `chat_template` replaces
     the tokenizer's; `tool_parser` names the tool-call family (one of `toolcalls.FAMILIES`; by default
-    the one the template writes). A prompt longer than `context` less the reply's tokens is cut from the
-    left, keeping the system message, as GRL's agents cut theirs (`truncation: left`), or refused
-    (`truncation: error`)."""
+    the one the template writes). `context`: the tokens a call (prompt and reply) may take, by default the
+    engine's own (`engine.context_length()`: a longer call would be refused by vLLM). A prompt longer than `context`
+    less the reply's tokens is cut from the left, keeping the system message, as GRL's agents cut theirs
+    (`truncation: left`), or refused (`truncation: error`)."""
 
     def __init__(
         self,
@@ -67,7 +68,7 @@ class Gateway:
         tokenizer,
         model_name: str,
         max_tokens: int = 1024,
-        context: int = 32768,
+        context: int | None = None,
         open_episodes: bool = True,
         chat_template: str | None = None,
         tool_parser: str | None = None,
@@ -75,7 +76,7 @@ class Gateway:
         max_open_episodes: int = MAX_OPEN_EPISODES,
     ):
         self.engine, self.tokenizer, self.model_name = engine, tokenizer, model_name
-        self.max_tokens, self.context, self.open_episodes = max_tokens, context, open_episodes
+        self.max_tokens, self.open_episodes = max_tokens, open_episodes
         self.template_kwargs = {"chat_template": chat_template} if chat_template else {}
         template = chat_template or getattr(tokenizer, "chat_template", None)
         self.tool_parser = tool_parser or family_of(template)
@@ -84,6 +85,9 @@ class Gateway:
         if truncation not in ("left", "error"):
             raise ValueError(f"truncation: {truncation!r} is not one of left, error")
         self.thinks, self.truncation = thinks(template), truncation
+        self.context = context if context is not None else engine.context_length()
+        if self.context is None:
+            raise ValueError("context: the engine does not report its context length; give the gateway one")
         self.grammars = Grammars(tokenizer, self.tool_parser)
         specials = set(getattr(tokenizer, "all_special_tokens", [])) - set(_MARKERS)
         self._specials = sorted(specials, key=len, reverse=True)
@@ -302,6 +306,7 @@ def build_app(gateway: Gateway):
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse, StreamingResponse
 
+    from grl.gateway.bodies import read_body
     from grl.gateway.responses import chat_body, response_of
     from grl.gateway.streaming import chunks, response_events
 
@@ -309,13 +314,8 @@ def build_app(gateway: Gateway):
     threads = []  # the limiter of the threads that wait for the engine, made in the event loop on first use
 
     def refused(err: BadRequest) -> JSONResponse:
-        return JSONResponse({"error": {"message": str(err), "type": "invalid_request_error"}}, status_code=400)
-
-    async def body_of(request: Request):
-        try:
-            return await request.json()
-        except ValueError:
-            return None
+        status = getattr(err, "status", 400)
+        return JSONResponse({"error": {"message": str(err), "type": "invalid_request_error"}}, status_code=status)
 
     def models() -> dict:
         return gateway.models()
@@ -343,8 +343,8 @@ def build_app(gateway: Gateway):
         return await anyio.to_thread.run_sync(gateway.complete, body, episode, limiter=threads[0])
 
     async def completions(request: Request):
-        body = await body_of(request)
         try:
+            body = await read_body(request)
             response = await _answer(body, request.path_params.get("episode"))
         except BadRequest as err:
             return refused(err)
@@ -353,8 +353,8 @@ def build_app(gateway: Gateway):
         return response
 
     async def responses(request: Request):
-        body = await body_of(request)
         try:
+            body = await read_body(request)
             response = response_of(await _answer(chat_body(body), request.path_params.get("episode")), body)
         except BadRequest as err:
             return refused(err)

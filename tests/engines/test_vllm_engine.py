@@ -219,3 +219,21 @@ def test_the_weights_vllm_holds_are_checked_against_those_it_was_sent(vllm_tiny,
         vllm_tiny.update_weights(on_the_way)
         assert check_sync(sent, vllm_tiny.weights_digest()).mismatched == (engine_tensor,), changed
     vllm_tiny.update_weights(original)
+
+
+def test_both_engines_report_the_models_context(vllm_tiny, hf_tiny, vllm_embedded, hf_embedded):
+    assert vllm_tiny.context_length() == hf_tiny.context_length() == 4096
+    assert vllm_embedded.context_length() == hf_embedded.context_length() == 8192
+
+
+def test_a_gateway_on_vllm_cuts_a_prompt_longer_than_its_context(vllm_tiny, tokenizer):
+    """vLLM refuses a prompt that leaves no room for the reply (a 500 through the gateway, before the gateway
+    took its context from the engine): the gateway cuts it on the left first, or refuses it with one line."""
+    from grl.gateway import BadRequest, Gateway, SerialEngine
+
+    words = " ".join(f"w{i}" for i in range(5000))
+    body = {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": words}], "max_tokens": 8}
+    reply = Gateway(SerialEngine(vllm_tiny), tokenizer, "tiny").complete(body)
+    assert 4096 - 8 - 8 < reply["usage"]["prompt_tokens"] <= 4096 - 8
+    with pytest.raises(BadRequest, match="exceed the context of 4096"):
+        Gateway(SerialEngine(vllm_tiny), tokenizer, "tiny", truncation="error").complete(body)

@@ -137,7 +137,7 @@ def test_a_tool_result_continues_the_recorded_ids_with_what_the_template_writes_
     tiny, template, kwargs, expected_tail
 ):
     tokenizer, _ = tiny
-    gateway = Gateway(None, tokenizer, "tiny", chat_template=template)
+    gateway = Gateway(None, tokenizer, "tiny", context=4096, chat_template=template)
     gateway.template_kwargs.update(kwargs)
     chat = gateway.chat(request())
     first = chat.first_prompt(QUESTION)
