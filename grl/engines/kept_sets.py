@@ -19,11 +19,13 @@ top_k off: both engines keep exactly the same ids for the same logits.
 from __future__ import annotations
 
 from collections.abc import Sequence
-
-import torch
+from typing import TYPE_CHECKING
 
 from grl.engines.base import GenerationOutput, SamplingParams
 from grl.engines.constraint import AllowedSet, ReplyGrammar
+
+if TYPE_CHECKING:  # the rollout imports this module, and the gateway's `grl serve` checks must not load torch
+    import torch
 
 FILTER_ARG = "grl_kept_sets"  # vLLM SamplingParams.extra_args key of a request's KeptSets
 
@@ -37,6 +39,8 @@ def filter_logits(logits, temperature: float, top_k: int, top_p: float):
     """Scale by temperature and mask (-inf) what top-k and top-p exclude.
     logits: float [B, V]. Top-p keeps the smallest set of most likely tokens
     whose probability reaches top_p (always at least one)."""
+    import torch
+
     logits = logits / temperature
     if 0 < top_k < logits.shape[-1]:
         kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
@@ -54,6 +58,8 @@ def filter_logits(logits, temperature: float, top_k: int, top_p: float):
 def kept_sets(filtered: torch.Tensor) -> list[AllowedSet]:
     """Rows `[N, V]` of filtered logits (-inf outside what was kept) -> each row's kept set: `(+n, ids)`,
     or `(-m, ids)` denying the m others when they are fewer (a set of the whole vocabulary is `(0, ())`)."""
+    import torch
+
     kept = torch.isfinite(filtered)
     vocab = kept.shape[-1]
     counts = kept.sum(-1).tolist()
@@ -90,6 +96,8 @@ class KeptSets:
 
     def keep(self, logits: torch.Tensor) -> tuple[torch.Tensor, list[AllowedSet]]:
         """Rows `[N, V]` of raw logits -> (a mask, True outside each row's kept set; the kept sets)."""
+        import torch
+
         filtered = filter_logits(logits, self.temperature, self.top_k, self.top_p)
         return ~torch.isfinite(filtered), kept_sets(filtered)
 
