@@ -203,7 +203,11 @@ BAD_ARGUMENTS = [
     ("quick_train_qwen_halfb.sh", ["--hlep"], "argument 1 (cuda_devices): '--hlep' is not a comma list of GPU indices"),
     ("examples/sokoban_ppo/qwen_halfb.sh", ["0", "8,x"], "argument 2 (group_num): '8,x' is not a comma list"),
     ("examples/sokoban_ppo/qwen_halfb.sh", ["0", "", "0"], "argument 3 (group_size): '0' is not a comma list"),
-    ("examples/tetris_ppo/qwen_3b.sh", ["", "", "", "", "", "tetrisAgent"], "argument 6 (train_tasks): 'tetrisAgent' is not a task"),
+    (
+        "examples/tetris_ppo/qwen_3b.sh",
+        ["", "", "", "", "", "tetrisAgent"],
+        "argument 6 (train_tasks): 'tetrisAgent' is not a task",
+    ),
     ("examples/tetris_ppo/qwen_3b.sh", [""] * 6 + ["simpleSokobanAgent,nope"], "argument 7 (val_tasks): 'nope' is not a task"),
     ("examples/sokoban_ppo/qwen_7b.sh", [""] * 7 + ["eight"], "argument 8 (n_gpus): 'eight' is not a positive whole number"),
     ("examples/sokoban_ppo/qwen_7b.sh", [""] * 9 + ["my run"], "argument 10 (experiment): 'my run' is not a name"),

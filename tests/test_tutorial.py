@@ -1,10 +1,17 @@
-"""docs/TUTORIAL.md's example: a new env in one file plus one YAML block, played through the agent's
-text interface by a solver that cannot be wrong, and trained for a step."""
+"""docs/TUTORIAL.md: its first-hour script runs as written (train, plot, play, serve and query), and its
+example, a new env in one file plus one YAML block, played through the agent's text interface by a solver
+that cannot be wrong, and trained for a step."""
 
 import copy
 import functools
+import json
 import math
+import os
 import re
+import signal
+import socket
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -12,6 +19,52 @@ import grl.agents
 from grl.config import load_config, task_instance
 
 TASK = "guessNumberAgent"
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def first_hour_script() -> str:
+    """The one bash block of the tutorial's first-hour section."""
+    section = (ROOT / "docs" / "TUTORIAL.md").read_text().split("## 0. The first hour", 1)[1].split("\n## ", 1)[0]
+    (script,) = re.findall(r"```bash\n(.*?)```", section, re.S)
+    return script
+
+
+@pytest.mark.slow
+def test_the_first_hour_runs_as_written(tmp_path):
+    with socket.socket() as probe:  # a port free now, for the script's server
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    out = tmp_path / "first-hour"
+    script = subprocess.Popen(
+        ["bash", "-e", "-c", first_hour_script()],
+        cwd=ROOT,
+        env={**os.environ, "OUT": str(out), "PORT": str(port)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # the server it starts ends with it, whatever happens here
+    )
+    try:
+        stdout, stderr = script.communicate(timeout=900)
+    finally:
+        try:
+            os.killpg(script.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert script.returncode == 0, stderr[-3000:]
+    lines = stdout.splitlines()
+    # 1. trained: one step logged, the checkpoint and the export written
+    assert any(line.startswith("step 1/1 | ") for line in lines), stdout
+    assert (out / "ckpt" / "hf_actor" / "config.json").is_file()
+    assert [r["step"] for r in map(json.loads, (out / "run" / "metrics.jsonl").read_text().splitlines())] == [0, 1]
+    # 2. plotted: grl plot prints the picture it drew
+    assert str(out / "run" / "curves.png") in lines and (out / "run" / "curves.png").stat().st_size > 10_000
+    # 3. played: the three piped replies, each stepped
+    assert "task tetrisAgent_gap_dim_4, seed 1" in stdout and stdout.count("=> reward") >= 1
+    # 4. served and queried: an OpenAI chat completion, with the token ids the engine sampled
+    reply = json.loads(next(line for line in reversed(lines) if line.startswith("{")))
+    assert reply["object"] == "chat.completion" and isinstance(reply["choices"][0]["message"]["content"], str)
+    assert reply["usage"]["completion_tokens"] >= 1
 
 
 @functools.cache
