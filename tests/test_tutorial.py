@@ -213,3 +213,27 @@ def test_the_tutorials_program_plays_through_the_gateway_and_a_perfect_player_wi
     for seed in range(50):
         result = guess_number(BinarySearch(), ProgramTask("g", seed, 0, 0, {"max_number": 100, "max_guesses": 7}))
         assert result["success"] == 1.0 and result["guesses"] <= 7, (seed, result)
+
+
+def readme_commands(program: str) -> list[list[str]]:
+    """Every command of the README's bash blocks that runs `program`, continuation lines joined."""
+    import shlex
+
+    blocks = re.findall(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    lines = [line.split(" #", 1)[0] for block in blocks for line in block.replace("\\\n", " ").splitlines()]
+    return [shlex.split(line) for line in lines if line.split(" ", 1)[0].endswith(program)]
+
+
+def test_the_readme_trains_webshop_and_bird_on_the_data_it_installs_first():
+    trained = {}
+    for argv in readme_commands("grl-train"):
+        tasks = [a.split("=", 1)[1] for a in argv if a.startswith("rollout.training=")]
+        if tasks and tasks[0] in ("[webshopAgent]", "[birdAgent]"):
+            trained[tasks[0].strip("[]")] = load_config(argv[1:])
+    assert sorted(trained) == ["birdAgent", "webshopAgent"]
+    installs = [argv[1:] for argv in readme_commands("scripts/install_dataset.sh")]
+    assert ["--webshop", "--small"] in installs and ["--bird"] in installs
+    webshop = task_instance(trained["webshopAgent"], "webshopAgent")["env_config"]
+    assert webshop["products_path"].endswith("data/webshop/items_shuffle_1000.json")  # what --webshop --small writes
+    bird = task_instance(trained["birdAgent"], "birdAgent")["env_config"]
+    assert bird["split"] == "train" and bird["dataset_path"].endswith("data/bird/{split}.jsonl")  # --bird: train, dev
