@@ -51,11 +51,10 @@ def nothing_left_line(settings) -> str | None:
 
 def resume_line(point: ResumePoint, settings) -> str:
     """The line a resumed run starts with: which checkpoint, which step, what is left."""
-    head = f"grl-train: resuming from {point.path.absolute()} at step {point.step}"
+    head = f"grl-train: resumed from {point.path.absolute()} (step {point.step})"
     if settings.val_only:
         return f"{head}; trainer.val_only: validating once, training nothing"
-    left = settings.total_training_steps - point.step
-    return f"{head} of {settings.total_training_steps}: {left} step{'s' if left != 1 else ''} left"
+    return f"{head}: {settings.total_training_steps - point.step} of {settings.total_training_steps} steps left"
 
 
 def save(trainer: AgentTrainer) -> dict[str, float]:

@@ -123,7 +123,7 @@ def test_train_checkpoint_kill_and_resume(tmp_path, ray_runtime, capsys):
     cfg_val = config(tmp_path, "a", resume_mode="auto", **{"trainer.val_only": True, "trainer.run_dir": str(a_dir / "val_only")})
     AgentTrainer.from_config(cfg_val).fit()
     val_report = capsys.readouterr().out
-    assert f"grl-train: resuming from {a_dir / 'ckpt' / 'global_step_2'} at step 2; trainer.val_only" in val_report
+    assert f"grl-train: resumed from {a_dir / 'ckpt' / 'global_step_2'} (step 2); trainer.val_only" in val_report
     only = by_step(a_dir / "val_only")
     assert sorted(only) == [2] and "val-env/simpleSokobanAgent/success" in only[2]
     assert not any(k.startswith("actor/") for k in only[2])
@@ -146,7 +146,7 @@ def test_train_checkpoint_kill_and_resume(tmp_path, ray_runtime, capsys):
     capsys.readouterr()
     AgentTrainer.from_config(cfg_b).fit()
     first_line = capsys.readouterr().out.splitlines()[0]
-    assert first_line == f"grl-train: resuming from {b_dir / 'ckpt' / 'global_step_1'} at step 1 of 2: 1 step left"
+    assert first_line == f"grl-train: resumed from {b_dir / 'ckpt' / 'global_step_1'} (step 1): 1 of 2 steps left"
     resumed = by_step(b_dir / "run")
     assert sorted(resumed) == [0, 1, 2]
     assert (b_dir / "ckpt" / "latest").read_text().strip() == "global_step_2"

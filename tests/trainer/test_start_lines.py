@@ -56,9 +56,9 @@ def test_the_resume_line_names_the_checkpoint_the_step_and_the_steps_left(tmp_pa
         return with_trainer(**{"default_local_dir": str(tmp_path), "resume_mode": "auto", **keys})[0].trainer
 
     five = settings(total_training_steps=5)
-    assert resume_line(resume_point(five), five) == f"grl-train: resuming from {path} at step 3 of 5: 2 steps left"
+    assert resume_line(resume_point(five), five) == f"grl-train: resumed from {path} (step 3): 2 of 5 steps left"
     four = settings(total_training_steps=4)
-    assert resume_line(resume_point(four), four).endswith("at step 3 of 4: 1 step left")
+    assert resume_line(resume_point(four), four).endswith("(step 3): 1 of 4 steps left")
     assert nothing_left_line(four) is None
     assert nothing_left_line(settings(total_training_steps=3)).startswith("grl-train: nothing left to train:")
     val_only = settings(total_training_steps=3, val_only=True)
