@@ -1,9 +1,7 @@
 #!/usr/bin/env bash
 # Quick start: PPO on 6x6 Sokoban with Qwen2.5-0.5B-Instruct on one GPU, validated on Sokoban,
 # Tetris, BlocksWorld and GSM8K.
-# Usage: bash quick_train_qwen_halfb.sh [CUDA_VISIBLE_DEVICES] [group num] [group size] [val group nums] [val group sizes] \
-#          [train tasks] [val tasks] [GPUs per node] [project] [experiment] [model path] [steps] [hydra overrides...]
-# Works with `source` too; see examples/launch_common.sh for the arguments. DRY_RUN=1 prints the command.
+# `--help` lists the positional arguments and their defaults. Works with `source` too.
 (
     GRL_DEFAULTS=(0 8 16 64,32,32,32 1,1,1,1 simpleSokobanAgent simpleSokobanAgent,tetrisAgent_type_1_dim_4,blocksworldAgent_text,gsm8kAgent_single_turn 1 grl quick_train_qwen_halfb Qwen/Qwen2.5-0.5B-Instruct 200)
     GRL_HAS_MEM_FRACTION=0

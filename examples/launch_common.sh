@@ -2,17 +2,33 @@
 # Not meant to be run directly; the scripts call `grl_launch` inside a subshell, so nothing defined
 # here (and no option or directory change) reaches the shell that sourced them.
 #
-# Positional arguments (empty string = the script's default):
-#   1 CUDA_VISIBLE_DEVICES   2 agent group number   3 agent group size
-#   4 validation group numbers (comma list)   5 validation group sizes (comma list)
-#   6 training tasks (comma list)   7 validation tasks (comma list)   8 GPUs per node
-#   9 project name   10 experiment name   11 model path
-#   12 vLLM memory fraction (scripts with GRL_HAS_MEM_FRACTION=1), then total training steps
-#   anything after: extra Hydra overrides, passed through
+# The positional arguments, their meaning and the checks on them are the table below; `--help` prints it
+# with the calling script's defaults. Empty string = the script's default; anything after the last
+# positional argument is passed through as Hydra overrides.
 #
 # The calling script sets GRL_DEFAULTS (an array of the defaults, same order), GRL_HAS_MEM_FRACTION,
-# GRL_PRESET (the GPU preset) and GRL_CPU_OVERRIDES (what the CPU fallback adds, may be empty).
+# GRL_PRESET (the GPU preset) and GRL_CPU_OVERRIDES (what the CPU fallback adds, may be empty); its
+# header comment (the lines after `#!`) is the description `--help` shows.
 # DRY_RUN=1 prints the command instead of running it.
+
+# name -> what `--help` says of it; the order of GRL_DEFAULTS is the order of _GRL_ARGS.
+_GRL_ARGS=(cuda_devices group_num group_size val_group_num val_group_size train_tasks val_tasks
+           n_gpus project experiment model_path mem_fraction total_steps)
+declare -A _GRL_ABOUT=(
+    [cuda_devices]="GPUs to use (CUDA_VISIBLE_DEVICES), comma list of indices"
+    [group_num]="agent groups per training task (comma list: one per task)"
+    [group_size]="agents per group (comma list: one per task)"
+    [val_group_num]="validation groups per validation task (comma list)"
+    [val_group_size]="agents per validation group (comma list)"
+    [train_tasks]="training task instances (configs/agents.yaml), comma list"
+    [val_tasks]="validation task instances (configs/agents.yaml), comma list"
+    [n_gpus]="GPUs per node (n_gpus_per_node)"
+    [project]="project name (W&B project)"
+    [experiment]="experiment name (also logs/<name>.log)"
+    [model_path]="model: hub id (owner/name), local folder, embedded or tiny"
+    [mem_fraction]="vLLM GPU memory fraction, in (0, 1]"
+    [total_steps]="training steps"
+)
 
 _grl_list() {  # "a,b" -> "[a,b]"
     local value="$1"
@@ -39,6 +55,75 @@ _grl_has_cuda() {
     command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1
 }
 
+_grl_help() {  # script path, root, argument names...: usage, description, each argument with its default, an example
+    local script="$1" root="$2" i=0 name
+    shift 2
+    printf 'Usage: bash %s [ARGUMENT ...] [KEY=VALUE ...]\n' "$script"
+    sed -n '2,/^[^#]/{/^# \{0,1\}/s///p}' "$script" | sed '/^(/d; /^`--help`/d'
+    printf '\nPositional arguments, in this order ("" keeps the default):\n'
+    for name in "$@"; do
+        printf '  %2d %-15s %s\n     %-15s default: %s\n' "$((i + 1))" "$name" "${_GRL_ABOUT[$name]}" "" "${GRL_DEFAULTS[$i]}"
+        i=$((i + 1))
+    done
+    printf '\nAfter argument %d: Hydra overrides KEY=VALUE, passed to grl-train (grl-train --help lists the keys).\n' "$#"
+    printf 'Without CUDA the script runs the CPU preset on the embedded model and says which arguments it ignores.\n'
+    printf 'DRY_RUN=1 prints the command instead of running it.\n\n'
+    printf 'Example: 4 groups of 8 agents, trained and validated on %s, as experiment my_run:\n' "${GRL_DEFAULTS[5]}"
+    printf '  bash %s %s 4 8 "" "" %s %s %s grl my_run\n' \
+        "$script" "${GRL_DEFAULTS[0]}" "${GRL_DEFAULTS[5]}" "${GRL_DEFAULTS[5]}" "${GRL_DEFAULTS[7]}"
+}
+
+_grl_bad() {  # position, name, message: one line on stderr, status 2
+    echo "grl: argument $1 ($2): $3 (--help lists the arguments)" >&2
+    return 2
+}
+
+_grl_check() {  # position, name, value, root: a mistake in the value -> one line, status 2
+    local pos="$1" name="$2" value="$3" root="$4" list="${3#[}"
+    list="${list%]}"
+    local count='^[1-9][0-9]*$' counts='^[1-9][0-9]*(,[1-9][0-9]*)*$' names='^[A-Za-z_][A-Za-z0-9_]*(,[A-Za-z_][A-Za-z0-9_]*)*$'
+    case "$name" in
+        cuda_devices)
+            [[ "$list" =~ ^[0-9]+(,[0-9]+)*$ ]] || _grl_bad "$pos" "$name" "'$value' is not a comma list of GPU indices, like 0,1" ;;
+        group_num|group_size|val_group_num|val_group_size)
+            [[ "$list" =~ $counts ]] || _grl_bad "$pos" "$name" "'$value' is not a comma list of positive whole numbers, like 8 or 8,4" ;;
+        n_gpus|total_steps)
+            [[ "$value" =~ $count ]] || _grl_bad "$pos" "$name" "'$value' is not a positive whole number" ;;
+        mem_fraction)
+            [[ "$value" =~ ^[0-9]*\.?[0-9]+$ ]] && awk -v v="$value" 'BEGIN { exit !(v > 0 && v <= 1) }' \
+                || _grl_bad "$pos" "$name" "'$value' is not a fraction in (0, 1], like 0.5" ;;
+        project|experiment)
+            [[ "$value" =~ ^[A-Za-z0-9._-]+$ ]] || _grl_bad "$pos" "$name" "'$value' is not a name of letters, digits and ._-" ;;
+        train_tasks|val_tasks)
+            [[ "$list" =~ $names ]] || { _grl_bad "$pos" "$name" "'$value' is not a comma list of task names"; return; }
+            local task
+            for task in ${list//,/ }; do
+                grep -q "^$task:" "$root/configs/agents.yaml" \
+                    || { _grl_bad "$pos" "$name" "'$task' is not a task instance of configs/agents.yaml"; return; }
+            done ;;
+        model_path)
+            case "$value" in
+                embedded|tiny) ;;
+                /*|./*|../*|~*) ;;  # a local folder: checked when the GPU command uses it
+                *) [[ "$value" =~ ^[A-Za-z0-9._-]*[A-Za-z][A-Za-z0-9._-]*(/[A-Za-z0-9._-]+)?$ ]] \
+                       || _grl_bad "$pos" "$name" "'$value' is neither a hub id (owner/name), a local folder, embedded nor tiny" ;;
+            esac ;;
+    esac
+}
+
+_grl_check_gpu_command() {  # what only the GPU command uses, against each other (grl_launch's arg, given, names)
+    local devices="${arg[cuda_devices]//[^,]/}"
+    devices=$((${#devices} + 1))
+    if [ "${arg[n_gpus]}" -gt "$devices" ]; then
+        _grl_bad 8 n_gpus "${arg[n_gpus]} GPUs per node, but argument 1 (cuda_devices) '${arg[cuda_devices]}' names $devices"
+        return
+    fi
+    case "${arg[model_path]}" in
+        /*|./*|../*|~*) [ -d "${arg[model_path]/#\~/$HOME}" ] \
+            || _grl_bad 11 model_path "'${arg[model_path]}' is not a folder on this machine" ;;
+    esac
+}
+
 grl_launch() {
     set -u
     # `source script.sh` with no arguments hands the script the caller's positional parameters. Bash then
@@ -48,22 +133,39 @@ grl_launch() {
         && [ "${BASH_ARGV[0]:-}" = "${BASH_SOURCE[1]:-}" ]; then
         set --
     fi
-    local root
+    local root script="${BASH_SOURCE[1]}"
     root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-    local names=(cuda_devices group_num group_size val_group_num val_group_size train_tasks val_tasks
-                 n_gpus project experiment model_path)
-    [ "${GRL_HAS_MEM_FRACTION:-0}" = 1 ] && names+=(mem_fraction)
-    names+=(total_steps)
+    local names=() name
+    for name in "${_GRL_ARGS[@]}"; do
+        [ "$name" = mem_fraction ] && [ "${GRL_HAS_MEM_FRACTION:-0}" != 1 ] && continue
+        names+=("$name")
+    done
+
+    local word
+    for word in "${@:1:${#names[@]}}"; do
+        case "$word" in -h|--help) _grl_help "$script" "$root" "${names[@]}"; return 0 ;; esac
+    done
 
     local -A arg=() given=()
     local i
     for i in "${!names[@]}"; do
         local value="${GRL_DEFAULTS[$i]}"
         if [ $# -gt 0 ]; then
-            [ -n "$1" ] && { value="$1"; given[${names[$i]}]=1; }
+            if [ -n "$1" ]; then
+                _grl_check "$((i + 1))" "${names[$i]}" "$1" "$root" || return 2
+                value="$1"
+                given[${names[$i]}]=1
+            fi
             shift
         fi
         arg[${names[$i]}]="$value"
+    done
+    for i in $(seq 1 $#); do
+        case "${!i}" in
+            *=*|~*|-*) ;;
+            *) _grl_bad "$((${#names[@]} + i))" override "'${!i}' is not KEY=VALUE; this script takes ${#names[@]} positional arguments" \
+                   || return 2 ;;
+        esac
     done
     local extra=("$@")
     # Only validation tasks given: the default group lists have one entry per default task; repeat their
@@ -80,6 +182,7 @@ grl_launch() {
     local mode=cpu
     if _grl_has_cuda || [ "${GRL_FORCE_GPU:-0}" = 1 ]; then
         mode=gpu
+        _grl_check_gpu_command || return 2
         export CUDA_VISIBLE_DEVICES="${arg[cuda_devices]}"
         cmd+=(
             "model_path=${arg[model_path]}"

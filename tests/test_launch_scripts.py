@@ -1,7 +1,9 @@
 """Launch scripts: positional arguments map to the right Hydra keys, the command they would run is a
-valid config, and `source` leaves the caller's shell as it was."""
+valid config, `source` leaves the caller's shell as it was, `--help` lists the arguments and starts
+nothing, and a bad argument stops the script in one line that names it."""
 
 import shlex
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -35,7 +37,7 @@ def test_every_script_builds_a_valid_command_on_gpu_and_cpu(script):
         load_config(overrides)
 
 
-def test_positional_arguments_map_in_order_with_memory_fraction():
+def test_positional_arguments_map_in_order_with_memory_fraction(tmp_path):
     overrides = dry_run(
         "examples/sokoban_ppo/qwen_3b.sh",
         "0,1",
@@ -48,14 +50,14 @@ def test_positional_arguments_map_in_order_with_memory_fraction():
         "2",
         "proj",
         "exp",
-        "/models/x",
+        str(tmp_path),
         "0.3",
         "17",
         "trainer.test_freq=3",
         force_gpu=True,
     )
     assert overrides == [
-        "model_path=/models/x",
+        f"model_path={tmp_path}",
         "rollout.agent_group_num=[4,2]",
         "rollout.agent_group_size=[8]",
         "rollout.validation_agent_group_num=[16,8]",
@@ -154,3 +156,97 @@ def test_source_without_arguments_ignores_the_callers_parameters():
     plain, with_args = out.stdout.strip().splitlines()
     assert "nosuchTask" not in plain and "agent_group_num" not in plain
     assert "rollout.agent_group_num=\\[3\\]" in with_args
+
+
+POSITIONAL = ["cuda_devices", "group_num", "group_size", "val_group_num", "val_group_size", "train_tasks", "val_tasks"]
+POSITIONAL += ["n_gpus", "project", "experiment", "model_path"]
+
+
+def copy_of_the_scripts(tmp_path) -> tuple[Path, Path]:
+    """The launch scripts and configs in a tree of their own, without .venv, and a `python` on PATH that
+    only records that it was started."""
+    for script in SCRIPTS:
+        (tmp_path / script).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / script, tmp_path / script)
+    shutil.copy(ROOT / "examples" / "launch_common.sh", tmp_path / "examples")
+    shutil.copytree(ROOT / "configs", tmp_path / "configs")
+    bin_dir, started = tmp_path / "bin", tmp_path / "started"
+    bin_dir.mkdir()
+    (bin_dir / "python").write_text(f'#!/bin/sh\necho "$@" >> {started}\n')
+    (bin_dir / "python").chmod(0o755)
+    return bin_dir, started
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_help_lists_every_argument_with_its_default_and_starts_nothing(script, tmp_path):
+    bin_dir, started = copy_of_the_scripts(tmp_path)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(Path.home()), "GRL_FORCE_GPU": "1"}
+    with_mem = "qwen_3b" in script or "qwen_7b" in script
+    names = POSITIONAL + (["mem_fraction"] if with_mem else []) + ["total_steps"]
+    for flag, position in (("--help", 0), ("-h", 0), ("--help", 3)):
+        args = ["0"] * position + [flag]
+        out = subprocess.run(["bash", script, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0 and out.stderr == "", out.stderr
+        assert not started.exists() and not (tmp_path / "logs").exists(), out.stdout
+        lines = out.stdout.splitlines()
+        assert lines[0].startswith("Usage: bash ") and "Example" in out.stdout
+        listed = [line.split()[1] for line in lines if line[:4].strip().isdigit()]
+        assert listed == names, listed
+        defaults = [line.split("default: ", 1)[1] for line in lines if "default: " in line]
+        assert len(defaults) == len(names) and defaults[-1] == "200"
+    # the same tree runs the command when asked to: the fake python is what `--help` did not start
+    subprocess.run(["bash", script], cwd=tmp_path, env=env, capture_output=True, timeout=60)
+    assert "-m grl.train" in started.read_text()
+
+
+BAD_ARGUMENTS = [
+    ("quick_train_qwen_halfb.sh", ["--hlep"], "argument 1 (cuda_devices): '--hlep' is not a comma list of GPU indices"),
+    ("examples/sokoban_ppo/qwen_halfb.sh", ["0", "8,x"], "argument 2 (group_num): '8,x' is not a comma list"),
+    ("examples/sokoban_ppo/qwen_halfb.sh", ["0", "", "0"], "argument 3 (group_size): '0' is not a comma list"),
+    (
+        "examples/tetris_ppo/qwen_3b.sh",
+        ["", "", "", "", "", "tetrisAgent"],
+        "argument 6 (train_tasks): 'tetrisAgent' is not a task",
+    ),
+    ("examples/tetris_ppo/qwen_3b.sh", [""] * 6 + ["simpleSokobanAgent,nope"], "argument 7 (val_tasks): 'nope' is not a task"),
+    ("examples/sokoban_ppo/qwen_7b.sh", [""] * 7 + ["eight"], "argument 8 (n_gpus): 'eight' is not a positive whole number"),
+    ("examples/sokoban_ppo/qwen_7b.sh", [""] * 9 + ["my run"], "argument 10 (experiment): 'my run' is not a name"),
+    # argument 11 left out: the memory fraction lands on the model, the steps on the fraction
+    ("examples/sokoban_ppo/qwen_3b.sh", [""] * 10 + ["0.5", "200"], "argument 11 (model_path): '0.5' is neither a hub id"),
+    ("examples/sokoban_ppo/qwen_3b.sh", [""] * 11 + ["200"], "argument 12 (mem_fraction): '200' is not a fraction in (0, 1]"),
+    ("examples/sokoban_ppo/qwen_3b.sh", [""] * 11 + ["0"], "argument 12 (mem_fraction): '0' is not a fraction"),
+    ("examples/sokoban_ppo/qwen_halfb.sh", [""] * 11 + ["0.5", "200"], "argument 12 (total_steps): '0.5' is not a positive"),
+    ("examples/sokoban_ppo/qwen_halfb.sh", [""] * 12 + ["200"], "argument 13 (override): '200' is not KEY=VALUE"),
+    ("verl_quick_training_example.sh", [""] * 11 + ["-3"], "argument 12 (total_steps): '-3' is not a positive"),
+]
+
+
+@pytest.mark.parametrize("script, args, message", BAD_ARGUMENTS)
+def test_a_bad_argument_stops_the_script_in_one_line_naming_it(script, args, message):
+    env = {"PATH": "/usr/bin:/bin", "DRY_RUN": "1", "HOME": str(Path.home())}
+    out = subprocess.run(["bash", script, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2, out.stdout
+    assert out.stderr.count("\n") == 1 and out.stderr.startswith(f"grl: {message}"), out.stderr
+    assert "would run" not in out.stdout
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["0"], "argument 8 (n_gpus): 2 GPUs per node, but argument 1 (cuda_devices) '0' names 1"),
+        ([""] * 10 + ["/no/such/model"], "argument 11 (model_path): '/no/such/model' is not a folder on this machine"),
+    ],
+)
+def test_what_only_the_gpu_command_uses_is_checked_there(args, message):
+    env = {"PATH": "/usr/bin:/bin", "DRY_RUN": "1", "HOME": str(Path.home())}
+    gpu = subprocess.run(
+        ["bash", "examples/sokoban_ppo/qwen_3b.sh", *args],
+        cwd=ROOT,
+        env={**env, "GRL_FORCE_GPU": "1"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert gpu.returncode == 2 and gpu.stderr.startswith(f"grl: {message}"), gpu.stderr
+    cpu = subprocess.run(["bash", "examples/sokoban_ppo/qwen_3b.sh", *args], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert cpu.returncode == 0 and "does not use these arguments you gave" in cpu.stdout, cpu.stderr

@@ -1,10 +1,17 @@
-"""docs/TUTORIAL.md's example: a new env in one file plus one YAML block, played through the agent's
-text interface by a solver that cannot be wrong, and trained for a step."""
+"""docs/TUTORIAL.md: its first-hour script runs as written (train, plot, play, serve and query), and its
+example, a new env in one file plus one YAML block, played through the agent's text interface by a solver
+that cannot be wrong, and trained for a step."""
 
 import copy
 import functools
+import json
 import math
+import os
 import re
+import signal
+import socket
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -12,6 +19,52 @@ import grl.agents
 from grl.config import load_config, task_instance
 
 TASK = "guessNumberAgent"
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def first_hour_script() -> str:
+    """The one bash block of the tutorial's first-hour section."""
+    section = (ROOT / "docs" / "TUTORIAL.md").read_text().split("## 0. The first hour", 1)[1].split("\n## ", 1)[0]
+    (script,) = re.findall(r"```bash\n(.*?)```", section, re.S)
+    return script
+
+
+@pytest.mark.slow
+def test_the_first_hour_runs_as_written(tmp_path):
+    with socket.socket() as probe:  # a port free now, for the script's server
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    out = tmp_path / "first-hour"
+    script = subprocess.Popen(
+        ["bash", "-e", "-c", first_hour_script()],
+        cwd=ROOT,
+        env={**os.environ, "OUT": str(out), "PORT": str(port)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # the server it starts ends with it, whatever happens here
+    )
+    try:
+        stdout, stderr = script.communicate(timeout=900)
+    finally:
+        try:
+            os.killpg(script.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert script.returncode == 0, stderr[-3000:]
+    lines = stdout.splitlines()
+    # 1. trained: one step logged, the checkpoint and the export written
+    assert any(line.startswith("step 1/1 | ") for line in lines), stdout
+    assert (out / "ckpt" / "hf_actor" / "config.json").is_file()
+    assert [r["step"] for r in map(json.loads, (out / "run" / "metrics.jsonl").read_text().splitlines())] == [0, 1]
+    # 2. plotted: grl plot prints the picture it drew
+    assert str(out / "run" / "curves.png") in lines and (out / "run" / "curves.png").stat().st_size > 10_000
+    # 3. played: the three piped replies, each stepped
+    assert "task tetrisAgent_gap_dim_4, seed 1" in stdout and stdout.count("=> reward") >= 1
+    # 4. served and queried: an OpenAI chat completion, with the token ids the engine sampled
+    reply = json.loads(next(line for line in reversed(lines) if line.startswith("{")))
+    assert reply["object"] == "chat.completion" and isinstance(reply["choices"][0]["message"]["content"], str)
+    assert reply["usage"]["completion_tokens"] >= 1
 
 
 @functools.cache
@@ -160,3 +213,27 @@ def test_the_tutorials_program_plays_through_the_gateway_and_a_perfect_player_wi
     for seed in range(50):
         result = guess_number(BinarySearch(), ProgramTask("g", seed, 0, 0, {"max_number": 100, "max_guesses": 7}))
         assert result["success"] == 1.0 and result["guesses"] <= 7, (seed, result)
+
+
+def readme_commands(program: str) -> list[list[str]]:
+    """Every command of the README's bash blocks that runs `program`, continuation lines joined."""
+    import shlex
+
+    blocks = re.findall(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    lines = [line.split(" #", 1)[0] for block in blocks for line in block.replace("\\\n", " ").splitlines()]
+    return [shlex.split(line) for line in lines if line.split(" ", 1)[0].endswith(program)]
+
+
+def test_the_readme_trains_webshop_and_bird_on_the_data_it_installs_first():
+    trained = {}
+    for argv in readme_commands("grl-train"):
+        tasks = [a.split("=", 1)[1] for a in argv if a.startswith("rollout.training=")]
+        if tasks and tasks[0] in ("[webshopAgent]", "[birdAgent]"):
+            trained[tasks[0].strip("[]")] = load_config(argv[1:])
+    assert sorted(trained) == ["birdAgent", "webshopAgent"]
+    installs = [argv[1:] for argv in readme_commands("scripts/install_dataset.sh")]
+    assert ["--webshop", "--small"] in installs and ["--bird"] in installs
+    webshop = task_instance(trained["webshopAgent"], "webshopAgent")["env_config"]
+    assert webshop["products_path"].endswith("data/webshop/items_shuffle_1000.json")  # what --webshop --small writes
+    bird = task_instance(trained["birdAgent"], "birdAgent")["env_config"]
+    assert bird["split"] == "train" and bird["dataset_path"].endswith("data/bird/{split}.jsonl")  # --bird: train, dev

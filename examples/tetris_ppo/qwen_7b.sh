@@ -1,8 +1,6 @@
 #!/usr/bin/env bash
 # Tetris (type 1, 4x4) PPO with Qwen2.5-7B-Instruct on eight GPUs.
-# Usage: bash examples/tetris_ppo/qwen_7b.sh [CUDA_VISIBLE_DEVICES] [group num] [group size] [val group nums] [val group sizes] \
-#          [train tasks] [val tasks] [GPUs per node] [project] [experiment] [model path] [vLLM mem fraction] [steps] [hydra overrides...]
-# Works with `source` too; see examples/launch_common.sh for the arguments. DRY_RUN=1 prints the command.
+# `--help` lists the positional arguments and their defaults. Works with `source` too.
 (
     # GRL's 13-task validation (256 episodes each), as GRL's own scripts run it.
     GRL_DEFAULTS=(0,1,2,3,4,5,6,7 8 16 256,256,256,256,256,256,256,256,256,256,256,256,256 1,1,1,1,1,1,1,1,1,1,1,1,1 tetrisAgent_type_1_dim_4 simpleSokobanAgent,largeSokobanAgent,gsm8kAgent_single_turn,gsm8kAgent_5_turn,blocksworldAgent_text,blocksworldAgent_1d,blocksworldAgent_2d_sparse,tetrisAgent_type_1_dim_4,tetrisAgent_type_2_dim_3,tetrisAgent_type_2_dim_4,webshopAgent,birdAgent,birdAgent_5_turns 8 grl tetris_qwen_7b Qwen/Qwen2.5-7B-Instruct 0.5 200)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime
 import json
 import logging
+import math
 import os
 import socket
 import subprocess
@@ -31,7 +32,8 @@ from grl.tracking.loggers import (
 
 METRICS_FILE = "metrics.jsonl"
 log = logging.getLogger("grl.tracking")
-# A redraw takes a second or more of the driver's CPU: one a minute at most, and one at the end.
+# A redraw takes a second or more of the driver's CPU: one after the first logged step (the curves exist
+# as soon as there is a point), then one a minute at most, and one at the end.
 REPLOT_S = 60.0
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -49,7 +51,8 @@ class Tracker:
     ):
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self._plotted_at = time.monotonic()  # the first drawing a minute in, the last at close
+        self._plotted_at = -math.inf  # the first logged step draws; then once a minute, and at close
+        self._unplotted = False  # a step logged since the last drawing
         self.backends = []
         for name in loggers:
             if name == "console":
@@ -67,6 +70,7 @@ class Tracker:
         numbers = clean(metrics)
         for backend in self.backends:
             backend.log(numbers, step)
+        self._unplotted = True
         if time.monotonic() - self._plotted_at >= REPLOT_S:
             self.plot()
 
@@ -80,10 +84,10 @@ class Tracker:
             plot_run(self.run_dir)
         except Exception as err:  # noqa: BLE001 - the curves are a convenience, the run is not
             log.warning("could not draw %s/curves.png: %s", self.run_dir, err)
-        self._plotted_at = time.monotonic()
+        self._plotted_at, self._unplotted = time.monotonic(), False
 
     def close(self) -> None:
-        if self.backends:
+        if self._unplotted:
             self.plot()
         for backend in self.backends:
             backend.close()

@@ -63,7 +63,11 @@ class ConsoleLogger:
         self.stream = stream or sys.stdout
 
     def log(self, metrics: Mapping[str, float | None], step: int) -> None:
-        print(console_line(metrics, step, self.total_steps), file=self.stream, flush=True)
+        from tqdm import tqdm
+
+        # Above the trainer's progress bars, which a plain print would write into.
+        tqdm.write(console_line(metrics, step, self.total_steps), file=self.stream)
+        self.stream.flush()
 
     def close(self) -> None:
         pass

@@ -4,8 +4,9 @@ A grid of panels: success and reward per task (training solid, validation dashed
 decoy board dotted, one colour per task in every panel), the validation answers' dependence on their
 input (input_mi), actor and critic losses, KL, entropy, grad norm, response length and the time per
 phase of a step; a panel with nothing logged is left out. Training curves are smoothed (an exponential moving average, the raw
-values drawn faintly behind); validation points are few and drawn as they are. The trainer
-redraws `curves.png` after every logged step.
+values drawn faintly behind); validation points are few and drawn as they are. Every point is marked
+while a series is short, so a run is readable from its first step (a line of one point draws nothing).
+The trainer draws `curves.png` after its first logged step, then once a minute and at the end.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ COLUMNS = 3
 TRAIN_PREFIXES = ("env/", "train/")  # GRL's name is train/<task>/...; older runs logged env/<task>/...
 VAL_PREFIX = "val-env/"
 TIMING_PREFIXES = ("timing_s/", "timing/")
+MARKED_POINTS = 60  # up to this many points a series marks each one; beyond, markers would hide the line
 
 # Panel title -> metric names drawn in it (those present in the log).
 PANELS: dict[str, tuple[str, ...]] = {
@@ -87,6 +89,7 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None, smoothing: floa
 
     matplotlib.use("Agg")  # files only: works without a display
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     run_dir = Path(run_dir)
     rows = load_rows(run_dir / METRICS_FILE)
@@ -133,11 +136,16 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None, smoothing: floa
                 style = ":" if name.endswith("_swapped") else "--"
                 ax.plot(steps, values, style, marker="o", markersize=3, color=colour, label=label)
                 continue
-            (line,) = ax.plot(steps, smooth(values, smoothing), "-", color=colour, label=label)
+            marker = "o" if len(steps) <= MARKED_POINTS else None
+            (line,) = ax.plot(steps, smooth(values, smoothing), "-", marker=marker, markersize=3, color=colour, label=label)
             if smoothing > 0 and len(values) > 1:
                 ax.plot(steps, values, "-", color=line.get_color(), alpha=0.25, linewidth=0.8)
         ax.set_title(title)
         ax.set_xlabel("step")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        low, high = ax.get_xlim()
+        if high - low < 2:  # one or two steps: out to the whole steps either side, not 0.96 .. 1.04
+            ax.set_xlim(math.floor(low), math.ceil(high))
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)

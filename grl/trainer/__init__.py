@@ -22,9 +22,15 @@ def run(cfg: DictConfig, plan: RunPlan | None = None) -> None:
     """Train with a config from `grl.config.load_config` and the builder's run plan (grl/train.py)."""
     import ray
 
+    from grl.config import run_sections
     from grl.trainer.agent_trainer import AgentTrainer
+    from grl.trainer.resume import nothing_left_line
     from grl.workers.runtime import leave_ray
 
+    finished = nothing_left_line(run_sections(cfg).trainer)
+    if finished:  # said before any worker or model starts
+        print(finished, flush=True)
+        return
     started_ray = not ray.is_initialized()
     try:
         trainer = AgentTrainer.from_config(cfg, plan=plan)

@@ -3,7 +3,7 @@
 `fit()` reads as the step of the design brief: rollout -> batch -> shape ->
 score -> advantage -> update -> sync -> report. Every phase is one call into
 a lower layer (grl.rollout, grl.algo, grl.workers); this module only wires
-them, times them, validates, checkpoints and reports.
+them, times them, validates, checkpoints (grl/trainer/resume.py) and reports.
 """
 
 from __future__ import annotations
@@ -21,14 +21,12 @@ from omegaconf import DictConfig, OmegaConf
 from grl.algo import make_kl_controller
 from grl.config import RunSections, run_sections
 from grl.engines import sampling_from_config
-from grl.rng import rng_state, set_rng_state
 from grl.run_plan import RunPlan
 from grl.rollout import Batch, MultiTurnRollout, task_specs, training_base_seed
 from grl.rollout.dynamic_sampling import with_top_up
 from grl.rollout.tasks import is_program_task
 from grl.tracking import Tracker, save_run_info
 from grl.trainer import RunAborted
-from grl.trainer import checkpoint as ckpt
 from grl.trainer.certificate import STOPS, certified
 from grl.trainer.curriculum import Curriculum
 from grl.trainer.metrics import (
@@ -50,7 +48,8 @@ from grl.trainer.transforms import (
     drop_stale_episodes,
     shape_batch,
 )
-from grl.trainer.validation import BestValidation, Validation
+from grl.trainer.resume import export_hf, nothing_left_line, resume, resume_line, save
+from grl.trainer.validation import Validation
 from grl.workers import WeightSyncTimeout, WorkerDiedError
 from grl.workers.group import TEARDOWN_TIMEOUT_S
 
@@ -131,7 +130,13 @@ class AgentTrainer:
         checkpointing every `save_freq` steps (and both at the end)."""
         settings = self.settings
         try:
-            resumed = self.resume()
+            finished = nothing_left_line(settings)
+            if finished:
+                print(finished, flush=True)
+                return
+            resumed = resume(self)
+            if resumed:
+                print(resume_line(resumed, settings), flush=True)
             self.tracker = Tracker(
                 settings.logger,
                 settings.run_dir,
@@ -139,10 +144,10 @@ class AgentTrainer:
                 settings.experiment_name,
                 config=self.sections.record,
                 total_steps=settings.total_training_steps,
-                resume_step=self.global_step if resumed else None,
+                resume_step=resumed.step if resumed else None,
             )
             save_run_info(settings.run_dir, OmegaConf.to_yaml(self.sections.record))
-            print(self.start_report(), flush=True)
+            print(start_report(self.sections, self.plan, self.plan.device, start_step=self.global_step), flush=True)
             if settings.val_only:
                 self.tracker.log(self.validate(), self.global_step)
                 return
@@ -157,15 +162,16 @@ class AgentTrainer:
                 if settings.test_freq > 0 and (step % settings.test_freq == 0 or last):
                     metrics.update(self.validate())
                     if settings.export_hf and settings.export_best and self.validation.is_best(step, metrics):
-                        self.export_hf()
+                        export_hf(self)
                 if (settings.save_freq > 0 and step % settings.save_freq == 0) or last:
-                    metrics.update(self.save_checkpoint())
+                    metrics.update(save(self))
                 self.tracker.log(metrics, step)
                 self.progress.step_done(metrics)
                 for hook in self.hooks:
                     hook(self, step, metrics, batch)
             best = self.validation.best.step  # 0: none after a training step, or trainer.export_best off
-            export = None if not settings.export_hf else self.export_hf(only_path=best > 0)
+            export = None if not settings.export_hf else export_hf(self, only_path=best > 0)
+            self.progress.close()  # the run bar's last state, then the report below it
             print(finish_report(self.validation.success, self.last_checkpoint, export, best), flush=True)
         except (WorkerDiedError, WeightSyncTimeout, *STOPS) as err:
             message = abort_message(err, self.global_step, self.last_checkpoint)
@@ -325,60 +331,6 @@ class AgentTrainer:
         ):
             metrics = self.validation.run(self.global_step, on_turn=self.progress.show_turn)
         return {**metrics, **timer.metrics()}
-
-    def start_report(self) -> str:
-        return start_report(self.sections, self.plan, self.plan.device)
-
-    # ------------------------------------------------------------ checkpoints
-
-    def save_checkpoint(self) -> dict[str, float]:
-        timer = Timer()
-        settings = self.settings
-
-        def write_parts(tmp: Path) -> None:
-            self.actor.save_checkpoint(str(tmp / "actor"))
-            if self.critic is not None:
-                self.critic.save_checkpoint(str(tmp / "critic"))
-
-        state = {
-            "global_step": self.global_step,
-            "kl_coef": self.kl_ctrl.value,
-            "rng": rng_state(),
-            "best_validation": [self.validation.best.step, self.validation.best.score],
-            **({"curriculum": self.curriculum.state()} if self.curriculum is not None else {}),
-        }
-        with timer("save_checkpoint"):
-            self.last_checkpoint = ckpt.write_checkpoint(
-                settings.default_local_dir, self.global_step, write_parts, state, settings.max_ckpt_to_keep
-            )
-        return timer.metrics()
-
-    def export_hf(self, only_path: bool = False) -> Path:
-        """The actor as a Hugging Face folder (`<default_local_dir>/hf_actor`) that transformers and vLLM
-        load; `only_path`: where trainer.export_best wrote it at the best validation."""
-        target = Path(self.settings.default_local_dir) / ckpt.HF_EXPORT
-        return target if only_path else ckpt.write_folder(target, self.actor.export_hf)
-
-    def resume(self) -> bool:
-        """Load the checkpoint `trainer.resume_mode` points at; True if one was loaded."""
-        settings = self.settings
-        path = ckpt.resume_path(settings.resume_mode, settings.default_local_dir)
-        if path is None:
-            return False
-        state = ckpt.read_state(path)
-        self.actor.load_checkpoint(str(path / "actor"))
-        if self.critic is not None:
-            self.critic.load_checkpoint(str(path / "critic"))
-        self.actor.sync_weights()  # the engine must sample from the resumed weights
-        self.kl_ctrl.value = state["kl_coef"]
-        self.validation.best = BestValidation(*state.get("best_validation", (0, float("-inf"))))
-        set_rng_state(state["rng"])
-        if self.curriculum is not None and "curriculum" in state:
-            self.curriculum.load_state(state["curriculum"])
-        self.global_step = state["global_step"]
-        self.last_checkpoint = path
-        log.info("resumed from %s (step %d)", path, self.global_step)
-        return True
 
     def close(self, teardown_timeout: float = TEARDOWN_TIMEOUT_S) -> None:
         if self._source is not None:

@@ -1,12 +1,25 @@
 """The console's progress bars (console logger only): one over the whole run, with its ETA and the
 numbers worth watching, and one under it over the current step's phases or a validation, which also
-shows how many agents of the rollout are still playing."""
+shows how many agents of the rollout are still playing.
+
+Lines printed while the bars are up go above them (tqdm's `write`): the console logger's step lines
+do so themselves, and grl's warnings do through a handler that stands in for Python's last-resort one
+for the length of the run, where the program has configured no logging of its own."""
 
 from __future__ import annotations
 
+import logging
+import sys
 from contextlib import contextmanager
 
 from grl.trainer.report import run_postfix
+
+
+class _AboveTheBars(logging.Handler):
+    def emit(self, record: logging.LogRecord) -> None:
+        from tqdm import tqdm
+
+        tqdm.write(self.format(record), file=sys.stderr)
 
 
 class Progress:
@@ -14,6 +27,7 @@ class Progress:
         self.enabled = enabled
         self._run = None  # position 0: the whole run
         self._current = None  # position 1: the current step's phases, or a validation
+        self._log_handler: logging.Handler | None = None
 
     def _bar(self, **kwargs):
         from tqdm import tqdm
@@ -22,6 +36,10 @@ class Progress:
 
     def start_run(self, total_steps: int, done: int) -> None:
         self._run = self._bar(total=total_steps, initial=done, desc="run", unit="step", position=0)
+        grl_log = logging.getLogger("grl")
+        if self.enabled and not grl_log.handlers and not logging.getLogger().handlers:
+            self._log_handler = _AboveTheBars(logging.WARNING)
+            grl_log.addHandler(self._log_handler)
 
     def step_done(self, metrics: dict[str, float]) -> None:
         self._run.update(1)
@@ -59,3 +77,6 @@ class Progress:
         if self._run is not None:
             self._run.close()
             self._run = None
+        if self._log_handler is not None:
+            logging.getLogger("grl").removeHandler(self._log_handler)
+            self._log_handler = None

@@ -8,14 +8,25 @@ from pathlib import Path
 from grl.models import compute_report
 
 
-def start_report(run, plan, device: str) -> str:
-    """Where this run writes, on what it runs and what it trains on; `run`: the config's typed sections."""
+def validation_runs(trainer, start_step: int) -> bool:
+    """Whether a run of these trainer settings, starting after `start_step`, validates at all."""
+    return trainer.val_only or trainer.test_freq > 0 or (trainer.val_before_train and start_step == 0)
+
+
+def start_report(run, plan, device: str, start_step: int = 0) -> str:
+    """Where this run writes, on what it runs and what it trains and validates on (only what will run);
+    `run`: the config's typed sections, `start_step`: the step a resumed run continues after."""
     from grl.tracking import METRICS_FILE
 
     trainer, rollout, model = run.trainer, run.rollout, run.actor_rollout_ref.model
     run_dir = Path(trainer.run_dir).absolute()
     groups = zip(rollout.training, rollout.agent_group_num, rollout.agent_group_size)
     val_groups = zip(rollout.validation, rollout.validation_agent_group_num, rollout.validation_agent_group_size)
+    training = "none (trainer.val_only)" if trainer.val_only else ", ".join(f"{t} ({n}x{k})" for t, n, k in groups)
+    validation = ", ".join(f"{t} ({n}x{k})" for t, n, k in val_groups)
+    if not validation_runs(trainer, start_step):
+        before = "; a resumed run skips trainer.val_before_train" if start_step else ", trainer.val_before_train=false"
+        validation = f"off (trainer.test_freq={trainer.test_freq}{before})"
     return "\n".join(
         [
             f"grl-train: {trainer.project_name}/{trainer.experiment_name}, "
@@ -26,8 +37,8 @@ def start_report(run, plan, device: str) -> str:
             f"  device       {device} x {plan.world_size} rank(s), engine {plan.engine}{plan.engine_place()}, model {model.path}",
             f"  compute      {compute_report(model.dtype, device)}",
             f"  worker logs  {os.environ.get('RAY_TMPDIR', '/tmp/ray')}/session_latest/logs",
-            "  training     " + ", ".join(f"{t} ({n}x{k})" for t, n, k in groups),
-            "  validation   " + ", ".join(f"{t} ({n}x{k})" for t, n, k in val_groups),
+            f"  training     {training}",
+            f"  validation   {validation}",
         ]
     )
 

@@ -145,7 +145,7 @@ def test_cli(tmp_path):
     assert empty.returncode == 2 and "no logged step" in empty.stderr
 
 
-def test_tracker_draws_the_curves_once_a_minute_and_at_the_end(tmp_path, monkeypatch):
+def test_tracker_draws_the_curves_after_the_first_step_then_once_a_minute_and_at_the_end(tmp_path, monkeypatch):
     import grl.tracking
     from grl.tracking import Tracker
 
@@ -153,18 +153,63 @@ def test_tracker_draws_the_curves_once_a_minute_and_at_the_end(tmp_path, monkeyp
     real_plot = grl.tracking.Tracker.plot
 
     def counted_plot(self):
-        drawn.append(len(read_jsonl(tmp_path / METRICS_FILE)))
+        drawn.append(len(read_jsonl(self.run_dir / METRICS_FILE)))
         real_plot(self)
 
     monkeypatch.setattr(grl.tracking.Tracker, "plot", counted_plot)
     tracker = Tracker(["jsonl"], tmp_path, "p", "e")
-    tracker.log({"reward/mean": 0.5, "env/simpleSokobanAgent/success": 0.25}, step=1)  # within REPLOT_S: not drawn
-    assert drawn == [] and not (tmp_path / "curves.png").exists()
+    tracker.log({"reward/mean": 0.5, "env/simpleSokobanAgent/success": 0.25}, step=1)  # the first point: drawn
+    assert drawn == [1] and (tmp_path / "curves.png").exists()
+    tracker.log({"reward/mean": 0.6}, step=2)  # within REPLOT_S of the last drawing: not drawn
+    assert drawn == [1]
     monkeypatch.setattr(grl.tracking, "REPLOT_S", 0.0)  # a minute later
-    tracker.log({"reward/mean": 0.7, "val-env/simpleSokobanAgent/success": 0.5}, step=2)
-    assert drawn == [2] and (tmp_path / "curves.png").exists()
+    tracker.log({"reward/mean": 0.7, "val-env/simpleSokobanAgent/success": 0.5}, step=3)
+    assert drawn == [1, 3]
     monkeypatch.setattr(grl.tracking, "REPLOT_S", 3600.0)
-    tracker.log({"reward/mean": 0.9}, step=3)
+    tracker.log({"reward/mean": 0.9}, step=4)
     tracker.close()
-    assert drawn == [2, 3]
+    assert drawn == [1, 3, 4]
     assert matplotlib.image.imread(tmp_path / "curves.png").shape[1] > 1000
+
+    (tmp_path / "one").mkdir()
+    one_step = Tracker(["jsonl"], tmp_path / "one", "p", "e")
+    one_step.log({"reward/mean": 0.5}, step=1)
+    one_step.close()  # nothing logged since the first step's drawing: not drawn again
+    assert drawn == [1, 3, 4, 1]
+
+
+def drawn_panels(tmp_path, monkeypatch) -> dict:
+    """Panel title -> its axes, as `plot_run` saved them."""
+    import matplotlib.pyplot as plt
+
+    panels = {}
+    real_savefig = plt.Figure.savefig
+
+    def keep_axes(fig, *args, **kwargs):
+        panels.update({ax.get_title(): ax for ax in fig.axes if ax.get_visible()})
+        return real_savefig(fig, *args, **kwargs)
+
+    monkeypatch.setattr(plt.Figure, "savefig", keep_axes)
+    plot_run(tmp_path)
+    return panels
+
+
+def test_a_run_of_one_step_marks_each_point_on_integer_steps(tmp_path, monkeypatch):
+    write_run(tmp_path, steps=1)
+    panels = drawn_panels(tmp_path, monkeypatch)
+    assert len(panels) == 9
+    for title, ax in panels.items():
+        drawn = [line for line in ax.get_lines() if len(line.get_xdata()) == 1]
+        assert drawn, title
+        # a line through one point is invisible: each point needs a marker of its own
+        assert all(line.get_marker() not in (None, "None", "", " ") for line in drawn), title
+        ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
+        assert 1.0 in ticks and all(t == int(t) for t in ticks), (title, ticks)
+
+
+def test_a_long_run_draws_lines_without_markers(tmp_path, monkeypatch):
+    from grl.tracking.plot import MARKED_POINTS
+
+    write_run(tmp_path, steps=MARKED_POINTS + 1)
+    lines = drawn_panels(tmp_path, monkeypatch)["entropy"].get_lines()
+    assert lines and all(line.get_marker() in (None, "None", "") for line in lines)

@@ -124,6 +124,8 @@ def test_train_checkpoint_kill_and_resume(tmp_path, ray_runtime, capsys):
     # val_only: resume A's last checkpoint, validate once, exit without training
     cfg_val = config(tmp_path, "a", resume_mode="auto", **{"trainer.val_only": True, "trainer.run_dir": str(a_dir / "val_only")})
     AgentTrainer.from_config(cfg_val).fit()
+    val_report = capsys.readouterr().out
+    assert f"grl-train: resumed from {a_dir / 'ckpt' / 'global_step_2'} (step 2); trainer.val_only" in val_report
     only = by_step(a_dir / "val_only")
     assert sorted(only) == [2] and "val-env/simpleSokobanAgent/success" in only[2]
     assert not any(k.startswith("actor/") for k in only[2])
@@ -143,7 +145,10 @@ def test_train_checkpoint_kill_and_resume(tmp_path, ray_runtime, capsys):
     assert (b_dir / "ckpt" / "latest").read_text().strip() == "global_step_1"
 
     # C: resume B; its step 2 is A's step 2
+    capsys.readouterr()
     AgentTrainer.from_config(cfg_b).fit()
+    first_line = capsys.readouterr().out.splitlines()[0]
+    assert first_line == f"grl-train: resumed from {b_dir / 'ckpt' / 'global_step_1'} (step 1): 1 of 2 steps left"
     resumed = by_step(b_dir / "run")
     assert sorted(resumed) == [0, 1, 2]
     assert (b_dir / "ckpt" / "latest").read_text().strip() == "global_step_2"
@@ -151,6 +156,11 @@ def test_train_checkpoint_kill_and_resume(tmp_path, ray_runtime, capsys):
     assert len(compared) >= 10, compared
     for key in compared:
         assert resumed[2][key] == pytest.approx(history[2][key], rel=1e-6, abs=1e-9), key
+
+    # C again: nothing is left to train; one line, and neither the metrics nor the checkpoint change
+    AgentTrainer.from_config(cfg_b).fit()
+    assert capsys.readouterr().out.startswith(f"grl-train: nothing left to train: {b_dir / 'ckpt' / 'global_step_2'} is step 2")
+    assert by_step(b_dir / "run") == resumed
 
 
 @pytest.mark.slow
