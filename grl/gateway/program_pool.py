@@ -17,7 +17,12 @@ The kinds of failure (`ProgramOutcome.kind`): exception, timeout (past `program_
 worker ended: `os._exit`, a signal), memory (the worker and its processes held more than
 `program_max_rss_mb` while the program ran or when it returned; a forked worker's resident memory counts the
 pages it still shares with its template, as psutil's RSS does), leftover_process (a process the program
-started still ran when it returned).
+started still ran when it returned); an exception's kind is the blame it carries (`policy` for a
+PolicyFault, an InfraFault's own kind: grl/envs/base.py). Each is the infrastructure's doing
+(grl/rollout/blame.py) but a PolicyFault and a `reply_timeout`: the clock ran out while the program
+handled the model's last reply, no call of its episode waiting on the gateway (`timeout_blamed`), so what
+the model wrote kept it busy (code it runs, say). A clock that ran out before the program's first call, or
+while a call waited for the engine, is the infrastructure's `timeout`.
 """
 
 from __future__ import annotations
@@ -65,6 +70,14 @@ class ProgramOutcome:
 def fault_metrics(kinds: list[str | None]) -> dict[str, float]:
     """`gateway/program_crashes` etc.: the failures only a process can have, counted over a rollout."""
     return {f"gateway/{name}": float(sum(k == kind for k in kinds)) for kind, name in FAULT_COUNTS.items()}
+
+
+def timeout_blamed(outcome: ProgramOutcome, calls: int, call_waiting: bool) -> ProgramOutcome:
+    """The outcome, a `timeout` made a `reply_timeout` (the policy's) when the program had made `calls` > 0
+    calls and none was `call_waiting` on the gateway when its clock ran out."""
+    if outcome.kind == "timeout" and calls > 0 and not call_waiting:
+        return ProgramOutcome(outcome.value, f"{outcome.error}, handling the model's last reply", "reply_timeout")
+    return outcome
 
 
 class _Template:
@@ -313,14 +326,16 @@ class ProgramPool:
             return self._end(worker, self._over_memory(rss), True)
         return None
 
-    def _answer(self, worker: _Worker, value, error, rss: int, leftovers: list[int]) -> tuple[Any, ProgramOutcome]:
+    def _answer(
+        self, worker: _Worker, value, error, rss: int, leftovers: list[int], kind: str = "exception"
+    ) -> tuple[Any, ProgramOutcome]:
         if leftovers:
             said = f"the program left {len(leftovers)} process(es) running (pids {', '.join(map(str, leftovers[:8]))})"
             return self._end(worker, ProgramOutcome(error=said, kind="leftover_process"), True)
         if self.max_rss is not None and rss > self.max_rss:
             return self._end(worker, self._over_memory(rss), True)
         if error is not None:
-            return self._end(worker, ProgramOutcome(error=error, kind="exception"), False)
+            return self._end(worker, ProgramOutcome(error=error, kind=kind or "exception"), False)
         return self._end(worker, ProgramOutcome(value=value), False)
 
     def _over_memory(self, rss: int) -> ProgramOutcome:
