@@ -162,7 +162,8 @@ class MultiTurnRollout:
             if not redo:
                 break
             again = [Slot(slots[i].task, slots[i].key, slots[i].group_id, slots[i].seed, slots[i].member) for i in redo]
-            self._play(self._with_agents(again), sampling, on_turn, turn_barrier, others=slots)
+            others = [s for i, s in enumerate(slots) if i not in set(redo)]
+            self._play(self._with_agents(again), sampling, on_turn, turn_barrier, others)
             for i, s in zip(redo, again):
                 slots[i] = s
             retried += len(redo)
@@ -179,7 +180,7 @@ class MultiTurnRollout:
     def _play(self, slots: list[Slot], sampling, on_turn, turn_barrier: bool, others: list[Slot] = ()) -> None:
         """Every slot's episode, to its end; `others`: the step's slots played before, which the failure ratio
         counts too."""
-        self.faults.others = [s for s in others if all(s is not t for t in slots)]
+        self.faults.others = list(others)
         try:
             self._reset(slots)
             if turn_barrier:

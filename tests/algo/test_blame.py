@@ -74,9 +74,7 @@ def scored(episodes, name, method="identity"):
     batch["values"] = torch.sin(0.37 * batch["input_ids"].float() + 0.11 * positions) * batch["attention_mask"]
     add_advantages(batch, algorithm(name), make_kl_controller("fixed", 0.0))
     trained = batch["loss_mask"] > 0
-    rows = {
-        uid: (batch["advantages"][i][trained[i]], batch["returns"][i][trained[i]]) for i, uid in enumerate(batch.meta["uid"])
-    }
+    rows = {uid: (batch["advantages"][i][trained[i]], batch["returns"][i][trained[i]]) for i, uid in enumerate(batch.meta["uid"])}
     return rows, metrics
 
 
