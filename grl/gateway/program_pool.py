@@ -19,10 +19,10 @@ worker ended: `os._exit`, a signal), memory (the worker and its processes held m
 pages it still shares with its template, as psutil's RSS does), leftover_process (a process the program
 started still ran when it returned); an exception's kind is the blame it carries (`policy` for a
 PolicyFault, an InfraFault's own kind: grl/envs/base.py). Each is the infrastructure's doing
-(grl/rollout/blame.py) but a PolicyFault and a `reply_timeout`: the clock ran out while the program
-handled the model's last reply, no call of its episode waiting on the gateway (`timeout_blamed`), so what
-the model wrote kept it busy (code it runs, say). A clock that ran out before the program's first call, or
-while a call waited for the engine, is the infrastructure's `timeout`.
+(grl/rollout/blame.py) but a PolicyFault and a `reply_timeout`: a timeout of an episode whose calls to the
+model were in flight for at least half of `program_timeout` (`timeout_blamed`; the runner measures it), so
+that the model's replies (their length, their number) kept the program busy. A program that ran out of time
+in its own code (a hang, slow work of its own) has the infrastructure's `timeout`.
 """
 
 from __future__ import annotations
@@ -72,11 +72,12 @@ def fault_metrics(kinds: list[str | None]) -> dict[str, float]:
     return {f"gateway/{name}": float(sum(k == kind for k in kinds)) for kind, name in FAULT_COUNTS.items()}
 
 
-def timeout_blamed(outcome: ProgramOutcome, calls: int, call_waiting: bool) -> ProgramOutcome:
-    """The outcome, a `timeout` made a `reply_timeout` (the policy's) when the program had made `calls` > 0
-    calls and none was `call_waiting` on the gateway when its clock ran out."""
-    if outcome.kind == "timeout" and calls > 0 and not call_waiting:
-        return ProgramOutcome(outcome.value, f"{outcome.error}, handling the model's last reply", "reply_timeout")
+def timeout_blamed(outcome: ProgramOutcome, busy_s: float, timeout: float) -> ProgramOutcome:
+    """The outcome, a `timeout` made a `reply_timeout` (the policy's) when its episode's calls to the model
+    were in flight for `busy_s` of at least half of the program's `timeout`: the model's replies kept it busy."""
+    if outcome.kind == "timeout" and busy_s >= timeout / 2:
+        said = f"{outcome.error}; {busy_s:.1f} s of it waiting for the model's replies"
+        return ProgramOutcome(outcome.value, said, "reply_timeout")
     return outcome
 
 
