@@ -28,6 +28,7 @@ loss, the group baselines and the critic's targets, and counted in `rollout/infr
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -51,15 +52,17 @@ class InfraFault(Exception):
 
 
 POLICY_KIND = "policy"  # the error kind of an episode a PolicyFault ended
+_KIND = re.compile(r"[A-Za-z0-9_]{1,40}")
 
 
 def fault_kind(err: BaseException) -> str:
     """The error kind of an exception an env raised: `policy` for a PolicyFault, the `kind` of an InfraFault
-    (or of grl.envs.checks.EnvValueError), `exception` for anything else."""
+    (or of grl.envs.checks.EnvValueError) where it is a short name (letters, digits, `_`: it names a metric),
+    `exception` for anything else."""
     if isinstance(err, PolicyFault):
         return POLICY_KIND
     kind = getattr(err, "kind", None)
-    return kind if isinstance(kind, str) and kind else "exception"
+    return kind if isinstance(kind, str) and _KIND.fullmatch(kind) and kind != POLICY_KIND else "exception"
 
 
 class Env:

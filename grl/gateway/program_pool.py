@@ -19,10 +19,11 @@ worker ended: `os._exit`, a signal), memory (the worker and its processes held m
 pages it still shares with its template, as psutil's RSS does), leftover_process (a process the program
 started still ran when it returned); an exception's kind is the blame it carries (`policy` for a
 PolicyFault, an InfraFault's own kind: grl/envs/base.py). Each is the infrastructure's doing
-(grl/rollout/blame.py) but a PolicyFault and a `reply_timeout`: a timeout of an episode whose calls to the
-model were in flight for at least half of `program_timeout` (`timeout_blamed`; the runner measures it), so
-that the model's replies (their length, their number) kept the program busy. A program that ran out of time
-in its own code (a hang, slow work of its own) has the infrastructure's `timeout`.
+(grl/rollout/blame.py) but a PolicyFault and a `reply_timeout`: a timeout of an episode whose calls waited
+for the model's answers for at least half of `program_timeout`, the last of them in flight or answered
+within its last tenth (`timeout_blamed`; the gateway times the calls, grl/gateway/episodes.py), so that the
+model's replies (their length, their number) kept the program busy to the end. A program that ran out of
+time in its own code (a hang, slow work of its own) has the infrastructure's `timeout`.
 """
 
 from __future__ import annotations
@@ -72,10 +73,11 @@ def fault_metrics(kinds: list[str | None]) -> dict[str, float]:
     return {f"gateway/{name}": float(sum(k == kind for k in kinds)) for kind, name in FAULT_COUNTS.items()}
 
 
-def timeout_blamed(outcome: ProgramOutcome, busy_s: float, timeout: float) -> ProgramOutcome:
-    """The outcome, a `timeout` made a `reply_timeout` (the policy's) when its episode's calls to the model
-    were in flight for `busy_s` of at least half of the program's `timeout`: the model's replies kept it busy."""
-    if outcome.kind == "timeout" and busy_s >= timeout / 2:
+def timeout_blamed(outcome: ProgramOutcome, busy_s: float, idle_s: float | None, timeout: float) -> ProgramOutcome:
+    """The outcome, a `timeout` made a `reply_timeout` (the policy's) when the model's replies kept the program
+    busy to the end: its calls waited for their answers for `busy_s` of at least half of its `timeout`, and
+    its last call was in flight or answered at most a tenth of the `timeout` before (`idle_s`, None: no call)."""
+    if outcome.kind == "timeout" and busy_s >= timeout / 2 and idle_s is not None and idle_s <= timeout / 10:
         said = f"{outcome.error}; {busy_s:.1f} s of it waiting for the model's replies"
         return ProgramOutcome(outcome.value, said, "reply_timeout")
     return outcome

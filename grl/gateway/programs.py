@@ -14,8 +14,8 @@ seconds and `agent_config.program_max_rss_mb` of memory; an episode has at most 
 calls of at most `agent_config.max_tokens` reply tokens. A program that raises, overruns its time or returns
 anything else, or whose process crashes, outgrows its memory or leaves a process running, ends its episode
 with the penalty an env failure gets and is left out of training, as the infrastructure's doing (but for
-a PolicyFault the program raised, and a `reply_timeout` (its calls waited for the model's replies for at
-least half of its time), which keep the format penalty and are trained on:
+a PolicyFault the program raised, and a `reply_timeout` (its calls waited for the model for at least half of
+its time, to its end), which keep the format penalty and are trained on:
 grl/gateway/program_pool.py, grl/rollout/blame.py), is counted (`gateway/program_errors`, `gateway/program_timeouts`,
 `gateway/bad_rewards`, `gateway/program_crashes`, `gateway/program_memory_kills`,
 `gateway/program_leftover_processes`) and the rollout goes on; calls past the budget, or of an episode that
@@ -143,15 +143,15 @@ class ProgramRunner:
                 timeout = r.settings.program_timeout + CLIENT_GRACE_S
                 call = ProgramCall(r.settings.program, f"{url}/episodes/{r.name}/v1", r.task, timeout)
                 self._pool_of(r.spec.name, r.settings).submit(key, call, lambda r=r: final_messages(r.log))
-            shown, busy = 0.0, [0.0] * len(running)  # seconds each episode's calls waited for the model
+            shown = 0.0
             while any(pool.pending for pool in pools):
-                start, waiting = time.monotonic(), [r.log.lock.locked() for r in running]  # a call holds its lock
                 self.engine.serve(wait=0.05)
-                for key, r in enumerate(running):
-                    busy[key] += (time.monotonic() - start) if waiting[key] or r.log.lock.locked() else 0.0
                 for pool in pools:
-                    for key, ended in pool.collect():
-                        outcome[key] = timeout_blamed(ended, busy[key], running[key].settings.program_timeout)
+                    for key, ended in pool.collect():  # blamed now, by how long its calls waited for the model
+                        log, now = running[key].log, time.monotonic()
+                        outcome[key] = timeout_blamed(
+                            ended, log.busy_s(now), log.idle_s(now), running[key].settings.program_timeout
+                        )
                 if on_turn is not None and time.monotonic() - shown > 1.0:
                     shown = time.monotonic()
                     on_turn(max(len(r.log.calls) for r in running), len(running) - len(outcome), len(running))

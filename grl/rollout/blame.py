@@ -4,14 +4,13 @@ policy's are trained on.
 The policy's (`POLICY`): what its own tokens did. Its format, its action budget, an invalid action, a
 malformed tool call and its own context overflow keep the episode going or end it with their penalty
 (grl/agents/base.py), without an error; an env, tool or program that raises `PolicyFault`
-(grl/envs/base.py) ends it with the task's format penalty; a program whose clock ran out while it handled
-the model's reply (grl/gateway/program_pool.py) too. All of them are trained on.
+(grl/envs/base.py) ends it with the task's format penalty; a program whose clock ran out while the model's
+replies kept it busy (`reply_timeout`, grl/gateway/program_pool.py) too. All of them are trained on.
 
 The infrastructure's (`INFRA`): everything else that ended an episode. The env's or tool's exception
 (`InfraFault` names a kind of its own), hang (`timeout`) or bad value (the kinds of grl/envs/checks.py);
-a program's exception, timeout while it waited for the gateway or before its first call, crash, memory
-kill or leftover process (grl/gateway/program_pool.py), or a reward it returned that is none
-(`bad_reward`). Such an episode is left out before the batch is built (`without_infra_failures`), so it
+a program's exception, timeout in its own code, crash, memory kill or leftover process
+(grl/gateway/program_pool.py), or a reward it returned that is none (`bad_reward`). Such an episode is left out before the batch is built (`without_infra_failures`), so it
 takes no part in the loss, the reward normalisation, the group filter, the group baselines (GRPO,
 RLOO, GiGPO and ReBN see only the members that remain) and the critic's targets; a group it leaves
 with fewer than two members (of two or more) is left out whole, since a baseline of one compares nothing.
@@ -30,8 +29,8 @@ from grl.rollout.types import Episode
 POLICY, INFRA = "policy", "infra"
 
 
-# The error kinds that are the policy's doing: a PolicyFault, and a program's clock run out while it handled
-# the model's reply (grl/gateway/program_pool.py `timeout_blamed`).
+# The error kinds that are the policy's doing: a PolicyFault, and a program's clock run out while the model's
+# replies kept it busy (grl/gateway/program_pool.py `timeout_blamed`).
 POLICY_KINDS = frozenset({POLICY_KIND, "reply_timeout"})
 
 

@@ -7,6 +7,7 @@ import time
 import pytest
 
 from grl.engines import SamplingParams, make_engine
+from grl.gateway.program_pool import ProgramOutcome, timeout_blamed
 from grl.gateway.programs import ProgramRunner
 from grl.models import load_tokenizer
 from grl.rollout import TaskSpec
@@ -70,3 +71,21 @@ def test_a_program_s_faults_and_timeouts_are_blamed(runner):
     metrics = blame_metrics(episodes)
     assert metrics["rollout/policy_failed_episodes"] == 2 and metrics["rollout/infra_failed_episodes"] == 2
     assert metrics["rollout/infra_failed/sandbox"] == 1 and metrics["rollout/infra_failed/timeout"] == 1
+
+
+def test_a_timeout_is_the_policy_s_only_if_the_replies_kept_the_program_busy_to_the_end():
+    timed_out = ProgramOutcome(error="timed out after 3 s (program_timeout)", kind="timeout")
+    kinds = {
+        (busy, idle): timeout_blamed(timed_out, busy, idle, timeout=3.0).kind
+        for busy, idle in [(2.9, 0.0), (2.0, 0.2), (2.0, 1.0), (1.0, 0.0), (0.0, None)]
+    }
+    # Busy half the clock and to its end; then: it stopped asking a second before (its own code hung), it
+    # waited for the model a third of its time, it never asked.
+    assert kinds == {
+        (2.9, 0.0): "reply_timeout",
+        (2.0, 0.2): "reply_timeout",
+        (2.0, 1.0): "timeout",
+        (1.0, 0.0): "timeout",
+        (0.0, None): "timeout",
+    }
+    assert timeout_blamed(ProgramOutcome(error="boom", kind="crash"), 3.0, 0.0, timeout=3.0).kind == "crash"
