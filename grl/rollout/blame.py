@@ -10,7 +10,8 @@ replies kept it busy (`reply_timeout`, grl/gateway/program_pool.py) too. All of 
 The infrastructure's (`INFRA`): everything else that ended an episode. The env's or tool's exception
 (`InfraFault` names a kind of its own), hang (`timeout`) or bad value (the kinds of grl/envs/checks.py);
 a program's exception, timeout in its own code, crash, memory kill or leftover process
-(grl/gateway/program_pool.py), or a reward it returned that is none (`bad_reward`). Such an episode is left out before the batch is built (`without_infra_failures`), so it
+(grl/gateway/program_pool.py), or a reward it returned that is none (`bad_reward`). Such an episode is left
+out before the batch is built (`without_infra_failures`), so it
 takes no part in the loss, the reward normalisation, the group filter, the group baselines (GRPO,
 RLOO, GiGPO and ReBN see only the members that remain) and the critic's targets; a group it leaves
 with fewer than two members (of two or more) is left out whole, since a baseline of one compares nothing.
