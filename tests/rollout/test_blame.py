@@ -15,7 +15,7 @@ from grl.rollout import TaskSpec
 from grl.rollout.blame import INFRA, POLICY
 from grl.rollout.env_faults import InfraFailureError
 from grl.trainer.transforms import shape_batch
-from tests.algo.test_blame import rollout_cfg
+from tests.algo.test_infra_baselines import rollout_cfg
 from tests.rollout.test_multi_turn import GREEDY, AlwaysAct, rollout, scripted
 
 

@@ -411,6 +411,6 @@ def test_nan_reward_ends_the_episode_is_counted_and_logged_once(hf_engine, token
 def trained_seeds(episodes):
     """The seeds of the episodes the trainer's batch holds (grl/trainer/transforms.py)."""
     from grl.trainer.transforms import shape_batch
-    from tests.algo.test_blame import rollout_cfg
+    from tests.algo.test_infra_baselines import rollout_cfg
 
     return shape_batch(episodes, rollout_cfg(), pad_token_id=0)[0].meta["seed"]
