@@ -17,7 +17,7 @@ the tool runs, its output is the next message, the env is not stepped.
 An episode ends when the env is done, after `max_turns` replies, when
 `max_actions_all_turns` actions are spent, or when the env raises (reported
 in `info["env_error"]`, never raised) or returns a value that breaks the contract (checked by
-grl/envs/checks.py, its kind in `info["env_error_kind"]`). Actions beyond `max_actions_per_turn`
+grl/envs/checks.py, its kind in `info["env_error_kind"]`: `policy` for a PolicyFault). Actions beyond `max_actions_per_turn`
 in one reply are dropped. A turn's reward is the sum of its actions' env
 rewards plus `format_penalty` when the reply has no usable answer or holds an
 action the env calls invalid. Every action the env is given counts against
@@ -36,7 +36,7 @@ from omegaconf import OmegaConf
 from grl.agents.parse import ToolCall, parse_reply, parse_tool_calls
 from grl.agents.tasks import TaskHooks
 from grl.agents.tool_use import ToolUse
-from grl.envs.base import Env
+from grl.envs.base import Env, fault_kind
 from grl.envs.checks import EnvValueError, Repair, check_observation, check_step, check_valid_actions
 from grl.schema import AgentConfig, checked
 
@@ -244,7 +244,7 @@ class Agent:
             try:
                 result = self.env.step(action)
             except Exception as err:  # a broken env ends this episode, never the rollout
-                env_error, env_error_kind = f"{type(err).__name__}: {err}", "exception"
+                env_error, env_error_kind = f"{type(err).__name__}: {err}", fault_kind(err)
                 env_traceback = traceback.format_exc()
                 break
             try:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 import inspect
 
-from grl.envs.base import Env, step_info
+from grl.envs.base import Env, InfraFault, PolicyFault, step_info
 
 _REGISTRY: dict[str, str] = {
     "sokoban": "grl.envs.sokoban:SokobanEnv",
@@ -83,4 +83,16 @@ def make(name: str, **env_config) -> Env:
     return env_class(name)(**env_config)
 
 
-__all__ = ["Env", "EnvUnavailable", "available", "config_keys", "env_class", "make", "names", "register", "step_info"]
+__all__ = [
+    "Env",
+    "EnvUnavailable",
+    "InfraFault",
+    "PolicyFault",
+    "available",
+    "config_keys",
+    "env_class",
+    "make",
+    "names",
+    "register",
+    "step_info",
+]

@@ -18,14 +18,51 @@ than `rollout.env_step_timeout` ends the episode the same way. These are
 repaired and the episode goes on (counted in `<task>/env_warnings`): an
 observation longer than `MAX_OBSERVATION_CHARS` (16,384 characters) is cut,
 with a note to the model; NUL and lone surrogate characters become U+FFFD.
+
+Blame: every episode an env ends early is the policy's doing or the infrastructure's
+(docs/CONTRACTS.md, "Blame"). An env says which by what it raises: `PolicyFault` when the action
+itself is to blame (the episode keeps the task's format penalty and is trained on), `InfraFault`
+(or any other exception, a bad value, a hang) when the env broke (the episode is left out of the
+loss, the group baselines and the critic's targets, and counted in `rollout/infra_failed/<kind>`).
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 _REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+class PolicyFault(Exception):
+    """Raised by an env (or a tool, or an agent program) when the model's own action ended the episode: an
+    action the env cannot even take in, a call the model made wrong. The episode ends with the task's format
+    penalty and is trained on, as any other of the policy's mistakes."""
+
+
+class InfraFault(Exception):
+    """Raised by an env (or a tool, or an agent program) that cannot go on for reasons of its own: a service
+    down, a file missing. Any other exception is taken the same way; this one names its `kind`, the metric
+    `rollout/infra_failed/<kind>` it is counted in. The episode is left out of training."""
+
+    def __init__(self, message: str, kind: str = "exception"):
+        super().__init__(message)
+        self.kind = kind
+
+
+POLICY_KIND = "policy"  # the error kind of an episode a PolicyFault ended
+_KIND = re.compile(r"[A-Za-z0-9_]{1,40}")
+
+
+def fault_kind(err: BaseException) -> str:
+    """The error kind of an exception an env raised: `policy` for a PolicyFault, the `kind` of an InfraFault
+    (or of grl.envs.checks.EnvValueError) where it is a short name (letters, digits, `_`: it names a metric),
+    `exception` for anything else."""
+    if isinstance(err, PolicyFault):
+        return POLICY_KIND
+    kind = getattr(err, "kind", None)
+    return kind if isinstance(kind, str) and _KIND.fullmatch(kind) and kind != POLICY_KIND else "exception"
 
 
 class Env:

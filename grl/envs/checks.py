@@ -17,8 +17,10 @@ run, and nothing malformed may reach the tokenizer, the metrics or the loss:
 - `valid_actions()`, under valid-action decoding, must return None (free text) or a non-empty
   list of non-empty strings that are clean text: anything else is kind `valid_actions`.
 
-An error raises `EnvValueError`: the agent ends the episode as an env error (the rollout gives it
-the env-error penalty, logs it once per task and kind, and counts it in `<task>/env_errors`). A
+An error raises `EnvValueError`: the agent ends the episode as an env error, the infrastructure's
+doing (the rollout gives it the env-error penalty, logs it once per task and kind, counts it in
+`<task>/env_errors` and `rollout/infra_failed/<kind>`, and leaves it out of training:
+grl/rollout/blame.py). A value of any shape is caught here, so none can end the run. A
 repair is a `Repair` note: the episode goes on, the rollout counts it in `<task>/env_warnings`.
 """
 
@@ -37,6 +39,10 @@ MAX_OBSERVATION_CHARS = 16_384
 
 _UNSAFE_CHARS = re.compile("[\x00\ud800-\udfff]")  # NUL and every surrogate code point
 _REPR_CHARS = 60
+
+
+# The kinds of EnvValueError: what each means is in the module doc.
+VALUE_KINDS = frozenset({"result", "reward", "nonfinite_reward", "done", "info", "observation", "valid_actions"})
 
 
 class EnvValueError(ValueError):

@@ -69,6 +69,10 @@ class EpisodeLog:
     closed: bool = False
     refused: int = 0
     retries: int = 0
+    # How long its calls waited for their answers, for the blame of a program timeout (program_pool.timeout_blamed).
+    waited_s: float = 0.0
+    waiting_since: float | None = None  # time.monotonic() when the call in flight came in
+    answered_at: float | None = None  # ... when the last call was answered
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)  # one call at a time
 
     @property
@@ -113,6 +117,16 @@ class EpisodeLog:
         ]
         delta = chat.turn_delta(masked, before.completion_ids[-1] if before.completion_ids else None)
         return before.prompt_ids + before.completion_ids + delta, best
+
+    def idle_s(self, now: float) -> float | None:
+        """Seconds since its last call was answered: 0 while one is in flight, None before the first."""
+        if self.waiting_since is not None:
+            return 0.0
+        return None if self.answered_at is None else now - self.answered_at
+
+    def busy_s(self, now: float) -> float:
+        """Seconds its calls waited for their answers, the one in flight included."""
+        return self.waited_s + (now - self.waiting_since if self.waiting_since is not None else 0.0)
 
     def record(self, call: Call) -> None:
         self.calls.append(call)

@@ -17,7 +17,13 @@ The kinds of failure (`ProgramOutcome.kind`): exception, timeout (past `program_
 worker ended: `os._exit`, a signal), memory (the worker and its processes held more than
 `program_max_rss_mb` while the program ran or when it returned; a forked worker's resident memory counts the
 pages it still shares with its template, as psutil's RSS does), leftover_process (a process the program
-started still ran when it returned).
+started still ran when it returned); an exception's kind is the blame it carries (`policy` for a
+PolicyFault, an InfraFault's own kind: grl/envs/base.py). Each is the infrastructure's doing
+(grl/rollout/blame.py) but a PolicyFault and a `reply_timeout`: a timeout of an episode whose calls waited
+for the model's answers for at least half of `program_timeout`, the last of them in flight or answered
+within its last tenth (`timeout_blamed`; the gateway times the calls, grl/gateway/episodes.py), so that the
+model's replies (their length, their number) kept the program busy to the end. A program that ran out of
+time in its own code (a hang, slow work of its own) has the infrastructure's `timeout`.
 """
 
 from __future__ import annotations
@@ -65,6 +71,16 @@ class ProgramOutcome:
 def fault_metrics(kinds: list[str | None]) -> dict[str, float]:
     """`gateway/program_crashes` etc.: the failures only a process can have, counted over a rollout."""
     return {f"gateway/{name}": float(sum(k == kind for k in kinds)) for kind, name in FAULT_COUNTS.items()}
+
+
+def timeout_blamed(outcome: ProgramOutcome, busy_s: float, idle_s: float | None, timeout: float) -> ProgramOutcome:
+    """The outcome, a `timeout` made a `reply_timeout` (the policy's) when the model's replies kept the program
+    busy to the end: its calls waited for their answers for `busy_s` of at least half of its `timeout`, and
+    its last call was in flight or answered at most a tenth of the `timeout` before (`idle_s`, None: no call)."""
+    if outcome.kind == "timeout" and busy_s >= timeout / 2 and idle_s is not None and idle_s <= timeout / 10:
+        said = f"{outcome.error}; {busy_s:.1f} s of it waiting for the model's replies"
+        return ProgramOutcome(outcome.value, said, "reply_timeout")
+    return outcome
 
 
 class _Template:
@@ -313,14 +329,16 @@ class ProgramPool:
             return self._end(worker, self._over_memory(rss), True)
         return None
 
-    def _answer(self, worker: _Worker, value, error, rss: int, leftovers: list[int]) -> tuple[Any, ProgramOutcome]:
+    def _answer(
+        self, worker: _Worker, value, error, rss: int, leftovers: list[int], kind: str = "exception"
+    ) -> tuple[Any, ProgramOutcome]:
         if leftovers:
             said = f"the program left {len(leftovers)} process(es) running (pids {', '.join(map(str, leftovers[:8]))})"
             return self._end(worker, ProgramOutcome(error=said, kind="leftover_process"), True)
         if self.max_rss is not None and rss > self.max_rss:
             return self._end(worker, self._over_memory(rss), True)
         if error is not None:
-            return self._end(worker, ProgramOutcome(error=error, kind="exception"), False)
+            return self._end(worker, ProgramOutcome(error=error, kind=kind or "exception"), False)
         return self._end(worker, ProgramOutcome(value=value), False)
 
     def _over_memory(self, rss: int) -> ProgramOutcome:

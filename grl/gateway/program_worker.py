@@ -6,7 +6,7 @@ one episode at a time for as long as its pool keeps it.
 
 A worker reads a `ProgramCall` from its own connection, says `("started",)`, calls the program with a client
 of the episode's URL (an `openai.AsyncOpenAI` under asyncio for an `async def` program, an `openai.OpenAI`
-otherwise) and answers `("done", value, traceback, rss_bytes, leftover_pids)` (or `("bad_program", why)`
+otherwise) and answers `("done", value, traceback, rss_bytes, leftover_pids, error_kind)` (or `("bad_program", why)`
 when the path names no program): `value` is `reward_of` the
 result (or the `ProgramValueError` saying why it is none), and a returned function of the final messages
 is evaluated here, after asking the pool for them with `("messages",)`. The worker is a child subreaper, so
@@ -39,6 +39,7 @@ from multiprocessing.reduction import recv_handle
 
 import psutil
 
+from grl.envs.base import fault_kind
 from grl.gateway.contract import ProgramTask, ProgramValueError, load_program, reward_of
 
 PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
@@ -174,7 +175,7 @@ def _play(conn: Connection, call: ProgramCall) -> tuple:
         program = load_program(call.program)
     except ValueError as err:
         return ("bad_program", str(err))
-    value = error = None
+    value = error = kind = None
     try:
         result = _call(program, call)
         if callable(result):
@@ -183,11 +184,11 @@ def _play(conn: Connection, call: ProgramCall) -> tuple:
         value = reward_of(result)
     except ProgramValueError as err:
         value = err
-    except BaseException:  # noqa: BLE001 - a program may raise anything (SystemExit too); it ends only its episode
-        error = traceback.format_exc()
+    except BaseException as err:  # noqa: BLE001 - a program may raise anything (SystemExit too); it ends only its episode
+        error, kind = traceback.format_exc(), fault_kind(err)
     _reap_children()
     leftovers = descendants(os.getpid())
-    return ("done", value, error, rss_bytes([os.getpid(), *leftovers]), leftovers)
+    return ("done", value, error, rss_bytes([os.getpid(), *leftovers]), leftovers, kind)
 
 
 def _call(program, call: ProgramCall):

@@ -13,7 +13,10 @@ At most `agent_config.program_workers` programs run at once, each under `agent_c
 seconds and `agent_config.program_max_rss_mb` of memory; an episode has at most `agent_config.max_turns`
 calls of at most `agent_config.max_tokens` reply tokens. A program that raises, overruns its time or returns
 anything else, or whose process crashes, outgrows its memory or leaves a process running, ends its episode
-with the penalty an env failure gets, is counted (`gateway/program_errors`, `gateway/program_timeouts`,
+with the penalty an env failure gets and is left out of training, as the infrastructure's doing (but for
+a PolicyFault the program raised, and a `reply_timeout` (its calls waited for the model for at least half of
+its time, to its end), which keep the format penalty and are trained on:
+grl/gateway/program_pool.py, grl/rollout/blame.py), is counted (`gateway/program_errors`, `gateway/program_timeouts`,
 `gateway/bad_rewards`, `gateway/program_crashes`, `gateway/program_memory_kills`,
 `gateway/program_leftover_processes`) and the rollout goes on; calls past the budget, or of an episode that
 ended, are refused with HTTP 400 (`gateway/refused_calls`). The pools' workers outlive a rollout (a warm
@@ -45,7 +48,7 @@ from grl.engines.base import SamplingParams
 from grl.gateway.batching import BatchingEngine
 from grl.gateway.contract import MODEL_NAME, ProgramTask, final_messages
 from grl.gateway.episodes import EpisodeLog
-from grl.gateway.program_pool import ProgramPool, fault_metrics
+from grl.gateway.program_pool import ProgramPool, fault_metrics, timeout_blamed
 from grl.gateway.program_worker import ProgramCall
 from grl.gateway.recording import EpisodeRecorder, ProgramEpisode, gateway_metrics
 from grl.gateway.server import Gateway, build_app
@@ -144,7 +147,11 @@ class ProgramRunner:
             while any(pool.pending for pool in pools):
                 self.engine.serve(wait=0.05)
                 for pool in pools:
-                    outcome.update(pool.collect())
+                    for key, ended in pool.collect():  # blamed now, by how long its calls waited for the model
+                        log, now = running[key].log, time.monotonic()
+                        outcome[key] = timeout_blamed(
+                            ended, log.busy_s(now), log.idle_s(now), running[key].settings.program_timeout
+                        )
                 if on_turn is not None and time.monotonic() - shown > 1.0:
                     shown = time.monotonic()
                     on_turn(max(len(r.log.calls) for r in running), len(running) - len(outcome), len(running))

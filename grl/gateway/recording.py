@@ -9,6 +9,7 @@ from typing import Any
 
 from grl.gateway.contract import ProgramTask, ProgramValueError, final_messages
 from grl.gateway.episodes import EpisodeLog
+from grl.rollout.blame import POLICY, blame_of
 from grl.rollout.tasks import TaskSpec
 from grl.rollout.types import Episode
 
@@ -28,7 +29,8 @@ class ProgramEpisode:
 
 class EpisodeRecorder:
     """`episode(r, outcome)`: the `Episode` of a program's episode, given the pool's outcome of its program.
-    A failed program's episode ends with the env-failure penalty; the first failure of each task and kind
+    A failed program's episode ends with the env-failure penalty (the format penalty where the policy is to
+    blame: grl/rollout/blame.py); the first failure of each task and kind
     is logged in full, the later ones only counted."""
 
     def __init__(self, env_error_penalty: float | None):
@@ -45,8 +47,10 @@ class EpisodeRecorder:
             error, kind = f"bad reward: {outcome.value}", "bad_reward"
         else:
             reward, metrics = outcome.value
+        blame = blame_of(kind)
         if error is not None:
-            penalty = self.env_error_penalty if self.env_error_penalty is not None else r.settings.format_penalty
+            policy = blame == POLICY or self.env_error_penalty is None
+            penalty = r.settings.format_penalty if policy else self.env_error_penalty
             reward = penalty
             if (r.spec.name, kind) not in self._logged:
                 self._logged.add((r.spec.name, kind))
@@ -72,6 +76,7 @@ class EpisodeRecorder:
             metrics=metrics,
             error=error,
             error_kind=kind,
+            blame=blame,
             member=r.task.attempt,
             messages=final_messages(r.log),
         )

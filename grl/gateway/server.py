@@ -157,20 +157,30 @@ class Gateway:
         if log is None:
             return self._complete(request, None)
         with log.lock:  # a call extends the one before it, so an episode's calls go one after another
-            if log.closed:
-                raise BadRequest(f"episode {episode!r}: ended")
-            if request.n != 1:
-                raise BadRequest("n: a call of a recorded episode samples one reply")
-            key = tools_key(request.tools, request.tool_choice) if request.renders_tools else NO_TOOLS
-            retried = log.retried(request.messages, key, request.seed)
-            if retried is not None:  # a client's retry of a call already answered: the same reply again
-                log.retries += 1
-                output = GenerationOutput(retried.completion_ids, retried.log_probs, retried.finish_reason)
-                return self._response(request, retried.prompt_ids, [output], [retried.returned])
-            if log.max_calls is not None and len(log.calls) >= log.max_calls:
-                log.refused += 1
-                raise BadRequest(f"episode {episode!r}: its {log.max_calls} calls are spent (agent_config.max_turns)")
-            return self._complete(request, log, key)
+            log.waiting_since = time.monotonic()
+            try:
+                return self._complete_recorded(request, log, episode)
+            finally:
+                log.answered_at = time.monotonic()
+                log.waited_s += log.answered_at - log.waiting_since
+                log.waiting_since = None
+
+    def _complete_recorded(self, request: ChatRequest, log: EpisodeLog, episode: str) -> dict:
+        """A call of a recorded episode, under its lock."""
+        if log.closed:
+            raise BadRequest(f"episode {episode!r}: ended")
+        if request.n != 1:
+            raise BadRequest("n: a call of a recorded episode samples one reply")
+        key = tools_key(request.tools, request.tool_choice) if request.renders_tools else NO_TOOLS
+        retried = log.retried(request.messages, key, request.seed)
+        if retried is not None:  # a client's retry of a call already answered: the same reply again
+            log.retries += 1
+            output = GenerationOutput(retried.completion_ids, retried.log_probs, retried.finish_reason)
+            return self._response(request, retried.prompt_ids, [output], [retried.returned])
+        if log.max_calls is not None and len(log.calls) >= log.max_calls:
+            log.refused += 1
+            raise BadRequest(f"episode {episode!r}: its {log.max_calls} calls are spent (agent_config.max_turns)")
+        return self._complete(request, log, key)
 
     def _sampling(self, request: ChatRequest, log: EpisodeLog | None) -> SamplingParams:
         if log is not None and log.sampling is not None:

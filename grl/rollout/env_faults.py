@@ -3,26 +3,38 @@ logged, the failure ratio that stops a step, and what becomes of the failed agen
 
 An env that raises (in `reset` or `step`), overruns `env_step_timeout` or returns a value
 breaking the contract (grl/envs/checks.py) ends that agent's episode with reward `env_error_penalty`
-(default: the task's format penalty) on the failed turn; it is logged (once per task and kind for bad
+(default: the task's format penalty) on the failed turn, as the infrastructure's doing: the trainer leaves
+it out of training (grl/rollout/blame.py). One that raises `PolicyFault` ends it with the task's format
+penalty, as the policy's doing, trained on. Either is logged (once per task and kind for bad
 values) with task and seed, counted in `<task>/env_errors` (non-finite rewards also in
 `<task>/nonfinite_rewards`), and the agent is thrown away (a hung one is never touched again). A repaired
 observation keeps its episode and is counted in `<task>/env_warnings`. If more than
-`max_failed_agent_ratio` of the step's agents fail, `RolloutError` stops it.
+`max_failed_agent_ratio` of the step's agents fail, `RolloutError` stops it; if more than
+`max_infra_failed_ratio` of its episodes (those of agent programs too, after any `infra_retries`) failed in
+the infrastructure, `InfraFailureError` (`check_infra_ratio`).
 """
 
 from __future__ import annotations
 
 import logging
+from collections import Counter
 
-from grl.envs.checks import EnvValueError, Repair
+from grl.envs.base import InfraFault, PolicyFault
+from grl.envs.checks import VALUE_KINDS, EnvValueError, Repair
+from grl.rollout.blame import POLICY, blame_of, infra_failed
 from grl.rollout.env_pool import run_calls
 from grl.rollout.slot import Slot
+from grl.rollout.types import Episode
 
 log = logging.getLogger("grl.rollout")
 
 
 class RolloutError(RuntimeError):
     """The step cannot produce a batch worth training on."""
+
+
+class InfraFailureError(RolloutError):
+    """More of a step's episodes failed in the infrastructure than `rollout.max_infra_failed_ratio` allows."""
 
 
 def check_failure_ratio(failed: list[tuple[str, int, str]], total: int, ratio: float, who: str = "agents") -> None:
@@ -35,6 +47,22 @@ def check_failure_ratio(failed: list[tuple[str, int, str]], total: int, ratio: f
         )
 
 
+def check_infra_ratio(episodes: list[Episode], ratio: float) -> None:
+    """InfraFailureError when more than `ratio` of the episodes failed in the infrastructure: one line with
+    the commonest kind, the count and the last error."""
+    failed = [ep for ep in episodes if infra_failed(ep)]
+    if not failed or len(failed) <= ratio * len(episodes):
+        return
+    kind, count = Counter(ep.error_kind or "exception" for ep in failed).most_common(1)[0]
+    last = failed[-1]
+    error = last.error.strip().splitlines()[-1] if last.error and last.error.strip() else "unknown error"
+    raise InfraFailureError(
+        f"{len(failed)} of {len(episodes)} episodes failed in the infrastructure, more than "
+        f"rollout.max_infra_failed_ratio {ratio:g} ({count} of kind {kind}); last: task {last.task} seed {last.seed} "
+        f"({last.error_kind}): {error}"
+    )
+
+
 class EnvFaults:
     """The env faults of one rollout's agents, across its calls (each kind of bad value is logged once)."""
 
@@ -42,29 +70,35 @@ class EnvFaults:
         self.env_error_penalty = env_error_penalty
         self.max_failed_agent_ratio = max_failed_agent_ratio
         self._logged_env_values: set[tuple[str, str]] = set()  # (task, kind) of bad env values already logged
+        self.others: list[Slot] = []
 
     def fail(self, s: Slot, error: str | None, timed_out: bool, where: str, kind: str = "exception") -> None:
+        """End the slot's episode: a PolicyFault's (kind `policy`) with the task's format penalty, to be trained
+        on; any other with `env_error_penalty`, to be left out of training (grl/rollout/blame.py)."""
         s.done = True
         s.hung = timed_out
         s.error = (error or "unknown env error").strip()
         s.error_kind = "timeout" if timed_out else kind
-        penalty = self.env_error_penalty if self.env_error_penalty is not None else s.agent.format_penalty
+        s.blame = blame_of(s.error_kind)
+        penalty = s.agent.format_penalty if s.blame == POLICY or self.env_error_penalty is None else self.env_error_penalty
         if s.turns:
             s.turns[-1].reward = float(penalty)
-        if s.error_kind in ("exception", "timeout"):
+        fate = "trained on (the policy's doing)" if s.blame == POLICY else "left out of training (the infrastructure's doing)"
+        if s.error_kind not in VALUE_KINDS:
             log.error(
-                "env failure in %s of task %s (seed %d, group %d, agent %d); episode ended with reward %g:\n%s",
+                "env failure in %s of task %s (seed %d, group %d, agent %d); episode ended with reward %g, %s:\n%s",
                 where,
                 s.task.name,
                 s.seed,
                 s.group_id,
                 s.member,
                 penalty,
+                fate,
                 s.error,
             )
         elif self._first_of_kind(s.task.name, s.error_kind):
             log.error(
-                "bad env value (%s) in task %s (seed %d, group %d, agent %d); episode ended with reward %g; "
+                "bad env value (%s) in task %s (seed %d, group %d, agent %d); episode ended with reward %g, %s; "
                 "further ones of this task and kind are only counted in %s/env_errors: %s",
                 s.error_kind,
                 s.task.name,
@@ -72,6 +106,7 @@ class EnvFaults:
                 s.group_id,
                 s.member,
                 penalty,
+                fate,
                 s.task.name,
                 s.error,
             )
@@ -91,8 +126,11 @@ class EnvFaults:
                 )
 
     def check(self, slots: list[Slot]) -> None:
+        """RolloutError when more than max_failed_agent_ratio of `slots` and `others` (the step's agents that
+        played before: an infra retry plays only the failed ones) failed."""
+        every = [*self.others, *slots]
         check_failure_ratio(
-            [(s.task.name, s.seed, s.error) for s in slots if s.error is not None], len(slots), self.max_failed_agent_ratio
+            [(s.task.name, s.seed, s.error) for s in every if s.error is not None], len(every), self.max_failed_agent_ratio
         )
 
     def _first_of_kind(self, task: str, kind: str) -> bool:
@@ -102,11 +140,12 @@ class EnvFaults:
 
 
 def reset_agent(s: Slot):
-    """The agent's first messages, or the EnvValueError of a bad reset observation: returned, not
-    raised, so that its kind survives the pool (which keeps only a traceback)."""
+    """The agent's first messages, or the EnvValueError of a bad reset observation (or the PolicyFault or
+    InfraFault the env raised): returned, not raised, so that its kind survives the pool (which keeps only a
+    traceback)."""
     try:
         return s.agent.reset(s.seed)
-    except EnvValueError as err:
+    except (EnvValueError, PolicyFault, InfraFault) as err:
         return err
 
 

@@ -31,19 +31,20 @@ from __future__ import annotations
 
 import json
 import logging
-import traceback
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from grl.engines.base import Engine, SamplingParams
-from grl.engines.constraint import GrammarError, ReplyGrammar, compile_reply_grammar
 from grl.engines.kept_sets import reply_sets
+from grl.envs.base import fault_kind
 from grl.envs.checks import EnvValueError
 from grl.rollout.chat import ChatTokens, truncate_prompt
-from grl.rollout.env_faults import EnvFaults, RolloutError, reset_agent, retire_failed
+from grl.rollout.blame import blame_metrics, infra_failed
+from grl.rollout.env_faults import EnvFaults, RolloutError, check_infra_ratio, reset_agent, retire_failed
 from grl.rollout.env_pool import CallPool, CallResult, run_calls
 from grl.rollout.episode_stats import rollout_metrics
+from grl.rollout.reply_grammars import ReplyGrammars
 from grl.rollout.slot import Slot
 from grl.rollout.tasks import TaskSpec, is_program_task
 from grl.rollout.types import Episode, Turn
@@ -83,6 +84,8 @@ class MultiTurnRollout:
         env_step_timeout: float | None = 60.0,
         env_error_penalty: float | None = None,
         max_failed_agent_ratio: float = 0.5,
+        max_infra_failed_ratio: float = 1.0,
+        infra_retries: int = 0,
         chat_template_kwargs: dict | None = None,
         agent_factory: Callable | None = None,
         programs=None,
@@ -100,10 +103,10 @@ class MultiTurnRollout:
         if agent_factory is None:
             from grl.agents import make_agent as agent_factory
         self.make_agent = agent_factory
+        self.max_infra_failed_ratio = max_infra_failed_ratio
+        self.infra_retries = infra_retries
         self._agents: dict[tuple, Any] = {}
-        self._grammars: dict[tuple, ReplyGrammar] = {}
-        self._warned_left_out: set[str] = set()
-        self._end_ids = self.chat.end_ids()
+        self.grammars = ReplyGrammars(self.chat, self.faults)
 
     @classmethod
     def from_config(
@@ -127,6 +130,8 @@ class MultiTurnRollout:
             env_step_timeout=r.env_step_timeout,
             env_error_penalty=r.env_error_penalty,
             max_failed_agent_ratio=r.max_failed_agent_ratio,
+            max_infra_failed_ratio=r.max_infra_failed_ratio,
+            infra_retries=r.infra_retries,
             agent_factory=lambda name, block: (VALIDATION_CONTROLS[control] if control else make_agent)(name, block, sandbox),
             programs=programs,
         )
@@ -151,6 +156,32 @@ class MultiTurnRollout:
             raise RolloutError(f"{programs[0].name}: agent programs play through the trainer's gateway (none given)")
         native = [task for task in tasks if not is_program_task(task)]
         slots = self._slots(native, base_seed)
+        self._play(slots, sampling, on_turn, turn_barrier)
+        retried = 0
+        for _ in range(self.infra_retries):  # the same seeds again, with fresh agents, to top the batch up
+            redo = [i for i, s in enumerate(slots) if infra_failed(s)]
+            if not redo:
+                break
+            again = [Slot(slots[i].task, slots[i].key, slots[i].group_id, slots[i].seed, slots[i].member) for i in redo]
+            others = [s for i, s in enumerate(slots) if i not in set(redo)]
+            self._play(self._with_agents(again), sampling, on_turn, turn_barrier, others)
+            for i, s in zip(redo, again):
+                slots[i] = s
+            retried += len(redo)
+        episodes = [s.episode() for s in slots]
+        extra: dict[str, float] = {"rollout/infra_retried_episodes": float(retried)}
+        if programs:
+            played, program_metrics = self.programs.run(programs, base_seed, sum(t.num_groups for t in native), sampling, on_turn)
+            episodes += played
+            extra.update(program_metrics)
+        check_infra_ratio(episodes, self.max_infra_failed_ratio)
+        metrics = rollout_metrics(episodes, [s.truncated_turns for s in slots])
+        return RolloutResult(episodes, {**metrics, **blame_metrics(episodes), **extra})
+
+    def _play(self, slots: list[Slot], sampling, on_turn, turn_barrier: bool, others: list[Slot] = ()) -> None:
+        """Every slot's episode, to its end; `others`: the step's slots played before, which the failure ratio
+        counts too."""
+        self.faults.others = list(others)
         try:
             self._reset(slots)
             if turn_barrier:
@@ -162,14 +193,8 @@ class MultiTurnRollout:
                     turn += 1
             else:
                 self._run_without_barrier(slots, sampling, on_turn)
-            episodes = [self._episode(s) for s in slots]
         finally:
             retire_failed(slots, self._agents, self.env_workers, self.env_step_timeout)
-        extra: dict[str, float] = {}
-        if programs:
-            played, extra = self.programs.run(programs, base_seed, sum(t.num_groups for t in native), sampling, on_turn)
-            episodes += played
-        return RolloutResult(episodes, {**rollout_metrics(episodes, [s.truncated_turns for s in slots]), **extra})
 
     def close(self) -> None:
         if self.programs is not None:
@@ -189,6 +214,9 @@ class MultiTurnRollout:
                     slots.append(Slot(task, (task.name, block, index), group_id, base_seed + group_id, member))
                     index += 1
                 group_id += 1
+        return self._with_agents(slots)
+
+    def _with_agents(self, slots: list[Slot]) -> list[Slot]:
         for s in slots:
             if s.key not in self._agents:
                 self._agents[s.key] = self.make_agent(s.task.name, s.task.config)
@@ -201,8 +229,9 @@ class MultiTurnRollout:
             if not result.ok:
                 self.faults.fail(s, result.error, result.timed_out, "reset")
                 continue
-            if isinstance(result.value, EnvValueError):
-                self.faults.fail(s, str(result.value), False, "reset", result.value.kind)
+            if isinstance(err := result.value, Exception):  # a bad observation, or the env's fault (reset_agent)
+                said = str(err) if isinstance(err, EnvValueError) else f"{type(err).__name__}: {err}"
+                self.faults.fail(s, said, False, "reset", fault_kind(err))
                 continue
             self.faults.repaired(s, s.agent.env_repairs)
             self._new_context(s, result.value)
@@ -264,7 +293,7 @@ class MultiTurnRollout:
         by_limit: dict[int, list[Slot]] = {}
         for s in ready:
             limit = min(self.max_response_length, s.agent.max_tokens)
-            s.grammar = self._grammar(s, limit)
+            s.grammar = self.grammars.of(s, limit)
             if not s.done:  # the env may have failed to list its actions
                 by_limit.setdefault(limit, []).append(s)
         self.faults.check(slots)
@@ -298,37 +327,6 @@ class MultiTurnRollout:
             s.pending, s.new_context = [], False
             replies.append(self.tokenizer.decode(ids, skip_special_tokens=True))
         return active, replies
-
-    def _grammar(self, s: Slot, limit: int) -> ReplyGrammar | None:
-        """The grammar of the slot's next reply (None: free decoding); an env that cannot list its
-        actions, or whose actions do not fit in `limit` tokens, ends the episode as a failure."""
-        try:
-            choices = s.agent.answer_choices()
-            if choices is None:
-                return None
-            key = (tuple(choices), s.agent.settings.enable_think, limit)
-            if key not in self._grammars:
-                if len(self._grammars) >= 4096:  # action lists that change every turn (TextWorld) stay bounded
-                    self._grammars.clear()
-                grammar = compile_reply_grammar(self.chat.encode, self._end_ids, choices, s.agent.settings.enable_think, limit)
-                if grammar.left_out and s.task.name not in self._warned_left_out:
-                    self._warned_left_out.add(s.task.name)
-                    log.warning(
-                        "%s: valid actions that do not fit in %d reply tokens cannot be chosen, e.g. %r; "
-                        "raise agent_config.max_tokens (and max_response_length)",
-                        s.task.name,
-                        limit,
-                        grammar.left_out[0],
-                    )
-                self._grammars[key] = grammar
-            return self._grammars[key]
-        except EnvValueError as err:
-            self.faults.fail(s, str(err), False, "valid_actions", err.kind)
-        except GrammarError as err:
-            self.faults.fail(s, f"{s.task.name}: constrained decoding: {err}", False, "valid_actions")
-        except Exception:  # noqa: BLE001 - a broken env ends this episode, never the rollout
-            self.faults.fail(s, traceback.format_exc(), False, "valid_actions")
-        return None
 
     def _prompt(self, s: Slot) -> list[int]:
         if len(s.ids) > self.max_prompt_length:
@@ -371,22 +369,3 @@ class MultiTurnRollout:
         s.ids = list(s.pending)
         s.keep_prefix = self.chat.system_prefix_length(messages, s.pending)
         s.new_context = True
-
-    def _episode(self, s: Slot) -> Episode:
-        metrics, messages = {}, []
-        if s.error is None:  # a failed agent is not asked anything more
-            metrics = {k: float(v) for k, v in s.agent.episode_metrics().items()}
-            messages = [dict(m) for m in s.agent.messages]
-        return Episode(
-            task=s.task.name,
-            group_id=s.group_id,
-            seed=s.seed,
-            turns=s.turns,
-            score=sum(t.reward for t in s.turns),
-            metrics=metrics,
-            error=s.error,
-            member=s.member,
-            messages=messages,
-            error_kind=s.error_kind,
-            env_warnings=s.env_warnings,
-        )

@@ -38,6 +38,7 @@ class Episode:
     metrics: dict[str, float] = field(default_factory=dict)
     error: str | None = None  # env failure that ended the episode, if any
     error_kind: str | None = None  # exception | timeout | the kind of bad value (grl/envs/checks.py)
+    blame: str | None = None  # whose doing the failure was: policy | infra (grl/rollout/blame.py); infra if unset
     env_warnings: int = 0  # values of the env repaired during the episode (grl/envs/checks.py)
     member: int = 0  # position of the agent within its group
     messages: list[dict[str, str]] = field(default_factory=list)  # the chat as the agent saw it, for logging

@@ -33,12 +33,6 @@ class Certificate:
         "null: no limit",
         ge=0,
     )
-    max_infra_failed_fraction: float = key(
-        1.0,
-        "largest share of a step's sampled episodes ended by the infrastructure (rollout/infra_failed_episodes); 1: no limit",
-        ge=0,
-        le=1,
-    )
     min_trained_token_share: float = key(
         0.0,
         "smallest share of the sampled tokens the update trains on (loss-mask tokens of the trained "

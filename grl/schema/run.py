@@ -103,8 +103,24 @@ class Rollout:
     )
     env_workers: int = key(16, "threads resetting and stepping envs", ge=1)
     env_step_timeout: float = key(60.0, "seconds before an env step counts as a failure", gt=0)
-    env_error_penalty: Optional[float] = key(None, "reward of an episode whose env failed; null: the task's format_penalty")
+    env_error_penalty: Optional[float] = key(
+        None, "reward recorded for an episode whose env failed (it is not trained on); null: the task's format_penalty"
+    )
     max_failed_agent_ratio: float = key(0.5, "a step where more agents fail stops with an error", ge=0, le=1)
+    max_infra_failed_ratio: float = key(
+        0.5,
+        "a step where a larger share of the episodes failed in the infrastructure (env, tool or program "
+        "errors, hangs, bad values, crashes: docs/CONTRACTS.md, Blame) stops the run with one line naming the "
+        "kind, the count and the last error; such episodes are never trained on",
+        ge=0,
+        le=1,
+    )
+    infra_retries: int = key(
+        0,
+        "times the seeds of episodes the infrastructure ended are played again, with fresh envs, to top the "
+        "batch back up (envs and tools; an agent program's are not replayed)",
+        ge=0,
+    )
     num_env_threads: Optional[int] = key(None, "GRL's name for env_workers; 0: min(32, CPUs); null: use env_workers")
     num_init_threads: Optional[int] = key(None, "GRL's name for the reset threads: the same pool, so it also sets env_workers")
     num_prompt_threads: int = key(0, "GRL's prompt-rendering threads", no_effect="prompts are rendered in the rollout thread")

@@ -22,7 +22,7 @@ from grl.algo import make_kl_controller
 from grl.config import RunSections, run_sections
 from grl.engines import sampling_from_config
 from grl.run_plan import RunPlan
-from grl.rollout import Batch, MultiTurnRollout, task_specs, training_base_seed
+from grl.rollout import Batch, MultiTurnRollout, RolloutError, task_specs, training_base_seed
 from grl.rollout.dynamic_sampling import with_top_up
 from grl.rollout.tasks import is_program_task
 from grl.tracking import Tracker, save_run_info
@@ -173,7 +173,7 @@ class AgentTrainer:
             export = None if not settings.export_hf else export_hf(self, only_path=best > 0)
             self.progress.close()  # the run bar's last state, then the report below it
             print(finish_report(self.validation.success, self.last_checkpoint, export, best), flush=True)
-        except (WorkerDiedError, WeightSyncTimeout, *STOPS) as err:
+        except (WorkerDiedError, WeightSyncTimeout, RolloutError, *STOPS) as err:
             message = abort_message(err, self.global_step, self.last_checkpoint)
             log.error(message)
             raise RunAborted(message) from err
@@ -260,21 +260,11 @@ class AgentTrainer:
 
     def _batch_of(self, step: int, episodes: list, metrics: dict[str, float]) -> Batch | None:
         """The shaped batch (its metrics added to `metrics`), or None when nothing is left to train on."""
-        failed = [ep for ep in episodes if ep.error is not None]
-        if failed and len(failed) == len(episodes):  # nothing but env-error penalties to learn from
-            log.warning(
-                "step %d: all %d episodes ended in env errors (first: task %s, seed %d: %s); update skipped",
-                step,
-                len(failed),
-                failed[0].task,
-                failed[0].seed,
-                failed[0].error.splitlines()[-1],
-            )
-            return None
         batch, shape_metrics = shape_batch(episodes, self.sections.rollout, self.rollout.tokenizer.pad_token_id)
         metrics.update(shape_metrics)
         if len(batch) == 0:
-            log.warning("step %d: no episode left to train on after filtering; update skipped", step)
+            infra = int(shape_metrics["training/dropped_infra_episodes"])
+            log.warning("step %d: no episode left to train on (%d infra failures left out); update skipped", step, infra)
             return None
         return batch
 

@@ -9,14 +9,16 @@ from omegaconf import DictConfig
 
 from grl.algo import ESTIMATORS, apply_kl_penalty, compute_advantage, finite_rows
 from grl.rollout import Batch, Episode, build_batch, filter_groups, normalize_episode_scores
+from grl.rollout.blame import without_infra_failures
 from grl.schema import Algorithm
 from grl.trainer.metrics import task_metrics
 
 
 def shape_batch(episodes: list[Episode], r: DictConfig, pad_token_id: int) -> tuple[Batch, dict[str, float]]:
-    """Normalise episode scores (`rollout.reward_normalization`), keep the groups
-    with the most reward spread (`rollout_filter_ratio`), and lay the kept
-    episodes out as a token batch."""
+    """Leave out the infrastructure's failures (grl/rollout/blame.py), normalise episode scores
+    (`rollout.reward_normalization`), keep the groups with the most reward spread (`rollout_filter_ratio`),
+    and lay the kept episodes out as a token batch."""
+    episodes, infra_dropped = without_infra_failures(episodes)
     normalized = r.reward_normalization.method != "identity"
     scores = normalize_episode_scores(episodes, r.reward_normalization.grouping, r.reward_normalization.method)
     kept, filter_metrics = filter_groups(episodes, r.rollout_filter_ratio, r.rollout_filter_type)
@@ -29,7 +31,11 @@ def shape_batch(episodes: list[Episode], r: DictConfig, pad_token_id: int) -> tu
         pad_token_id=pad_token_id,
         scores=kept_scores if normalized else None,
     )
-    return batch, {**task_metrics(filter_metrics, "train"), **build_metrics}
+    return batch, {
+        **task_metrics(filter_metrics, "train"),
+        **build_metrics,
+        "training/dropped_infra_episodes": float(infra_dropped),
+    }
 
 
 def add_advantages(batch: Batch, algo: Algorithm, kl_ctrl) -> dict[str, float]:

@@ -315,6 +315,8 @@ def test_env_raising_on_third_step_ends_only_that_episode(hf_engine, tokenizer, 
     assert [[t.reward for t in e.turns] for e in failed] == [pytest.approx([turn, turn, -5.0])] * 2
     assert all("scripted step failure" in e.error and e.error_kind == "exception" for e in failed)
     assert result.metrics["scripted/env_errors"] == 2 and result.metrics["scripted/nonfinite_rewards"] == 0
+    assert result.metrics["rollout/infra_failed_episodes"] == 2 and result.metrics["rollout/infra_failed/exception"] == 2
+    assert trained_seeds(result.episodes) == [100, 100]  # the infrastructure's failures are not trained on
     if decoding == "constrained":
         assert result.metrics["scripted/format_ok"] == 1.0
     records = [r.getMessage() for r in caplog.records if r.name == "grl.rollout"]
@@ -331,6 +333,7 @@ def test_env_failing_at_reset_is_logged_with_traceback_and_default_penalty(hf_en
     assert "Traceback" in caplog.text and "scripted reset failure for seed 0" in caplog.text
     batch, metrics = build_batch(result.episodes)
     assert len(batch) == 2 and metrics["rollout/dropped_empty"] == 2
+    assert result.metrics["rollout/infra_failed/exception"] == 2 and trained_seeds(result.episodes) == [1, 1]
 
 
 @pytest.mark.parametrize("decoding", DECODINGS)
@@ -344,7 +347,8 @@ def test_hung_env_times_out_is_abandoned_and_never_reused(hf_engine, tokenizer, 
         result = ro.run([task], base_seed=200, sampling=GREEDY)
         assert [len(e.turns) for e in result.episodes] == [3, 3, 2, 2]
         assert all("timed out" in e.error and e.error_kind == "timeout" for e in result.episodes[2:])
-        assert result.episodes[2].turns[-1].reward == -0.1  # the task's format penalty
+        assert result.episodes[2].turns[-1].reward == -0.1  # the task's format penalty, recorded, not trained on
+        assert result.metrics["rollout/infra_failed/timeout"] == 2 and trained_seeds(result.episodes) == [200, 200]
         hung = [env for env in ScriptedEnv.instances if env.seed == 201]
         assert len(hung) == 2
         ro.run([task], base_seed=300, sampling=GREEDY)  # seeds 300, 301: no fault
@@ -401,3 +405,12 @@ def test_nan_reward_ends_the_episode_is_counted_and_logged_once(hf_engine, token
     assert "nonfinite_reward" in records[0] and "seed 11" in records[0] and "float nan" in records[0]
     batch, _ = build_batch(result.episodes, use_turn_scores=True)
     assert len(batch) == 4 and bool(batch["token_rewards"].isfinite().all())
+    assert result.metrics["rollout/infra_failed/nonfinite_reward"] == 2 and trained_seeds(result.episodes) == [10, 10]
+
+
+def trained_seeds(episodes):
+    """The seeds of the episodes the trainer's batch holds (grl/trainer/transforms.py)."""
+    from grl.trainer.transforms import shape_batch
+    from tests.algo.test_infra_baselines import rollout_cfg
+
+    return shape_batch(episodes, rollout_cfg(), pad_token_id=0)[0].meta["seed"]

@@ -53,7 +53,6 @@ def test_the_figures_are_the_counts_by_hand_and_each_limit_stops_with_one_line()
             0.5,
             "1 prefix breaks per episode, over trainer.certificate.max_prefix_breaks_per_episode",
         ),
-        "max_infra_failed_fraction": (0.2, "0.25 of the episodes were ended by the infrastructure"),
         "min_trained_token_share": (
             0.8,
             "trained on 0.75 of the sampled tokens, under trainer.certificate.min_trained_token_share=0.8",

@@ -2,11 +2,13 @@
 model, hf engine, valid-action decoding so that every agent acts) with one task per malformed kind
 of value. Each task's env misbehaves only for odd seeds (one of its two groups), so every step holds
 healthy episodes of every task; at step 3 every env returns NaN rewards, so that step has nothing
-to train on and must be skipped. Per task: the kind is counted, the run finishes, and each update
-trained on that task's healthy episodes."""
+to train on and must be skipped. Per task: the kind is counted, as an infrastructure failure where the
+episode ended, the run finishes, and each update trained on that task's healthy episodes and on no failed
+one."""
 
 import logging
 import math
+from collections import Counter
 
 import pytest
 from omegaconf import OmegaConf
@@ -152,6 +154,7 @@ def hostile_config(tmp_path):
         "rollout.agent_group_size": f"[{','.join(['2'] * n)}]",
         # Step 3 breaks every episode to show the skip; the ratio's stop is tested in tests/rollout.
         "rollout.max_failed_agent_ratio": 1.0,
+        "rollout.max_infra_failed_ratio": 1.0,
         "algorithm.adv_estimator": "grpo",
         "critic.enable": False,
         "total_training_steps": 3,
@@ -219,9 +222,13 @@ def test_each_malformed_kind_is_counted_and_the_healthy_episodes_train(run, kind
         assert nonfinite == (2 if kind in NONFINITE else 0)
         assert math.isfinite(m["reward/mean"]) and math.isfinite(m["reward/std"]) and math.isfinite(m["actor/pg_loss"])
         assert m[f"train/{kind}/format_ok"] == 1.0  # every agent acted
-        # The update trained on this task's healthy (even-seeded) episodes.
+        # The update trained on this task's healthy (even-seeded) episodes, and on a failed one never.
         seeds = {s for t, s in trained[step] if t == kind}
         assert any(s % 2 == 0 for s in seeds), (step, seeds)
+        assert kind in REPAIRED or all(s % 2 == 0 for s in seeds), (step, seeds)
+        ended = Counter(LOGGED[k][0] for k in KINDS if k not in REPAIRED for _ in range(2))
+        assert {k: m.get(f"rollout/infra_failed/{k}") for k in ended} == ended
+        assert m["rollout/infra_failed_episodes"] == m["training/dropped_infra_episodes"] == ended.total()
     # A bad value is logged once per task and kind over the whole run, with an odd seed and the value's
     # type; an exception (valid_actions raising) as before, every time with its traceback.
     checked, shown = LOGGED[kind]
@@ -240,7 +247,7 @@ def test_a_step_where_every_episode_failed_is_skipped(run):
     assert history[3]["rollout/env_errors"] == 4 * len(KINDS) and history[3]["rollout/nonfinite_rewards"] == 4 * len(KINDS)
     assert "actor/pg_loss" not in history[3] and 3 not in trained
     skipped = [line for line in log if "update skipped" in line]
-    assert len(skipped) == 1 and skipped[0].startswith(f"step 3: all {4 * len(KINDS)} episodes ended in env errors")
+    assert skipped == [f"step 3: no episode left to train on ({4 * len(KINDS)} infra failures left out); update skipped"]
 
 
 # ---------------------------------------------------------------- metrics and shaping past the boundary
