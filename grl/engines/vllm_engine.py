@@ -181,6 +181,10 @@ class VLLMEngine(Engine):
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", DEFAULT_CPU_KVCACHE_GIB)
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        from grl.engines.vllm_version import check_vllm_version, prepare_vllm_environment
+
+        check_vllm_version()
+        prepare_vllm_environment()
         import torch
         import torch.distributed as dist
         from vllm import LLM

@@ -4,7 +4,8 @@ travel beside the repository in one device command (scripts/gpu_kit/README.md sa
     python scripts/gpu_kit/build.py                      # CPython 3.12 / manylinux x86-64 -> .gpu_kit/part1..N
     python scripts/gpu_kit/build.py --target host --out DIR   # this machine's Python (the CPU rehearsal)
 
-What is carried is kit.txt, at the versions of requirements/constraints-cpu.txt; what the image holds is
+What is carried is kit.txt, at the versions of requirements/constraints-cpu.txt (vLLM's set:
+constraints-gpu-kit.txt); what the image holds is
 image.txt. Every requirement of a carried wheel and every dependency of pyproject.toml must be carried, in
 the image, or named in kit.txt with its reason, else the build stops with one line per gap. Wheels are
 downloaded once per target and pin set into $GRL_CACHE_DIR/gpu_kit (default ~/.cache/grl/gpu_kit); torch
@@ -37,10 +38,11 @@ from parts import KitError, pack, split  # noqa: E402
 
 MIB = 2**20
 DEVICE_CALL_LIMIT_MIB = 64  # the device tool's cap on what one command carries, the repository included
-DEFAULT_PART_MIB = 56  # 3 parts of the 165 MiB that the kit is, 55.1 MiB each
+DEFAULT_PART_MIB = 55  # 9 parts of the 472 MiB that the kit is with vLLM 0.26
 GPU_PYTHON = "3.12"
 # pip matches manylinux tags exactly: the ones PyPI's x86-64 wheels of the kit's packages carry.
 GPU_PLATFORMS = [
+    "manylinux_2_31_x86_64",  # llguidance (the image is glibc 2.39: Python 3.12.3 is Ubuntu 24.04's)
     "manylinux_2_28_x86_64",
     "manylinux_2_27_x86_64",
     "manylinux_2_17_x86_64",
@@ -83,12 +85,16 @@ def kit_spec(path: Path = HERE / "kit.txt") -> tuple[dict[str, bool], set[str], 
     return carried, left_out, unused
 
 
-def constraint_pins(path: Path = ROOT / "requirements" / "constraints-cpu.txt") -> dict[str, str]:
+def constraint_pins(
+    paths: tuple[Path, ...] = (ROOT / "requirements" / "constraints-cpu.txt", ROOT / "requirements" / "constraints-gpu-kit.txt"),
+) -> dict[str, str]:
+    """The CPU freeze's pins, with the kit's vLLM 0.26 set (constraints-gpu-kit.txt) over them."""
     pins = {}
-    for words in spec_lines(path):
-        name, sep, version = words[0].partition("==")
-        if sep:
-            pins[normalize(name)] = version
+    for path in paths:
+        for words in spec_lines(path):
+            name, sep, version = words[0].partition("==")
+            if sep:
+                pins[normalize(name)] = version
     return pins
 
 

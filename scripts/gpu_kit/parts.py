@@ -41,7 +41,8 @@ def part_file_name(index: int) -> str:
 def pack(wheels: list[Path], archive: Path) -> list[dict]:
     """A tar of the wheels, byte for byte the same for the same wheels (sorted, no times, no owners)."""
     entries = []
-    with tarfile.open(archive, "w", format=tarfile.USTAR_FORMAT) as tar:
+    # GNU: wheel names past ustar's 100 characters (pybase64's four manylinux tags) get a long-name entry
+    with tarfile.open(archive, "w", format=tarfile.GNU_FORMAT) as tar:
         for wheel in sorted(wheels, key=lambda p: p.name):
             info = tar.gettarinfo(str(wheel), arcname=wheel.name)
             info.mtime, info.uid, info.gid, info.uname, info.gname, info.mode = 0, 0, 0, "", "", 0o644

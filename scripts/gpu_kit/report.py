@@ -99,7 +99,7 @@ def log_lines(path: Path, pattern: re.Pattern, limit: int) -> list[str]:
 
 def memory_rows(stages: dict) -> list[str]:
     rows = []
-    for stage in ("train", "resume"):
+    for stage in ("vllm", "train", "resume"):
         memory = stages.get(stage, {}).get("memory")
         if not memory:
             continue
@@ -109,6 +109,55 @@ def memory_rows(stages: dict) -> list[str]:
         named = ", ".join(f"{role} {peak:.2f}" for role, peak in sorted(by_role.items(), key=lambda kv: -kv[1])[:5])
         rows.append(f"| {stage} ({memory['source']}, {memory['samples']} samples) | {memory['device_peak_gib']:.2f} | {named} |")
     return rows
+
+
+def step_tables(steps: dict[int, dict], note: str) -> list[str]:
+    """Per-step phase times, and the engine's vs the trainer's log-probs (mean, p99, max; verl's |Δp|)."""
+    lines = []
+    if not steps:
+        return lines
+    diffs = sorted({k for r in steps.values() for k in r if k.startswith("training/rollout_") and "diff" in k})
+    times = [f"timing_s/{p}" for p in PHASE_TIMES]
+    for title, columns in (
+        (f"Phase times, seconds per step (`metrics.jsonl`; {note}):", times),
+        (
+            "The engine's and the trainer's log-probs of the sampled tokens, and the actor rank's allocator peak:",
+            diffs + ["perf/max_memory_allocated_gb", "seq_length/max"],
+        ),
+    ):
+        columns = [c for c in columns if any(c in r for r in steps.values())]
+        header = "| step | " + " | ".join(f"`{c.split('/', 1)[1] if c in times else c}`" for c in columns) + " |"
+        lines += ["", title, "", header, "|---" * (len(columns) + 1) + "|"]
+        lines += ["| " + " | ".join([str(s)] + [fmt(r.get(c)) for c in columns]) + " |" for s, r in steps.items()]
+    return lines
+
+
+VLLM_LINES = re.compile(r"KV cache memory|KV cache size|Maximum concurrency|Sleep mode freed|sleep freed|Model loading took")
+
+
+def vllm_section(out: Path, summary: dict, stages: dict) -> tuple[list[str], dict]:
+    """The vLLM stage: its steps' tables, what vLLM logged of its KV cache and sleeps, and `grl plan`."""
+    run_dir = summary.get("vllm_run_dir")
+    if not run_dir:
+        return [], {}
+    steps = steps_of(read_metrics(Path(run_dir)))
+    lines = ["", "#### vLLM stage (the colocated vLLM engine: sleep, wake, weight reload)"]
+    lines += step_tables(steps, "`gen` includes the wake, `sync_weights` the weights' wake and reload")
+    logged = log_lines(out / "vllm.log", VLLM_LINES, 12)
+    if logged:
+        lines += ["", "What vLLM logged of its KV cache, load and sleeps:", "", "```", *logged, "```"]
+    figures = {"steps": steps}
+    try:
+        plan = plan_figures(summary["vllm_overrides"], None, None)
+        figures["plan"] = plan
+        lines += ["", f"`grl plan` for the vLLM stage's config, GiB per GPU: {plan['title']}", ""]
+        lines += [
+            f"- {phase}: {v['total']:.2f} (actor rank {v['actor']:.2f}, critic rank {v['critic']:.2f})"
+            for phase, v in plan["phases"].items()
+        ]
+    except Exception as err:  # noqa: BLE001 - the report still prints what it measured
+        lines += ["", f"`grl plan` (vLLM stage) failed: {err.__class__.__name__}: {err}"]
+    return lines, figures
 
 
 def build(out: Path) -> tuple[list[str], dict]:
@@ -130,20 +179,7 @@ def build(out: Path) -> tuple[list[str], dict]:
         "|---|---|---|",
     ]
     lines += [f"| {name} | {result['status']} | {result['seconds']:.1f} |" for name, result in stages.items()]
-    if steps:
-        diffs = sorted({k for r in steps.values() for k in r if k.startswith("training/rollout_") and "diff" in k})
-        times = [f"timing_s/{p}" for p in PHASE_TIMES]
-        for title, columns in (
-            ("Phase times, seconds per step (`metrics.jsonl`; step 3 is the resumed run's):", times),
-            (
-                "The engine's and the trainer's log-probs of the sampled tokens, and the actor rank's allocator peak:",
-                diffs + ["perf/max_memory_allocated_gb", "seq_length/max"],
-            ),
-        ):
-            columns = [c for c in columns if any(c in r for r in steps.values())]
-            header = "| step | " + " | ".join(f"`{c.split('/', 1)[1] if c in times else c}`" for c in columns) + " |"
-            lines += ["", title, "", header, "|---" * (len(columns) + 1) + "|"]
-            lines += ["| " + " | ".join([str(s)] + [fmt(r.get(c)) for c in columns]) + " |" for s, r in steps.items()]
+    lines += step_tables(steps, "step 3 is the resumed run" + "'s")
     longest = max((int(r["seq_length/max"]) for r in steps.values() if "seq_length/max" in r), default=None)
     sampled = max((int(r["response_length/max"]) for r in steps.values() if "response_length/max" in r), default=None)
     figures = {"steps": steps, "plan": {}}
@@ -188,7 +224,8 @@ def build(out: Path) -> tuple[list[str], dict]:
     if checks:
         lines += ["", "`scripts/gpu_parts.py`:", "", "```", *checks, "```"]
     figures["stages"] = stages
-    return lines, figures
+    vllm_lines, figures["vllm"] = vllm_section(out, summary, stages)
+    return lines + vllm_lines, figures
 
 
 def main(argv: list[str]) -> int:

@@ -30,9 +30,9 @@ from grl.engines.vllm_grammar import (  # noqa: E402
     V1_PROCESSOR,
     V2_PROCESSOR,
     GrammarLogitsProcessor,
-    GrammarLogitsProcessorV2,
     grammar_processors,
 )
+from grl.engines.vllm_grammar_v2 import GrammarLogitsProcessorV2  # noqa: E402
 
 SLOTS = 4  # fewer slots than requests: slots are recycled between grammar and free requests
 
