@@ -2,6 +2,8 @@
 spelling sets a value, the consumers (engine, rollout, workers, trainer) read the same typed value, and
 a bad value gets the same error, naming the key that is read."""
 
+from types import SimpleNamespace
+
 import pytest
 from omegaconf import OmegaConf
 
@@ -9,6 +11,7 @@ from grl import preflight
 from grl.config import NO_EFFECT, ConfigError, load_config, run_sections
 from grl.engines import sampling_from_config
 from grl.run_plan import RunPlan
+from grl.trainer import agent_trainer
 from grl.trainer.agent_trainer import AgentTrainer
 
 
@@ -115,11 +118,13 @@ def test_the_trainer_reads_freq_zero_as_off(freq, tests, saves, tmp_path, monkey
     )
     trainer = AgentTrainer(run_sections(cfg), RunPlan.from_config(cfg), None, None, None)
     ran = {"validate": [], "save": []}
-    monkeypatch.setattr(trainer, "resume", lambda: False)
-    monkeypatch.setattr(trainer, "start_report", lambda: "")
+    monkeypatch.setattr(agent_trainer, "resume", lambda trainer: None)
+    monkeypatch.setattr(agent_trainer, "start_report", lambda *args, **kw: "")
+    monkeypatch.setattr(agent_trainer, "save", lambda trainer: ran["save"].append(trainer.global_step) or {})
     monkeypatch.setattr(trainer, "train_step", lambda step: ({}, None))
+    monkeypatch.setattr(trainer.certificate, "certify", lambda *args: {})
+    monkeypatch.setattr(trainer, "actor", SimpleNamespace(weights_check=None))  # no ranks: the loop alone is tested
     monkeypatch.setattr(trainer, "validate", lambda: ran["validate"].append(trainer.global_step) or {})
-    monkeypatch.setattr(trainer, "save_checkpoint", lambda: ran["save"].append(trainer.global_step) or {})
     monkeypatch.setattr(trainer, "close", lambda **kw: None)
     trainer.fit()
     assert ran == {"validate": tests, "save": saves}

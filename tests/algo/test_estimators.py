@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
+import grl.composition
 import grl.config
 from grl import preflight
 from grl.algo import ESTIMATORS, compute_advantage, make_kl_controller, register_estimator
@@ -112,7 +113,8 @@ class ConfigWithScale(GRLConfig):
 
 
 def test_a_new_estimator_with_a_new_hyperparameter_is_its_function_registration_and_schema_key(monkeypatch):
-    monkeypatch.setattr(grl.config, "GRLConfig", ConfigWithScale)  # its schema key
+    for module in (grl.config, grl.composition):  # its schema key, in the typed check and Hydra's schema node
+        monkeypatch.setattr(module, "GRLConfig", ConfigWithScale)
 
     @register_estimator("scaled_score", hyperparameters=("score_scale",))  # its registration
     def scaled_score(episode_scores, loss_mask, score_scale):  # its function
