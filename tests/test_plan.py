@@ -259,21 +259,9 @@ def test_planner_sizes_what_the_worker_builds(process_group_env, caplog):
     assert ref_offloaded and "ref weights" in on_gpu.host
 
 
-# The GPU proof kit's three H100 runs (docs/PERFORMANCE.md, "GPU proof kit"): the config they trained, the longest
-# episode and its sampled tokens, and what NVML measured, GiB (train and resume of 2026-11-27, the train of the
-# second run that day, train and resume of 2026-11-28).
-KIT_RUN = [
-    "preset=a100_1x_0.5b",
-    "model_path=embedded",
-    "actor_rollout_ref.rollout.name=hf",
-    "rollout.agent_group_num=[4]",
-    "rollout.agent_group_size=[4]",
-    "rollout.validation_agent_group_num=[16]",
-    "rollout.validation_agent_group_size=[1]",
-    "simpleSokobanAgent.agent_config.max_turns=3",
-    "ppo_mini_batch_size=4",
-    "micro_batch_size_per_gpu=2",
-]
+# The GPU proof kit's three H100 runs (docs/PERFORMANCE.md, "GPU proof kit"): the hf run's config
+# (scripts/gpu_kit/run.py), its longest episode and sampled tokens, and what NVML measured, GiB (train and
+# resume of 2026-11-27, the train of the second run that day, train and resume of 2026-11-28).
 KIT_NVML_GIB = {
     "actor": [4.97, 5.06, 4.75, 4.98, 5.01],
     "critic": [4.06, 4.63, 4.06, 4.06, 4.63],
@@ -284,7 +272,10 @@ KIT_NVML_GIB = {
 def test_the_plan_of_the_kit_s_run_is_within_a_quarter_of_each_process_and_of_the_device():
     """Each process's whole footprint (its CUDA context and its allocator's reserve as well as what it
     allocates) is planned, so the plan's peak per process and per GPU is within 25% of what NVML saw."""
-    memory = plan(run_sections(load_config(KIT_RUN)), gpu_memory_gib=79.2, seq_len=729, sampled_tokens=300)
+    from tests.test_gpu_kit import load
+
+    kit_run = load("run").RUN_OVERRIDES
+    memory = plan(run_sections(load_config(kit_run)), gpu_memory_gib=79.2, seq_len=729, sampled_tokens=300)
     planned = {name: max(share.values()) / GIB for name, share in memory.processes.items()}
     planned["device"] = max(memory.device_total(phase) for phase in memory.phases) / GIB
     for name, measured in KIT_NVML_GIB.items():
