@@ -100,6 +100,7 @@ def test_one_step_off_trains_on_episodes_at_most_one_version_old(tmp_path, ray_r
         },
     )
     rollouts, updates = {}, {}  # step -> (start, end) on the driver's clock
+    UPDATE_AT_LEAST_S = 1.0
 
     def clock_rollouts_and_updates(trainer):
         rollout, update = trainer._rollout, trainer.actor.update
@@ -113,6 +114,9 @@ def test_one_step_off_trains_on_episodes_at_most_one_version_old(tmp_path, ray_r
         def timed_update(batch, step):
             start = time.monotonic()
             result = update(batch, step)
+            # The tiny model's update (0.2 s) is shorter than the rollout worker's load of the previous version
+            # with its weights check; a real update outlasts it, and the order below is about that case.
+            time.sleep(UPDATE_AT_LEAST_S)
             updates[step] = (start, time.monotonic())
             return result
 
