@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
+from grl.rollout.clock import add_times
 from grl.rollout.multi_turn import RolloutResult
 from grl.rollout.shaping import STD_EPS, sample_std
 from grl.rollout.types import Episode
@@ -59,15 +60,18 @@ def with_top_up(play: Callable[[int], RolloutResult], base_seed: int, rounds: in
     episodes, group_count = first.episodes, len(groups_of(first.episodes))
     drawn = replaced = 0
     flat_before = flat_group_count(episodes)
+    times = first.times
     while drawn < rounds and flat_group_count(episodes) > 0:
         drawn += 1
         offset = drawn * group_count
-        episodes, count = replace_flat_groups(episodes, play(base_seed + offset).episodes, offset)
+        more = play(base_seed + offset)
+        episodes, count = replace_flat_groups(episodes, more.episodes, offset)
         replaced += count
+        times = add_times(times, more.times)
     metrics = {
         **first.metrics,
         "rollout/flat_groups_sampled": float(flat_before),
         "rollout/top_up_rounds": float(drawn),
         "rollout/top_up_groups": float(replaced),
     }
-    return RolloutResult(episodes, metrics)
+    return RolloutResult(episodes, metrics, times)

@@ -32,7 +32,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from grl.engines.base import Engine, SamplingParams
@@ -40,6 +40,7 @@ from grl.engines.kept_sets import reply_sets
 from grl.envs.base import fault_kind
 from grl.envs.checks import EnvValueError
 from grl.rollout.chat import ChatTokens, truncate_prompt
+from grl.rollout.clock import RolloutClock
 from grl.rollout.blame import blame_metrics, infra_failed
 from grl.rollout.env_faults import EnvFaults, RolloutError, check_infra_ratio, reset_agent, retire_failed
 from grl.rollout.env_pool import CallPool, CallResult, run_calls
@@ -62,6 +63,7 @@ GATHER_S = 0.01
 class RolloutResult:
     episodes: list[Episode]
     metrics: dict[str, float]
+    times: dict[str, float] = field(default_factory=dict)  # the parts of its wall time (grl/rollout/clock.py)
 
 
 class MultiTurnRollout:
@@ -106,6 +108,7 @@ class MultiTurnRollout:
         self.max_infra_failed_ratio = max_infra_failed_ratio
         self.infra_retries = infra_retries
         self._agents: dict[tuple, Any] = {}
+        self.clock = RolloutClock()
         self.grammars = ReplyGrammars(self.chat, self.faults)
 
     @classmethod
@@ -155,6 +158,7 @@ class MultiTurnRollout:
         if programs and self.programs is None:
             raise RolloutError(f"{programs[0].name}: agent programs play through the trainer's gateway (none given)")
         native = [task for task in tasks if not is_program_task(task)]
+        self.clock = RolloutClock()
         slots = self._slots(native, base_seed)
         self._play(slots, sampling, on_turn, turn_barrier)
         retried = 0
@@ -171,12 +175,14 @@ class MultiTurnRollout:
         episodes = [s.episode() for s in slots]
         extra: dict[str, float] = {"rollout/infra_retried_episodes": float(retried)}
         if programs:
-            played, program_metrics = self.programs.run(programs, base_seed, sum(t.num_groups for t in native), sampling, on_turn)
+            first_group = sum(t.num_groups for t in native)
+            with self.clock.waiting("gen_programs"):
+                played, program_metrics = self.programs.run(programs, base_seed, first_group, sampling, on_turn)
             episodes += played
             extra.update(program_metrics)
         check_infra_ratio(episodes, self.max_infra_failed_ratio)
         metrics = rollout_metrics(episodes, [s.truncated_turns for s in slots])
-        return RolloutResult(episodes, {**metrics, **blame_metrics(episodes), **extra})
+        return RolloutResult(episodes, {**metrics, **blame_metrics(episodes), **extra}, self.clock.times())
 
     def _play(self, slots: list[Slot], sampling, on_turn, turn_barrier: bool, others: list[Slot] = ()) -> None:
         """Every slot's episode, to its end; `others`: the step's slots played before, which the failure ratio
@@ -194,7 +200,8 @@ class MultiTurnRollout:
             else:
                 self._run_without_barrier(slots, sampling, on_turn)
         finally:
-            retire_failed(slots, self._agents, self.env_workers, self.env_step_timeout)
+            with self.clock.waiting("gen_env"):
+                retire_failed(slots, self._agents, self.env_workers, self.env_step_timeout)
 
     def close(self) -> None:
         if self.programs is not None:
@@ -224,7 +231,8 @@ class MultiTurnRollout:
         return slots
 
     def _reset(self, slots: list[Slot]) -> None:
-        results = run_calls([lambda s=s: reset_agent(s) for s in slots], self.env_workers, self.env_step_timeout)
+        with self.clock.waiting("gen_env"):
+            results = self._env_calls([(s, lambda s=s: reset_agent(s)) for s in slots])
         for s, result in zip(slots, results):
             if not result.ok:
                 self.faults.fail(s, result.error, result.timed_out, "reset")
@@ -246,9 +254,8 @@ class MultiTurnRollout:
             )
 
         active, replies = self._generate(slots, [s for s in slots if not s.done], params)
-        results = run_calls(
-            [lambda s=s, r=r: s.agent.step(r) for s, r in zip(active, replies)], self.env_workers, self.env_step_timeout
-        )
+        with self.clock.waiting("gen_env"):
+            results = self._env_calls([(s, lambda s=s, r=r: s.agent.step(r)) for s, r in zip(active, replies)])
         for s, result in zip(active, results):
             self._after_step(s, result)
         self.faults.check(slots)
@@ -274,11 +281,12 @@ class MultiTurnRollout:
                     if on_turn is not None:
                         on_turn(min(len(s.turns) for s in waiting), sum(not s.done for s in slots), len(slots))
                     for s, reply in zip(*self._generate(slots, waiting, params)):
-                        pool.submit(index[id(s)], lambda s=s, r=reply: s.agent.step(r))
+                        pool.submit(index[id(s)], self.clock.env_call(s.task.name, lambda s=s, r=reply: s.agent.step(r)))
                     waiting = []
-                returned = pool.collect(wait=1.0)
-                while returned and (more := pool.collect(wait=GATHER_S)):  # steps that end together share a call
-                    returned += more
+                with self.clock.waiting("gen_env"):
+                    returned = pool.collect(wait=1.0)
+                    while returned and (more := pool.collect(wait=GATHER_S)):  # steps that end together share a call
+                        returned += more
                 for i, result in returned:
                     self._after_step(slots[i], result)
                     if not slots[i].done:
@@ -302,7 +310,8 @@ class MultiTurnRollout:
             prompts = [self._prompt(s) for s in group]
             constraints = [s.grammar for s in group]
             extra = {"constraints": constraints} if any(c is not None for c in constraints) else {}
-            outputs = self.engine.generate(prompts, params(call, limit, group), **extra)
+            with self.clock.waiting("gen_engine"):
+                outputs = self.engine.generate(prompts, params(call, limit, group), **extra)
             for s, out in zip(group, outputs, strict=True):
                 s.output = out
         replies = []
@@ -327,6 +336,10 @@ class MultiTurnRollout:
             s.pending, s.new_context = [], False
             replies.append(self.tokenizer.decode(ids, skip_special_tokens=True))
         return active, replies
+
+    def _env_calls(self, calls: list[tuple[Slot, Callable]]) -> list[CallResult]:
+        timed = [self.clock.env_call(s.task.name, call) for s, call in calls]
+        return run_calls(timed, self.env_workers, self.env_step_timeout)
 
     def _prompt(self, s: Slot) -> list[int]:
         if len(s.ids) > self.max_prompt_length:

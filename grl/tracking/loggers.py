@@ -28,6 +28,8 @@ CONSOLE_COLUMNS = (
     ("tok/s", "perf/tokens_per_s", "{:.0f}"),
     ("step_s", "timing_s/step", "{:.1f}"),
 )
+# The rollout's time and where it went (grl/rollout/clock.py): "gen_s 11.2 (engine 8.0 env 1.1 other 2.1)".
+GEN_SPLIT = tuple((part, f"timing_s/gen_{part}") for part in ("engine", "env", "programs", "other"))
 
 
 def clean(metrics: Mapping[str, Any]) -> dict[str, float | None]:
@@ -50,6 +52,9 @@ def console_line(metrics: Mapping[str, float | None], step: int, total_steps: in
         value = metrics.get(name)
         if value is not None:
             parts.append(f"{label} {fmt.format(value)}")
+    if metrics.get("timing_s/gen") is not None:
+        split = [f"{label} {metrics[name]:.1f}" for label, name in GEN_SPLIT if metrics.get(name) is not None]
+        parts.append(f"gen_s {metrics['timing_s/gen']:.1f}" + (f" ({' '.join(split)})" if split else ""))
     for name in sorted(metrics):  # success of every task, training then validation
         value = metrics[name]
         if name.startswith(("train/", "val-env/")) and name.endswith("/success") and value is not None:

@@ -119,7 +119,10 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None, smoothing: floa
     for title, names in PANELS.items():
         panels[title] = [(n, n, None) for n in names if any(n in row for row in rows)]
     timing = sorted({n for row in rows for n in row if n.startswith(TIMING_PREFIXES)})
-    panels["time per phase (s)"] = [(n, n.split("/", 1)[1], None) for n in timing]
+    # The rollout's time beside its parts (grl/rollout/clock.py), the other phases apart.
+    generation = [n for n in timing if n.split("/", 1)[1].startswith("gen")]
+    panels["time per phase (s)"] = [(n, n.split("/", 1)[1], None) for n in timing if n not in generation]
+    panels["generation: engine, env, other (s)"] = [(n, n.split("/", 1)[1], None) for n in generation]
     # A panel with nothing logged (a critic-free run's critic loss) gives its place to the next.
     panels = {title: curves for title, curves in panels.items() if any(_series(rows, name)[0] for name, _, _ in curves)} or {
         "success per task": []

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from grl.rollout import Batch
+from grl.rollout.clock import gen_times
 from grl.run_plan import RunPlan
 from grl.trainer.metrics import Timer, old_log_prob_metrics
 from grl.trainer.transforms import staleness_metrics
@@ -86,7 +87,7 @@ class SynchronousRollout:
             self._engine.sleep(discard_weights=self._updates_actor(step))
         for episode in result.episodes:
             episode.policy_version = step - 1
-        return Sampled(result, step - 1, {"gen": time.perf_counter() - start})
+        return Sampled(result, step - 1, gen_times(time.perf_counter() - start, result.times))
 
     def publish(self, step: int) -> None:
         if self._updates_actor(step):
@@ -156,7 +157,7 @@ class RolloutAhead:
             ahead = self._results.pop(step)
         times = {
             "wait_prev_gen": time.perf_counter() - start,
-            "gen": ahead.rollout_s,
+            **gen_times(ahead.rollout_s, ahead.result.times),
             "rollout_wait_weights": ahead.waited_for_weights_s,
             "rollout_load_weights": ahead.load_s,
         }

@@ -19,6 +19,7 @@ from grl.engines.base import Engine, SamplingParams
 from grl.envs.base import Env, step_info
 from grl.rollout import MultiTurnRollout, RolloutError, TaskSpec, build_batch
 from grl.rollout.chat import ChatTokens, truncate_prompt
+from grl.rollout.clock import gen_times
 
 AGENTS = OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / "agents.yaml"), resolve=True)
 GSM8K_TEST = Path(__file__).resolve().parents[3] / "shared" / "data" / "gsm8k" / "test.jsonl"
@@ -290,6 +291,41 @@ def test_without_the_turn_barrier_a_reply_depends_on_its_agent_and_turn_not_on_w
     assert episode_signature(uneven.episodes) == episode_signature(even.episodes)
     replies = [tuple(t.response_ids) for e in even.episodes for t in e.turns]
     assert len(set(replies)) > len(replies) // 2  # the agents of a group drew their own replies
+
+
+class TimedEngine(Engine):
+    """The real engine, with the seconds its calls took, timed here."""
+
+    def __init__(self, inner: Engine):
+        self.inner, self.seconds = inner, 0.0
+
+    def generate(self, prompt_token_ids, sampling):
+        start = time.perf_counter()
+        try:
+            return self.inner.generate(prompt_token_ids, sampling)
+        finally:
+            self.seconds += time.perf_counter() - start
+
+
+@pytest.mark.parametrize("turn_barrier", [True, False])
+def test_the_rollout_time_splits_into_engine_env_and_other_per_task(hf_engine, tokenizer, turn_barrier):
+    """The slow task's env sleeps 0.25 s a step (2 agents x 2 steps): its env seconds are at least the 1 s
+    slept, the fast task's far less; the engine's part is what the engine's own calls took; the parts and
+    the rest add up to the rollout's wall time."""
+    slow, fast = scripted("slow", groups=1, length=2, slow_seeds=[0], delay=0.25), scripted("fast", groups=1, length=2)
+    engine = TimedEngine(hf_engine)
+    start = time.perf_counter()
+    result = rollout(engine, tokenizer).run([slow, fast], base_seed=0, sampling=GREEDY, turn_barrier=turn_barrier)
+    wall = time.perf_counter() - start
+    times = gen_times(wall, result.times)
+    assert times["gen_engine"] == pytest.approx(engine.seconds, abs=0.01)
+    assert times["gen_env/slow"] >= 1.0 > 0.2 > times["gen_env/fast"]
+    # With the barrier every turn waits for the slow task's step (its two agents' side by side); without it
+    # the fast agents' engine calls run meanwhile, and only the slow agents' last step is waited on alone.
+    assert times["gen_env"] >= (0.5 if turn_barrier else 0.24)
+    assert "gen_programs" not in times
+    parts = times["gen_engine"] + times["gen_env"] + times["gen_other"]
+    assert parts == pytest.approx(wall, abs=1e-9) and times["gen_other"] < 0.5 * wall
 
 
 # ---------------------------------------------------------------- env faults

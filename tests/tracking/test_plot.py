@@ -24,8 +24,11 @@ def write_run(run_dir, steps=6):
             "actor/pg_loss": 0.1,
             "critic/vf_loss": 1.0 / step,
             "actor/grad_norm": 0.5,
-            "timing_s/rollout": 3.0,
             "timing_s/update_actor": 2.0,
+            "timing_s/gen": 3.0,
+            "timing_s/gen_engine": 2.0,
+            "timing_s/gen_env": 0.5,
+            "timing_s/gen_other": 0.5,
         }
         if step % 2 == 0:
             row["val-env/simpleSokobanAgent/success"] = step / steps / 2
@@ -39,7 +42,7 @@ def test_plot_writes_a_png_with_every_panel(tmp_path):
     path = plot_run(tmp_path)
     assert path == tmp_path / "curves.png"
     image = matplotlib.image.imread(path)
-    assert image.shape[0] > 800 and image.shape[1] > 1000  # a 3-column grid of nine panels
+    assert image.shape[0] > 800 and image.shape[1] > 1000  # a 3-column grid of ten panels
 
 
 def test_panels_name_every_quantity(tmp_path, monkeypatch):
@@ -49,12 +52,18 @@ def test_panels_name_every_quantity(tmp_path, monkeypatch):
     titles = []
     real_savefig = plt.Figure.savefig
 
+    lines = {}
+
     def keep_titles(fig, *args, **kwargs):
         titles.extend(ax.get_title() for ax in fig.axes if ax.get_visible())
+        for ax in fig.axes:
+            lines[ax.get_title()] = [line.get_label() for line in ax.get_lines() if not line.get_label().startswith("_")]
         return real_savefig(fig, *args, **kwargs)
 
     monkeypatch.setattr(plt.Figure, "savefig", keep_titles)
     plot_run(tmp_path)
+    assert lines["generation: engine, env, other (s)"] == ["gen", "gen_engine", "gen_env", "gen_other"]
+    assert lines["time per phase (s)"] == ["update_actor"]
     assert titles == [
         "success per task",
         "reward per task",
@@ -65,6 +74,7 @@ def test_panels_name_every_quantity(tmp_path, monkeypatch):
         "grad norm",
         "response length (tokens)",
         "time per phase (s)",
+        "generation: engine, env, other (s)",
     ]
 
 
@@ -197,7 +207,7 @@ def drawn_panels(tmp_path, monkeypatch) -> dict:
 def test_a_run_of_one_step_marks_each_point_on_integer_steps(tmp_path, monkeypatch):
     write_run(tmp_path, steps=1)
     panels = drawn_panels(tmp_path, monkeypatch)
-    assert len(panels) == 9
+    assert len(panels) == 10
     for title, ax in panels.items():
         drawn = [line for line in ax.get_lines() if len(line.get_xdata()) == 1]
         assert drawn, title

@@ -94,6 +94,9 @@ def test_train_checkpoint_kill_and_resume(tmp_path, ray_runtime, capsys):
     grl_names = [
         "train/simpleSokobanAgent/success",
         "timing_s/gen",
+        "timing_s/gen_engine",
+        "timing_s/gen_env",
+        "timing_s/gen_other",
         "timing_s/adv",
         "timing_s/testing",
         "timing_per_token_ms/gen",
@@ -112,6 +115,8 @@ def test_train_checkpoint_kill_and_resume(tmp_path, ray_runtime, capsys):
     ]
     assert [n for n in grl_names if n not in history[2]] == []
     assert 0 < history[2]["perf/mfu/actor"] < float("inf")
+    split = sum(history[2][f"timing_s/gen_{part}"] for part in ("engine", "env", "other"))
+    assert split == pytest.approx(history[2]["timing_s/gen"], rel=1e-6) and history[2]["timing_s/gen_engine"] > 0
     assert {p.name for p in (a_dir / "ckpt").iterdir()} >= {"global_step_1", "global_step_2", "latest", "hf_actor"}
     assert (a_dir / "ckpt" / "latest").read_text().strip() == "global_step_2"
     assert OmegaConf.load(a_dir / "run" / "config.yaml").model_path == "tiny"

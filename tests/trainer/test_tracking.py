@@ -51,6 +51,9 @@ def test_console_line_is_one_readable_line():
     assert line.startswith("step 3/10 | reward +0.250")
     assert "pg -0.0100" in line and "step_s 3.2" in line and "val-env/simpleSokobanAgent success 0.50" in line
     assert "vf" not in line  # infinite -> None -> not shown
+    assert "gen_s" not in line  # no rollout time logged
+    split = {"timing_s/gen": 11.25, "timing_s/gen_engine": 8.0, "timing_s/gen_env": 1.125, "timing_s/gen_other": 2.125}
+    assert " | gen_s 11.2 (engine 8.0 env 1.1 other 2.1) | " in console_line({**metrics, **split}, 3, 10)
     out = io.StringIO()
     ConsoleLogger(10, out).log(metrics, 3)
     assert out.getvalue() == line + "\n"
