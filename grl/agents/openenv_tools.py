@@ -1,6 +1,6 @@
 """The tool-calling agent of OpenEnv's MCP envs (`agent_type: openenvToolsAgent`, env `openenv`).
 
-The env offers its own tools in the first prompt and runs the call a reply holds (grl/envs/openenv_mcp.py).
+The env offers its own tools in the first prompt and runs the call a reply holds (grl/envs/openenv/mcp.py).
 A reply's answer is one call, never split (a call's JSON may hold any separator); a reply without answer
 tags that holds a Hermes `<tool_call>` block, as models trained on tool calling write them, is acted on
 whole (and counted as a format error, so `format_penalty: 0` suits such models).

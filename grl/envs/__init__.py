@@ -24,7 +24,7 @@ _REGISTRY: dict[str, str] = {
     "textworld": "grl.envs.textworld:TextWorldEnv",
     "guess_number": "grl.envs.guess_number:GuessNumberEnv",  # the example of docs/TUTORIAL.md
     "gem": "grl.envs.gem:GemEnv",  # GEM's games and reasoning-gym tasks (gem-llm)
-    "openenv": "grl.envs.openenv_env:OpenEnvEnv",  # OpenEnv environments over their client (openenv-core)
+    "openenv": "grl.envs.openenv.env:OpenEnvEnv",  # OpenEnv environments over their client (openenv-core)
 }
 
 

@@ -1,5 +1,5 @@
-"""The `openenv` env (grl/envs/openenv_env.py) against GRL's one-gap Tetris served as an OpenEnv environment
-(grl/envs/openenv_serve.py): real servers started by the env with uvicorn, real WebSocket sessions through
+"""The `openenv` env (grl/envs/openenv/env.py) against GRL's one-gap Tetris served as an OpenEnv environment
+(grl/envs/openenv/serve.py): real servers started by the env with uvicorn, real WebSocket sessions through
 OpenEnv's client, no mocks. Played through OpenEnv, the game is the native game, seed for seed; the boundary
 fails in one line, in time, and leaves no server behind."""
 
@@ -16,12 +16,12 @@ import yaml
 
 import grl.envs  # noqa: E402
 from grl.agents import make_agent  # noqa: E402
-from grl.envs.openenv_servers import SERVER_MODULE, OpenEnvError  # noqa: E402
+from grl.envs.openenv.servers import SERVER_MODULE, OpenEnvError  # noqa: E402
 
 AGENTS = yaml.safe_load((Path(__file__).resolve().parents[2] / "configs" / "agents.yaml").read_text(encoding="utf-8"))
 NATIVE = AGENTS["tetrisAgent_gap_dim_4"]
 TETRIS = NATIVE["env_config"]
-SERVED = {"app": "grl.envs.openenv_serve:make_app", "app_kwargs": {"env": "tetris", "env_config": TETRIS}}
+SERVED = {"app": "grl.envs.openenv.serve:make_app", "app_kwargs": {"env": "tetris", "env_config": TETRIS}}
 INVALID = ["jump", "", "Left || Right", "<answer>Down</answer>", "rotate"]
 
 
@@ -196,4 +196,4 @@ def test_config_errors_are_caught_when_the_env_is_built():
     with pytest.raises(ValueError, match="timeout_s"):
         grl.envs.make("openenv", **SERVED, timeout_s=0)
     with pytest.raises(ValueError, match="package.module:attribute"):
-        grl.envs.make("openenv", app="grl.envs.openenv_serve")
+        grl.envs.make("openenv", app="grl.envs.openenv.serve")

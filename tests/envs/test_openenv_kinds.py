@@ -17,13 +17,13 @@ from openenv.core.env_server.mcp_types import CallToolAction
 import grl.envs
 from grl.agents import make_agent
 from grl.engines.constraint import compile_reply_grammar
-from grl.envs import openenv_servers
-from grl.envs.openenv_actions import ActionCodec, ActionError
+from grl.envs.openenv import servers
+from grl.envs.openenv.actions import ActionCodec, ActionError
 
 TETRIS = {"dim_x": 4, "dim_y": 3, "box_type": 1, "max_steps": 5, "gap_rows": 1, "max_pieces": 1}
-TYPED = {"app": "grl.envs.openenv_serve_typed:make_typed_app", "app_kwargs": {"env": "tetris", "env_config": TETRIS}}
+TYPED = {"app": "grl.envs.openenv.serve_typed:make_typed_app", "app_kwargs": {"env": "tetris", "env_config": TETRIS}}
 GUESS = {"max_number": 20, "max_guesses": 6}
-MCP = {"app": "grl.envs.openenv_serve_typed:make_mcp_app", "app_kwargs": {"env": "guess_number", "env_config": GUESS}}
+MCP = {"app": "grl.envs.openenv.serve_typed:make_mcp_app", "app_kwargs": {"env": "guess_number", "env_config": GUESS}}
 
 
 def test_integer_moves_are_offered_as_text_and_sent_back_as_the_ids_of_the_native_game():
@@ -145,7 +145,7 @@ def echo_package(tmp_path_factory):
     sys.path.insert(0, str(root))
     yield "echo_game"
     sys.path.remove(str(root))
-    openenv_servers.stop_idle()
+    servers.stop_idle()
 
 
 @pytest.mark.slow
@@ -177,7 +177,7 @@ def test_an_env_package_is_played_by_name_one_session_per_server_and_its_servers
         assert step.reward == pytest.approx(0.7) and not step.done and "echo me" in agent.messages[-1]["content"]
     finally:
         agent.close()
-    openenv_servers.stop_idle()
+    servers.stop_idle()
     assert not any(psutil.pid_exists(pid) for pid in pids)
 
 
@@ -208,4 +208,4 @@ def test_a_package_this_machine_cannot_run_fails_in_one_line_when_built(tmp_path
         message = str(caught.value)
         assert "\n" not in message and why in message and repr(package) in message, message
     with pytest.raises(ValueError, match="give one of"):
-        grl.envs.make("openenv", package="json", app="grl.envs.openenv_serve:make_app")
+        grl.envs.make("openenv", package="json", app="grl.envs.openenv.serve:make_app")

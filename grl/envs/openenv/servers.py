@@ -1,4 +1,4 @@
-"""The local OpenEnv servers of the `openenv` env (grl/envs/openenv_env.py): an app started with uvicorn in a
+"""The local OpenEnv servers of the `openenv` env (grl/envs/openenv/env.py): an app started with uvicorn in a
 child process on 127.0.0.1 and a free port (no Docker), and shared within this process.
 
 `acquire(app, app_kwargs, shared=..., start_timeout_s=...)` gives a running server of that app and its kwargs
@@ -24,7 +24,7 @@ import time
 import urllib.request
 import weakref
 
-SERVER_MODULE = "grl.envs.openenv_servers"  # what the child runs (`python -m`), and how to find it among processes
+SERVER_MODULE = "grl.envs.openenv.servers"  # what the child runs (`python -m`), and how to find it among processes
 POOL_IDLE = 64  # idle servers of one app kept for the next episodes (a rollout's worth of one-session servers)
 
 

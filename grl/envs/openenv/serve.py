@@ -9,8 +9,8 @@ GRL env, so an OpenEnv client gets the same episode for the same seed.
 
 Serve one-gap Tetris with uvicorn (the env and its config may also come from the environment):
     GRL_OPENENV_ENV=tetris GRL_OPENENV_CONFIG='{"gap_rows": 1, "max_pieces": 1}' \\
-        uvicorn --factory grl.envs.openenv_serve:make_app --port 8000
-and play it from GRL with the `openenv` env (grl/envs/openenv_env.py), `base_url: http://127.0.0.1:8000`.
+        uvicorn --factory grl.envs.openenv.serve:make_app --port 8000
+and play it from GRL with the `openenv` env (grl/envs/openenv/env.py), `base_url: http://127.0.0.1:8000`.
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def make_app(env: str | None = None, env_config: dict[str, Any] | None = None, m
     (each holds one GRL env; a rollout's agents share one server)."""
     env = env or os.environ.get("GRL_OPENENV_ENV")
     if not env:
-        raise ValueError("openenv_serve: name a GRL env (make_app(env=...) or GRL_OPENENV_ENV), e.g. tetris")
+        raise ValueError("grl.envs.openenv.serve: name a GRL env (make_app(env=...) or GRL_OPENENV_ENV), e.g. tetris")
     if env_config is None:
         env_config = json.loads(os.environ.get("GRL_OPENENV_CONFIG") or "{}")
     grl.envs.make(env, **env_config).close()  # a bad name or config fails at start-up, not in the first session

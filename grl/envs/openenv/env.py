@@ -4,23 +4,23 @@ Played through OpenEnv's own clients (`GenericEnvClient`; `MCPToolClient` for MC
 GRL env, which the server backs with its own environment instance. `env_config`:
 - `base_url`: a running OpenEnv server (`http://host:port`); or
 - `package`: an installed OpenEnv env package, by module (`echo_env`) or distribution (`openenv-echo_env`):
-  its manifest's app is started here as `app` is (grl/envs/openenv_packages.py); what the package needs and
+  its manifest's app is started here as `app` is (grl/envs/openenv/packages.py); what the package needs and
   this machine lacks fails when the env is built, in one line; or
 - `app`: an OpenEnv app to start here, `package.module:app`, served by uvicorn in a child process on
-  127.0.0.1 and a free port (no Docker; grl/envs/openenv_servers.py). The GRL envs of one process that
+  127.0.0.1 and a free port (no Docker; grl/envs/openenv/servers.py). The GRL envs of one process that
   start the same app share its server (`share_server`, default true: one process for a rollout's 64
   agents, not 64), each with a session of its own; the server stops when the last of them closes. An
   app that takes few sessions at once (`openenv init`'s template: one) gets a server per that many envs,
-  kept in a pool between episodes (grl/envs/openenv_servers.py); `share_server: false`: one per env.
+  kept in a pool between episodes (grl/envs/openenv/servers.py); `share_server: false`: one per env.
   With `app_kwargs` (a mapping, {} too) `app` names a factory called with them (GRL's own envs:
-  `grl.envs.openenv_serve:make_app`, `app_kwargs: {env: tetris, env_config: {...}}`). Without base_url
+  `grl.envs.openenv.serve:make_app`, `app_kwargs: {env: tetris, env_config: {...}}`). Without base_url
   or app, that is what is served (`app_kwargs` by default {env: tetris}): the env plays out of the box.
-- `interface` ("auto"): `mcp` for OpenEnv's tool-calling envs (grl/envs/openenv_mcp.py: the env's tools are
+- `interface` ("auto"): `mcp` for OpenEnv's tool-calling envs (grl/envs/openenv/mcp.py: the env's tools are
   offered to the model, a reply's tool call runs in the env, its result is the observation), `action` for
   envs that take a typed action; `auto` reads which from the env's action schema (`GET /schema`).
 - `action_field` (null): the action field the reply is sent in; null: the action's only field, read from
   the env's action schema (`message` for GRL's served envs), and an action of several fields is written
-  as a JSON object. The reply is converted to the field's type (grl/envs/openenv_actions.py): an integer
+  as a JSON object. The reply is converted to the field's type (grl/envs/openenv/actions.py): an integer
   move id is written as its number.
 - `text_field` ("text"): the observation field shown to the model; an observation without it (or with
   `text_field: null`) is shown as compact JSON.
@@ -47,15 +47,15 @@ from typing import Any
 from openenv.core.env_server.mcp_types import CallToolAction, ListToolsAction
 from openenv.core.generic_client import GenericEnvClient
 
-from grl.envs import openenv_mcp
+from grl.envs.openenv import mcp
 from grl.envs.base import Env, step_info
 from grl.envs.checks import describe
-from grl.envs.openenv_actions import ActionCodec, ActionError, render
-from grl.envs.openenv_packages import resolve
-from grl.envs.openenv_servers import LocalServer, OpenEnvError, acquire, release
+from grl.envs.openenv.actions import ActionCodec, ActionError, render
+from grl.envs.openenv.packages import resolve
+from grl.envs.openenv.servers import LocalServer, OpenEnvError, acquire, release
 from grl.errors import first_line
 
-SERVE_GRL = "grl.envs.openenv_serve:make_app"  # GRL's own envs as OpenEnv environments
+SERVE_GRL = "grl.envs.openenv.serve:make_app"  # GRL's own envs as OpenEnv environments
 INTERFACES = ("auto", "action", "mcp")
 _CONTRACT_KEYS = ("success", "action_is_valid", "action_is_effective")
 
@@ -166,7 +166,7 @@ class OpenEnvEnv(Env):
                 schema = _action_schema(self.base_url, self.timeout_s)
                 self._mcp = self.interface == "mcp" or (self.interface == "auto" and _is_mcp(schema))
                 self._codec = ActionCodec(None if self._mcp else schema, self.action_field, f"openenv ({self._label})")
-            client_class = openenv_mcp.MCPClient if self._mcp else _Client
+            client_class = mcp.MCPClient if self._mcp else _Client
             self._client = client_class(
                 base_url=self.base_url, connect_timeout_s=self.timeout_s, message_timeout_s=self.timeout_s
             ).sync()
@@ -185,7 +185,7 @@ class OpenEnvEnv(Env):
             if text is not None and not isinstance(text, str):
                 raise ValueError(f"malformed response: observation field {self.text_field!r} is {describe(text)}")
             if self._mcp and isinstance(args[0] if args else None, ListToolsAction):
-                self._tools = openenv_mcp.read_tools(observation)
+                self._tools = mcp.read_tools(observation)
                 return observation, 0.0, False
         except OpenEnvError:
             raise
@@ -246,14 +246,14 @@ class OpenEnvEnv(Env):
         return self._render(), reward, done, info
 
     def _call_tool(self, action: str) -> tuple[str, float, bool, dict[str, Any]]:
-        call = openenv_mcp.decode_call(action)
+        call = mcp.decode_call(action)
         names = [tool["function"]["name"] for tool in self._tools or []]
         if isinstance(call, tuple) and call[0] not in names:
             call = f"unknown tool {call[0]!r} (tools: {', '.join(names)})"
         if isinstance(call, str):  # no call the env could run: it is not stepped
             return f"[tool call not run: {call}]", 0.0, False, step_info(False, False, False, tool_error=call)
         observation, reward, done = self._exchange("step", CallToolAction(tool_name=call[0], arguments=call[1]))
-        text, failure = openenv_mcp.result_text(observation)
+        text, failure = mcp.result_text(observation)
         info = step_info(done and reward > 0, not failure, not failure, tool=call[0])
         if failure:
             info["tool_error"] = failure
@@ -272,7 +272,7 @@ class OpenEnvEnv(Env):
         text = self._intro.get("action_help")
         parts = [text if isinstance(text, str) else ""]
         if self._mcp and self._tools:
-            parts.append(openenv_mcp.tools_prompt(self._tools))
+            parts.append(mcp.tools_prompt(self._tools))
         elif self._codec is not None:
             parts.append(self._codec.describe())
         return "\n".join(part for part in parts if part)

@@ -9,7 +9,7 @@ move. Only for envs with a fixed list of valid actions.
 are `act(action)`, one step of the GRL env returning its observation text (the step's reward and end are the
 observation's), and `legal_actions()`, what the env accepts now (no step, no reward).
 
-Both keep the reset of grl/envs/openenv_serve.py: `reset(seed=...)` seeds the GRL env, and the observation
+Both keep the reset of grl/envs/openenv/serve.py: `reset(seed=...)` seeds the GRL env, and the observation
 carries its text, legend and action help.
 """
 
@@ -26,7 +26,7 @@ from openenv.core.env_server.mcp_types import CallToolAction, CallToolObservatio
 from pydantic import Field
 
 import grl.envs
-from grl.envs.openenv_serve import GRLObservation
+from grl.envs.openenv.serve import GRLObservation
 
 
 class GRLMove(Action):

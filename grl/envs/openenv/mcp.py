@@ -2,7 +2,7 @@
 
 OpenEnv's current envs act through tools: `step(ListToolsAction())` lists them and `step(CallToolAction(
 tool_name, arguments))` runs one, over the same WebSocket session as reset (OpenEnv's `MCPToolClient`, whose
-payloads are sent here). For the `openenv` env (grl/envs/openenv_env.py, `interface: mcp`, or `auto` when
+payloads are sent here). For the `openenv` env (grl/envs/openenv/env.py, `interface: mcp`, or `auto` when
 the env's action schema is OpenEnv's `CallToolAction`):
 - the tools offered to the model are the env's own, listed once per session and written into the first
   prompt as the Hermes/Qwen chat templates write them (`<tools>` with each tool's JSON schema);
