@@ -168,7 +168,8 @@ def test_the_schema_is_the_floor_and_its_literal_choices_match_the_registries():
     assert out.stdout.strip() == "[]"
     assert run.VALIDATION_CONTROLS == tuple(grl.agents.controls.VALIDATION_CONTROLS)
     assert tasks.TOOL_NAMES == tuple(grl.tools.tool_names())
-    assert workers.KL_ESTIMATORS == grl.algo.kl.KL_ESTIMATORS and workers.AGG_MODES == grl.algo.losses.AGG_MODES
+    # Defined once, in the schema, which grl.algo reads: the same objects, not equal copies.
+    assert workers.KL_ESTIMATORS is grl.algo.kl.KL_ESTIMATORS and workers.AGG_MODES is grl.algo.losses.AGG_MODES
 
 
 def test_an_unregistered_advantage_estimator_is_one_line_before_anything_runs():

@@ -12,8 +12,7 @@ import torch
 
 from grl.algo.losses import agg_loss
 from grl.algo.masked import masked_mean
-
-KL_ESTIMATORS = ("kl", "abs", "mse", "low_var_kl")
+from grl.schema.workers import KL_ESTIMATORS  # the kl_loss_type and kl_penalty keys' choices
 
 
 def kl_estimate(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, kind: str) -> torch.Tensor:

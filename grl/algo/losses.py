@@ -8,8 +8,7 @@ removed with `torch.where` before any arithmetic so neither the loss nor its gra
 import torch
 
 from grl.algo.masked import masked_mean
-
-AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")  # what agg_loss computes
+from grl.schema.workers import AGG_MODES  # what agg_loss computes: the loss_agg_mode keys' choices
 
 
 def _clean(x: torch.Tensor, gen: torch.Tensor) -> torch.Tensor:
@@ -37,6 +36,8 @@ def agg_loss(
     An episode is a row, or a `segment_ids` span of a packed row, so both layouts give one loss.
     Episodes without masked tokens are left out of the seq-mean modes; an empty mask gives 0.
     """
+    if mode not in AGG_MODES:  # a caller past the config's check would otherwise get seq-mean-token-mean
+        raise ValueError(f"unknown loss_agg_mode {mode!r}; choose one of: {', '.join(AGG_MODES)}")
     gen = loss_mask > 0
     if mode == "token-mean":
         return masked_mean(loss_mat, loss_mask)

@@ -10,11 +10,11 @@ from omegaconf import II
 from grl.schema.keys import key, section
 
 DTYPES = ("auto", "float32", "bfloat16", "float16", "fp32", "bf16", "fp16")
-# The schema is the package's floor: it imports nothing of GRL's, so the names other layers define are
-# written here as literals, and tests/test_schema.py holds each against its registry. Names users register
-# (engines, advantage estimators) are checked by grl.config against the live registries instead.
-AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")  # grl.algo.losses.AGG_MODES
-KL_ESTIMATORS = ("kl", "abs", "mse", "low_var_kl")  # grl.algo.kl.KL_ESTIMATORS
+# The schema is the package's floor: it imports nothing of GRL's, so the fixed names of grl.algo live here
+# and grl.algo imports them (agg_loss's modes, the KL estimators). Names users register (engines, advantage
+# estimators) are checked by grl.config against the live registries instead.
+AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
+KL_ESTIMATORS = ("kl", "abs", "mse", "low_var_kl")
 
 
 @dataclass

@@ -157,18 +157,24 @@ def test_entropy_and_log_probs_from_logits():
 # ---- KL ---------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "kind, formula",
-    [
-        ("kl", lambda d: d),
-        ("k1", lambda d: d),
-        ("abs", abs),
-        ("mse", lambda d: 0.5 * d * d),
-        ("k2", lambda d: 0.5 * d * d),
-        ("low_var_kl", lambda d: math.exp(-d) + d - 1),
-        ("k3", lambda d: math.exp(-d) + d - 1),
-    ],
-)
+KL_FORMULAS = [
+    ("kl", lambda d: d),
+    ("k1", lambda d: d),
+    ("abs", abs),
+    ("mse", lambda d: 0.5 * d * d),
+    ("k2", lambda d: 0.5 * d * d),
+    ("low_var_kl", lambda d: math.exp(-d) + d - 1),
+    ("k3", lambda d: math.exp(-d) + d - 1),
+]
+
+
+def test_every_kl_estimator_a_config_may_name_has_its_formula_here():
+    from grl.schema.workers import KL_ESTIMATORS
+
+    assert set(KL_ESTIMATORS) <= {kind for kind, _ in KL_FORMULAS}
+
+
+@pytest.mark.parametrize("kind, formula", KL_FORMULAS)
 def test_kl_estimators_match_formulas(kind, formula):
     logp, ref = t([-0.3, -2.0, -1.0, -0.01]), t([-1.3, -0.5, -1.0, -4.0])
     out = kl_estimate(logp, ref, kind)

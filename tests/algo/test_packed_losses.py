@@ -79,3 +79,8 @@ def test_micro_batches_count_episodes():
     }
     assert [len(p["segment_ids"]) for p in split_rows(shared, 3)] == [1, 1]  # 3 | 2: a shared prompt is no episode
     assert [len(p["segment_ids"]) for p in split_rows(shared, 5)] == [2]
+
+
+def test_an_unknown_aggregation_mode_is_refused_not_read_as_another():
+    with pytest.raises(ValueError, match="unknown loss_agg_mode 'seq-sum'; choose one of: token-mean"):
+        agg_loss(torch.ones(1, 3), torch.ones(1, 3), "seq-sum")
