@@ -18,6 +18,7 @@ import functools
 import importlib.util
 import json
 import logging
+import os
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -37,6 +38,11 @@ QUERY = (
 class CudaDevice:
     name: str
     total_memory: int  # bytes
+
+
+def ray_address(configured: str | None, environ=None) -> str | None:
+    """The Ray cluster a run joins: `trainer.ray_address`, else $RAY_ADDRESS; None: a runtime of its own."""
+    return configured or (os.environ if environ is None else environ).get("RAY_ADDRESS") or None
 
 
 @functools.lru_cache(maxsize=1)

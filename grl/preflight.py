@@ -29,6 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 from grl.algo.estimators import ESTIMATORS
 from grl.config import NO_EFFECT, ConfigError, run_sections, task_instance
 from grl.errors import first_line
+from grl.machine import ray_address
 from grl.run_plan import RunPlan
 
 
@@ -137,7 +138,7 @@ def check_ray_address(cfg: DictConfig, environ, timeout: float = 5.0) -> None:
     import socket
 
     key = "trainer.ray_address" if cfg.trainer.ray_address else "RAY_ADDRESS"
-    address = cfg.trainer.ray_address or environ.get("RAY_ADDRESS")
+    address = ray_address(cfg.trainer.ray_address, environ)
     if not address or address in ("auto", "local"):
         return
     host, _, port = address.removeprefix("ray://").rpartition(":")
@@ -264,7 +265,7 @@ def check_vllm(cfg: DictConfig, environ, run: RunPlan) -> None:
     """A vllm run on this machine needs a vLLM release GRL supports (grl/engines/vllm_version.py)."""
     from grl.engines.vllm_version import installed_vllm, vllm_version_problem
 
-    if run.engine == "vllm" and not (cfg.trainer.ray_address or environ.get("RAY_ADDRESS")):
+    if run.engine == "vllm" and not ray_address(cfg.trainer.ray_address, environ):
         if problem := vllm_version_problem(installed_vllm()):
             raise PreflightError(problem)
 
@@ -273,7 +274,7 @@ def check_toolchain(cfg: DictConfig, environ, run: RunPlan) -> None:
     """A CUDA run on a machine with Triton (vLLM 0.32 runs its V2 model runner wherever Triton imports,
     vllm/config/vllm.py use_v2_model_runner) needs what Triton compiles with (`toolchain_problem`);
     without it the engine dies minutes into its start. A named Ray cluster runs the ranks elsewhere."""
-    if cfg.trainer.ray_address or environ.get("RAY_ADDRESS") or run.device != "cuda":
+    if ray_address(cfg.trainer.ray_address, environ) or run.device != "cuda":
         return
     if not any(importlib.util.find_spec(package) for package in ("triton", "vllm")):
         return

@@ -89,12 +89,11 @@ def check_device(cfg, overrides: list[str], gpus: int) -> None:
     """A GPU run where there is no GPU stops here, pointing at the CPU preset: `trainer.device: cuda` (set,
     or by a GPU preset) where this machine (or the Ray cluster the run joins) has none, and bare
     `grl-train`, whose default config is sized for a GPU, where `auto` found none (it would take days)."""
-    import os
-
+    from grl.machine import ray_address
     from grl.preflight import PreflightError
 
     given = {name.lstrip("+~"): value for name, _, value in (o.partition("=") for o in overrides)}
-    remote = cfg.trainer.ray_address or os.environ.get("RAY_ADDRESS")
+    remote = ray_address(cfg.trainer.ray_address)
     if gpus or cfg.trainer.device == "cpu":
         return
     if cfg.trainer.device == "cuda":
@@ -119,12 +118,12 @@ def resolve_run_plan(cfg, overrides: list[str] = ()):
     where there is no GPU stops first (`check_device`), before the engine probe (a child that imports vLLM)."""
     import os
 
-    from grl.machine import machine_facts
+    from grl.machine import machine_facts, ray_address
     from grl.preflight import check_ray_address
     from grl.run_plan import RunPlan
 
     trainer, engine = cfg.trainer, cfg.actor_rollout_ref.rollout
-    address = trainer.ray_address or os.environ.get("RAY_ADDRESS")
+    address = ray_address(trainer.ray_address)
     cluster = None
     if address and address != "local" and trainer.device != "cpu":
         from grl.workers.runtime import cluster_gpus

@@ -81,3 +81,11 @@ def test_every_reader_takes_the_one_answer(facts, device, engine, tmp_path, monk
 
     # The banner.
     assert f"device       {device} x 2 rank(s), engine {engine}," in start_report(sections, run, run.device)
+
+
+def test_the_cluster_a_run_joins_is_the_key_then_the_environment_then_none():
+    from grl.machine import ray_address
+
+    assert ray_address("10.0.0.2:6379", {"RAY_ADDRESS": "10.0.0.1:6379"}) == "10.0.0.2:6379"
+    assert ray_address(None, {"RAY_ADDRESS": "10.0.0.1:6379"}) == "10.0.0.1:6379"
+    assert ray_address(None, {"RAY_ADDRESS": ""}) is None and ray_address("", {}) is None

@@ -9,6 +9,8 @@ import signal
 import threading
 from pathlib import Path
 
+from grl.machine import ray_address
+
 log = logging.getLogger("grl.workers")
 
 PRODUCT_ENV = {"TOKENIZERS_PARALLELISM": "false"}
@@ -40,7 +42,7 @@ def init_ray(address: str | None = None, **ray_kwargs) -> None:
 
     if ray.is_initialized():
         return
-    address = address or os.environ.get("RAY_ADDRESS")
+    address = ray_address(address)
     on_sigterm = signal.getsignal(signal.SIGTERM)
     if address:
         ray.init(address=address, **ray_kwargs)  # the user's cluster, with its own authentication
