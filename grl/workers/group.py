@@ -228,9 +228,7 @@ class ActorRolloutRefGroup(_WorkerGroup):
         )
         try:
             self.engine: Engine = (
-                SeparateEngine(section, plan, self.device, weight_sync_timeout)
-                if self.separate
-                else EngineProxy(self, self.engine_ranks)
+                SeparateEngine(section, plan, weight_sync_timeout) if self.separate else EngineProxy(self, self.engine_ranks)
             )
         except BaseException:
             self.shutdown()

