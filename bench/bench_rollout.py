@@ -22,23 +22,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-class TimedEngine:
-    """Forwards to an engine and adds up the seconds spent in `generate`."""
-
-    def __init__(self, inner):
-        self.inner = inner
-        self.seconds = 0.0
-        self.calls = 0
-
-    def generate(self, prompt_token_ids, sampling):
-        start = time.perf_counter()
-        try:
-            return self.inner.generate(prompt_token_ids, sampling)
-        finally:
-            self.seconds += time.perf_counter() - start
-            self.calls += 1
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny", help="tiny, embedded, a folder or a hub id")
@@ -64,20 +47,19 @@ def main() -> None:
     block["agent_config"]["max_turns"] = args.max_turns
     task = TaskSpec("simpleSokobanAgent", task_from_block("simpleSokobanAgent", block), args.groups, args.group_size)
     engine = HFEngine(args.model, dtype="float32", device="cpu")
-    timed = TimedEngine(engine)
     rollout = MultiTurnRollout(
-        timed, engine.tokenizer, max_prompt_length=2048, max_response_length=args.max_response_length, env_workers=4
+        engine, engine.tokenizer, max_prompt_length=2048, max_response_length=args.max_response_length, env_workers=4
     )
     sampling = SamplingParams(temperature=1.0, seed=0)
     engine.generate([[1, 2, 3]], SamplingParams(max_new_tokens=2, seed=0))  # warm-up
 
-    rollout_s = engine_s = plain_s = math.inf
+    rollout_s = plain_s = math.inf
     for _ in range(args.repeats):  # same seeds each time, so the same episodes
-        timed.seconds = 0.0
         start = time.perf_counter()
         result = rollout.run([task], base_seed=0, sampling=sampling)
         if time.perf_counter() - start < rollout_s:
-            rollout_s, engine_s = time.perf_counter() - start, timed.seconds
+            rollout_s, parts = time.perf_counter() - start, result.times  # the rollout's own split (grl/rollout/clock.py)
+    engine_s, env_s = parts["gen_engine"], parts["gen_env"]
     tokens = sum(len(t.response_ids) for e in result.episodes for t in e.turns)
     turns = sum(len(e.turns) for e in result.episodes)
 
@@ -91,17 +73,15 @@ def main() -> None:
     plain_tokens = sum(len(o.token_ids) for o in outputs)
 
     agents = args.groups * args.group_size
-    print(
-        f"model {args.model}, {agents} agents, {turns} turns, {timed.calls // args.repeats} engine calls per "
-        f"rollout, torch threads {args.threads}, best of {args.repeats}"
-    )
+    print(f"model {args.model}, {agents} agents, {turns} turns, torch threads {args.threads}, best of {args.repeats}")
     print(
         f"rollout:      {rollout_s:8.2f} s for {tokens} sampled tokens ({tokens / rollout_s:8.1f} tok/s); "
-        f"engine {engine_s:.2f} s, rest {rollout_s - engine_s:.2f} s"
+        f"engine {engine_s:.2f} s, env {env_s:.2f} s, rest {rollout_s - engine_s - env_s:.2f} s"
     )
     print(f"plain batch:  {plain_s:8.2f} s for {plain_tokens} tokens ({plain_tokens / plain_s:8.1f} tok/s)")
     print(f"ratio rollout / plain batch (per token): {(rollout_s / tokens) / (plain_s / plain_tokens):.2f}x")
-    print(f"rollout overhead outside the engine: {100 * (rollout_s - engine_s) / rollout_s:.1f}% of its time")
+    rest = rollout_s - engine_s - env_s
+    print(f"rollout overhead outside the engine and the envs: {100 * rest / rollout_s:.1f}% of its time")
 
 
 if __name__ == "__main__":
