@@ -29,7 +29,15 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-PHASES = ("gen", "wait_prev_gen", "rollout_wait_weights", "old_log_prob", "update_actor", "sync_weights", "step")
+PHASES = (
+    "gen",
+    "wait_prev_gen",
+    "rollout_wait_weights",
+    "old_log_prob",
+    "update_actor",
+    "sync_weights",
+    "step",
+)
 
 
 def run_arm(name: str, overrides: list[str], folder: Path) -> dict:
@@ -93,14 +101,19 @@ def main() -> None:
             "A synchronous": run_arm("sync", common, Path(tmp)),
             f"B max_staleness={args.staleness}": run_arm("ahead", common + ahead, Path(tmp)),
         }
-    print(f"preset=cpu, {args.steps} steps, seed {args.seed}, validation off, old log-probs: {args.old_log_probs}")
+    print(
+        f"preset=cpu, {args.steps} steps, seed {args.seed}, validation off, old log-probs: "
+        f"{args.old_log_probs}"
+    )
     print(f"{'arm':24} {'step times (s)':40} " + " ".join(f"{p:>12}" for p in PHASES))
     for name, arm in arms.items():
         print(
-            f"{name:24} {' '.join(f'{s:.0f}' for s in arm['steps']):40} " + " ".join(f"{arm['phases'][p]:12.1f}" for p in PHASES)
+            f"{name:24} {' '.join(f'{s:.0f}' for s in arm['steps']):40} "
+            + " ".join(f"{arm['phases'][p]:12.1f}" for p in PHASES)
         )
     rates = {
-        name: (3600 * len(arm["steps"]) / sum(arm["steps"]), 3600 * len(arm["steps"]) / arm["wall"]) for name, arm in arms.items()
+        name: (3600 * len(arm["steps"]) / sum(arm["steps"]), 3600 * len(arm["steps"]) / arm["wall"])
+        for name, arm in arms.items()
     }
     for name, (by_steps, by_wall) in rates.items():
         print(

@@ -37,9 +37,15 @@ def sokoban_setup(description: str, dtype: str, describe_positions: bool = False
     from grl.rollout import TaskSpec
 
     torch.set_num_threads(args.threads)
-    block = OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / "agents.yaml"), resolve=True)["simpleSokobanAgent"]
+    block = OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / "agents.yaml"), resolve=True)[
+        "simpleSokobanAgent"
+    ]
     block["agent_config"].update(
-        action_decoding="constrained", enable_think=False, max_tokens=16, max_turns=args.max_turns, max_actions_per_turn=1
+        action_decoding="constrained",
+        enable_think=False,
+        max_tokens=16,
+        max_turns=args.max_turns,
+        max_actions_per_turn=1,
     )
     if describe_positions:
         block["env_config"] = {**block.get("env_config", {}), "describe_positions": True}
@@ -74,7 +80,8 @@ def main() -> None:
     print(f"reuse the previous turn's KV cache:  {reuse_s:7.1f} s")
     print(
         f"speed-up: {base_s / reuse_s:.2f}x; same episodes: {same}/{len(base.episodes)}; greedy success "
-        f"{base.metrics['simpleSokobanAgent/success']:.3f} vs {reused.metrics['simpleSokobanAgent/success']:.3f}"
+        f"{base.metrics['simpleSokobanAgent/success']:.3f} vs "
+        f"{reused.metrics['simpleSokobanAgent/success']:.3f}"
     )
 
 

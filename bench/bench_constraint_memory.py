@@ -53,7 +53,9 @@ def main() -> None:
     tokenizer = load_tokenizer("tiny")
     chat = ChatTokens(tokenizer, {})
     frames = call_frames("hermes", ["weather", "search"])
-    grammar = compile_call_grammar(chat.encode, chat.end_ids(), frames, JsonVocabulary(token_texts(tokenizer)), args.reply)
+    grammar = compile_call_grammar(
+        chat.encode, chat.end_ids(), frames, JsonVocabulary(token_texts(tokenizer)), args.reply
+    )
     rng = random.Random(0)
     replies = [walk(grammar, len(tokenizer), rng) for _ in range(args.rows * args.turns)]
     largest = max(max(r) for r in replies)
@@ -65,7 +67,10 @@ def main() -> None:
     print(f"tiny tokenizer ({len(tokenizer)} ids), hermes tool call, replies of <= {args.reply} tokens")
     print(f"{args.rows} rows x {args.width} tokens, {args.turns} replies each: {tokens} reply tokens")
     print(f"largest set {largest} ids, mean {listed / tokens:.1f} ids per reply token")
-    print(f"padded [rows, T, K] int64: {padded / 2**20:,.1f} MiB; compact (CSR, int32): {compact / 2**20:,.2f} MiB")
+    print(
+        f"padded [rows, T, K] int64: {padded / 2**20:,.1f} MiB; compact (CSR, int32): {compact / 2**20:,.2f} "
+        "MiB"
+    )
     print(f"ratio {padded / compact:,.0f}x")
 
 

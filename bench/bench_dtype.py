@@ -34,7 +34,9 @@ def main() -> None:
 
     import torch
 
-    from grl.models import cpu_compute, load_causal_lm, resolve_model_path
+    from grl.compute import cpu_compute
+
+    from grl.models import load_causal_lm, resolve_model_path
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -81,11 +81,15 @@ def best_time(fn, repeat, device):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--tokens", type=int, default=2048)
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--device", default="cpu", help="cpu or cuda (the Python-loop baseline always runs on CPU)")
+    parser.add_argument(
+        "--device", default="cpu", help="cpu or cuda (the Python-loop baseline always runs on CPU)"
+    )
     args = parser.parse_args()
     device = torch.device(args.device)
     rewards, values, mask, turn_ids = multi_turn_batch(args.batch, args.tokens)

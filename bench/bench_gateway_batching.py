@@ -1,10 +1,12 @@
-"""Continuous batching of the gateway's calls against the fixed 10 ms waves it had before (grl/gateway/batching.py).
+"""Continuous batching of the gateway's calls against the fixed 10 ms waves it had before
+(grl/gateway/batching.py).
 
     .venv/bin/python bench/bench_gateway_batching.py [--programs 1 8 32] [--turns 2] [--kinds 2] [--repeats 3]
 
 N programs in flight, each in a worker process of a `ProgramPool` with a real `openai` client, play a chat of
 `--turns` calls against the tiny model through the gateway's HTTP server, while this thread serves the engine
-as the trainer's rollout does. `--kinds` sets how many reply limits (`max_tokens`) the programs ask for, spread
+as the trainer's rollout does. `--kinds` sets how many reply limits (`max_tokens`) the programs ask for,
+spread
 over them: calls of different limits cannot share an engine call (two tasks with their own `max_tokens`).
 Each call carries a seed, so both policies are asked the same work. Printed per N, medians of `--repeats`
 runs with the policies alternating: calls/s and completion tokens/s of each policy, its mean engine batch,
@@ -50,7 +52,10 @@ def chat(client, task):
     messages = [{"role": "user", "content": f"Count on from {task.seed}."}]
     for turn in range(task.config["turns"]):
         reply = client.chat.completions.create(
-            model=task.model, messages=messages, max_tokens=task.config["max_tokens"], seed=task.seed * 100 + turn
+            model=task.model,
+            messages=messages,
+            max_tokens=task.config["max_tokens"],
+            seed=task.seed * 100 + turn,
         )
         messages.append({"role": "assistant", "content": reply.choices[0].message.content or ""})
         messages.append({"role": "user", "content": "Go on."})
@@ -83,8 +88,11 @@ class OneGenerateACall:
             return self.engine.generate(prompts, sampling, constraints)
 
 
-def call_straight(shared, engine: CountingEngine, prompts: list[list[int]], turns: int) -> tuple[float, int, int, float]:
-    """(seconds, engine calls, tokens, seconds in the engine) of one thread per prompt calling `shared.generate`
+def call_straight(
+    shared, engine: CountingEngine, prompts: list[list[int]], turns: int
+) -> tuple[float, int, int, float]:
+    """(seconds, engine calls, tokens, seconds in the engine) of one thread per prompt calling
+    `shared.generate`
     `turns` times."""
 
     def caller(i: int) -> None:
@@ -109,13 +117,19 @@ def serve_bench(engine: CountingEngine, tokenizer, args) -> None:
         for name, (seconds, engine_calls, tokens, busy) in best.items():
             print(
                 f"grl serve, {callers:3d} callers, {name:>19}: {callers * args.turns / seconds:6.2f} calls/s "
-                f"{tokens / seconds:7.1f} tokens/s, {engine_calls} engine calls taking {busy:.2f} s of {seconds:.2f} s"
+                f"{tokens / seconds:7.1f} tokens/s, {engine_calls} engine calls taking {busy:.2f} s of "
+                f"{seconds:.2f} s"
             )
         before, after = best["one generate a call"], best["SerialEngine"]
-        print(f"grl serve, {callers:3d} callers, SerialEngine / one generate a call: {before[0] / after[0]:.2f}x calls/s")
+        print(
+            f"grl serve, {callers:3d} callers, SerialEngine / one generate a call: "
+            f"{before[0] / after[0]:.2f}x calls/s"
+        )
 
 
-def play(batching: BatchingEngine, pool: ProgramPool, url: str, programs: int, turns: int, kinds: int, tag: str) -> float:
+def play(
+    batching: BatchingEngine, pool: ProgramPool, url: str, programs: int, turns: int, kinds: int, tag: str
+) -> float:
     """Seconds `programs` chats take through `batching`; every program must return its reward."""
     start = time.perf_counter()
     for i in range(programs):
@@ -133,14 +147,18 @@ def play(batching: BatchingEngine, pool: ProgramPool, url: str, programs: int, t
     seconds = time.perf_counter() - start
     bad = [outcome for _, outcome in results if not outcome.ok or outcome.value != (1.0, {})]
     if len(results) != programs or bad:
-        sys.exit(f"bench_gateway_batching: {len(results)} of {programs} programs came back; first bad: {bad[:1]}")
+        sys.exit(
+            f"bench_gateway_batching: {len(results)} of {programs} programs came back; first bad: {bad[:1]}"
+        )
     return seconds
 
 
 def gateway_bench(engine: CountingEngine, tokenizer, args) -> None:
     policies = {"waves": BatchingEngine(engine, gather_s=WAVE_S), "continuous": BatchingEngine(engine)}
     servers = {
-        name: LocalServer(build_app(Gateway(batching, tokenizer, "tiny", max_tokens=MAX_TOKENS, context=2048)))
+        name: LocalServer(
+            build_app(Gateway(batching, tokenizer, "tiny", max_tokens=MAX_TOKENS, context=2048))
+        )
         for name, batching in policies.items()
     }
     pool = ProgramPool(max(args.programs), 600.0)
@@ -148,7 +166,9 @@ def gateway_bench(engine: CountingEngine, tokenizer, args) -> None:
         for name, batching in policies.items():  # starts the workers, warms the engine and both servers
             play(batching, pool, servers[name].url, max(args.programs), 1, 1, f"warm-up-{name}")
         for programs in args.programs:
-            runs = {name: [] for name in policies}  # per repeat: (calls/s, tokens/s, mean batch, idle ms per engine call)
+            runs = {
+                name: [] for name in policies
+            }  # per repeat: (calls/s, tokens/s, mean batch, idle ms per engine call)
             for repeat in range(args.repeats):
                 for name, batching in policies.items():
                     before = (engine.calls, engine.tokens, engine.busy)
@@ -159,13 +179,20 @@ def gateway_bench(engine: CountingEngine, tokenizer, args) -> None:
                     )
                     calls = programs * args.turns
                     runs[name].append(
-                        (calls / seconds, tokens / seconds, calls / engine_calls, (seconds - busy) / engine_calls * 1e3)
+                        (
+                            calls / seconds,
+                            tokens / seconds,
+                            calls / engine_calls,
+                            (seconds - busy) / engine_calls * 1e3,
+                        )
                     )
             for name, measured in runs.items():
                 rate, token_rate, batch, idle = (statistics.median(column) for column in zip(*measured))
                 print(
-                    f"{programs:3d} programs, {name:>10}: {rate:6.2f} calls/s {token_rate:7.1f} tokens/s, mean engine batch "
-                    f"{batch:5.2f} calls, engine idle {idle:5.1f} ms per engine call (medians of {args.repeats})"
+                    f"{programs:3d} programs, {name:>10}: {rate:6.2f} calls/s {token_rate:7.1f} tokens/s, "
+                    "mean engine batch "
+                    f"{batch:5.2f} calls, engine idle {idle:5.1f} ms per engine call (medians of "
+                    f"{args.repeats})"
                 )
             ratios = [(c[0] / w[0], c[1] / w[1]) for c, w in zip(runs["continuous"], runs["waves"])]
             calls_ratio, tokens_ratio = (statistics.median(column) for column in zip(*ratios))

@@ -75,7 +75,8 @@ def measure_generate(model_path: str, batch_sizes, prompts, new_tokens: int, dev
                 pad_token_id=pad,
             )
         if device == "cuda":
-            torch.cuda.synchronize()  # the clock stops when the GPU is done, not when the last kernel is queued
+            # the clock stops when the GPU is done, not when the last kernel is queued
+            torch.cuda.synchronize()
         return out.shape[1] - width
 
     generate(prompts[:2], 4)  # warm-up, as the engines get (CUDA context, kernels)
@@ -88,7 +89,9 @@ def measure_generate(model_path: str, batch_sizes, prompts, new_tokens: int, dev
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--model", default="embedded", help="model folder, hub id, embedded or tiny")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--new-tokens", type=int, default=64)
@@ -106,7 +109,8 @@ def main() -> None:
 
     from grl.engines import SamplingParams
     from grl.engines.vllm_engine import engine_omp_threads
-    from grl.models import dtype_name, load_tokenizer, resolve_model_path
+    from grl.compute import dtype_name
+    from grl.models import load_tokenizer, resolve_model_path
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if args.hf_threads or device == "cpu":
@@ -115,7 +119,8 @@ def main() -> None:
     prompts = chat_prompts(load_tokenizer(model_path), max(args.batch_sizes))
     sampling = SamplingParams(greedy=True, max_new_tokens=args.new_tokens, ignore_eos=True, logprobs=True)
     print(
-        f"model {args.model}, {dtype_name('auto', device)}, {device}, {args.new_tokens} new tokens per prompt, "
+        f"model {args.model}, {dtype_name('auto', device)}, {device}, {args.new_tokens} new tokens per "
+        "prompt, "
         f"{os.cpu_count()} cores, "
         f"threads: hf {torch.get_num_threads()}, vllm {engine_omp_threads() if device == 'cpu' else '-'}",
         flush=True,
@@ -125,10 +130,16 @@ def main() -> None:
     generate = measure_generate(model_path, args.batch_sizes, prompts, args.new_tokens, device)
     vllm = measure("vllm", model_path, args.batch_sizes, prompts, sampling) if not args.skip_vllm else {}
 
-    print(f"\n{'batch':>5} {'hf tok/s':>10} {'generate':>10} {'generate/hf':>12} {'vllm tok/s':>11} {'vllm/hf':>8}")
+    print(
+        f"\n{'batch':>5} {'hf tok/s':>10} {'generate':>10} {'generate/hf':>12} {'vllm tok/s':>11} "
+        f"{'vllm/hf':>8}"
+    )
     for batch in args.batch_sizes:
         v = f"{vllm[batch]:>11.1f} {vllm[batch] / hf[batch]:>7.2f}x" if vllm else f"{'-':>11} {'-':>8}"
-        print(f"{batch:>5} {hf[batch]:>10.1f} {generate[batch]:>10.1f} {generate[batch] / hf[batch]:>11.2f}x {v}")
+        print(
+            f"{batch:>5} {hf[batch]:>10.1f} {generate[batch]:>10.1f} {generate[batch] / hf[batch]:>11.2f}x "
+            f"{v}"
+        )
 
 
 if __name__ == "__main__":

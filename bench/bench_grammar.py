@@ -40,7 +40,8 @@ VOCAB = 151936  # Qwen2.5-0.5B's logits width
 PROMPT = 256
 
 
-# ---------------------------------------------------------------------------- baseline: the code before issue 41
+# ---------------------------------------------------------------------------- baseline: the code before issue
+# 41
 
 
 def baseline_allowed_sets_tensors(sets):
@@ -106,8 +107,12 @@ class BaselineGrammarLogitsProcessorV2(LogitsProcessor):
         spans = [(slot, start, end) for slot, start, end in zip(slots, starts, ends) if end > start]
         if not spans:
             return [[] for _ in slots]
-        row_index = torch.tensor([slot for slot, start, end in spans for _ in range(start, end)], device=state.device)
-        col_index = torch.tensor([col for _, start, end in spans for col in range(start, end)], device=state.device)
+        row_index = torch.tensor(
+            [slot for slot, start, end in spans for _ in range(start, end)], device=state.device
+        )
+        col_index = torch.tensor(
+            [col for _, start, end in spans for col in range(start, end)], device=state.device
+        )
         flat = state.all_token_ids.gpu[row_index, col_index].tolist()
         found, at = {}, 0
         for slot, start, end in spans:
@@ -235,8 +240,12 @@ def main() -> None:
         ).create_engine_config()
     # CPU has no pinned memory for UVA: vLLM's own fallback (device copies) holds the buffers.
     with mock.patch.object(buffer_utils, "is_uva_available", lambda: False):
-        state = RequestState(args.batch, 1024, 1024, 0, VOCAB, torch.device("cpu"), use_dense_all_token_ids=True)
-    new, old = build_custom_logits_processors(config, state, False, [V2_PROCESSOR, BaselineGrammarLogitsProcessorV2])
+        state = RequestState(
+            args.batch, 1024, 1024, 0, VOCAB, torch.device("cpu"), use_dense_all_token_ids=True
+        )
+    new, old = build_custom_logits_processors(
+        config, state, False, [V2_PROCESSOR, BaselineGrammarLogitsProcessorV2]
+    )
     grammars = env_grammars(tokenizer)
     if args.answers_only:
         grammars = [g for g in grammars if not any(isinstance(node, _Free) for node in g.nodes)]
@@ -259,15 +268,22 @@ def main() -> None:
 
     rows = sum(v for k, v in batch.kinds.items() if k != "requests")
     print(
-        f"torch {torch.__version__}, CPU {torch.backends.cpu.get_cpu_capability()}, {args.threads} thread(s); "
+        f"torch {torch.__version__}, CPU {torch.backends.cpu.get_cpu_capability()}, {args.threads} "
+        "thread(s); "
         f"batch {args.batch}, vocab {VOCAB}, {args.steps} steps, {batch.kinds['requests']} requests; rows: "
         + ", ".join(f"{k} {v / rows:.0%}" for k, v in batch.kinds.items() if k != "requests")
     )
     skip = min(3, args.steps // 4)  # first steps: allocator and caches warming
     medians = {name: statistics.median(t[skip:]) * 1e3 for name, t in times.items()}
     for name, median in medians.items():
-        print(f"{name:9s} apply(): median {median:7.2f} ms/step, mean {statistics.mean(times[name][skip:]) * 1e3:7.2f}")
-    print(f"ratio baseline/current: {medians['baseline'] / medians['current']:.1f}x (outputs equal at every step)")
+        print(
+            f"{name:9s} apply(): median {median:7.2f} ms/step, mean "
+            f"{statistics.mean(times[name][skip:]) * 1e3:7.2f}"
+        )
+    print(
+        f"ratio baseline/current: {medians['baseline'] / medians['current']:.1f}x (outputs equal at every "
+        "step)"
+    )
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""The HF engine's CPU attention and in-place KV cache against transformers' stock path, on the Sokoban preset's rollout.
+"""The HF engine's CPU attention and in-place KV cache against transformers' stock path, on the Sokoban
+preset's rollout.
 
 Plays the sokoban_cpu preset's task (6x6 Sokoban with the board in words, one valid move a turn, ten
 turns) greedily through MultiTurnRollout with the HF engine, twice in this process:
@@ -77,11 +78,13 @@ def main() -> None:
         engine.shutdown()
     (stock_s, stock), (grl_s, ours) = results["stock"], results["grl"]
     same = sum(
-        [t.response_ids for t in a.turns] == [t.response_ids for t in b.turns] for a, b in zip(stock.episodes, ours.episodes)
+        [t.response_ids for t in a.turns] == [t.response_ids for t in b.turns]
+        for a, b in zip(stock.episodes, ours.episodes)
     )
     tokens = sum(e.num_tokens for e in ours.episodes)
     print(
-        f"model {args.model} ({args.dtype}), cpu {torch.backends.cpu.get_cpu_capability()}, {args.agents} agents x up to "
+        f"model {args.model} ({args.dtype}), cpu {torch.backends.cpu.get_cpu_capability()}, {args.agents} "
+        "agents x up to "
         f"{args.max_turns} turns, {tokens} episode tokens, torch threads {args.threads}"
     )
     print(f"engine time, transformers' sdpa + DynamicCache (baseline): {stock_s:7.1f} s")

@@ -32,7 +32,11 @@ def main(argv: list[str]) -> None:
     common = [a for a in argv if not a.startswith("lora_rank=")]
     full, full_mem, full_start = one_step(common)
     lora, lora_mem, lora_start = one_step(
-        [*common, f"actor_rollout_ref.model.lora_rank={rank}", f"actor_rollout_ref.model.lora_alpha={2 * rank}"]
+        [
+            *common,
+            f"actor_rollout_ref.model.lora_rank={rank}",
+            f"actor_rollout_ref.model.lora_alpha={2 * rank}",
+        ]
     )
     print(f"cpu preset, one training step each; overrides: {' '.join(common) or '(none)'}")
     print(f"  {'phase':<14} {'full':>8} {'lora r' + str(rank):>9} {'ratio':>6}")

@@ -1,6 +1,8 @@
-"""Agent programs in worker processes (grl/gateway/program_pool.py) against programs on threads (before issue 54).
+"""Agent programs in worker processes (grl/gateway/program_pool.py) against programs on threads (before issue
+54).
 
-    .venv/bin/python bench/bench_program_pool.py [--episodes 64] [--workers 8] [--repeats 3] [--imports agents]
+    .venv/bin/python bench/bench_program_pool.py [--episodes 64] [--workers 8] [--repeats 3] [--imports
+    agents]
 
 The program is trivial (it builds its `openai` client and returns 1.0) so that what is timed is what
 running it costs: on threads, `CallPool` calling the worker's own code in the trainer's process, as the
@@ -9,7 +11,8 @@ Printed: the pool's start-up (a cold pool playing `--workers` episodes, i.e. sta
 against threads playing them), the wall time per episode of `--episodes` episodes through a warm pool and
 through threads (best of `--repeats`) and their ratio, and a worker's resident memory while idle.
 `--imports agents` makes the program's module import that module too (the OpenAI Agents SDK: a framework
-program's start-up). Both sides are polled the same way (every millisecond); the gateway's loop polls between engine calls.
+program's start-up). Both sides are polled the same way (every millisecond); the gateway's loop polls between
+engine calls.
 """
 
 from __future__ import annotations
@@ -29,7 +32,9 @@ from grl.gateway.program_worker import ProgramCall, _call, rss_bytes  # noqa: E4
 from grl.rollout.env_pool import CallPool  # noqa: E402
 
 PROGRAM = "bench_program_pool:trivial"  # this file, importable in a worker: its folder is on sys.path
-HEAVY_IMPORTS = "GRL_BENCH_PROGRAM_IMPORTS"  # what the program's module imports besides, told through the environment
+HEAVY_IMPORTS = (
+    "GRL_BENCH_PROGRAM_IMPORTS"  # what the program's module imports besides, told through the environment
+)
 
 for name in filter(None, os.environ.get(HEAVY_IMPORTS, "").split(",")):
     importlib.import_module(name)
@@ -55,7 +60,9 @@ def play(pool, calls: list[ProgramCall]) -> float:
     seconds = time.perf_counter() - start
     bad = [outcome for _, outcome in results if not outcome.ok or outcome.value != (1.0, {})]
     if len(results) != len(calls) or bad:
-        sys.exit(f"bench_program_pool: {len(results)} of {len(calls)} episodes came back; first bad: {bad[:1]}")
+        sys.exit(
+            f"bench_program_pool: {len(results)} of {len(calls)} episodes came back; first bad: {bad[:1]}"
+        )
     return seconds
 
 
@@ -67,7 +74,10 @@ def main() -> None:
     parser.add_argument("--imports", default="", help="modules the program's module imports, comma-separated")
     args = parser.parse_args()
     os.environ[HEAVY_IMPORTS] = args.imports
-    calls = [ProgramCall(PROGRAM, "http://127.0.0.1:9/v1", ProgramTask("bench", i, i, 0, {}), 30.0) for i in range(args.episodes)]
+    calls = [
+        ProgramCall(PROGRAM, "http://127.0.0.1:9/v1", ProgramTask("bench", i, i, 0, {}), 30.0)
+        for i in range(args.episodes)
+    ]
     load_program(PROGRAM)  # the thread side imports it and openai once, as the trainer did
     import openai  # noqa: F401
 
@@ -85,9 +95,13 @@ def main() -> None:
         threads.close()
         pool.close()
 
-    print(f"start-up, {args.workers} episodes on a cold pool: threads {cold_threads:.3f} s, processes {cold_pool:.3f} s")
     print(
-        f"per episode, {args.episodes} episodes on {args.workers} warm workers: threads {warm['threads'] * 1e3:.2f} ms, "
+        f"start-up, {args.workers} episodes on a cold pool: threads {cold_threads:.3f} s, processes "
+        f"{cold_pool:.3f} s"
+    )
+    print(
+        f"per episode, {args.episodes} episodes on {args.workers} warm workers: threads "
+        f"{warm['threads'] * 1e3:.2f} ms, "
         f"processes {warm['processes'] * 1e3:.2f} ms, ratio {warm['processes'] / warm['threads']:.2f}x "
         f"(+{(warm['processes'] - warm['threads']) * 1e3:.2f} ms an episode)"
     )

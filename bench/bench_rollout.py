@@ -43,12 +43,20 @@ def main() -> None:
     from grl.rollout import MultiTurnRollout, TaskSpec
 
     torch.set_num_threads(args.threads)
-    block = OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / "agents.yaml"), resolve=True)["simpleSokobanAgent"]
+    block = OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / "agents.yaml"), resolve=True)[
+        "simpleSokobanAgent"
+    ]
     block["agent_config"]["max_turns"] = args.max_turns
-    task = TaskSpec("simpleSokobanAgent", task_from_block("simpleSokobanAgent", block), args.groups, args.group_size)
+    task = TaskSpec(
+        "simpleSokobanAgent", task_from_block("simpleSokobanAgent", block), args.groups, args.group_size
+    )
     engine = HFEngine(args.model, dtype="float32", device="cpu")
     rollout = MultiTurnRollout(
-        engine, engine.tokenizer, max_prompt_length=2048, max_response_length=args.max_response_length, env_workers=4
+        engine,
+        engine.tokenizer,
+        max_prompt_length=2048,
+        max_response_length=args.max_response_length,
+        env_workers=4,
     )
     sampling = SamplingParams(temperature=1.0, seed=0)
     engine.generate([[1, 2, 3]], SamplingParams(max_new_tokens=2, seed=0))  # warm-up
@@ -58,7 +66,10 @@ def main() -> None:
         start = time.perf_counter()
         result = rollout.run([task], base_seed=0, sampling=sampling)
         if time.perf_counter() - start < rollout_s:
-            rollout_s, parts = time.perf_counter() - start, result.times  # the rollout's own split (grl/rollout/clock.py)
+            rollout_s, parts = (
+                time.perf_counter() - start,
+                result.times,
+            )  # the rollout's own split (grl/rollout/clock.py)
     engine_s, env_s = parts["gen_engine"], parts["gen_env"]
     tokens = sum(len(t.response_ids) for e in result.episodes for t in e.turns)
     turns = sum(len(e.turns) for e in result.episodes)
@@ -73,7 +84,10 @@ def main() -> None:
     plain_tokens = sum(len(o.token_ids) for o in outputs)
 
     agents = args.groups * args.group_size
-    print(f"model {args.model}, {agents} agents, {turns} turns, torch threads {args.threads}, best of {args.repeats}")
+    print(
+        f"model {args.model}, {agents} agents, {turns} turns, torch threads {args.threads}, best of "
+        f"{args.repeats}"
+    )
     print(
         f"rollout:      {rollout_s:8.2f} s for {tokens} sampled tokens ({tokens / rollout_s:8.1f} tok/s); "
         f"engine {engine_s:.2f} s, env {env_s:.2f} s, rest {rollout_s - engine_s - env_s:.2f} s"

@@ -66,7 +66,9 @@ def gym_level(room_utils, dim, num_boxes) -> Level:
 
     while True:
         try:
-            structure, state, _ = room_utils.generate_room(dim=dim, num_steps=int(1.7 * (dim[0] + dim[1])), num_boxes=num_boxes)
+            structure, state, _ = room_utils.generate_room(
+                dim=dim, num_steps=int(1.7 * (dim[0] + dim[1])), num_boxes=num_boxes
+            )
             break
         except (RuntimeError, RuntimeWarning):  # gym's "score == 0" / "not enough free spots"
             continue
@@ -96,12 +98,17 @@ def timed(make_level, seconds: float, max_levels: int):
 
 def by_moves_table(seconds: float, max_levels: int) -> None:
     """Levels per second by solution length, as a ratio to the default generator's."""
-    print(f"{'room':>7} {'boxes':>5} {'moves':>5} | {'lvl/s':>8} {'vs default':>10} | default's mean optimal moves")
+    print(
+        f"{'room':>7} {'boxes':>5} {'moves':>5} | {'lvl/s':>8} {'vs default':>10} | default's mean optimal "
+        "moves"
+    )
     for dim, boxes in CONFIGS:
         default = timed(lambda i: generate_level(i, dim, boxes, SEARCH_DEPTH), seconds, max_levels)
         # the solver is slow on large two-box rooms: their mean length is left out
         lengths = (
-            [len(solve_sokoban(render(generate_level(i, dim, boxes, SEARCH_DEPTH)))) for i in range(50)] if boxes == 1 else []
+            [len(solve_sokoban(render(generate_level(i, dim, boxes, SEARCH_DEPTH)))) for i in range(50)]
+            if boxes == 1
+            else []
         )
         mean = f"{sum(lengths) / len(lengths):.1f}" if lengths else "-"
         room = f"{dim[0]}x{dim[1]}"

@@ -57,7 +57,10 @@ def _full_state_sync(worker) -> None:
 def _model_bytes(worker) -> tuple[int, int]:
     """(full, this rank's shard) bytes of the weights."""
     params = list(worker.module.parameters())
-    return (sum(p.numel() * p.element_size() for p in params), sum(p.to_local().numel() * p.element_size() for p in params))
+    return (
+        sum(p.numel() * p.element_size() for p in params),
+        sum(p.to_local().numel() * p.element_size() for p in params),
+    )
 
 
 def main(argv: list[str]) -> None:
@@ -72,7 +75,13 @@ def main(argv: list[str]) -> None:
     init_ray(None, num_cpus=max(ranks, 2), include_dashboard=False)
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     cfg = compose(
-        [f"model_path={model}", f"n_gpus_per_node={ranks}", "nnodes=1", "trainer.device=cpu", "actor_rollout_ref.rollout.name=hf"]
+        [
+            f"model_path={model}",
+            f"n_gpus_per_node={ranks}",
+            "nnodes=1",
+            "trainer.device=cpu",
+            "actor_rollout_ref.rollout.name=hf",
+        ]
     )
     actor = ActorRolloutRefGroup.from_config(cfg, RunPlan.from_config(cfg))
     try:
@@ -92,7 +101,8 @@ def main(argv: list[str]) -> None:
     for rank, (old, new) in enumerate(zip(full, streamed)):
         print(f"  {rank:<5} {old / mib:15.0f} {new / mib:13.0f} {new / max(old, 1):6.2f}")
     print(
-        f"peak above start, worst rank: full-state {max(full) / mib:.0f} MiB, streamed {max(streamed) / mib:.0f} "
+        f"peak above start, worst rank: full-state {max(full) / mib:.0f} MiB, streamed "
+        f"{max(streamed) / mib:.0f} "
         f"MiB, ratio {max(streamed) / max(max(full), 1):.2f}"
     )
 

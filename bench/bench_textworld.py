@@ -47,7 +47,10 @@ def main() -> None:
                 steps += [timed(lambda c=c: env.step(c)) for c in env.walkthrough()]
             env.close()
             new_s, cached_s = statistics.mean(new), statistics.mean(cached)
-            print(f"{level:<8} {new_s:>11.2f} {cached_s:>10.3f} {new_s / cached_s:>12.0f}x {1000 * statistics.mean(steps):>8.1f}")
+            print(
+                f"{level:<8} {new_s:>11.2f} {cached_s:>10.3f} {new_s / cached_s:>12.0f}x "
+                f"{1000 * statistics.mean(steps):>8.1f}"
+            )
 
 
 if __name__ == "__main__":

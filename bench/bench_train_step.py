@@ -22,7 +22,17 @@ import tempfile
 import threading
 import time
 
-PHASES = ("gen", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor", "sync_weights", "step")
+PHASES = (
+    "gen",
+    "old_log_prob",
+    "ref",
+    "values",
+    "adv",
+    "update_critic",
+    "update_actor",
+    "sync_weights",
+    "step",
+)
 
 
 class PeakRSS:
@@ -64,7 +74,9 @@ def bare_update(model_path: str, batch, cfg, threads: int) -> float:
     """Seconds a plain PyTorch loop takes for the actor update's work on `batch`."""
     import torch
 
-    from grl.models import load_causal_lm, torch_dtype
+    from grl.compute import torch_dtype
+
+    from grl.models import load_causal_lm
     from grl.workers.scoring import trim_width
 
     torch.set_num_threads(threads)
@@ -74,7 +86,10 @@ def bare_update(model_path: str, batch, cfg, threads: int) -> float:
     compute = torch_dtype(cfg.actor_rollout_ref.model.dtype, "cpu")
     actor = cfg.actor_rollout_ref.actor
     optim = torch.optim.AdamW(
-        model.parameters(), lr=actor.optim.lr, betas=tuple(actor.optim.betas), weight_decay=actor.optim.weight_decay
+        model.parameters(),
+        lr=actor.optim.lr,
+        betas=tuple(actor.optim.betas),
+        weight_decay=actor.optim.weight_decay,
     )
     keys = ("input_ids", "attention_mask", "position_ids", "loss_mask", "advantages")
     tensors = {k: batch[k] for k in keys}
@@ -84,7 +99,11 @@ def bare_update(model_path: str, batch, cfg, threads: int) -> float:
         part, _ = trim_width(part)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=compute == torch.bfloat16):
             logits = (
-                model(input_ids=part["input_ids"], attention_mask=part["attention_mask"], position_ids=part["position_ids"])
+                model(
+                    input_ids=part["input_ids"],
+                    attention_mask=part["attention_mask"],
+                    position_ids=part["position_ids"],
+                )
                 .logits[:, :-1]
                 .float()
             )

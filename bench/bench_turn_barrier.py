@@ -74,14 +74,17 @@ def main() -> None:
         for barrier in (True, False):
             timed.seconds, timed.calls = 0.0, 0
             start = time.perf_counter()
-            result = rollout.run(task_specs(run.rollout, run.tasks), base_seed=0, sampling=sampling, turn_barrier=barrier)
+            result = rollout.run(
+                task_specs(run.rollout, run.tasks), base_seed=0, sampling=sampling, turn_barrier=barrier
+            )
             wall = time.perf_counter() - start
             if wall < best[barrier][0]:
                 best[barrier] = (wall, timed.seconds, timed.calls, result)
     rollout.close()
 
     print(
-        f"model {args.model}, {args.groups * args.group_size} agents of {task}, up to {args.max_turns} turns, "
+        f"model {args.model}, {args.groups * args.group_size} agents of {task}, up to {args.max_turns} "
+        "turns, "
         f"torch threads {args.threads}, best of {args.repeats}"
     )
     for barrier, (wall, inside, calls, result) in best.items():

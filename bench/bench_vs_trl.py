@@ -48,7 +48,7 @@ Settings, GRL key <-> TRL GRPOConfig field (read from trl 1.16.0's grpo_config.p
   algorithm.adv_estimator grpo,           <-> scale_rewards "group" ((r - group mean) / group std)
     norm_adv_by_std_in_grpo true
   rollout.temperature 1.0, top_p 1, top_k -1 <-> temperature 1.0, top_p 1.0, top_k 0
-  model.dtype auto (grl.models.cpu_compute) <-> bf16 by the same rule, fp16=False (fp32 weights; bf16
+  model.dtype auto (grl.compute.cpu_compute) <-> bf16 by the same rule, fp16=False (fp32 weights; bf16
                                              compute where the CPU has it natively, else fp32)
   model.enable_gradient_checkpointing true <-> gradient_checkpointing True (both systems' default)
   rollout_filter_ratio 1.0 (keep all)     <-> (TRL keeps all)
@@ -98,7 +98,11 @@ class Job:
 JOBS = {
     "gsm8k": Job("gsm8kAgent_single_turn", max_completion=64, max_prompt=320, uses_data=True),
     "tetris": Job(
-        "tetrisAgent_gap_dim_4", max_completion=16, max_prompt=1024, agent_config={"action_decoding": "free"}, multi_turn=True
+        "tetrisAgent_gap_dim_4",
+        max_completion=16,
+        max_prompt=1024,
+        agent_config={"action_decoding": "free"},
+        multi_turn=True,
     ),
 }
 
@@ -158,9 +162,13 @@ def run_measured(cmd: list[str], env: dict, log: Path) -> tuple[int, float, floa
 
 
 def trl_python() -> Path | None:
-    """The TRL venv's python, building the venv on first use; None (after one line) when it cannot be built."""
+    """The TRL venv's python, building the venv on first use; None (after one line) when it cannot be
+    built."""
     python = VENV / "bin" / "python"
-    if python.exists() and subprocess.run([python, "-c", "import trl, omegaconf"], capture_output=True).returncode == 0:
+    if (
+        python.exists()
+        and subprocess.run([python, "-c", "import trl, omegaconf"], capture_output=True).returncode == 0
+    ):
         return python
     wheels = sorted(TORCH_WHEEL_DIR.glob("torch-2.13.0*cpu*.whl")) if TORCH_WHEEL_DIR.is_dir() else []
     steps = [
@@ -169,12 +177,17 @@ def trl_python() -> Path | None:
         # omegaconf: GRL's agent code, which prompts and scores for TRL too, reads its config schema
         [python, "-m", "pip", "install", "-q", "trl==1.16.*", "omegaconf==2.3.1"],
     ]
-    print(f"bench_vs_trl: building {VENV.relative_to(REPO)} (torch 2.13.0 CPU, then trl 1.16) ...", flush=True)
+    print(
+        f"bench_vs_trl: building {VENV.relative_to(REPO)} (torch 2.13.0 CPU, then trl 1.16) ...", flush=True
+    )
     for step in steps:
         result = subprocess.run(step, capture_output=True, text=True)
         if result.returncode != 0:
             why = (result.stderr.strip().splitlines() or ["no output"])[-1]
-            print(f"bench_vs_trl: skipped: cannot build the TRL environment ({' '.join(map(str, step[:4]))}): {why}")
+            print(
+                f"bench_vs_trl: skipped: cannot build the TRL environment ({' '.join(map(str, step[:4]))}): "
+                f"{why}"
+            )
             return None
     return python
 
@@ -353,7 +366,9 @@ def game_rollout(spec: dict, tokenizer):
                 ) as model,
                 torch.no_grad(),
             ):
-                output = model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=generation)
+                output = model.generate(
+                    input_ids=input_ids, attention_mask=attention_mask, generation_config=generation
+                )
             still = []
             for row, i in enumerate(playing):
                 reply = output[row, width:].tolist()
@@ -390,7 +405,7 @@ def trl_worker(spec_file: str) -> None:
     from trl import GRPOConfig, GRPOTrainer
 
     from grl.agents import make_agent
-    from grl.models import cpu_compute
+    from grl.compute import cpu_compute
 
     spec = json.loads(Path(spec_file).read_text())
     agent = make_agent(spec["task_name"], spec["task"])
@@ -502,7 +517,11 @@ def trl_worker(spec_file: str) -> None:
         json.dumps(
             {
                 "steps": steps,
-                "versions": {"trl": trl.__version__, "transformers": transformers.__version__, "torch": torch.__version__},
+                "versions": {
+                    "trl": trl.__version__,
+                    "transformers": transformers.__version__,
+                    "torch": torch.__version__,
+                },
             }
         )
     )
@@ -524,7 +543,8 @@ def summary(name: str, run: dict, episodes_per_step: int) -> dict:
         f"{name:>4}: steps {' '.join(format(s['step'], '.0f') for s in steps)}s; median after the first "
         f"{row['step']:.1f}s = gen+reward {row['gen']:6.1f}s, scoring {row['score']:6.1f}s, "
         f"update {row['update']:6.1f}s | {row['episodes_per_hour']:6.0f} episodes/h (steps), "
-        f"{row['wall_episodes_per_hour']:6.0f} episodes/h (wall {run['wall_s']:.0f}s, CPU {run['cpu_s']:.0f}s) "
+        f"{row['wall_episodes_per_hour']:6.0f} episodes/h (wall {run['wall_s']:.0f}s, CPU "
+        f"{run['cpu_s']:.0f}s) "
         f"| peak {run['peak_gib']:.2f} GiB"
         f" | reward {' '.join('-' if s['reward'] is None else format(s['reward'], '.2f') for s in steps)}"
     )
@@ -533,7 +553,9 @@ def summary(name: str, run: dict, episodes_per_step: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    default_data = "/work/shared/data/gsm8k" if Path("/work/shared/data/gsm8k").is_dir() else str(REPO / "data/gsm8k")
+    default_data = (
+        "/work/shared/data/gsm8k" if Path("/work/shared/data/gsm8k").is_dir() else str(REPO / "data/gsm8k")
+    )
     parser.add_argument(
         "--job",
         choices=sorted(JOBS),
@@ -552,7 +574,8 @@ def main() -> None:
         "--rounds",
         type=int,
         default=1,
-        help="run both sides this many times, alternating which goes first, and print each round's ratio and their median",
+        help="run both sides this many times, alternating which goes first, and print each round's ratio and "
+        "their median",
     )
     parser.add_argument("--trl-worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -562,7 +585,9 @@ def main() -> None:
     args.max_completion = args.max_completion or job.max_completion
     args.max_prompt = args.max_prompt or job.max_prompt
     if job.uses_data and not (Path(args.data) / "train.jsonl").is_file():
-        sys.exit(f"bench_vs_trl: --data {args.data}: no train.jsonl there (scripts/install_dataset.sh --gsm8k)")
+        sys.exit(
+            f"bench_vs_trl: --data {args.data}: no train.jsonl there (scripts/install_dataset.sh --gsm8k)"
+        )
     python = trl_python() if args.only != "grl" else None
     if python is None and args.only != "grl":
         return
@@ -570,8 +595,10 @@ def main() -> None:
     env = {**os.environ, "OMP_NUM_THREADS": str(cores), "TOKENIZERS_PARALLELISM": "false"}
     load = os.getloadavg()[0]
     print(
-        f"bench_vs_trl: {args.job} ({job.task}): {args.steps} steps x {args.prompts} prompts x {args.generations} episodes, "
-        f"<= {args.max_completion} tokens a reply, lr {args.lr}, fp32, {cores} cores, load average {load:.1f} at start"
+        f"bench_vs_trl: {args.job} ({job.task}): {args.steps} steps x {args.prompts} prompts x "
+        f"{args.generations} episodes, "
+        f"<= {args.max_completion} tokens a reply, lr {args.lr}, fp32, {cores} cores, load average "
+        f"{load:.1f} at start"
     )
     episodes = args.prompts * args.generations
     ratios = []

@@ -16,7 +16,10 @@ from grl.schema import PROGRAM
 
 def _columns(rows: list[tuple[str, ...]]) -> list[str]:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
-    return ["  " + "  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[-1] for row in rows]
+    return [
+        "  " + "  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[-1]
+        for row in rows
+    ]
 
 
 def _first_sentence(text: str) -> str:
@@ -39,9 +42,16 @@ def _settings(blocks: dict[str, DictConfig]) -> dict[str, str]:
     """Each task instance's env_config values that tell it from the other instances of its env
     (simpleSokobanAgent's dim_room, a GEM instance's env_id), as `key=value` text."""
     plain = {name: OmegaConf.to_container(block.env_config, resolve=True) for name, block in blocks.items()}
-    differ = {key for config in plain.values() for key in config if len({repr(c.get(key)) for c in plain.values()}) > 1}
+    differ = {
+        key
+        for config in plain.values()
+        for key in config
+        if len({repr(c.get(key)) for c in plain.values()}) > 1
+    }
     return {
-        name: " ".join(f"{key}={str(value).replace(' ', '')}" for key, value in config.items() if key in differ)
+        name: " ".join(
+            f"{key}={str(value).replace(' ', '')}" for key, value in config.items() if key in differ
+        )
         for name, config in plain.items()
     }
 
@@ -51,7 +61,10 @@ def task_rows(blocks: dict[str, DictConfig]) -> list[tuple[str, str, str]]:
     turns and tools, and the env settings that set it apart."""
     import grl.agents
 
-    envs = {name: PROGRAM if b.agent_type == PROGRAM else grl.agents.env_name(b.agent_type) for name, b in blocks.items()}
+    envs = {
+        name: PROGRAM if b.agent_type == PROGRAM else grl.agents.env_name(b.agent_type)
+        for name, b in blocks.items()
+    }
     apart = {}
     for env in set(envs.values()):
         apart.update(_settings({name: block for name, block in blocks.items() if envs[name] == env}))
@@ -59,7 +72,9 @@ def task_rows(blocks: dict[str, DictConfig]) -> list[tuple[str, str, str]]:
     for name, block in blocks.items():
         settings = block.agent_config
         if block.agent_type == PROGRAM:
-            rows.append((name, PROGRAM, f"an agent program, {settings.program} (up to {settings.max_turns} calls)"))
+            rows.append(
+                (name, PROGRAM, f"an agent program, {settings.program} (up to {settings.max_turns} calls)")
+            )
             continue
         turns = f"{settings.max_turns} turn{'s' if settings.max_turns > 1 else ''}"
         tools = f", tools: {', '.join(settings.tools)}" if settings.tools else ""

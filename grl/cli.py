@@ -3,16 +3,19 @@
     grl play <task instance> [--seed N] [--config-dir DIR] [key=value ...]
         play a task in the terminal, seeing exactly the messages the model sees;
         a reply of `help` or `?` lists the valid actions where the env has a list (e.g. TextWorld);
-        in a task with tools, a reply holding <python>code</python> runs it in the sandbox and shows its output
+        in a task with tools, a reply holding <python>code</python> runs it in the sandbox and shows its
+        output
     grl list [--config-dir DIR]
         the presets, task instances (with their env) and rollout engines a config can name
     grl plot ...
         plot logged curves (grl.tracking.plot)
     grl plan [key=value ...] [--seq-len N] [--config-dir DIR]
         predicted memory per GPU and phase (grl.planner); exits 2 with one line when it does not fit
-    grl serve <model or checkpoint folder> [--port N] [--host 127.0.0.1] [--engine auto|hf|vllm] [--dtype auto]
+    grl serve <model or checkpoint folder> [--port N] [--host 127.0.0.1] [--engine auto|hf|vllm] [--dtype
+    auto]
               [--tool-parser hermes|llama3_json|mistral|qwen3_coder] [--chat-template FILE]
-        an OpenAI-compatible endpoint (/v1/models, /v1/chat/completions, /v1/responses) for the model (grl.gateway)
+        an OpenAI-compatible endpoint (/v1/models, /v1/chat/completions, /v1/responses) for the model
+        (grl.gateway)
 
 Training itself is `grl-train` / `python -m grl.train`.
 """
@@ -91,14 +94,22 @@ def _show_valid_actions(env, out: TextIO) -> None:
 
 
 def play(
-    task: str, seed: int, overrides: list[str], config_dir: str | None, inp: TextIO = sys.stdin, out: TextIO = sys.stdout
+    task: str,
+    seed: int,
+    overrides: list[str],
+    config_dir: str | None,
+    inp: TextIO = sys.stdin,
+    out: TextIO = sys.stdout,
 ) -> dict[str, float]:
     """Run one episode of a task with a human (or a pipe) writing the replies."""
     import grl.agents
 
     agent = grl.agents.make_agent(task, *load_task(task, overrides, config_dir))
     try:
-        out.write(f"task {task}, seed {seed}: up to {agent.max_turns} turn(s), {agent.max_tokens} tokens per reply\n")
+        out.write(
+            f"task {task}, seed {seed}: up to {agent.max_turns} turn(s), {agent.max_tokens} tokens per "
+            "reply\n"
+        )
         for message in agent.reset(seed):
             _show(message, out)
         total, done = 0.0, False
@@ -127,7 +138,9 @@ def play(
             else:
                 _show_end(agent, info, out)
         metrics = agent.episode_metrics()
-        out.write(f"{RULE}\nepisode reward {total:g}; " + ", ".join(f"{k} {v:g}" for k, v in metrics.items()) + "\n")
+        out.write(
+            f"{RULE}\nepisode reward {total:g}; " + ", ".join(f"{k} {v:g}" for k, v in metrics.items()) + "\n"
+        )
         return metrics
     finally:
         agent.close()
@@ -139,16 +152,21 @@ def usage(command: str) -> str:
 
 
 def _play_main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="grl play", usage=usage("play"), description="Play a task instance in the terminal.")
+    parser = argparse.ArgumentParser(
+        prog="grl play", usage=usage("play"), description="Play a task instance in the terminal."
+    )
     parser.add_argument(
         "words",
         nargs="*",
         metavar="task [key=value ...]",
-        help="a task instance of configs/agents.yaml (`grl list`), e.g. simpleSokobanAgent, then Hydra overrides, "
+        help="a task instance of configs/agents.yaml (`grl list`), e.g. simpleSokobanAgent, then Hydra "
+        "overrides, "
         "e.g. simpleSokobanAgent.env_config.num_boxes=2",
     )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--config-dir", default=None, help="folder holding base.yaml (default: the repo's configs/)")
+    parser.add_argument(
+        "--config-dir", default=None, help="folder holding base.yaml (default: the repo's configs/)"
+    )
     args = parser.parse_intermixed_args(argv)  # flags between overrides, as in `grl plan`
     if not args.words or "=" in args.words[0]:
         parser.error("name a task instance first, e.g. `grl play simpleSokobanAgent` (`grl list` shows them)")
@@ -166,8 +184,12 @@ def _play_main(argv: list[str]) -> int:
 
 
 def _list_main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="grl list", usage=usage("list"), description="What a config can name.")
-    parser.add_argument("--config-dir", default=None, help="folder holding base.yaml (default: the repo's configs/)")
+    parser = argparse.ArgumentParser(
+        prog="grl list", usage=usage("list"), description="What a config can name."
+    )
+    parser.add_argument(
+        "--config-dir", default=None, help="folder holding base.yaml (default: the repo's configs/)"
+    )
     args = parser.parse_args(argv)
     from grl.catalog import catalog
     from grl.config import ConfigError, load_config, task_blocks
@@ -192,15 +214,22 @@ def _plan_main(argv: list[str]) -> int:
     )
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. preset=a100_8x_7b")
     parser.add_argument(
-        "--seq-len", type=int, default=None, help="tokens per episode (default: rollout.max_episode_length, the longest kept)"
+        "--seq-len",
+        type=int,
+        default=None,
+        help="tokens per episode (default: rollout.max_episode_length, the longest kept)",
     )
-    parser.add_argument("--config-dir", default=None, help="folder holding base.yaml (default: the repo's configs/)")
+    parser.add_argument(
+        "--config-dir", default=None, help="folder holding base.yaml (default: the repo's configs/)"
+    )
     args = parser.parse_args(argv)
     from grl.config import ConfigError, load_config, run_sections
     from grl.planner import PlanError, format_plan, plan_run
 
     try:
-        memory = plan_run(run_sections(load_config(args.overrides, config_dir=args.config_dir)), seq_len=args.seq_len)
+        memory = plan_run(
+            run_sections(load_config(args.overrides, config_dir=args.config_dir)), seq_len=args.seq_len
+        )
     except (ConfigError, PlanError) as err:
         print(f"grl plan: {err}", file=sys.stderr)
         return 2
@@ -218,7 +247,13 @@ def _serve_main(argv: list[str]) -> int:
     return serve_main(argv)
 
 
-COMMANDS = {"play": _play_main, "list": _list_main, "plot": _plot_main, "plan": _plan_main, "serve": _serve_main}
+COMMANDS = {
+    "play": _play_main,
+    "list": _list_main,
+    "plot": _plot_main,
+    "plan": _plan_main,
+    "serve": _serve_main,
+}
 
 
 def main(argv: list[str] | None = None) -> int:

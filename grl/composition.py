@@ -28,7 +28,9 @@ def presets(config_dir: str | Path | None = None) -> dict[str, str]:
     """The presets of configs/preset/ (or `config_dir`'s) -> the first line of each file's own comment."""
     found = {}
     for path in sorted(Path(config_dir or CONFIG_DIR).joinpath("preset").glob("*.yaml")):
-        comments = (line.lstrip("#").strip() for line in path.read_text().splitlines() if line.startswith("#"))
+        comments = (
+            line.lstrip("#").strip() for line in path.read_text().splitlines() if line.startswith("#")
+        )
         found[path.stem] = next((c for c in comments if c and not c.startswith("@package")), "")
     return found
 
@@ -61,13 +63,18 @@ def check_overrides(overrides: list[str] | tuple[str, ...], config_dir: Path) ->
 
 
 def _sweep_error(message: str) -> ConfigError | None:
-    """Hydra's refusal of a sweep outside --multirun (`a,b`, `range(...)`, `choice(...)`) as the key and the fix."""
+    """Hydra's refusal of a sweep outside --multirun (`a,b`, `range(...)`, `choice(...)`) as the key and the
+    fix."""
     found = re.match(r"(?:Ambiguous value for argument|Sweep parameters) '(.*)'", message)
     if not found:
         return None
     name, value = _split(found.group(1))
     plain = "(" not in value  # a,b: perhaps a list or a text was meant
-    meant = f"write a list as {name}=[{value}], quote text holding a comma ({name}='{value}'), or " if plain else ""
+    meant = (
+        f"write a list as {name}=[{value}], quote text holding a comma ({name}='{value}'), or "
+        if plain
+        else ""
+    )
     return ConfigError(
         f"{name}: {value!r} is a Hydra sweep, and GRL runs one config per command (no -m); {meant}"
         "run each value as its own command"
@@ -78,7 +85,9 @@ _composed: dict[tuple, DictConfig] = {}
 
 
 def compose(
-    overrides: list[str] | tuple[str, ...] = (), config_name: str = "base", config_dir: str | Path | None = None
+    overrides: list[str] | tuple[str, ...] = (),
+    config_name: str = "base",
+    config_dir: str | Path | None = None,
 ) -> DictConfig:
     """Hydra composition only (no checks). A composition is kept, keyed by its inputs and the config
     files' modification times, and handed out as a copy: Hydra re-reads every YAML file on each call
@@ -107,9 +116,12 @@ def compose(
             parent, _, leaf = key.rpartition(".")
             if parent.endswith(".agent_config") and leaf in {f.name for f in fields(AgentConfig)}:
                 raise ConfigError(
-                    f"{key}: this task block does not list {leaf} (its default applies); add it with +{key}=..."
+                    f"{key}: this task block does not list {leaf} (its default applies); add it with "
+                    f"+{key}=..."
                 ) from None
-            raise ConfigError(f"{key}: unknown key{did_you_mean(key, _known_keys(config_dir, config_name))}") from None
+            raise ConfigError(
+                f"{key}: unknown key{did_you_mean(key, _known_keys(config_dir, config_name))}"
+            ) from None
         raise _sweep_error(message) or ConfigError(f"{key + ': ' if key else ''}{message}") from None
     if len(_composed) >= 256:
         _composed.pop(next(iter(_composed)))

@@ -109,7 +109,10 @@ def _apply_aliases(cfg: DictConfig) -> None:
             continue
         value = node._value()
         if key in given and given[key][1] != value:
-            raise ConfigError(f"{alias}: {value!r} disagrees with {given[key][0]}={given[key][1]!r}; both spell {key}, set one")
+            raise ConfigError(
+                f"{alias}: {value!r} disagrees with {given[key][0]}={given[key][1]!r}; both spell {key}, set "
+                "one"
+            )
         given[key] = (alias, value)
         OmegaConf.update(cfg, key, value)
         OmegaConf.update(cfg, alias, "${" + key + "}")
@@ -136,13 +139,19 @@ def _check_rules(cfg: DictConfig) -> None:
     """What no single key's declaration can say: keys that must agree with each other, and names that
     live in a registry users add to (the advantage estimators)."""
     if cfg.algorithm.adv_estimator not in ESTIMATORS:
-        raise ConfigError(f"algorithm.adv_estimator: {cfg.algorithm.adv_estimator!r} is not one of {', '.join(ESTIMATORS)}")
+        raise ConfigError(
+            f"algorithm.adv_estimator: {cfg.algorithm.adv_estimator!r} is not one of {', '.join(ESTIMATORS)}"
+        )
     for key in ESTIMATORS[cfg.algorithm.adv_estimator].hyperparameters:
         if key not in cfg.algorithm:
-            raise ConfigError(f"algorithm.{key}: {cfg.algorithm.adv_estimator} reads it, but the schema declares no such key")
+            raise ConfigError(
+                f"algorithm.{key}: {cfg.algorithm.adv_estimator} reads it, but the schema declares no such "
+                "key"
+            )
     if cfg.actor_rollout_ref.rollout.name not in engine_names():
         raise ConfigError(
-            f"actor_rollout_ref.rollout.name: {cfg.actor_rollout_ref.rollout.name!r} is not one of {', '.join(engine_names())}"
+            f"actor_rollout_ref.rollout.name: {cfg.actor_rollout_ref.rollout.name!r} is not one of "
+            f"{', '.join(engine_names())}"
         )
     _check_one_entry_each(cfg, "rollout.agent_group_num", "rollout.training")
     _check_one_entry_each(cfg, "rollout.agent_group_size", "rollout.training")
@@ -154,7 +163,9 @@ def _check_rules(cfg: DictConfig) -> None:
         names = list(OmegaConf.select(cfg, list_key))
         twice = sorted({n for n in names if names.count(n) > 1})
         if twice:
-            raise ConfigError(f"{list_key}: {', '.join(twice)} named twice; raise its agent_group_num instead")
+            raise ConfigError(
+                f"{list_key}: {', '.join(twice)} named twice; raise its agent_group_num instead"
+            )
     episodes = sum(n * s for n, s in zip(cfg.rollout.agent_group_num, cfg.rollout.agent_group_size))
     if cfg.train_batch_size is not None and cfg.train_batch_size != episodes:
         raise ConfigError(
@@ -183,7 +194,9 @@ def _check_rules(cfg: DictConfig) -> None:
         )
     curriculum = cfg.rollout.curriculum
     if curriculum.env_key is not None and not curriculum.levels:
-        raise ConfigError(f"rollout.curriculum.levels: name the values of {curriculum.env_key}, easiest first")
+        raise ConfigError(
+            f"rollout.curriculum.levels: name the values of {curriculum.env_key}, easiest first"
+        )
     if curriculum.max_turns:
         _check_one_entry_each(cfg, "rollout.curriculum.max_turns", "rollout.curriculum.levels")
     mode = cfg.trainer.resume_mode
@@ -191,7 +204,9 @@ def _check_rules(cfg: DictConfig) -> None:
         raise ConfigError(f"trainer.resume_mode: {mode!r} is neither auto, disable nor an existing folder")
 
 
-@functools.lru_cache(maxsize=512)  # every load reads the same ~50 blocks of configs/agents.yaml: type each once
+@functools.lru_cache(
+    maxsize=512
+)  # every load reads the same ~50 blocks of configs/agents.yaml: type each once
 def _typed_task_block(name: str, block_json: str) -> DictConfig:
     """One task instance block (as JSON) typed and range-checked; read-only, since it is shared."""
     import grl.agents
@@ -218,7 +233,8 @@ def _check_tasks(cfg: DictConfig, tasks: dict[str, DictConfig]) -> dict[str, Dic
     import grl.envs
 
     typed = {
-        name: _typed_task_block(name, json.dumps(OmegaConf.to_container(block), sort_keys=True)) for name, block in tasks.items()
+        name: _typed_task_block(name, json.dumps(OmegaConf.to_container(block), sort_keys=True))
+        for name, block in tasks.items()
     }
     for list_key in ("rollout.training", "rollout.validation"):
         for name in OmegaConf.select(cfg, list_key):
@@ -236,10 +252,16 @@ def _check_tasks(cfg: DictConfig, tasks: dict[str, DictConfig]) -> dict[str, Dic
             for key in typed[name].env_config:
                 if accepted is not None and key not in accepted:
                     raise ConfigError(
-                        f"{name}.env_config.{key}: unknown key for env {env_type}{did_you_mean(key, sorted(accepted))}"
+                        f"{name}.env_config.{key}: unknown key for env "
+                        f"{env_type}{did_you_mean(key, sorted(accepted))}"
                     )
             stepped = cfg.rollout.curriculum.env_key
-            if list_key == "rollout.training" and stepped is not None and accepted is not None and stepped not in accepted:
+            if (
+                list_key == "rollout.training"
+                and stepped is not None
+                and accepted is not None
+                and stepped not in accepted
+            ):
                 raise ConfigError(
                     f"rollout.curriculum.env_key: env {env_type} of {name} has no key {stepped!r}"
                     f"{did_you_mean(stepped, sorted(accepted))}"
@@ -276,14 +298,18 @@ def validate(cfg: DictConfig) -> DictConfig:
     typed_tasks = _check_tasks(typed, tasks)
     for name, block in typed_tasks.items():
         OmegaConf.set_struct(typed, False)
-        typed[name] = copy.deepcopy(block)  # the checked block is shared between loads: this config's own copy
+        typed[name] = copy.deepcopy(
+            block
+        )  # the checked block is shared between loads: this config's own copy
         OmegaConf.set_readonly(typed[name], None)
     OmegaConf.set_struct(typed, True)
     return typed
 
 
 def load_config(
-    overrides: list[str] | tuple[str, ...] = (), config_name: str = "base", config_dir: str | Path | None = None
+    overrides: list[str] | tuple[str, ...] = (),
+    config_name: str = "base",
+    config_dir: str | Path | None = None,
 ) -> DictConfig:
     """Compose `configs/<config_name>.yaml` with overrides and validate it."""
     return validate(compose(overrides, config_name, config_dir))
@@ -300,7 +326,9 @@ def typed_section(cfg: DictConfig, name: str) -> Any:
     """One section of the config as the schema's dataclass instance, its interpolations resolved against
     the whole config: what a component is built from, instead of the whole config."""
     section_class = get_type_hints(GRLConfig)[name]
-    return OmegaConf.to_object(merge_typed(section_class, OmegaConf.to_container(cfg[name], resolve=True), f"{name}."))
+    return OmegaConf.to_object(
+        merge_typed(section_class, OmegaConf.to_container(cfg[name], resolve=True), f"{name}.")
+    )
 
 
 @dataclass(frozen=True)

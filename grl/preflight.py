@@ -37,7 +37,9 @@ class PreflightError(ConfigError):
     """A config that composes and type-checks but cannot run on this machine."""
 
 
-def check(cfg: DictConfig, environ: os._Environ | dict | None = None, run: RunPlan | None = None) -> list[str]:
+def check(
+    cfg: DictConfig, environ: os._Environ | dict | None = None, run: RunPlan | None = None
+) -> list[str]:
     """Run every check; returns notes to print. `cfg` is only read; `run` is the builder's plan (where
     `auto` is resolved), by default the plan on this machine."""
     environ = os.environ if environ is None else environ
@@ -98,7 +100,8 @@ def check_numbers(cfg: DictConfig) -> list[str]:
             cfg,
             "rollout.agent_group_size",
             lambda v: min(v) >= 2,
-            f"has a group of 1 agent, which {estimator.name} (it compares the agents of a group) has nothing to compare with",
+            f"has a group of 1 agent, which {estimator.name} (it compares the agents of a group) has nothing "
+            "to compare with",
             "use groups of 2 or more",
         )
     notes = [
@@ -108,7 +111,8 @@ def check_numbers(cfg: DictConfig) -> list[str]:
     ]
     if not estimator.needs_critic and cfg.critic.enable:
         notes.append(
-            f"critic.enable: {estimator.name} uses no critic, so none is built (set critic.enable=false to silence this)"
+            f"critic.enable: {estimator.name} uses no critic, so none is built (set critic.enable=false to "
+            "silence this)"
         )
     return notes
 
@@ -214,7 +218,9 @@ def check_model(cfg: DictConfig, environ) -> None:
     except (OSError, ValueError) as err:
         raise PreflightError(f"{key}: cannot load {name!r}: {first_line(err)}") from None
     if not getattr(tokenizer, "chat_template", None):
-        raise PreflightError(f"{key}: the tokenizer of {name!r} has no chat template; use an instruct/chat model")
+        raise PreflightError(
+            f"{key}: the tokenizer of {name!r} has no chat template; use an instruct/chat model"
+        )
     context = config_context(model_config)
     wanted = cfg.actor_rollout_ref.rollout.max_model_len or cfg.max_prompt_length + cfg.max_response_length
     if context and wanted > context:
@@ -251,7 +257,7 @@ def check_memory(cfg: DictConfig, run: RunPlan) -> list[str]:
 
 def check_dtype(cfg: DictConfig, run: RunPlan) -> list[str]:
     """bf16 set by hand on a CPU that only emulates it is a note: it runs, many times slower."""
-    from grl.models import bf16_on_cpu_note
+    from grl.compute import bf16_on_cpu_note
 
     keys = ["actor_rollout_ref.model.dtype"] + (["critic.model.dtype"] if run.use_critic else [])
     notes = (bf16_on_cpu_note(key, OmegaConf.select(cfg, key), run.device) for key in keys)
@@ -343,12 +349,15 @@ def check_tasks(cfg: DictConfig) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m grl.preflight", description="Checks of this machine that need no config.")
+    parser = argparse.ArgumentParser(
+        prog="python -m grl.preflight", description="Checks of this machine that need no config."
+    )
     parser.add_argument(
         "--check-toolchain",
         action="store_true",
         required=True,
-        help="the C compiler and Python headers Triton compiles with; exit status 1 and one line when one is missing",
+        help="the C compiler and Python headers Triton compiles with; exit status 1 and one line when one is "
+        "missing",
     )
     parser.parse_args(argv)
     problem = toolchain_problem()

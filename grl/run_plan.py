@@ -31,25 +31,36 @@ PHASES = ("gen", "old_log_prob", "ref", "values", "adv", "update_critic", "updat
 class RunPlan:
     device: str  # cuda | cpu: trainer.device with `auto` resolved (grl/machine.py)
     engine: str  # the rollout engine: actor_rollout_ref.rollout.name with `auto` resolved
-    gpu_memory_gib: float | None  # what each GPU is planned for (trainer.gpu_memory_gb, else the device's); None on CPU
+    gpu_memory_gib: (
+        float | None
+    )  # what each GPU is planned for (trainer.gpu_memory_gb, else the device's); None on CPU
     nnodes: int
     ranks_per_node: int  # processes on CPU
-    engine_apart: bool  # the engine in a rollout worker of its own (hybrid_engine=false), else in the actor's ranks
+    engine_apart: (
+        bool  # the engine in a rollout worker of its own (hybrid_engine=false), else in the actor's ranks
+    )
     max_staleness: int  # rollouts run up to this many policy versions ahead of the update (engine apart only)
     use_critic: bool  # the estimator reads values
     use_reference: bool  # a KL loss or a KL penalty in the reward needs reference log-probs
     reference_model: bool  # a model of its own; a LoRA run's reference is its base with the adapter off
     seed: int
     # some task decodes from valid actions or is a program (allowed_replies), or the rollout samples with
-    # top-k/top-p: the engine takes grammars and filters in its own logits processor (grl/engines/kept_sets.py)
+    # top-k/top-p: the engine takes grammars and filters in its own logits processor
+    # (grl/engines/kept_sets.py)
     reply_grammars: bool
-    score_temperature: float  # the scoring distribution is the sampling one: the rollout's temperature, 1 for greedy (0)
-    logits_chunk_size: int  # positions per chunk through a head, the actor's key for every role (the critic's value head too)
-    packing_capacity: int | None  # tokens of a packed row sent to the ranks (rollout.packing); None: an episode a row
+    score_temperature: (
+        float  # the scoring distribution is the sampling one: the rollout's temperature, 1 for greedy (0)
+    )
+    # positions per chunk through a head, the actor's key for every role (the critic's value head too)
+    logits_chunk_size: int
+    packing_capacity: (
+        int | None
+    )  # tokens of a packed row sent to the ranks (rollout.packing); None: an episode a row
     share_prompts: bool  # a packed row holds a group's shared first prompt once
     # Up to how many episodes the update takes its first and only optimizer step at the weights that
     # sampled, so that the log-probs it computes are the old ones and no pass of their own is needed
-    # (TRL's num_iterations=1): ppo_mini_batch_size for one epoch, no KL in the reward and no staleness, else 0.
+    # (TRL's num_iterations=1): ppo_mini_batch_size for one epoch, no KL in the reward and no staleness, else
+    # 0.
     single_step_episodes: int
 
     @classmethod
@@ -73,7 +84,9 @@ class RunPlan:
         resolved = resolve(trainer.device, engine.name, facts, trainer.gpu_memory_gb)
         temperature = engine.temperature
         use_reference = actor.use_kl_loss or run.algorithm.use_kl_in_reward
-        one_step = actor.ppo_epochs == 1 and not run.algorithm.use_kl_in_reward and run.rollout.max_staleness == 0
+        one_step = (
+            actor.ppo_epochs == 1 and not run.algorithm.use_kl_in_reward and run.rollout.max_staleness == 0
+        )
         return cls(
             device=resolved.device,
             engine=resolved.engine,
@@ -87,9 +100,16 @@ class RunPlan:
             reference_model=use_reference and run.actor_rollout_ref.model.lora_rank == 0,
             seed=trainer.seed,
             reply_grammars=decodes_constrained(
-                [spec for validation in (False, True) for spec in task_specs(run.rollout, run.tasks, validation)]
+                [
+                    spec
+                    for validation in (False, True)
+                    for spec in task_specs(run.rollout, run.tasks, validation)
+                ]
             )
-            or any(filters(sampling_from_config(engine, validation, max_new_tokens=1)) for validation in (False, True)),
+            or any(
+                filters(sampling_from_config(engine, validation, max_new_tokens=1))
+                for validation in (False, True)
+            ),
             score_temperature=temperature if temperature > 0 else 1.0,
             logits_chunk_size=actor.logits_chunk_size,
             packing_capacity=run.rollout.max_episode_length if run.rollout.packing else None,
@@ -110,7 +130,10 @@ class RunPlan:
     @property
     def phases(self) -> tuple[str, ...]:
         """The phases this run's steps go through, in order."""
-        skipped = {*(() if self.use_reference else ("ref",)), *(() if self.use_critic else ("values", "update_critic"))}
+        skipped = {
+            *(() if self.use_reference else ("ref",)),
+            *(() if self.use_critic else ("values", "update_critic")),
+        }
         return tuple(phase for phase in PHASES if phase not in skipped)
 
     def old_log_prob_pass(self, episodes: int) -> bool:
@@ -144,4 +167,6 @@ class RunPlan:
         if not self.engine_apart:
             return ""
         k = self.max_staleness
-        return " in a worker of its own" + (f", rollouts up to {k} version{'s' if k > 1 else ''} ahead" if k else "")
+        return " in a worker of its own" + (
+            f", rollouts up to {k} version{'s' if k > 1 else ''} ahead" if k else ""
+        )

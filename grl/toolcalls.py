@@ -1,11 +1,15 @@
-"""A sampled reply as an OpenAI assistant message: its reasoning, its text and its tool calls, per model family.
+"""A sampled reply as an OpenAI assistant message: its reasoning, its text and its tool calls, per model
+family.
 
 Families and how each writes a tool call (`FAMILIES`):
-- `hermes` (Qwen2.5, Qwen3, Hermes, GRL's own agents): `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`;
-- `llama3_json` (Llama 3.1 / 3.2 / 3.3): `{"name": ..., "parameters": {...}}`, after `<|python_tag|>` or alone,
+- `hermes` (Qwen2.5, Qwen3, Hermes, GRL's own agents): `<tool_call>{"name": ..., "arguments":
+{...}}</tool_call>`;
+- `llama3_json` (Llama 3.1 / 3.2 / 3.3): `{"name": ..., "parameters": {...}}`, after `<|python_tag|>` or
+alone,
   several separated by `;`;
 - `mistral`: `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]`;
-- `qwen3_coder` (Qwen3-Coder, Qwen3.5): `<tool_call><function=NAME><parameter=KEY>VALUE</parameter></function></tool_call>`.
+- `qwen3_coder` (Qwen3-Coder, Qwen3.5):
+`<tool_call><function=NAME><parameter=KEY>VALUE</parameter></function></tool_call>`.
 Every family accepts `"parameters"` for `"arguments"` and several calls in one reply. A block that does not
 parse stays in the text. `family_of(template)` picks the family from the chat template's own markers.
 
@@ -47,7 +51,11 @@ def thinks(template: str | None) -> bool:
 def _call(name: str, arguments) -> dict:
     if not isinstance(arguments, str):
         arguments = json.dumps(arguments, ensure_ascii=False)
-    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function", "function": {"name": name, "arguments": arguments}}
+    return {
+        "id": f"call_{uuid.uuid4().hex[:24]}",
+        "type": "function",
+        "function": {"name": name, "arguments": arguments},
+    }
 
 
 def _json_call(body) -> dict | None:
@@ -181,11 +189,16 @@ def split_reasoning(text: str) -> tuple[str | None, str]:
 def without_reasoning(content: str | None) -> str:
     """A message's content with a leading think block removed: how a program that strips earlier
     reasoning (as Qwen3's model card advises) and one that keeps it are compared."""
-    return split_reasoning(content or "")[1].strip() if THINK_CLOSE in (content or "") else (content or "").strip()
+    return (
+        split_reasoning(content or "")[1].strip()
+        if THINK_CLOSE in (content or "")
+        else (content or "").strip()
+    )
 
 
 def with_parsed_arguments(message: dict) -> dict:
-    """`message` with its tool calls' JSON-string arguments as the objects they encode (what templates expect)."""
+    """`message` with its tool calls' JSON-string arguments as the objects they encode (what templates
+    expect)."""
     if not message.get("tool_calls"):
         return message
     calls = []

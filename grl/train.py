@@ -38,7 +38,11 @@ CFG_PARTS = ("job", "hydra", "all")  # what Hydra's --cfg prints
 def _with_cfg_part(argv: list[str]) -> list[str]:
     """Hydra's `--cfg` takes an optional part (job, hydra, all); a bare `--cfg` is `--cfg job`, so that
     `--cfg preset=cpu` keeps preset=cpu an override."""
-    bare = [i for i, arg in enumerate(argv) if arg in ("--cfg", "-c") and (i + 1 == len(argv) or argv[i + 1] not in CFG_PARTS)]
+    bare = [
+        i
+        for i, arg in enumerate(argv)
+        if arg in ("--cfg", "-c") and (i + 1 == len(argv) or argv[i + 1] not in CFG_PARTS)
+    ]
     return [f"{arg}=job" if i in bare else arg for i, arg in enumerate(argv)]
 
 
@@ -52,14 +56,26 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--config-name", default="base", help="config file in the config dir (default: base)")
-    parser.add_argument("--config-dir", default=None, help="config folder (default: the repository's configs/)")
     parser.add_argument(
-        "--cfg", "-c", choices=CFG_PARTS, help="print the resolved, checked config and exit (alone: job, as in Hydra)"
+        "--config-dir", default=None, help="config folder (default: the repository's configs/)"
     )
     parser.add_argument(
-        "--list", action="store_true", help="list the presets, task instances (overrides applied) and engines, and exit"
+        "--cfg",
+        "-c",
+        choices=CFG_PARTS,
+        help="print the resolved, checked config and exit (alone: job, as in Hydra)",
     )
-    parser.add_argument("--multirun", "-m", action="store_true", help="Hydra's sweeps: refused, GRL runs one config per command")
+    parser.add_argument(
+        "--list",
+        action="store_true",
+        help="list the presets, task instances (overrides applied) and engines, and exit",
+    )
+    parser.add_argument(
+        "--multirun",
+        "-m",
+        action="store_true",
+        help="Hydra's sweeps: refused, GRL runs one config per command",
+    )
     parser.add_argument("overrides", nargs="*", help="Hydra overrides KEY=VALUE")
     return parser.parse_intermixed_args(_with_cfg_part(argv))
 
@@ -97,10 +113,15 @@ def check_device(cfg, overrides: list[str], gpus: int) -> None:
     if gpus or cfg.trainer.device == "cpu":
         return
     if cfg.trainer.device == "cuda":
-        source = f" (set by preset={given['preset']})" if "preset" in given and "trainer.device" not in given else ""
+        source = (
+            f" (set by preset={given['preset']})"
+            if "preset" in given and "trainer.device" not in given
+            else ""
+        )
         where = f"the Ray cluster at {remote}" if remote and remote != "local" else "this machine"
         raise PreflightError(
-            f"trainer.device: cuda{source}, but {where} has no CUDA device; run `grl-train preset=cpu` (a small "
+            f"trainer.device: cuda{source}, but {where} has no CUDA device; run `grl-train preset=cpu` (a "
+            "small "
             "CPU run), or set trainer.device=cpu to run this config on the CPU"
         )
     if "preset" in given or "trainer.device" in given or remote:
@@ -115,7 +136,8 @@ def check_device(cfg, overrides: list[str], gpus: int) -> None:
 def resolve_run_plan(cfg, overrides: list[str] = ()):
     """The run plan, with `auto` device and engine resolved once (grl/machine.py) on the machine the ranks
     run on: the Ray cluster the run joins (whose address preflight checks first), else this one. A GPU run
-    where there is no GPU stops first (`check_device`), before the engine probe (a child that imports vLLM)."""
+    where there is no GPU stops first (`check_device`), before the engine probe (a child that imports
+    vLLM)."""
     import os
 
     from grl.machine import machine_facts, ray_address
@@ -131,8 +153,12 @@ def resolve_run_plan(cfg, overrides: list[str] = ()):
         check_ray_address(cfg, os.environ)
         cluster = cluster_gpus(address)
     # The GPUs alone first: a named engine ("hf") asks no vLLM probe, which takes seconds.
-    check_device(cfg, list(overrides), machine_facts(trainer.device, "hf", trainer.gpu_memory_gb, cluster).gpus)
-    return RunPlan.from_config(cfg, machine_facts(trainer.device, engine.name, trainer.gpu_memory_gb, cluster))
+    check_device(
+        cfg, list(overrides), machine_facts(trainer.device, "hf", trainer.gpu_memory_gb, cluster).gpus
+    )
+    return RunPlan.from_config(
+        cfg, machine_facts(trainer.device, engine.name, trainer.gpu_memory_gb, cluster)
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -172,7 +198,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from grl.trainer import RunAborted, run
 
-    signal.signal(signal.SIGTERM, _stop)  # `timeout`, a scheduler: unwind like Ctrl-C so workers are shut down
+    signal.signal(
+        signal.SIGTERM, _stop
+    )  # `timeout`, a scheduler: unwind like Ctrl-C so workers are shut down
     try:
         run(cfg, plan)
     except KeyboardInterrupt:

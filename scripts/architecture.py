@@ -87,7 +87,9 @@ def levels(graph: dict[str, Unit]) -> tuple[dict[str, int], list[str]]:
 def against_layers(graph: dict[str, Unit]) -> list[tuple[str, str]]:
     """Imports from a layer of LAYERS to a later one."""
     rank = {name: i for i, name in enumerate(LAYERS)}
-    return sorted((a, b) for a, u in graph.items() for b in u.imports if a in rank and b in rank and rank[a] < rank[b])
+    return sorted(
+        (a, b) for a, u in graph.items() for b in u.imports if a in rank and b in rank and rank[a] < rank[b]
+    )
 
 
 def figures(graph: dict[str, Unit]) -> dict[str, int]:
@@ -109,9 +111,12 @@ def architecture_md(graph: dict[str, Unit] | None = None) -> str:
     out = [
         "# Architecture",
         "",
-        "Drawn from the code by `python scripts/architecture.py > docs/ARCHITECTURE.md` (tests/test_architecture.py",
-        "keeps it so). Each unit is a top-level package or module of grl/; it imports only units on lower levels,",
-        "so the page reads from what a run is built of (bottom) to what starts it (top). The data's path through",
+        "Drawn from the code by `python scripts/architecture.py > docs/ARCHITECTURE.md` "
+        "(tests/test_architecture.py",
+        "keeps it so). Each unit is a top-level package or module of grl/; it imports only units on lower "
+        "levels,",
+        "so the page reads from what a run is built of (bottom) to what starts it (top). The data's path "
+        "through",
         "a step is another order: docs/CONTRACTS.md.",
         "",
         f"Figures: {head}.",
@@ -123,12 +128,19 @@ def architecture_md(graph: dict[str, Unit] | None = None) -> str:
             unit = graph[name]
             uses = ", ".join(sorted(i for i in unit.imports if i in graph)) or "nothing of grl"
             kind = f"grl/{name}/" if unit.modules else f"grl/{name}.py"
-            out.append(f"- **{kind}** ({unit.lines} lines): {unit.summary or '(no docstring)'}. Imports {uses}.")
+            out.append(
+                f"- **{kind}** ({unit.lines} lines): {unit.summary or '(no docstring)'}. Imports {uses}."
+            )
             for file, summary, lines in unit.modules:
                 out.append(f"  - `{file}` ({lines}): {summary or '(no docstring)'}")
         out.append("")
     if cyclic:
-        out += ["## On a cycle", "", *[f"- grl/{n}: imports {', '.join(sorted(graph[n].imports))}" for n in cyclic], ""]
+        out += [
+            "## On a cycle",
+            "",
+            *[f"- grl/{n}: imports {', '.join(sorted(graph[n].imports))}" for n in cyclic],
+            "",
+        ]
     return "\n".join(out)
 
 

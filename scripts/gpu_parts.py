@@ -6,7 +6,8 @@ built as the actor's workers build it (fp32 master weights, bf16 compute; grl/wo
 scores exactly those tokens, one optimizer step runs on a PPO-style loss, and the engine loads the updated
 weights and samples again. Prints one line of figures per check and exits non-zero on a failed one.
 
-    python scripts/gpu_parts.py <model folder> [cuda|cpu]   # e.g. the tiny model's folder (grl.models.tiny_model_path())
+    python scripts/gpu_parts.py <model folder> [cuda|cpu]   # e.g. the tiny model's folder
+    (grl.models.tiny_model_path())
 
 `cpu` runs the same checks here (bf16 sampling needs a CPU with bf16 instructions; no mixed precision).
 """
@@ -60,7 +61,11 @@ def batch_of(outputs, prompts, grammars):
                 0,
                 [
                     Turn(
-                        p, list(o.token_ids), list(o.log_probs), 0.0, response_allowed=None if g is None else g.trace(o.token_ids)
+                        p,
+                        list(o.token_ids),
+                        list(o.log_probs),
+                        0.0,
+                        response_allowed=None if g is None else g.trace(o.token_ids),
                     )
                 ],
                 score=0.0,
@@ -93,7 +98,10 @@ def main(model: str) -> int:
     engine = make_engine("hf", model, dtype="bfloat16", device=DEVICE, grammar=True)
     chat = ChatTokens(engine.tokenizer)
     grammar = compile_reply_grammar(chat.encode, chat.end_ids(), MOVES, False, 16)
-    prompts = [chat.first_prompt([{"role": "user", "content": f"Board {i}: move the piece over the gap."}]) for i in range(32)]
+    prompts = [
+        chat.first_prompt([{"role": "user", "content": f"Board {i}: move the piece over the gap."}])
+        for i in range(32)
+    ]
     grammars = [grammar] * 16 + [None] * 16
     sampling = SamplingParams(temperature=1.0, max_new_tokens=16, seed=0)
     start = time.perf_counter()
@@ -105,7 +113,8 @@ def main(model: str) -> int:
         "engine: bf16 sampling, half under the reply grammar",
         all(r in {f"<answer>{m}</answer>" for m in MOVES} for r in replies)
         and [o.token_ids for o in again] == [o.token_ids for o in outputs],
-        f"{sum(len(o.token_ids) for o in outputs)} tokens in {gen_s:.2f} s; constrained replies {sorted(set(replies))}; "
+        f"{sum(len(o.token_ids) for o in outputs)} tokens in {gen_s:.2f} s; constrained replies "
+        f"{sorted(set(replies))}; "
         "a second call with the same seeds gives the same tokens",
     )
 
@@ -137,19 +146,24 @@ def main(model: str) -> int:
     check(
         f"scorer: FSDP2{', fp32 master weights, bf16 compute' if mixed else ''}, the engine's sampled tokens",
         (mixed or not gpu) and bool(torch.isfinite(diff).all()) and diff.max().item() < 1.0,
-        f"|Δlog p| mean {diff.mean().item():.4f} max {diff.max().item():.4f} nat over {int(mask.sum())} tokens "
+        f"|Δlog p| mean {diff.mean().item():.4f} max {diff.max().item():.4f} nat over {int(mask.sum())} "
+        "tokens "
         "(bf16 pairs sit near 0.1; the smoke test's bar is 1 nat)",
     )
 
     optimizer = fsdp.make_optimizer(
-        [p for p in scorer.parameters() if p.requires_grad], types.SimpleNamespace(lr=1e-3, betas=[0.9, 0.999], weight_decay=0.0)
+        [p for p in scorer.parameters() if p.requires_grad],
+        types.SimpleNamespace(lr=1e-3, betas=[0.9, 0.999], weight_decay=0.0),
     )
     before = {k: v.clone() for k, v in fsdp.full_state_dict(scorer).items()}
     advantages = torch.randn(mask.shape[0], 1, device=DEVICE).expand_as(log_probs)
     start = time.perf_counter()
     log_probs, entropy = scorer(**args)
     ratio = torch.exp(log_probs - batch["rollout_log_probs"])
-    loss = -(torch.minimum(ratio * advantages, ratio.clamp(0.8, 1.28) * advantages)[mask]).mean() - 0.01 * entropy[mask].mean()
+    loss = (
+        -(torch.minimum(ratio * advantages, ratio.clamp(0.8, 1.28) * advantages)[mask]).mean()
+        - 0.01 * entropy[mask].mean()
+    )
     loss.backward()
     grad_norm = torch.nn.utils.clip_grad_norm_(scorer.parameters(), 1.0)
     optimizer.step()
@@ -161,7 +175,8 @@ def main(model: str) -> int:
     check(
         "update: one optimizer step",
         math.isfinite(loss.item()) and math.isfinite(float(grad_norm)) and moved > 0,
-        f"loss {loss.item():.4f}, grad norm {float(grad_norm):.4f}, largest weight change {moved:.2e}, {update_s:.2f} s",
+        f"loss {loss.item():.4f}, grad norm {float(grad_norm):.4f}, largest weight change {moved:.2e}, "
+        f"{update_s:.2f} s",
     )
 
     engine.update_weights(hf_names(after))

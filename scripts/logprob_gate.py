@@ -48,20 +48,28 @@ def verdict(records: list[dict], step: int) -> tuple[bool, str]:
     if absent:
         return False, f"step {step} logged no {', '.join(absent)}"
     over = [
-        f"{key} {values[key]:.4g} nat > {limit:g} ({why})" for key, (limit, why) in LIMITS.items() if not values[key] <= limit
+        f"{key} {values[key]:.4g} nat > {limit:g} ({why})"
+        for key, (limit, why) in LIMITS.items()
+        if not values[key] <= limit
     ]
     if over:
         return False, f"step {step}: {'; '.join(over)}: the engine's weights are not the trainer's"
-    return True, f"step {step}: " + ", ".join(f"{key} {values[key]:.4g} nat <= {LIMITS[key][0]:g}" for key in LIMITS)
+    return True, f"step {step}: " + ", ".join(
+        f"{key} {values[key]:.4g} nat <= {LIMITS[key][0]:g}" for key in LIMITS
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("metrics", type=Path, help="the run's metrics.jsonl")
-    parser.add_argument("--step", type=int, default=2, help="the step to check (default 2: the first after a sync)")
+    parser.add_argument(
+        "--step", type=int, default=2, help="the step to check (default 2: the first after a sync)"
+    )
     args = parser.parse_args(argv)
     records = (
-        [json.loads(line) for line in args.metrics.read_text().splitlines() if line.strip()] if args.metrics.exists() else []
+        [json.loads(line) for line in args.metrics.read_text().splitlines() if line.strip()]
+        if args.metrics.exists()
+        else []
     )
     passed, line = verdict(records, args.step)
     print(line if passed else f"{line} ({args.metrics})", file=sys.stdout if passed else sys.stderr)

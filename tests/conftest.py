@@ -12,7 +12,7 @@ os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # The suite computes in fp32 on every machine CI may land on, AMX or AVX2 alike: `dtype: auto` is bf16 only
-# where oneDNN may use bf16 instructions (grl.models.cpu_compute), and this cap, which Ray workers and engine
+# where oneDNN may use bf16 instructions (grl.compute.cpu_compute), and this cap, which Ray workers and engine
 # processes inherit, rules them out. The exactness tests (packed against padded rows, a resumed run against
 # an uninterrupted one) are written for fp32; the tests of the rule itself patch what torch reports, and
 # tests/test_bf16.py runs the bf16 path in a process without the cap.
@@ -31,7 +31,9 @@ def _pin_xdist_worker() -> None:
         return
     cores = sorted(os.sched_getaffinity(0))
     index = int(name.removeprefix("gw"))
-    share = cores[index * len(cores) // count : (index + 1) * len(cores) // count] or [cores[index % len(cores)]]
+    share = cores[index * len(cores) // count : (index + 1) * len(cores) // count] or [
+        cores[index % len(cores)]
+    ]
     os.sched_setaffinity(0, share)
 
 
@@ -55,9 +57,14 @@ def pytest_runtest_setup(item):
     if item.get_closest_marker("cpu_only") and _cuda_visible():
         pytest.skip("a test of the CPU build; CUDA is visible here (GPU engine tests: tests/gpu)")
     for mark in item.iter_markers("shared_data"):
-        missing = [str(SHARED_DATA / relative) for relative in mark.args if not (SHARED_DATA / relative).exists()]
+        missing = [
+            str(SHARED_DATA / relative) for relative in mark.args if not (SHARED_DATA / relative).exists()
+        ]
         if missing:
-            pytest.fail(f"test data missing: {', '.join(missing)} (../shared/data must sit beside the clone)", pytrace=False)
+            pytest.fail(
+                f"test data missing: {', '.join(missing)} (../shared/data must sit beside the clone)",
+                pytrace=False,
+            )
 
 
 # ---------------------------------------------------------------- only GPU tests skip
@@ -70,7 +77,7 @@ def _cuda_visible() -> bool:
 
 
 def _native_bf16() -> bool:
-    from grl.models import cpu_compute
+    from grl.compute import cpu_compute
 
     return cpu_compute(environ={}).native_bf16  # the CPU itself, without the suite's cap
 
@@ -97,7 +104,9 @@ def pytest_runtest_makereport(item, call):
     report = outcome.get_result()
     if report.skipped and not hasattr(report, "wasxfail") and not _may_skip(item.path, item):
         report.outcome = "failed"
-        report.longrepr = f"{item.nodeid}: only GPU tests may skip; this one did: {_skip_reason(report.longrepr)}"
+        report.longrepr = (
+            f"{item.nodeid}: only GPU tests may skip; this one did: {_skip_reason(report.longrepr)}"
+        )
 
 
 _skipped_modules: list[str] = []
@@ -108,7 +117,9 @@ def pytest_collectreport(report):
     the run (a collection error would stop every other test from running). Under pytest-xdist this hook
     also runs in the controller, for the skips its workers report, so the controller's summary names them."""
     if report.skipped and not _may_skip(ROOT / report.nodeid.split("::")[0]):
-        _skipped_modules.append(f"{report.nodeid}: only GPU tests may skip; this module did: {_skip_reason(report.longrepr)}")
+        _skipped_modules.append(
+            f"{report.nodeid}: only GPU tests may skip; this module did: {_skip_reason(report.longrepr)}"
+        )
 
 
 def pytest_terminal_summary(terminalreporter):

@@ -1,4 +1,5 @@
-"""docs/ARCHITECTURE.md is what scripts/architecture.py draws from the imports, and the imports keep the layers."""
+"""docs/ARCHITECTURE.md is what scripts/architecture.py draws from the imports, and the imports keep the
+layers."""
 
 import sys
 from pathlib import Path
@@ -10,7 +11,8 @@ import architecture  # noqa: E402
 
 def test_the_map_is_drawn_from_the_code():
     assert (REPO / "docs" / "ARCHITECTURE.md").read_text() == architecture.architecture_md(), (
-        "docs/ARCHITECTURE.md is out of date: run `.venv/bin/python scripts/architecture.py > docs/ARCHITECTURE.md`"
+        "docs/ARCHITECTURE.md is out of date: run `.venv/bin/python scripts/architecture.py > "
+        "docs/ARCHITECTURE.md`"
     )
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from grl.models import cpu_compute
+from grl.compute import cpu_compute
 
 # The largest |engine - trainer| log-prob of a sampled token. Measured on an AVX512-BF16 EPYC over 96 tokens:
 # 9.8e-4 in bf16 (1.9e-6 in fp32, the same script under the suite's cap), while the engine's log-probs from
@@ -40,7 +40,9 @@ def probe() -> dict:
         "actor_rollout_ref.actor.optim.lr=1e-2",
     ]
     cfg = load_config(overrides)
-    worker = PolicyWorker(0, RunPlan.from_config(cfg), typed_section(cfg, "actor_rollout_ref"), "cpu", engine_name="hf")
+    worker = PolicyWorker(
+        0, RunPlan.from_config(cfg), typed_section(cfg, "actor_rollout_ref"), "cpu", engine_name="hf"
+    )
     worker.setup(*worker.listen(True))
     try:
         tokenizer = worker.engine.tokenizer
@@ -55,8 +57,14 @@ def probe() -> dict:
 
         def batch_of(outputs) -> dict:
             width = max(len(p) + len(o.token_ids) for p, o in zip(prompts, outputs))
-            t = {k: torch.zeros(len(prompts), width, dtype=torch.long) for k in ("input_ids", "attention_mask", "position_ids")}
-            t["loss_mask"], t["rollout_log_probs"] = torch.zeros(len(prompts), width), torch.zeros(len(prompts), width)
+            t = {
+                k: torch.zeros(len(prompts), width, dtype=torch.long)
+                for k in ("input_ids", "attention_mask", "position_ids")
+            }
+            t["loss_mask"], t["rollout_log_probs"] = (
+                torch.zeros(len(prompts), width),
+                torch.zeros(len(prompts), width),
+            )
             for row, (prompt, out) in enumerate(zip(prompts, outputs)):
                 ids, n = prompt + out.token_ids, len(prompt)
                 t["input_ids"][row, : len(ids)] = torch.tensor(ids)
@@ -68,7 +76,9 @@ def probe() -> dict:
 
         def engine_against_trainer(batch) -> dict[str, float]:
             """|engine - trainer| log-prob of the sampled tokens: mean and max."""
-            diff = (worker.compute_log_probs(batch)[0] - batch["rollout_log_probs"]).abs()[batch["loss_mask"] > 0]
+            diff = (worker.compute_log_probs(batch)[0] - batch["rollout_log_probs"]).abs()[
+                batch["loss_mask"] > 0
+            ]
             return {"mean": diff.mean().item(), "max": diff.max().item()}
 
         batch = batch_of(worker.engine.generate(prompts, sampling))
@@ -95,11 +105,19 @@ def probe() -> dict:
 
 @pytest.mark.slow
 @pytest.mark.bf16
-@pytest.mark.skipif(not cpu_compute(environ={}).native_bf16, reason="this CPU has no native bf16 (AMX or AVX512-BF16)")
+@pytest.mark.skipif(
+    not cpu_compute(environ={}).native_bf16, reason="this CPU has no native bf16 (AMX or AVX512-BF16)"
+)
 def test_the_bf16_engine_and_worker_agree_within_bf16s_tolerance():
     env = {k: v for k, v in os.environ.items() if k != "ONEDNN_MAX_CPU_ISA"}
     child = subprocess.run(
-        [sys.executable, __file__], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False
+        [sys.executable, __file__],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
     )
     assert child.returncode == 0, child.stderr[-3000:]
     found = json.loads(child.stdout.strip().splitlines()[-1])
@@ -107,7 +125,9 @@ def test_the_bf16_engine_and_worker_agree_within_bf16s_tolerance():
     assert found["engine_dtype"] == found["compute_dtype"] == "torch.bfloat16", found
     assert found["tokens"] > 40
     assert found["before"]["max"] < BF16_LOG_PROB_TOL and found["synced"]["max"] < BF16_LOG_PROB_TOL, found
-    assert found["stale"]["max"] > BF16_LOG_PROB_TOL, found  # the step moved the policy; the sync carried it over
+    assert found["stale"]["max"] > BF16_LOG_PROB_TOL, (
+        found
+    )  # the step moved the policy; the sync carried it over
     assert math.isfinite(found["pg_loss"]) and found["pg_loss"] != 0, found
     assert math.isfinite(found["grad_norm"]) and found["grad_norm"] > 0, found
 

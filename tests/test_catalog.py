@@ -1,4 +1,5 @@
-"""`grl list` / `grl-train --list`: the presets, task instances and engines, read from where the config reads them."""
+"""`grl list` / `grl-train --list`: the presets, task instances and engines, read from where the config reads
+them."""
 
 import shutil
 from pathlib import Path
@@ -38,7 +39,10 @@ def test_lists_every_preset_task_instance_and_engine(capsys):
     for name, block in blocks.items():
         env = "program" if block["agent_type"] == "program" else grl.agents.env_name(block["agent_type"])
         assert tasks[name][0] == env, name
-    assert "dim_room=[6,6]" in tasks["simpleSokobanAgent"][1] and "dim_room=[8,8]" in tasks["largeSokobanAgent"][1]
+    assert (
+        "dim_room=[6,6]" in tasks["simpleSokobanAgent"][1]
+        and "dim_room=[8,8]" in tasks["largeSokobanAgent"][1]
+    )
     assert tasks["gsm8kAgent_5_turn"][1].startswith("Solve the math word problem. (5 turns")
     assert [row[0] for row in shown["engines"]] == ["auto", *ENGINES]
     assert all(row[-1] for row in shown["engines"])
@@ -47,9 +51,14 @@ def test_lists_every_preset_task_instance_and_engine(capsys):
 def test_a_preset_and_a_task_of_ones_own_config_dir_are_listed(tmp_path, capsys):
     mine = tmp_path / "configs"
     shutil.copytree(CONFIGS, mine)
-    (mine / "preset" / "mine.yaml").write_text("# @package _global_\n# My own preset.\ntotal_training_steps: 3\n")
+    (mine / "preset" / "mine.yaml").write_text(
+        "# @package _global_\n# My own preset.\ntotal_training_steps: 3\n"
+    )
     with open(mine / "agents.yaml", "a") as agents:
-        agents.write("\nmyMaze:\n  agent_type: sokobanAgent\n  agent_config:\n    prompt: Walk the maze.\n    max_turns: 3\n")
+        agents.write(
+            "\nmyMaze:\n  agent_type: sokobanAgent\n  agent_config:\n    prompt: Walk the maze.\n    "
+            "max_turns: 3\n"
+        )
     shown = listing(capsys, "--config-dir", str(mine))
     assert ["mine", "My own preset."] in shown["presets"]
     assert ["myMaze", "sokoban", "Walk the maze. (3 turns)"] in shown["task instances"]

@@ -55,12 +55,19 @@ def test_mistakes_name_the_key_in_one_line(override, key):
 
 def test_rollouts_ahead_need_a_correction_and_without_the_old_pass_no_importance_weight_is_left():
     ahead = ["actor_rollout_ref.hybrid_engine=false", "rollout.max_staleness=1"]
-    with pytest.raises(ConfigError, match=r"^rollout.max_staleness=1: .*tis_imp_ratio_cap .*recompute_old_log_probs"):
+    with pytest.raises(
+        ConfigError, match=r"^rollout.max_staleness=1: .*tis_imp_ratio_cap .*recompute_old_log_probs"
+    ):
         load_config(ahead)
     load_config([*ahead, "actor_rollout_ref.actor.tis_imp_ratio_cap=2"])
     load_config([*ahead, "actor_rollout_ref.actor.recompute_old_log_probs=false"])
     with pytest.raises(ConfigError, match=r"^actor_rollout_ref.actor.tis_imp_ratio_cap: .* is 1 when"):
-        load_config(["actor_rollout_ref.actor.recompute_old_log_probs=false", "actor_rollout_ref.actor.tis_imp_ratio_cap=2"])
+        load_config(
+            [
+                "actor_rollout_ref.actor.recompute_old_log_probs=false",
+                "actor_rollout_ref.actor.tis_imp_ratio_cap=2",
+            ]
+        )
 
 
 def test_typo_suggests_the_known_key():
@@ -71,7 +78,10 @@ def test_typo_suggests_the_known_key():
 def test_cli_config_error_exits_fast_with_one_line():
     start = time.monotonic()
     result = subprocess.run(
-        [sys.executable, "-m", "grl.train", "rollout.agent_group_nmu=[2]"], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "grl.train", "rollout.agent_group_nmu=[2]"],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     elapsed = time.monotonic() - start
     assert result.returncode == 2
@@ -83,7 +93,9 @@ def test_cli_config_error_exits_fast_with_one_line():
 
 
 def test_cli_help():
-    result = subprocess.run([sys.executable, "-m", "grl.train", "--help"], capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "grl.train", "--help"], capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0
     assert "rollout.agent_group_num" in result.stdout
 
@@ -136,17 +148,34 @@ PRESETS = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "configs
     [
         (
             "rollout.training=simpleSokobanAgent",
-            "rollout.training: takes a list, not the single value 'simpleSokobanAgent'; use [simpleSokobanAgent]",
+            "rollout.training: takes a list, not the single value 'simpleSokobanAgent'; use "
+            "[simpleSokobanAgent]",
         ),
-        ("trainer.logger=console", "trainer.logger: takes a list, not the single value 'console'; use [console]"),
-        ("rollout.agent_group_num=8", "rollout.agent_group_num: takes a list, not the single value 8; use [8]"),
+        (
+            "trainer.logger=console",
+            "trainer.logger: takes a list, not the single value 'console'; use [console]",
+        ),
+        (
+            "rollout.agent_group_num=8",
+            "rollout.agent_group_num: takes a list, not the single value 8; use [8]",
+        ),
         (
             "+simpleSokobanAgent.agent_config.tools=python",
-            "simpleSokobanAgent.agent_config.tools: takes a list, not the single value 'python'; use [python]",
+            "simpleSokobanAgent.agent_config.tools: takes a list, not the single value 'python'; use "
+            "[python]",
         ),
-        ("preset=cpuu", f"preset: no preset named 'cpuu' (did you mean cpu?); the presets are {', '.join(PRESETS)}"),
-        ("hydra.run.dir=/tmp/elsewhere", "hydra.run.dir: GRL composes its config with Hydra but runs no Hydra job"),
-        ("hydra/job_logging=disabled", "hydra/job_logging: GRL composes its config with Hydra but runs no Hydra job"),
+        (
+            "preset=cpuu",
+            f"preset: no preset named 'cpuu' (did you mean cpu?); the presets are {', '.join(PRESETS)}",
+        ),
+        (
+            "hydra.run.dir=/tmp/elsewhere",
+            "hydra.run.dir: GRL composes its config with Hydra but runs no Hydra job",
+        ),
+        (
+            "hydra/job_logging=disabled",
+            "hydra/job_logging: GRL composes its config with Hydra but runs no Hydra job",
+        ),
         (
             "rollout.training=simpleSokobanAgent,largeSokobanAgent",
             "rollout.training: 'simpleSokobanAgent,largeSokobanAgent' is a Hydra sweep",
@@ -161,10 +190,13 @@ def test_hydra_shaped_mistakes_get_one_line_naming_the_fix(override, says):
 
 
 def test_a_hydra_sweep_names_the_list_it_may_have_meant():
-    with pytest.raises(ConfigError, match=re.escape("rollout.training=[simpleSokobanAgent,largeSokobanAgent]")):
+    with pytest.raises(
+        ConfigError, match=re.escape("rollout.training=[simpleSokobanAgent,largeSokobanAgent]")
+    ):
         load_config(["rollout.training=simpleSokobanAgent,largeSokobanAgent"])
     with pytest.raises(
-        ConfigError, match=r"^algorithm.gamma: 'range\(1,3\)' is a Hydra sweep.*; run each value as its own command$"
+        ConfigError,
+        match=r"^algorithm.gamma: 'range\(1,3\)' is a Hydra sweep.*; run each value as its own command$",
     ):
         load_config(["algorithm.gamma=range(1,3)"])
 
@@ -174,7 +206,10 @@ def test_a_hydra_sweep_names_the_list_it_may_have_meant():
     [
         (["--cfg", "hydra"], "grl-train: --cfg hydra: GRL runs no Hydra job"),
         (["--cfg=all"], "grl-train: --cfg all: GRL runs no Hydra job"),
-        (["-m", "actor_rollout_ref.actor.optim.lr=1e-6,3e-6"], "grl-train: -m/--multirun: GRL runs one config per command"),
+        (
+            ["-m", "actor_rollout_ref.actor.optim.lr=1e-6,3e-6"],
+            "grl-train: -m/--multirun: GRL runs one config per command",
+        ),
         (["--multirun"], "grl-train: -m/--multirun: GRL runs one config per command"),
     ],
 )
@@ -196,5 +231,7 @@ def test_cfg_job_prints_what_cfg_prints_wherever_the_flag_stands(capsys):
         assert train.main(flags) == 0, capsys.readouterr().err
         printed.append(capsys.readouterr().out)
     assert printed[1:] == printed[:1] * 2
-    preset = yaml.safe_load((Path(__file__).resolve().parents[1] / "configs" / "preset" / "cpu.yaml").read_text())
+    preset = yaml.safe_load(
+        (Path(__file__).resolve().parents[1] / "configs" / "preset" / "cpu.yaml").read_text()
+    )
     assert yaml.safe_load(printed[0])["trainer"]["experiment_name"] == preset["experiment_name"]

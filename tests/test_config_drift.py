@@ -61,7 +61,12 @@ def test_two_spellings_of_one_key_cannot_disagree():
         r"data\.max_prompt_length=300",
     ):
         load_config(["data.max_prompt_length=300", "actor_rollout_ref.rollout.prompt_length=400"])
-    assert load_config(["data.max_prompt_length=300", "actor_rollout_ref.rollout.prompt_length=300"]).max_prompt_length == 300
+    assert (
+        load_config(
+            ["data.max_prompt_length=300", "actor_rollout_ref.rollout.prompt_length=300"]
+        ).max_prompt_length
+        == 300
+    )
 
 
 @pytest.mark.parametrize("top_k, accepted", TOP_K)
@@ -77,7 +82,8 @@ def test_top_k_rule_is_vllms(top_k, accepted):
 
 
 ACTOR_MICRO = "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"
-MICRO_BATCH = [  # (overrides, the key refused or None): the workers' keys are checked, whichever spelling set them
+# (overrides, the key refused or None): the workers' keys are checked, whichever spelling set them
+MICRO_BATCH = [
     (["micro_batch_size_per_gpu=64"], ACTOR_MICRO),
     ([f"{ACTOR_MICRO}=64"], ACTOR_MICRO),
     (["actor_rollout_ref.actor.ppo_mini_batch_size=2"], ACTOR_MICRO),
@@ -123,7 +129,9 @@ def test_the_trainer_reads_freq_zero_as_off(freq, tests, saves, tmp_path, monkey
     monkeypatch.setattr(agent_trainer, "save", lambda trainer: ran["save"].append(trainer.global_step) or {})
     monkeypatch.setattr(trainer, "train_step", lambda step: ({}, None))
     monkeypatch.setattr(trainer.certificate, "certify", lambda *args: {})
-    monkeypatch.setattr(trainer, "actor", SimpleNamespace(weights_check=None))  # no ranks: the loop alone is tested
+    monkeypatch.setattr(
+        trainer, "actor", SimpleNamespace(weights_check=None)
+    )  # no ranks: the loop alone is tested
     monkeypatch.setattr(trainer, "validate", lambda: ran["validate"].append(trainer.global_step) or {})
     monkeypatch.setattr(trainer, "close", lambda **kw: None)
     trainer.fit()
@@ -134,10 +142,20 @@ def test_the_trainer_reads_freq_zero_as_off(freq, tests, saves, tmp_path, monkey
 def test_keys_nothing_reads_are_accepted_with_a_note(key):
     behaves_as, why = NO_EFFECT[key]
     # a list, not a dict: 0 == False, and a dict would give the bool keys the int's value
-    others = [(True, "false"), (False, "true"), ("fsdp2", "fsdp"), (0, "8"), (16.0, "32"), ("all-linear", "[q_proj]")]
+    others = [
+        (True, "false"),
+        (False, "true"),
+        ("fsdp2", "fsdp"),
+        (0, "8"),
+        (16.0, "32"),
+        ("all-linear", "[q_proj]"),
+    ]
     other = next(o for value, o in others if type(value) is type(behaves_as) and value == behaves_as)
     cfg = load_config([f"{key}={other}"])
-    assert f"{key}: {OmegaConf.select(cfg, key)!r} has no effect (GRL compatibility): {why}" in preflight.check_numbers(cfg)
+    assert (
+        f"{key}: {OmegaConf.select(cfg, key)!r} has no effect (GRL compatibility): {why}"
+        in preflight.check_numbers(cfg)
+    )
     assert not any(note.startswith(key) for note in preflight.check_numbers(load_config([])))
 
 
@@ -145,7 +163,9 @@ def test_keys_nothing_reads_are_accepted_with_a_note(key):
 def test_critic_follows_the_estimator_and_preflight_only_reads(estimator, critic):
     from grl.planner import plan
 
-    cfg = load_config(["model_path=tiny", f"algorithm.adv_estimator={estimator}", "rollout.agent_group_size=[2]"])
+    cfg = load_config(
+        ["model_path=tiny", f"algorithm.adv_estimator={estimator}", "rollout.agent_group_size=[2]"]
+    )
     before = OmegaConf.to_yaml(cfg)
     preflight.check_numbers(cfg)
     assert OmegaConf.to_yaml(cfg) == before

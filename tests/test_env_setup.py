@@ -33,14 +33,18 @@ def path_without_nvidia_smi(*first: Path) -> str:
     return os.pathsep.join([*map(str, first), *dirs])
 
 
-def fake_nvidia_smi(folder: Path, driver: str | None, name: str = "NVIDIA A100-SXM4-80GB", memory: str = "81920 MiB") -> Path:
+def fake_nvidia_smi(
+    folder: Path, driver: str | None, name: str = "NVIDIA A100-SXM4-80GB", memory: str = "81920 MiB"
+) -> Path:
     """An `nvidia-smi` for two GPUs that answers `--query-gpu=FIELD,...` field by field, one line per GPU
     with a pause between (a reader that stops after the first line breaks its pipe), or fails as it does
     without a loaded driver; it logs its arguments."""
     folder.mkdir(exist_ok=True)
     script = folder / "nvidia-smi"
     if driver is None:
-        body = 'echo "NVIDIA-SMI has failed because it couldn\'t communicate with the NVIDIA driver."\nexit 9\n'
+        body = (
+            'echo "NVIDIA-SMI has failed because it couldn\'t communicate with the NVIDIA driver."\nexit 9\n'
+        )
     else:
         body = f"""line=""
 for arg in "$@"; do
@@ -65,11 +69,16 @@ echo "$line"
 
 
 def path_without_compilers(folder: Path, *first: Path) -> str:
-    """A PATH with every command of this one but gcc, clang, cc and nvidia-smi (links in FOLDER), after FIRST."""
+    """A PATH with every command of this one but gcc, clang, cc and nvidia-smi (links in FOLDER), after
+    FIRST."""
     folder.mkdir()
     for directory in reversed([d for d in os.environ["PATH"].split(os.pathsep) if d and Path(d).is_dir()]):
         for tool in Path(directory).iterdir():
-            if tool.name not in ("gcc", "clang", "cc", "nvidia-smi") and tool.is_file() and os.access(tool, os.X_OK):
+            if (
+                tool.name not in ("gcc", "clang", "cc", "nvidia-smi")
+                and tool.is_file()
+                and os.access(tool, os.X_OK)
+            ):
                 (folder / tool.name).unlink(missing_ok=True)
                 (folder / tool.name).symlink_to(tool)
     return os.pathsep.join([*map(str, first), str(folder)])
@@ -80,7 +89,8 @@ def python_without_headers(folder: Path) -> Path:
     (folder / "include").mkdir(parents=True)
     (folder / "sitecustomize.py").write_text(
         f"import sysconfig\npaths = sysconfig.get_paths\n"
-        f"sysconfig.get_paths = lambda *a, **k: {{**paths(*a, **k), 'include': {str(folder / 'include')!r}}}\n"
+        "sysconfig.get_paths = lambda *a, **k: "
+        f"{{**paths(*a, **k), 'include': {str(folder / 'include')!r}}}\n"
     )
     wrapper = folder / "python"
     wrapper.write_text(f'#!/bin/sh\nPYTHONPATH="{folder}" exec "{sys.executable}" "$@"\n')
@@ -101,7 +111,9 @@ def setup_run(repo: Path, fake: Path | None, dry: bool = True, **env) -> subproc
         PYTHON=sys.executable,
     )
     environ.update(env)
-    return subprocess.run(["bash", str(repo / "env_setup.sh")], env=environ, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        ["bash", str(repo / "env_setup.sh")], env=environ, capture_output=True, text=True, timeout=120
+    )
 
 
 def dry_run(repo: Path, fake: Path | None, **env) -> subprocess.CompletedProcess:
@@ -137,7 +149,10 @@ def test_an_older_driver_gets_the_cu129_builds_of_the_same_versions(repo, tmp_pa
     assert lines["device"] == "cuda (NVIDIA A100-SXM4-80GB)"
     assert lines["torch"] == "2.13.0+cu129 (CUDA 12.9 build)"
     assert lines["vllm"] == "0.32.0+cu129 (CUDA 12.9 build)"
-    assert lines["index"] == "PyPI + https://download.pytorch.org/whl/cu129 + https://wheels.vllm.ai/0.32.0/cu129"
+    assert (
+        lines["index"]
+        == "PyPI + https://download.pytorch.org/whl/cu129 + https://wheels.vllm.ai/0.32.0/cu129"
+    )
     assert "minor-version compatibility" in lines["note"] and "575.51.03" in lines["note"]
 
 
@@ -187,7 +202,8 @@ def test_grl_device_overrides_the_detection(repo, tmp_path):
     bad = dry_run(repo, None, GRL_DEVICE="tpu")
     assert (
         bad.returncode == 1
-        and bad.stderr == "env_setup: no pinned versions for device 'tpu' (requirements/constraints-tpu.txt)\n"
+        and bad.stderr
+        == "env_setup: no pinned versions for device 'tpu' (requirements/constraints-tpu.txt)\n"
     )
 
 
@@ -200,10 +216,15 @@ def test_pip_configuration_reaches_the_plan_and_picks_the_local_cpu_torch(repo, 
     (wheels / "torch-2.13.0+cpu-cp27-cp27mu-manylinux1_x86_64.whl").touch()
     conf = tmp_path / "pip.conf"
     conf.write_text(
-        f"[global]\nfind-links = {wheels}\nindex-url = https://mirror.example/simple\nextra-index-url = file:///global\n"
+        f"[global]\nfind-links = {wheels}\nindex-url = https://mirror.example/simple\nextra-index-url = "
+        "file:///global\n"
         "[install]\nextra-index-url =\n    file:///install/a\n    file:///install/b\n"
     )
-    files = {"PIP_CONFIG_FILE": str(conf), "HOME": str(tmp_path / "home"), "XDG_CONFIG_DIRS": str(tmp_path / "xdg")}
+    files = {
+        "PIP_CONFIG_FILE": str(conf),
+        "HOME": str(tmp_path / "home"),
+        "XDG_CONFIG_DIRS": str(tmp_path / "xdg"),
+    }
     lines = plan(dry_run(repo, None, **files))
     assert lines["torch"] == "2.13.0+cpu (CPU build, https://download.pytorch.org/whl/cpu)"
     assert lines["index"] == (
@@ -216,16 +237,25 @@ def test_pip_configuration_reaches_the_plan_and_picks_the_local_cpu_torch(repo, 
     lines = plan(dry_run(repo, None, PIP_EXTRA_INDEX_URL="file:///env", **files))
     assert lines["torch"] == f"2.13.0+cpu (CPU build, {local} from pip's find-links)"
     assert lines["index"] == f"https://mirror.example/simple + file:///env + find-links {wheels}"
-    assert plan(dry_run(repo, None, PIP_NO_INDEX="yes", **files))["index"] == f"no index (pip's no-index) + find-links {wheels}"
+    assert (
+        plan(dry_run(repo, None, PIP_NO_INDEX="yes", **files))["index"]
+        == f"no index (pip's no-index) + find-links {wheels}"
+    )
 
 
 def test_the_plan_names_the_installer(repo):
     assert re.fullmatch(
-        r"uv \d+\.\d+\.\d+ \(pip installs it into \.venv; .*pip does any step uv cannot\)", plan(dry_run(repo, None))["installer"]
+        r"uv \d+\.\d+\.\d+ \(pip installs it into \.venv; .*pip does any step uv cannot\)",
+        plan(dry_run(repo, None))["installer"],
     )
-    assert plan(dry_run(repo, None, GRL_SETUP_INSTALLER="pip"))["installer"] == "pip (GRL_SETUP_INSTALLER=pip)"
+    assert (
+        plan(dry_run(repo, None, GRL_SETUP_INSTALLER="pip"))["installer"] == "pip (GRL_SETUP_INSTALLER=pip)"
+    )
     bad = dry_run(repo, None, GRL_SETUP_INSTALLER="conda")
-    assert (bad.returncode, bad.stderr) == (1, "env_setup: GRL_SETUP_INSTALLER must be uv or pip, not 'conda'\n")
+    assert (bad.returncode, bad.stderr) == (
+        1,
+        "env_setup: GRL_SETUP_INSTALLER must be uv or pip, not 'conda'\n",
+    )
 
 
 def test_pip_installs_where_uv_cannot_be_installed(repo):
@@ -233,7 +263,11 @@ def test_pip_installs_where_uv_cannot_be_installed(repo):
     fails too, leaving the venv unstamped)."""
     result = setup_run(repo, None, dry=False, PIP_NO_INDEX="1")
     assert result.returncode != 0
-    assert re.search(r"^env_setup: note: uv [\d.]+ could not be installed or run here; installing with pip$", result.stderr, re.M)
+    assert re.search(
+        r"^env_setup: note: uv [\d.]+ could not be installed or run here; installing with pip$",
+        result.stderr,
+        re.M,
+    )
     assert "from requirements/constraints-cpu.txt with pip; torch 2.13.0+cpu (CPU build, " in result.stdout
     assert (repo / ".venv/bin/python").exists() and not (repo / ".venv/.grl-setup-stamp").exists()
 
@@ -247,15 +281,24 @@ def test_cuda_without_a_c_compiler_or_python_headers_is_refused_before_installin
     headers = tmp_path / "py/include/Python.h"
     fix = "install them (apt-get install gcc python3-dev) and run again"
     assert "note" not in plan(dry_run(repo, fake))
-    assert plan(dry_run(repo, None, PATH=no_compiler))["note"].endswith(f"missing: a C compiler (gcc or clang); {fix}")
-    assert plan(dry_run(repo, fake, PYTHON=str(no_headers)))["note"].endswith(f"missing: Python's headers ({headers}); {fix}")
-    assert "note" not in plan(dry_run(repo, None, PATH=no_compiler, CC=shutil.which("gcc") or shutil.which("cc")))
-    assert plan(dry_run(repo, fake, CC="/nowhere/cc"))["note"].endswith(f"missing: the C compiler CC=/nowhere/cc; {fix}")
+    assert plan(dry_run(repo, None, PATH=no_compiler))["note"].endswith(
+        f"missing: a C compiler (gcc or clang); {fix}"
+    )
+    assert plan(dry_run(repo, fake, PYTHON=str(no_headers)))["note"].endswith(
+        f"missing: Python's headers ({headers}); {fix}"
+    )
+    assert "note" not in plan(
+        dry_run(repo, None, PATH=no_compiler, CC=shutil.which("gcc") or shutil.which("cc"))
+    )
+    assert plan(dry_run(repo, fake, CC="/nowhere/cc"))["note"].endswith(
+        f"missing: the C compiler CC=/nowhere/cc; {fix}"
+    )
     # Should the check go, the run finds no index to install from.
     refused = setup_run(repo, None, dry=False, PATH=no_compiler, PYTHON=str(no_headers), PIP_NO_INDEX="1")
     assert (refused.returncode, refused.stdout) == (2, "")
     assert refused.stderr == (
-        "env_setup: vLLM needs a C compiler and Python's headers where it runs (Triton compiles its launcher at run"
+        "env_setup: vLLM needs a C compiler and Python's headers where it runs (Triton compiles its "
+        "launcher at run"
         f" time); missing: a C compiler (gcc or clang) and Python's headers ({headers}); {fix}\n"
     )
     assert not (repo / ".venv").exists()
@@ -294,7 +337,9 @@ def test_the_venv_holds_the_bytecode_of_what_every_worker_imports():
     import transformers
 
     for module in (torch, transformers, torch.nn.functional, transformers.modeling_utils):
-        assert Path(importlib.util.cache_from_source(module.__file__)).exists(), f"no bytecode for {module.__name__}"
+        assert Path(importlib.util.cache_from_source(module.__file__)).exists(), (
+            f"no bytecode for {module.__name__}"
+        )
 
 
 def test_sourcing_a_refusal_returns_2_and_leaves_the_shell_as_it_was(repo, tmp_path):
@@ -333,7 +378,9 @@ def gpu_smoke(tmp_path, fake: Path | None, **env: str) -> subprocess.CompletedPr
         "PATH": path_without_nvidia_smi(*([fake] if fake else [])),
         "GRL_SMOKE_DIR": str(tmp_path / "smoke"),
     }
-    return subprocess.run(["bash", str(ROOT / "scripts/gpu_smoke.sh")], env=environ, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        ["bash", str(ROOT / "scripts/gpu_smoke.sh")], env=environ, capture_output=True, text=True, timeout=120
+    )
 
 
 @pytest.mark.parametrize("has_nvidia_smi", [False, True])
@@ -341,7 +388,10 @@ def test_gpu_smoke_without_a_gpu_says_so_in_one_line(tmp_path, has_nvidia_smi):
     performance = (ROOT / "docs/PERFORMANCE.md").read_text()
     result = gpu_smoke(tmp_path, fake_nvidia_smi(tmp_path / "bin", None) if has_nvidia_smi else None)
     assert (result.returncode, result.stdout) == (2, "")
-    assert result.stderr == "gpu_smoke: no NVIDIA GPU here (nvidia-smi is absent or lists none); nothing to run\n"
+    assert (
+        result.stderr
+        == "gpu_smoke: no NVIDIA GPU here (nvidia-smi is absent or lists none); nothing to run\n"
+    )
     assert not (tmp_path / "smoke").exists()
     assert (ROOT / "docs/PERFORMANCE.md").read_text() == performance
 

@@ -116,7 +116,9 @@ def test_the_device_command_stash_keeps_a_sound_part_and_refuses_a_corrupted_one
 
 def wheel_requiring(folder: Path, name: str, requires: list[str]) -> Path:
     path = folder / f"{name}-1.0-py3-none-any.whl"
-    metadata = "\n".join(["Metadata-Version: 2.1", f"Name: {name}", "Version: 1.0", *[f"Requires-Dist: {r}" for r in requires]])
+    metadata = "\n".join(
+        ["Metadata-Version: 2.1", f"Name: {name}", "Version: 1.0", *[f"Requires-Dist: {r}" for r in requires]]
+    )
     with zipfile.ZipFile(path, "w") as zf:
         zf.writestr(f"{name}-1.0.dist-info/METADATA", metadata + "\n\n")
     return path
@@ -126,13 +128,20 @@ def test_the_builder_names_a_requirement_nobody_provides(tmp_path):
     target = build.Target("gpu")
     image = {"numpy": None, "click": "8.5.1"}
     wheels = [
-        wheel_requiring(tmp_path, "alpha", ["numpy", "beta>=2", "gamma", "delta; python_version < '3.9'", "eps; extra == 'x'"]),
+        wheel_requiring(
+            tmp_path,
+            "alpha",
+            ["numpy", "beta>=2", "gamma", "delta; python_version < '3.9'", "eps; extra == 'x'"],
+        ),
         wheel_requiring(tmp_path, "beta", ["click"]),
     ]
     problems = build.requirement_problems(wheels, target, image, left_out={"gamma"})
     assert problems == ["alpha needs beta>=2, the kit carries beta 1.0"]
     problems = build.requirement_problems(wheels, target, image, left_out=set())
-    assert [p.split(":")[0] for p in problems] == ["alpha needs beta>=2, the kit carries beta 1.0", "alpha needs gamma"]
+    assert [p.split(":")[0] for p in problems] == [
+        "alpha needs beta>=2, the kit carries beta 1.0",
+        "alpha needs gamma",
+    ]
 
 
 def test_every_grl_dependency_is_carried_in_the_image_or_named_unused():
@@ -153,7 +162,9 @@ def test_every_grl_dependency_is_carried_in_the_image_or_named_unused():
 def test_the_engine_import_check_names_a_missing_package(tmp_path, monkeypatch):
     engine_imports = load("engine_imports")
     (tmp_path / "needs_absent.py").write_text("import grl_kit_absent_package.sub\n")
-    (tmp_path / "broken_ext.py").write_text("raise OSError('libcudart.so.13: cannot open shared object file')\n")
+    (tmp_path / "broken_ext.py").write_text(
+        "raise OSError('libcudart.so.13: cannot open shared object file')\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     missing, failed = engine_imports.probe(["json", "needs_absent", "broken_ext"])
     assert missing == {"grl_kit_absent_package": "needs_absent"}
@@ -203,9 +214,13 @@ def check_rehearsal(done, tmp_path):
 
     steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert {1, 2, 3} <= set(steps)
-    assert (run / "checkpoints" / "global_step_3").is_dir() and (run / "checkpoints" / "hf_actor" / "config.json").exists()
+    assert (run / "checkpoints" / "global_step_3").is_dir() and (
+        run / "checkpoints" / "hf_actor" / "config.json"
+    ).exists()
     train_log = (out / "train.log").read_text()
-    assert "global_step_2 (step 2)" in train_log.split("=== resume:")[1], "the second run resumed from the first's step 2"
+    assert "global_step_2 (step 2)" in train_log.split("=== resume:")[1], (
+        "the second run resumed from the first's step 2"
+    )
     roles = {p["role"] for p in summary["stages"]["train"]["memory"]["processes"]}
     assert {"driver", "PolicyWorker", "CriticWorker"} <= roles, roles
     assert "| train |" in (out / "report.md").read_text() and summary["figures"]["plan"]

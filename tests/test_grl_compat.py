@@ -55,7 +55,12 @@ SOKOBAN_7B = [
     "trainer.total_training_steps=200",
     "model_path=tiny",
 ]
-TUTORIAL = ["rollout.show_tqdm=True", "rollout.num_prompt_threads=0", "rollout.num_env_threads=0", "rollout.num_init_threads=0"]
+TUTORIAL = [
+    "rollout.show_tqdm=True",
+    "rollout.num_prompt_threads=0",
+    "rollout.num_env_threads=0",
+    "rollout.num_init_threads=0",
+]
 GRL_BASE_KEYS = [
     "actor_rollout_ref.rollout.rollout_filter_ratio=0.25",
     "actor_rollout_ref.rollout.rollout_filter_type=std",
@@ -96,7 +101,8 @@ SPECIAL_MEANINGS = {
 
 
 @pytest.mark.parametrize(
-    "overrides,override", [(group, o) for group in (VERL_QUICK, SOKOBAN_7B, TUTORIAL, GRL_BASE_KEYS) for o in group]
+    "overrides,override",
+    [(group, o) for group in (VERL_QUICK, SOKOBAN_7B, TUTORIAL, GRL_BASE_KEYS) for o in group],
 )
 def test_each_grl_override_reaches_the_key_that_is_read(overrides, override):
     """Every override of GRL's scripts, given with the rest of its command line, lands where this
@@ -153,7 +159,11 @@ def test_resume_from_path_replaces_resume_mode(tmp_path):
 
 @pytest.mark.parametrize("key", ["rollout.training", "rollout.validation"])
 def test_a_task_named_twice_is_rejected(key):
-    sizes = "rollout.agent_group_num=[1,1]" if key == "rollout.training" else "rollout.validation_agent_group_num=[1,1]"
+    sizes = (
+        "rollout.agent_group_num=[1,1]"
+        if key == "rollout.training"
+        else "rollout.validation_agent_group_num=[1,1]"
+    )
     other = sizes.replace("group_num", "group_size")
     with pytest.raises(ConfigError, match=rf"^{key}: simpleSokobanAgent named twice"):
         load_config([f"{key}=[simpleSokobanAgent,simpleSokobanAgent]", sizes, other])

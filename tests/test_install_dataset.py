@@ -16,7 +16,12 @@ from grl.config import load_config, task_instance
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "install_dataset.sh"
 SETS = {  # one row per set, in the layout its hub dataset has
-    "math500": {"problem": "Compute $\\dbinom{8}{4}$.", "solution": "$\\boxed{70}$", "answer": "70", "level": 2},
+    "math500": {
+        "problem": "Compute $\\dbinom{8}{4}$.",
+        "solution": "$\\boxed{70}$",
+        "answer": "70",
+        "level": 2,
+    },
     "aime24": {"id": 60, "problem": "Find the remainder.", "solution": "so \\boxed{204}.", "url": "u"},
     "aime25": {"problem": "Find the sum of the bases.", "answer": "70", "id": "0"},
     "amc23": {"id": 0, "question": "How many squares?", "answer": 12.0, "url": "u"},
@@ -33,7 +38,9 @@ def install(*args, env=None, cwd=None):
         "PYTHONPATH": str(ROOT),
         **(env or {}),
     }
-    return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=300)
+    return subprocess.run(
+        ["bash", str(SCRIPT), *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=300
+    )
 
 
 @pytest.mark.parametrize(

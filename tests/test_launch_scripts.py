@@ -21,7 +21,9 @@ def dry_run(script: str, *args: str, force_gpu: bool = False) -> list[str]:
     env = {"PATH": "/usr/bin:/bin", "DRY_RUN": "1", "HOME": str(Path.home())}
     if force_gpu:
         env["GRL_FORCE_GPU"] = "1"
-    out = subprocess.run(["bash", script, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        ["bash", script, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 0, out.stderr
     command_line = out.stdout.strip().splitlines()[-1]
     argv = shlex.split(command_line)
@@ -74,7 +76,9 @@ def test_positional_arguments_map_in_order_with_memory_fraction(tmp_path):
 
 
 def test_halfb_scripts_take_steps_twelfth_and_empty_arguments_keep_defaults():
-    overrides = dry_run("examples/tetris_ppo/qwen_halfb.sh", "", "", "", "", "", "", "", "", "", "", "", "9", force_gpu=True)
+    overrides = dry_run(
+        "examples/tetris_ppo/qwen_halfb.sh", "", "", "", "", "", "", "", "", "", "", "", "9", force_gpu=True
+    )
     assert "total_training_steps=9" in overrides
     assert "rollout.training=[tetrisAgent_type_1_dim_4]" in overrides
     assert "preset=a100_1x_0.5b" in overrides
@@ -105,19 +109,28 @@ def test_source_leaves_the_callers_shell_unchanged(tmp_path):
 
 
 def test_grl_script_name_runs_the_quick_start():
-    assert dry_run("verl_quick_training_example.sh", "0", "3") == dry_run("quick_train_qwen_halfb.sh", "0", "3")
+    assert dry_run("verl_quick_training_example.sh", "0", "3") == dry_run(
+        "quick_train_qwen_halfb.sh", "0", "3"
+    )
 
 
 def dry_run_output(script: str, *args: str) -> str:
     env = {"PATH": "/usr/bin:/bin", "DRY_RUN": "1", "HOME": str(Path.home())}
-    out = subprocess.run(["bash", script, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        ["bash", script, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 0, out.stderr
     return out.stdout
 
 
 def test_cpu_fallback_names_the_arguments_it_does_not_use():
-    out = dry_run_output("examples/sokoban_ppo/qwen_3b.sh", "0", "3", "", "", "", "", "", "2", "", "", "/models/x", "0.3")
-    assert "does not use these arguments you gave: cuda_devices=0 n_gpus=2 model_path=/models/x mem_fraction=0.3" in out
+    out = dry_run_output(
+        "examples/sokoban_ppo/qwen_3b.sh", "0", "3", "", "", "", "", "", "2", "", "", "/models/x", "0.3"
+    )
+    assert (
+        "does not use these arguments you gave: cuda_devices=0 n_gpus=2 model_path=/models/x mem_fraction=0.3"
+        in out
+    )
     assert "group_num       3\n" in out  # used: no note
 
 
@@ -158,7 +171,15 @@ def test_source_without_arguments_ignores_the_callers_parameters():
     assert "rollout.agent_group_num=\\[3\\]" in with_args
 
 
-POSITIONAL = ["cuda_devices", "group_num", "group_size", "val_group_num", "val_group_size", "train_tasks", "val_tasks"]
+POSITIONAL = [
+    "cuda_devices",
+    "group_num",
+    "group_size",
+    "val_group_num",
+    "val_group_size",
+    "train_tasks",
+    "val_tasks",
+]
 POSITIONAL += ["n_gpus", "project", "experiment", "model_path"]
 
 
@@ -185,7 +206,9 @@ def test_help_lists_every_argument_with_its_default_and_starts_nothing(script, t
     names = POSITIONAL + (["mem_fraction"] if with_mem else []) + ["total_steps"]
     for flag, position in (("--help", 0), ("-h", 0), ("--help", 3)):
         args = ["0"] * position + [flag]
-        out = subprocess.run(["bash", script, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+        out = subprocess.run(
+            ["bash", script, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
+        )
         assert out.returncode == 0 and out.stderr == "", out.stderr
         assert not started.exists() and not (tmp_path / "logs").exists(), out.stdout
         lines = out.stdout.splitlines()
@@ -200,31 +223,77 @@ def test_help_lists_every_argument_with_its_default_and_starts_nothing(script, t
 
 
 BAD_ARGUMENTS = [
-    ("quick_train_qwen_halfb.sh", ["--hlep"], "argument 1 (cuda_devices): '--hlep' is not a comma list of GPU indices"),
+    (
+        "quick_train_qwen_halfb.sh",
+        ["--hlep"],
+        "argument 1 (cuda_devices): '--hlep' is not a comma list of GPU indices",
+    ),
     ("examples/sokoban_ppo/qwen_halfb.sh", ["0", "8,x"], "argument 2 (group_num): '8,x' is not a comma list"),
-    ("examples/sokoban_ppo/qwen_halfb.sh", ["0", "", "0"], "argument 3 (group_size): '0' is not a comma list"),
+    (
+        "examples/sokoban_ppo/qwen_halfb.sh",
+        ["0", "", "0"],
+        "argument 3 (group_size): '0' is not a comma list",
+    ),
     (
         "examples/tetris_ppo/qwen_3b.sh",
         ["", "", "", "", "", "tetrisAgent"],
         "argument 6 (train_tasks): 'tetrisAgent' is not a task",
     ),
-    ("examples/tetris_ppo/qwen_3b.sh", [""] * 6 + ["simpleSokobanAgent,nope"], "argument 7 (val_tasks): 'nope' is not a task"),
-    ("examples/sokoban_ppo/qwen_7b.sh", [""] * 7 + ["eight"], "argument 8 (n_gpus): 'eight' is not a positive whole number"),
-    ("examples/sokoban_ppo/qwen_7b.sh", [""] * 9 + ["my run"], "argument 10 (experiment): 'my run' is not a name"),
+    (
+        "examples/tetris_ppo/qwen_3b.sh",
+        [""] * 6 + ["simpleSokobanAgent,nope"],
+        "argument 7 (val_tasks): 'nope' is not a task",
+    ),
+    (
+        "examples/sokoban_ppo/qwen_7b.sh",
+        [""] * 7 + ["eight"],
+        "argument 8 (n_gpus): 'eight' is not a positive whole number",
+    ),
+    (
+        "examples/sokoban_ppo/qwen_7b.sh",
+        [""] * 9 + ["my run"],
+        "argument 10 (experiment): 'my run' is not a name",
+    ),
     # argument 11 left out: the memory fraction lands on the model, the steps on the fraction
-    ("examples/sokoban_ppo/qwen_3b.sh", [""] * 10 + ["0.5", "200"], "argument 11 (model_path): '0.5' is neither a hub id"),
-    ("examples/sokoban_ppo/qwen_3b.sh", [""] * 11 + ["200"], "argument 12 (mem_fraction): '200' is not a fraction in (0, 1]"),
-    ("examples/sokoban_ppo/qwen_3b.sh", [""] * 11 + ["0"], "argument 12 (mem_fraction): '0' is not a fraction"),
-    ("examples/sokoban_ppo/qwen_halfb.sh", [""] * 11 + ["0.5", "200"], "argument 12 (total_steps): '0.5' is not a positive"),
-    ("examples/sokoban_ppo/qwen_halfb.sh", [""] * 12 + ["200"], "argument 13 (override): '200' is not KEY=VALUE"),
-    ("verl_quick_training_example.sh", [""] * 11 + ["-3"], "argument 12 (total_steps): '-3' is not a positive"),
+    (
+        "examples/sokoban_ppo/qwen_3b.sh",
+        [""] * 10 + ["0.5", "200"],
+        "argument 11 (model_path): '0.5' is neither a hub id",
+    ),
+    (
+        "examples/sokoban_ppo/qwen_3b.sh",
+        [""] * 11 + ["200"],
+        "argument 12 (mem_fraction): '200' is not a fraction in (0, 1]",
+    ),
+    (
+        "examples/sokoban_ppo/qwen_3b.sh",
+        [""] * 11 + ["0"],
+        "argument 12 (mem_fraction): '0' is not a fraction",
+    ),
+    (
+        "examples/sokoban_ppo/qwen_halfb.sh",
+        [""] * 11 + ["0.5", "200"],
+        "argument 12 (total_steps): '0.5' is not a positive",
+    ),
+    (
+        "examples/sokoban_ppo/qwen_halfb.sh",
+        [""] * 12 + ["200"],
+        "argument 13 (override): '200' is not KEY=VALUE",
+    ),
+    (
+        "verl_quick_training_example.sh",
+        [""] * 11 + ["-3"],
+        "argument 12 (total_steps): '-3' is not a positive",
+    ),
 ]
 
 
 @pytest.mark.parametrize("script, args, message", BAD_ARGUMENTS)
 def test_a_bad_argument_stops_the_script_in_one_line_naming_it(script, args, message):
     env = {"PATH": "/usr/bin:/bin", "DRY_RUN": "1", "HOME": str(Path.home())}
-    out = subprocess.run(["bash", script, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        ["bash", script, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 2, out.stdout
     assert out.stderr.count("\n") == 1 and out.stderr.startswith(f"grl: {message}"), out.stderr
     assert "would run" not in out.stdout
@@ -234,7 +303,10 @@ def test_a_bad_argument_stops_the_script_in_one_line_naming_it(script, args, mes
     "args, message",
     [
         (["0"], "argument 8 (n_gpus): 2 GPUs per node, but argument 1 (cuda_devices) '0' names 1"),
-        ([""] * 10 + ["/no/such/model"], "argument 11 (model_path): '/no/such/model' is not a folder on this machine"),
+        (
+            [""] * 10 + ["/no/such/model"],
+            "argument 11 (model_path): '/no/such/model' is not a folder on this machine",
+        ),
     ],
 )
 def test_what_only_the_gpu_command_uses_is_checked_there(args, message):
@@ -248,5 +320,7 @@ def test_what_only_the_gpu_command_uses_is_checked_there(args, message):
         timeout=60,
     )
     assert gpu.returncode == 2 and gpu.stderr.startswith(f"grl: {message}"), gpu.stderr
-    cpu = subprocess.run(["bash", "examples/sokoban_ppo/qwen_3b.sh", *args], cwd=ROOT, env=env, capture_output=True, text=True)
+    cpu = subprocess.run(
+        ["bash", "examples/sokoban_ppo/qwen_3b.sh", *args], cwd=ROOT, env=env, capture_output=True, text=True
+    )
     assert cpu.returncode == 0 and "does not use these arguments you gave" in cpu.stdout, cpu.stderr

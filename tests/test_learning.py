@@ -32,7 +32,9 @@ TOPICS = ("rain", "cats", "bread", "stars", "music", "roads", "trees", "ships")
 SEED = int(os.environ.get("GRL_TEST_SEED", "42"))
 
 
-def small_run_config(tmp_path, task: str, block: dict, max_response_length: int, validation_groups: int, **overrides):
+def small_run_config(
+    tmp_path, task: str, block: dict, max_response_length: int, validation_groups: int, **overrides
+):
     """A short CPU run of the tiny model on one registered task, validated greedily before and after."""
     keys = {
         "model_path": "tiny",
@@ -71,16 +73,21 @@ def multiply_advantages(monkeypatch, sign: float) -> None:
 
     estimate = transforms.compute_advantage
     monkeypatch.setattr(
-        transforms, "compute_advantage", lambda *a, **k: tuple(sign * x if i == 0 else x for i, x in enumerate(estimate(*a, **k)))
+        transforms,
+        "compute_advantage",
+        lambda *a, **k: tuple(sign * x if i == 0 else x for i, x in enumerate(estimate(*a, **k))),
     )
 
 
 def outcome(tmp_path, task: str, sign: float, last_step: int):
-    """(history by step, greedy validation success at step 0 and at `last_step`), printed with the training curve."""
+    """(history by step, greedy validation success at step 0 and at `last_step`), printed with the training
+    curve."""
     history = {r["step"]: r for r in read_jsonl(tmp_path / "run" / METRICS_FILE)}
     before, after = history[0][f"val-env/{task}/success"], history[last_step][f"val-env/{task}/success"]
     train = [round(history[s][f"train/{task}/success"], 2) for s in sorted(history) if s > 0]
-    print(f"sign {sign:+.0f}: greedy validation success {before:.3f} -> {after:.3f}; training success {train}")
+    print(
+        f"sign {sign:+.0f}: greedy validation success {before:.3f} -> {after:.3f}; training success {train}"
+    )
     return history, before, after
 
 
@@ -115,7 +122,11 @@ class FruitEnv(Env):
             self._state(),
             float(ok),
             done,
-            step_info(success=done and self.right == 3, action_is_valid=action.strip() in FRUITS, action_is_effective=True),
+            step_info(
+                success=done and self.right == 3,
+                action_is_valid=action.strip() in FRUITS,
+                action_is_effective=True,
+            ),
         )
 
 
@@ -199,18 +210,25 @@ def test_ppo_learns_under_valid_action_decoding(tmp_path, monkeypatch, ray_runti
     AgentTrainer.from_config(cfg).fit()
     history, before, after = outcome(tmp_path, "fruit", sign, 8)
     assert all(
-        history[s]["train/fruit/action_is_valid"] == 1.0 and history[s]["train/fruit/format_ok"] == 1.0 for s in history if s > 0
+        history[s]["train/fruit/action_is_valid"] == 1.0 and history[s]["train/fruit/format_ok"] == 1.0
+        for s in history
+        if s > 0
     )
     assert before == 0.0
     assert (after >= 0.5) == (sign > 0), (before, after)
     if estimator == "gae_critic":  # the critic trained beside the actor
-        assert all(math.isfinite(history[s]["critic/vf_loss"]) and history[s]["critic/grad_norm"] > 0 for s in history if s > 0)
+        assert all(
+            math.isfinite(history[s]["critic/vf_loss"]) and history[s]["critic/grad_norm"] > 0
+            for s in history
+            if s > 0
+        )
 
 
 # ---------------------------------------------------------------- an agent program through the gateway
 
 
-# The fruit game written against the `openai` client, and as an OpenAI Agents SDK agent (openai-agents, unmodified).
+# The fruit game written against the `openai` client, and as an OpenAI Agents SDK agent (openai-agents,
+# unmodified).
 FRUIT_PROGRAMS = {
     "openai_client": "tests.gateway.programs:fruit_picker",
     "agents_sdk": "tests.gateway.agents_sdk_programs:fruit_picker",
@@ -236,7 +254,9 @@ def program_greedy_choice(program: str) -> str:
 
     engine = make_engine("hf", "tiny", device="cpu", grammar=True)
     runner = ProgramRunner(engine, engine.tokenizer, context=1024, max_response_length=12)
-    task = TaskSpec("fruitProgram", task_from_block("fruitProgram", program_fruit_task("plum", program)), 1, 1)
+    task = TaskSpec(
+        "fruitProgram", task_from_block("fruitProgram", program_fruit_task("plum", program)), 1, 1
+    )
     try:
         [episode], _ = runner.run([task], 0, 0, SamplingParams(greedy=True))
     finally:
@@ -249,7 +269,9 @@ def program_greedy_choice(program: str) -> str:
 @pytest.mark.learning
 @pytest.mark.parametrize("program", sorted(FRUIT_PROGRAMS))
 @pytest.mark.parametrize("sign", [1.0, -1.0], ids=["as_is", "advantage_sign_flipped"])
-def test_ppo_learns_through_the_gateway_the_fruit_game_written_as_a_program(tmp_path, monkeypatch, ray_runtime, sign, program):
+def test_ppo_learns_through_the_gateway_the_fruit_game_written_as_a_program(
+    tmp_path, monkeypatch, ray_runtime, sign, program
+):
     """The valid-action test above with its agent written against the `openai` client, and with the
     Agents SDK over the Responses API: the trainer starts the gateway, the program's calls are its
     episodes, and the same run learns (and, with the advantages negated, does not)."""
@@ -281,7 +303,11 @@ def test_ppo_learns_through_the_gateway_the_fruit_game_written_as_a_program(tmp_
     with pytest.raises(httpx.ConnectError):  # and stopped with it
         httpx.get(f"{gateway}/v1/models", timeout=5)
     history, before, after = outcome(tmp_path, "fruitProgram", sign, 8)
-    assert all(history[s]["gateway/calls"] == 48 and history[s]["gateway/prefix_breaks"] == 0 for s in history if s > 0)
+    assert all(
+        history[s]["gateway/calls"] == 48 and history[s]["gateway/prefix_breaks"] == 0
+        for s in history
+        if s > 0
+    )
     # The update scores exactly the sampled ids under the distribution they were drawn from (one optimizer
     # step a rollout, so the scoring weights are the sampling ones): the engine's log-probs agree.
     assert all(history[s]["training/rollout_logprob_diff_max"] < 1e-3 for s in history if s > 0)

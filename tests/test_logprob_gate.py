@@ -18,7 +18,9 @@ MEAN, P99, MAX = (f"training/rollout_logprob_diff_{stat}" for stat in ("mean", "
 def run_gate(tmp_path, records, *args):
     path = tmp_path / "metrics.jsonl"
     path.write_text("".join(json.dumps(record) + "\n" for record in records))
-    return subprocess.run([sys.executable, str(GATE), str(path), *args], capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, str(GATE), str(path), *args], capture_output=True, text=True, timeout=60
+    )
 
 
 def step(n, **gaps):
@@ -26,8 +28,11 @@ def step(n, **gaps):
 
 
 def test_a_sound_run_with_one_far_token_passes(tmp_path):
-    """A maximum of 2.5 nats failed the old gate (max <= 1 nat); the mean and p99 are those of a sound pair."""
-    result = run_gate(tmp_path, [step(1, **{MEAN: 0.5, P99: 3.0}), step(2, **{MEAN: 0.03, P99: 0.4, MAX: 2.5})])
+    """A maximum of 2.5 nats failed the old gate (max <= 1 nat); the mean and p99 are those of a sound
+    pair."""
+    result = run_gate(
+        tmp_path, [step(1, **{MEAN: 0.5, P99: 3.0}), step(2, **{MEAN: 0.03, P99: 0.4, MAX: 2.5})]
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("\n") == 1 and "step 2:" in result.stdout and result.stderr == ""
 
@@ -49,7 +54,9 @@ def test_a_gap_above_its_limit_fails_in_one_line_naming_it(tmp_path, gaps, named
 
 
 def test_a_run_without_the_figures_fails(tmp_path):
-    only_verl = step(2, **{"training/rollout_probs_diff_mean": 0.001, "training/rollout_probs_diff_max": 0.02})
+    only_verl = step(
+        2, **{"training/rollout_probs_diff_mean": 0.001, "training/rollout_probs_diff_max": 0.02}
+    )
     for records in ([], [step(1, **{MEAN: 0.01, P99: 0.1})], [only_verl], [step(2, **{MEAN: 0.01})]):
         result = run_gate(tmp_path, records)
         assert result.returncode == 1 and "step 2 logged no" in result.stderr, records
@@ -77,7 +84,8 @@ def test_a_top_k_top_p_run_scores_each_token_under_the_set_it_was_drawn_from(tmp
         "actor_rollout_ref.rollout.temperature": 0.9,
         "actor_rollout_ref.rollout.top_p": 0.7,
         "actor_rollout_ref.rollout.top_k": 5,
-        "actor_rollout_ref.actor.use_kl_loss": True,  # the reference scores the same tokens under the same sets
+        # the reference scores the same tokens under the same sets
+        "actor_rollout_ref.actor.use_kl_loss": True,
         "rollout.training": f"[{','.join(tasks)}]",
         "rollout.agent_group_num": "[1,1]",
         "rollout.agent_group_size": "[2,2]",
@@ -107,5 +115,7 @@ def test_a_top_k_top_p_run_scores_each_token_under_the_set_it_was_drawn_from(tmp
     assert step[MEAN] <= 1e-5 and step[MAX] <= 1e-4, (step[MEAN], step[MAX])
     # The entropy is that of the same distributions: at most 5 ids each (the full softmax's is ~10 nats).
     assert 0 < step["actor/entropy"] <= math.log(5), step["actor/entropy"]
-    gate = subprocess.run([sys.executable, str(GATE), str(metrics), "--step", "1"], capture_output=True, text=True, timeout=60)
+    gate = subprocess.run(
+        [sys.executable, str(GATE), str(metrics), "--step", "1"], capture_output=True, text=True, timeout=60
+    )
     assert gate.returncode == 0, gate.stderr

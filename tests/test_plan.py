@@ -15,7 +15,9 @@ from grl.run_plan import RunPlan
 from grl.planner import GIB, KNOWN_MODELS, ModelShape, format_plan, model_shape, plan, plan_run, train_flops
 
 GPU_PRESETS = sorted(
-    p.stem for p in (Path(__file__).resolve().parents[1] / "configs" / "preset").glob("*.yaml") if "cpu" not in p.stem.split("_")
+    p.stem
+    for p in (Path(__file__).resolve().parents[1] / "configs" / "preset").glob("*.yaml")
+    if "cpu" not in p.stem.split("_")
 )
 
 
@@ -23,7 +25,9 @@ def _count_params(config, kind: str = "policy") -> int:
     from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
     with torch.device("meta"):
-        model = (AutoModelForCausalLM if kind == "policy" else AutoModelForTokenClassification).from_config(config)
+        model = (AutoModelForCausalLM if kind == "policy" else AutoModelForTokenClassification).from_config(
+            config
+        )
     return sum(p.numel() for p in model.parameters())
 
 
@@ -60,7 +64,9 @@ def test_table_of_preset_models_matches_qwen2(name):
 def test_train_flops_match_verls_hand_computation():
     # verl's tests/utils/test_flops_counter.py writes the Qwen2.5-7B figure out as this sum.
     expected = (
-        6 * (152064 * 3584 * 2 + 28 * (3584 * (3584 + 512 + 512 + 3584) + 3584 * 18944 * 3)) * (512 + 1024 + 2048)
+        6
+        * (152064 * 3584 * 2 + 28 * (3584 * (3584 + 512 + 512 + 3584) + 3584 * 18944 * 3))
+        * (512 + 1024 + 2048)
         + 12 * (512 * 512 + 1024 * 1024 + 2048 * 2048) * 28 * 3584
     )
     assert train_flops(ModelShape(**KNOWN_MODELS["Qwen2.5-7B-Instruct"]), [512, 1024, 2048]) == expected
@@ -105,7 +111,10 @@ def test_7b_full_fine_tune_on_one_48gb_gpu_exits_2_with_one_line(capsys):
 def test_preflight_stops_a_config_that_does_not_fit():
     from grl.preflight import PreflightError, check_memory
 
-    too_big, fits = load_config(["preset=l40_1x_0.5b", "model_path=Qwen/Qwen2.5-7B-Instruct"]), load_config(["preset=h200_4x_7b"])
+    too_big, fits = (
+        load_config(["preset=l40_1x_0.5b", "model_path=Qwen/Qwen2.5-7B-Instruct"]),
+        load_config(["preset=h200_4x_7b"]),
+    )
     with pytest.raises(PreflightError, match=r"memory plan \(grl plan\): .* set "):
         check_memory(too_big, RunPlan.from_config(too_big))
     assert check_memory(fits, RunPlan.from_config(fits)) == []
@@ -125,7 +134,9 @@ def test_state_rows_are_the_sharded_bytes_and_offload_moves_them_to_host():
     assert on_gpu["actor gradients"] == shape.params * 4 / 4
     assert on_gpu["ref weights"] == shape.params * 2 / 4
     offloaded = plan(
-        run_sections(load_config(["preset=h200_4x_7b", "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true"])),
+        run_sections(
+            load_config(["preset=h200_4x_7b", "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true"])
+        ),
         gpu_memory_gib=139.8,
     )
     assert "actor optimizer (AdamW m, v)" not in offloaded.device
@@ -141,17 +152,24 @@ def test_checkpointing_chunk_size_and_sleep_change_their_rows():
     full = _rows(plan(run_sections(load_config(base)), gpu_memory_gib=79.2), "update_actor")
     no_ckpt = _rows(
         plan(
-            run_sections(load_config(base + ["actor_rollout_ref.model.enable_gradient_checkpointing=false"])), gpu_memory_gib=79.2
+            run_sections(load_config(base + ["actor_rollout_ref.model.enable_gradient_checkpointing=false"])),
+            gpu_memory_gib=79.2,
         ),
         "update_actor",
     )
     assert no_ckpt["activations"] > 5 * full["activations"]
     half = _rows(
-        plan(run_sections(load_config(base + ["actor_rollout_ref.actor.logits_chunk_size=256"])), gpu_memory_gib=79.2),
+        plan(
+            run_sections(load_config(base + ["actor_rollout_ref.actor.logits_chunk_size=256"])),
+            gpu_memory_gib=79.2,
+        ),
         "update_actor",
     )
     assert half["log-prob chunk"] == pytest.approx(full["log-prob chunk"] / 4)  # 256 of 1024 rows
-    awake = plan(run_sections(load_config(base + ["actor_rollout_ref.rollout.free_cache_engine=false"])), gpu_memory_gib=79.2)
+    awake = plan(
+        run_sections(load_config(base + ["actor_rollout_ref.rollout.free_cache_engine=false"])),
+        gpu_memory_gib=79.2,
+    )
     assert _rows(awake, "update_actor")["engine (gpu_memory_utilization)"] == pytest.approx(0.5 * 79.2 * GIB)
     assert "engine (gpu_memory_utilization)" not in {k for k, v in full.items() if v}
 
@@ -176,7 +194,10 @@ def test_unsharded_root_gradients_are_charged_to_the_update():
     full = _rows(plan(run_sections(load_config(["preset=h200_4x_7b"])), gpu_memory_gib=139.8), "update_actor")
     # Embedding, final norm and untied head, bf16 gradients and their fp32 reduce-scatter copy: 6.1 GiB.
     assert full["unsharded root gradients"] == (2 * shape.vocab * shape.hidden + shape.hidden) * (2 + 4)
-    lora = plan(run_sections(load_config(["preset=h200_4x_7b", "actor_rollout_ref.model.lora_rank=8"])), gpu_memory_gib=139.8)
+    lora = plan(
+        run_sections(load_config(["preset=h200_4x_7b", "actor_rollout_ref.model.lora_rank=8"])),
+        gpu_memory_gib=139.8,
+    )
     assert not _rows(lora, "update_actor").get("unsharded root gradients")  # frozen under LoRA
 
 
@@ -185,7 +206,9 @@ def test_a_separate_engine_is_charged_to_its_own_gpu_not_the_actors():
     big = ["preset=h200_4x_7b", "gpu_memory_utilization=0.7"]
     colocated = plan(run_sections(load_config(big)), gpu_memory_gib=139.8)
     assert colocated.overflow().startswith("gen: ")
-    separate = plan(run_sections(load_config(big + ["actor_rollout_ref.hybrid_engine=false"])), gpu_memory_gib=139.8)
+    separate = plan(
+        run_sections(load_config(big + ["actor_rollout_ref.hybrid_engine=false"])), gpu_memory_gib=139.8
+    )
     assert separate.overflow() is None, format_plan(separate)
     assert not any(name.startswith("engine") for name in separate.device)
     # Rank 0 alone collects the weights for the rollout worker, on the host.
@@ -202,7 +225,9 @@ def test_ref_offload_follows_the_workers_rule():
 
 def test_critic_runs_beside_what_the_actors_process_keeps_cached():
     memory = plan(run_sections(load_config(["preset=h200_4x_7b"])), gpu_memory_gib=139.8)
-    actor_pass = sum(_rows(memory, "old_log_prob")[name] for name in ("gathered weights", "activations", "log-prob chunk"))
+    actor_pass = sum(
+        _rows(memory, "old_log_prob")[name] for name in ("gathered weights", "activations", "log-prob chunk")
+    )
     for phase in ("values", "update_critic"):
         assert _rows(memory, phase)["cached by the actor's process"] == pytest.approx(actor_pass)
     assert not any(
@@ -214,7 +239,15 @@ def test_critic_runs_beside_what_the_actors_process_keeps_cached():
 @pytest.fixture
 def process_group_env(monkeypatch):
     """A worker joins a process group in this process: its environment and threads are put back after."""
-    for key in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+    for key in (
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "GLOO_SOCKET_IFNAME",
+        "NCCL_SOCKET_IFNAME",
+    ):
         monkeypatch.setenv(key, "")  # records the value before, which undoing the next line cannot
         monkeypatch.delenv(key)
     threads = torch.get_num_threads()
@@ -247,10 +280,16 @@ def test_planner_sizes_what_the_worker_builds(process_group_env, caplog):
         built_ref = worker.ref is not None
     finally:
         worker.teardown()
-    # On CPU offload changes no placement; the worker says it would have offloaded (grl/workers/fsdp.py, shard).
-    ref_offloaded = any(r.getMessage().startswith("actor (ref): parameter/optimizer offload") for r in caplog.records)
+    # On CPU offload changes no placement; the worker says it would have offloaded (grl/workers/fsdp.py,
+    # shard).
+    ref_offloaded = any(
+        r.getMessage().startswith("actor (ref): parameter/optimizer offload") for r in caplog.records
+    )
 
-    master = plan(run_sections(cfg), run=run).device["actor weights (master)"]["update_actor"] / model_shape("tiny").params
+    master = (
+        plan(run_sections(cfg), run=run).device["actor weights (master)"]["update_actor"]
+        / model_shape("tiny").params
+    )
     assert master == built == 2
     planned_ref = any(name.startswith("ref weights") for name in plan(run_sections(cfg), run=run).device)
     assert planned_ref == built_ref == run.reference_model is True
@@ -279,6 +318,12 @@ def test_the_plan_of_the_kit_s_run_is_within_a_quarter_of_each_process_and_of_th
     planned = {name: max(share.values()) / GIB for name, share in memory.processes.items()}
     planned["device"] = max(memory.device_total(phase) for phase in memory.phases) / GIB
     for name, measured in KIT_NVML_GIB.items():
-        assert all(abs(planned[name] / peak - 1) <= 0.25 for peak in measured), (name, planned[name], measured)
+        assert all(abs(planned[name] / peak - 1) <= 0.25 for peak in measured), (
+            name,
+            planned[name],
+            measured,
+        )
     for phase in memory.phases:
-        assert sum(share[phase] for share in memory.processes.values()) == pytest.approx(memory.device_total(phase))
+        assert sum(share[phase] for share in memory.processes.values()) == pytest.approx(
+            memory.device_total(phase)
+        )

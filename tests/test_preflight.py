@@ -56,7 +56,10 @@ BAD = [  # (override, the key the message must name)
     ("algorithm.adv_estimator=grpo rollout.agent_group_size=[1]", "rollout.agent_group_size"),
     ("max_prompt_length=8000", "max_prompt_length + max_response_length"),
     ("actor_rollout_ref.rollout.max_model_len=64", "actor_rollout_ref.rollout.max_model_len"),
-    ("actor_rollout_ref.rollout.tensor_model_parallel_size=2", "actor_rollout_ref.rollout.tensor_model_parallel_size"),
+    (
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size",
+    ),
     ("model_path=/nonexistent/model", "actor_rollout_ref.model.path"),
     ("model_path={tmp}", "actor_rollout_ref.model.path"),  # a folder without config.json
     ("trainer.run_dir=/proc/grl/run", "trainer.run_dir"),  # unwritable even for root
@@ -122,8 +125,12 @@ def test_critic_free_estimator_builds_no_critic_and_preflight_only_reads(tmp_pat
     before = OmegaConf.to_yaml(cfg)
     notes = preflight.check(cfg)
     assert OmegaConf.to_yaml(cfg) == before
-    assert cfg.critic.enable is True and any(n.startswith("critic.enable: grpo uses no critic") for n in notes)
-    assert "update_critic" not in plan(run_sections(cfg)).phases  # the memory plan, like the trainer, reads the estimator
+    assert cfg.critic.enable is True and any(
+        n.startswith("critic.enable: grpo uses no critic") for n in notes
+    )
+    assert (
+        "update_critic" not in plan(run_sections(cfg)).phases
+    )  # the memory plan, like the trainer, reads the estimator
     assert list(tmp_path.iterdir()) == []
 
 
@@ -140,7 +147,8 @@ def test_bare_grl_train_without_cuda_points_at_the_cpu_preset(capsys):
         (["trainer.device=cuda"], "grl-train: trainer.device: cuda, but this machine has no CUDA device;"),
         (
             ["preset=a100_1x_0.5b", "max_prompt_length=1024"],
-            "grl-train: trainer.device: cuda (set by preset=a100_1x_0.5b), but this machine has no CUDA device;",
+            "grl-train: trainer.device: cuda (set by preset=a100_1x_0.5b), but this machine has no CUDA "
+            "device;",
         ),
     ],
 )
@@ -185,7 +193,9 @@ def test_sigterm_ends_every_process_of_the_run(tmp_path, wait_for, extra):
     marker = f"GRL_SIGTERM_TEST={tmp_path.name}"
     # A user's shell, not this pytest process's environment (earlier tests' in-process Ray runs leave
     # RAY_* settings in it that change how Ray's agents end).
-    keep = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "TMPDIR") or k.startswith("GRL_")}
+    keep = {
+        k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "TMPDIR") or k.startswith("GRL_")
+    }
     env = {**keep, "PYTHONPATH": str(REPO), marker.split("=")[0]: marker.split("=")[1]}
     cmd = [
         sys.executable,

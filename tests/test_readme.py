@@ -16,7 +16,9 @@ def test_ci_runs_exactly_the_readme_test_command():
     test_commands = [c for c in commands if "pytest" in c]
     assert len(test_commands) == 1
     ci_lines = [
-        line for line in (ROOT / ".ci/run").read_text().splitlines() if line and not line.startswith(("#", "set ", "cd "))
+        line
+        for line in (ROOT / ".ci/run").read_text().splitlines()
+        if line and not line.startswith(("#", "set ", "cd "))
     ]
     assert ci_lines == test_commands
 

@@ -20,7 +20,11 @@ def test_no_binary_files_are_tracked():
 
 def test_no_module_of_the_package_is_over_400_lines():
     """A newcomer reads any file of grl/ in one sitting; a longer one is two jobs to split."""
-    long = {str(p.relative_to(ROOT)): n for p in (ROOT / "grl").rglob("*.py") if (n := len(p.read_text().splitlines())) > 400}
+    long = {
+        str(p.relative_to(ROOT)): n
+        for p in (ROOT / "grl").rglob("*.py")
+        if (n := len(p.read_text().splitlines())) > 400
+    }
     assert not long, long
 
 
@@ -36,6 +40,9 @@ def test_ruff_lint_passes_on_the_tree():
 
 def test_ruff_format_leaves_the_tree_as_it_is():
     out = subprocess.run(
-        [sys.executable, "-m", "ruff", "format", "--check", "--no-cache", "."], cwd=ROOT, capture_output=True, text=True
+        [sys.executable, "-m", "ruff", "format", "--check", "--no-cache", "."],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
     )
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-1000:]

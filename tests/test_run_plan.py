@@ -16,7 +16,11 @@ from grl.config import load_config
 from grl.run_plan import PHASES, RunPlan
 
 GRL = Path(__file__).resolve().parent.parent / "grl"
-AHEAD = ["actor_rollout_ref.hybrid_engine=false", "rollout.max_staleness=2", "actor_rollout_ref.actor.tis_imp_ratio_cap=2"]
+AHEAD = [
+    "actor_rollout_ref.hybrid_engine=false",
+    "rollout.max_staleness=2",
+    "actor_rollout_ref.actor.tis_imp_ratio_cap=2",
+]
 
 
 def plan_of(*overrides: str) -> RunPlan:
@@ -41,7 +45,10 @@ def test_what_the_config_asks_for_is_what_the_plan_decides():
     assert apart.engine_place() == " in a worker of its own, rollouts up to 2 versions ahead"
     packed = plan_of("rollout.packing=true", "rollout.max_episode_length=512", "rollout.share_prompts=true")
     assert (packed.packing_capacity, packed.share_prompts) == (512, True)
-    assert plan_of("rollout.packing=false").packing_capacity is None and plan_of("trainer.device=cpu").device == "cpu"
+    assert (
+        plan_of("rollout.packing=false").packing_capacity is None
+        and plan_of("trainer.device=cpu").device == "cpu"
+    )
     colocated = plan_of()
     assert (colocated.engine_apart, colocated.engine_place()) == (False, "")
 
@@ -60,14 +67,18 @@ def test_the_old_log_probs_come_from_the_source_the_actor_section_names():
     for recompute, source in ((True, ScoredLogProbs), (False, EngineLogProbs)):
         overrides = ["model_path=tiny", f"actor_rollout_ref.actor.recompute_old_log_probs={recompute}"]
         run = run_sections(load_config(overrides))
-        assert type(old_log_probs_from(RunPlan.from_sections(run), run.actor_rollout_ref.actor, None)) is source
+        assert (
+            type(old_log_probs_from(RunPlan.from_sections(run), run.actor_rollout_ref.actor, None)) is source
+        )
 
 
 @pytest.mark.parametrize(
     "epochs,mini,kl_in_reward,staleness",
     [(1, 8, False, 0), (2, 8, False, 0), (1, 4, False, 0), (1, 8, True, 0), (1, 8, False, 1)],
 )
-def test_old_log_prob_pass_is_needed_when_the_update_moves_before_it_reads_them(epochs, mini, kl_in_reward, staleness):
+def test_old_log_prob_pass_is_needed_when_the_update_moves_before_it_reads_them(
+    epochs, mini, kl_in_reward, staleness
+):
     plan = plan_of(
         f"actor_rollout_ref.actor.ppo_epochs={epochs}",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={mini}",
@@ -91,7 +102,9 @@ def test_cpu_threads_split_the_node_between_the_ranks_and_an_engine_generating_b
             for cores in range(1, 33):
                 rank, engine = plan.cpu_threads(cores, "cpu"), plan.cpu_threads(cores, "cpu", engine=True)
                 assert rank >= 1 and engine >= 1
-                if ahead and cores >= 2 and cores - cores // 2 >= ranks:  # both at once: no more than the node
+                if (
+                    ahead and cores >= 2 and cores - cores // 2 >= ranks
+                ):  # both at once: no more than the node
                     assert ranks * rank + engine <= cores and engine == cores // 2
                 if not ahead:  # one at a time: the ranks share the node, the engine takes all of it
                     assert rank == max(1, cores // ranks) and engine == cores
@@ -116,7 +129,9 @@ def _code_without_strings(source: str) -> str:
     """The source with its strings and comments blanked, so that messages naming a key do not count."""
     out = []
     for tok in tokenize.generate_tokens(io.StringIO(source).readline):
-        if tok.type in (tokenize.STRING, tokenize.COMMENT) or tok.type == getattr(tokenize, "FSTRING_MIDDLE", -1):
+        if tok.type in (tokenize.STRING, tokenize.COMMENT) or tok.type == getattr(
+            tokenize, "FSTRING_MIDDLE", -1
+        ):
             out.append(" ")
         else:
             out.append(tok.string)
@@ -148,7 +163,10 @@ def test_the_keys_the_plan_decides_are_read_nowhere_else():
     assert readers == []
     # the scan sees the reads there are, and not a message that names a key
     assert config_reads("k = cfg.rollout.max_staleness  # rollout.max_staleness") == ["max_staleness"]
-    assert config_reads("seed = int(self.cfg.trainer.seed)\nn = t.get('nnodes', 1)") == ["trainer.seed", "get('nnodes'"]
+    assert config_reads("seed = int(self.cfg.trainer.seed)\nn = t.get('nnodes', 1)") == [
+        "trainer.seed",
+        "get('nnodes'",
+    ]
     assert config_reads('log("rollout.max_staleness=%d", self.plan.max_staleness)') == []
 
 
@@ -202,7 +220,12 @@ def test_only_the_builders_read_the_root_config():
     assert root_config_uses("def f(cfg: DictConfig):\n    pass\ndef g(cfg: Mapping):\n    pass") == ["f(cfg)"]
     assert root_config_uses("class A:\n    def g(self):\n        return self.cfg.rollout") == ["self.cfg"]
     assert root_config_uses("s = typed_section(config, 'critic')") == ["typed_section()"]
-    assert root_config_uses("class A:\n    @classmethod\n    def from_config(cls, cfg):\n        return run_sections(cfg)") == []
+    assert (
+        root_config_uses(
+            "class A:\n    @classmethod\n    def from_config(cls, cfg):\n        return run_sections(cfg)"
+        )
+        == []
+    )
 
 
 def test_the_components_are_built_from_typed_sections():
@@ -217,7 +240,11 @@ def test_the_components_are_built_from_typed_sections():
     from grl.workers import ActorRolloutRefGroup, CriticGroup
 
     def annotations(fn) -> list[str]:
-        return [str(p.annotation) for p in inspect.signature(fn).parameters.values() if p.annotation is not p.empty]
+        return [
+            str(p.annotation)
+            for p in inspect.signature(fn).parameters.values()
+            if p.annotation is not p.empty
+        ]
 
     assert annotations(AgentTrainer.__init__)[:2] == ["RunSections", "RunPlan"]
     assert annotations(Validation.__init__)[:1] == ["RunSections"]

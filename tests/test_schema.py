@@ -31,7 +31,9 @@ def yaml_leaves(block: dict, prefix: str = "") -> list[str]:
 
 def task_block_problems(name: str, block: dict) -> list[str]:
     problems = [f"{name}.{k}" for k in block if k not in ("agent_type", "agent_config", "env_config")]
-    return problems + [f"{name}.agent_config.{k}" for k in block.get("agent_config") or {} if k not in AGENT_KEYS]
+    return problems + [
+        f"{name}.agent_config.{k}" for k in block.get("agent_config") or {} if k not in AGENT_KEYS
+    ]
 
 
 def test_every_schema_leaf_has_a_default_and_help():
@@ -62,7 +64,9 @@ def test_preset_keys_are_schema_keys(path):
 def test_task_instances_use_schema_keys_only():
     unknown = []
     for name, block in yaml.safe_load((CONFIGS / "agents.yaml").read_text()).items():
-        assert name not in {k.split(".")[0] for k in RUN_KEYS}, f"{name}: a task instance named like a run key"
+        assert name not in {k.split(".")[0] for k in RUN_KEYS}, (
+            f"{name}: a task instance named like a run key"
+        )
         unknown += task_block_problems(name, block)
     assert unknown == []
 
@@ -82,7 +86,9 @@ def test_help_lists_every_key():
 
 # ---------------------------------------------------------------- no consumer re-checks
 
-RANGE_WORDS = re.compile(r"must be|:\s+is not one of|choose one of|is not in [(\[]")  # ": {value!r} is not one of"
+RANGE_WORDS = re.compile(
+    r"must be|:\s+is not one of|choose one of|is not in [(\[]"
+)  # ": {value!r} is not one of"
 CHECKERS = {"grl/config.py", "grl/preflight.py"}  # and grl/schema/: where the declarations are read
 
 
@@ -92,7 +98,11 @@ def raise_texts(path: Path):
         if isinstance(node, ast.Raise) and node.exc is not None:
             yield (
                 node.lineno,
-                "".join(c.value for c in ast.walk(node.exc) if isinstance(c, ast.Constant) and isinstance(c.value, str)),
+                "".join(
+                    c.value
+                    for c in ast.walk(node.exc)
+                    if isinstance(c, ast.Constant) and isinstance(c.value, str)
+                ),
             )
 
 
@@ -140,7 +150,9 @@ def test_consumers_take_checked_values_without_judging_them():
     from grl.engines import sampling_from_config
     from grl.rollout.shaping import filter_groups
 
-    block = OmegaConf.create({"temperature": -1.0, "top_p": 0.0, "top_k": -5, "val_kwargs": {"do_sample": False}})
+    block = OmegaConf.create(
+        {"temperature": -1.0, "top_p": 0.0, "top_k": -5, "val_kwargs": {"do_sample": False}}
+    )
     assert sampling_from_config(block, validate=False, max_new_tokens=4).top_k == -5
     ones = torch.ones(1, 2)
     policy_loss(ones, ones, ones, ones, clip_ratio_c=0.5)
@@ -162,14 +174,17 @@ def test_the_schema_is_the_floor_and_its_literal_choices_match_the_registries():
     from grl.schema import run, tasks, workers
 
     code = (
-        "import sys, grl.schema; print(sorted(m for m in sys.modules if m.startswith('grl.') and not m.startswith('grl.schema')))"
+        "import sys, grl.schema; print(sorted(m for m in sys.modules if m.startswith('grl.') and not "
+        "m.startswith('grl.schema')))"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
     assert run.VALIDATION_CONTROLS == tuple(grl.agents.controls.VALIDATION_CONTROLS)
     assert tasks.TOOL_NAMES == tuple(grl.tools.tool_names())
     # Defined once, in the schema, which grl.algo reads: the same objects, not equal copies.
-    assert workers.KL_ESTIMATORS is grl.algo.kl.KL_ESTIMATORS and workers.AGG_MODES is grl.algo.losses.AGG_MODES
+    assert (
+        workers.KL_ESTIMATORS is grl.algo.kl.KL_ESTIMATORS and workers.AGG_MODES is grl.algo.losses.AGG_MODES
+    )
 
 
 def test_an_unregistered_advantage_estimator_is_one_line_before_anything_runs():

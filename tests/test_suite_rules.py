@@ -26,12 +26,16 @@ def test_only_gpu_tests_may_skip_and_missing_data_fails_naming_its_path(pytester
         pytester,
         **{
             "test_plain.py": "import pytest\n\ndef test_skips():\n    pytest.skip('no data here')\n",
-            "test_module.py": "import pytest\n\npytest.importorskip('no_such_package_here')\n\ndef test_a():\n    pass\n",
+            "test_module.py": (
+                "import pytest\n\npytest.importorskip('no_such_package_here')\n\ndef test_a():\n    pass\n"
+            ),
             "test_marked.py": (
                 "import pytest\n\n@pytest.mark.gpu\ndef test_gpu_marked():\n    pytest.skip('needs CUDA')\n\n"
                 "@pytest.mark.shared_data('nope/missing.jsonl')\ndef test_data():\n    pass\n"
             ),
-            "gpu/test_on_gpu.py": "import pytest\n\ndef test_skips():\n    pytest.skip('needs a CUDA device')\n",
+            "gpu/test_on_gpu.py": (
+                "import pytest\n\ndef test_skips():\n    pytest.skip('needs a CUDA device')\n"
+            ),
         },
     )
     result = pytester.runpytest_subprocess("-p", "no:randomly", "-rfEs", *workers, "tests")
@@ -40,7 +44,10 @@ def test_only_gpu_tests_may_skip_and_missing_data_fails_naming_its_path(pytester
     result.assert_outcomes(failed=1, errors=1, skipped=3)
     assert result.ret == 1
     assert "tests/test_plain.py::test_skips: only GPU tests may skip; this one did: no data here" in out
-    assert "FAILED tests/test_module.py: only GPU tests may skip; this module did: could not import 'no_such_package_here'" in out
+    assert (
+        "FAILED tests/test_module.py: only GPU tests may skip; this module did: could not import "
+        "'no_such_package_here'" in out
+    )
     assert f"test data missing: {pytester.path.parent / 'shared' / 'data' / 'nope' / 'missing.jsonl'}" in out
 
 

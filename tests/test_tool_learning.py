@@ -121,7 +121,10 @@ def test_ppo_learns_to_call_the_tool(tmp_path, monkeypatch, ray_runtime, sign):
     before, after = history[0]["val-env/hidden_fruit/success"], history[steps]["val-env/hidden_fruit/success"]
     calls = history[steps]["val-env/hidden_fruit/tool_calls"]
     train = [
-        (round(history[s]["train/hidden_fruit/success"], 2), round(history[s]["train/hidden_fruit/tool_calls"], 2))
+        (
+            round(history[s]["train/hidden_fruit/success"], 2),
+            round(history[s]["train/hidden_fruit/tool_calls"], 2),
+        )
         for s in sorted(history)
         if s > 0
     ]

@@ -37,7 +37,10 @@ def empty_path(tmp_path):
 def test_this_machine_has_what_triton_compiles_with():
     assert toolchain_problem() is None
     done = subprocess.run(
-        [sys.executable, "-m", "grl.preflight", "--check-toolchain"], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "grl.preflight", "--check-toolchain"],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
 
@@ -51,7 +54,10 @@ def test_no_compiler_on_path(empty_path):
 def test_cc_wins_over_path_and_must_name_a_program(empty_path):
     assert toolchain_problem({"PATH": empty_path, "CC": shutil.which("gcc") or shutil.which("clang")}) is None
     problem = toolchain_problem({"PATH": empty_path, "CC": "/nonexistent/cc"})
-    assert "CC='/nonexistent/cc', which names no program" in problem and "set CC to a C compiler or unset it" in problem
+    assert (
+        "CC='/nonexistent/cc', which names no program" in problem
+        and "set CC to a C compiler or unset it" in problem
+    )
 
 
 def test_no_python_headers(no_headers):

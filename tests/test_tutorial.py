@@ -24,7 +24,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def first_hour_script() -> str:
     """The one bash block of the tutorial's first-hour section."""
-    section = (ROOT / "docs" / "TUTORIAL.md").read_text().split("## 0. The first hour", 1)[1].split("\n## ", 1)[0]
+    section = (
+        (ROOT / "docs" / "TUTORIAL.md").read_text().split("## 0. The first hour", 1)[1].split("\n## ", 1)[0]
+    )
     (script,) = re.findall(r"```bash\n(.*?)```", section, re.S)
     return script
 
@@ -56,7 +58,10 @@ def test_the_first_hour_runs_as_written(tmp_path):
     # 1. trained: one step logged, the checkpoint and the export written
     assert any(line.startswith("step 1/1 | ") for line in lines), stdout
     assert (out / "ckpt" / "hf_actor" / "config.json").is_file()
-    assert [r["step"] for r in map(json.loads, (out / "run" / "metrics.jsonl").read_text().splitlines())] == [0, 1]
+    assert [r["step"] for r in map(json.loads, (out / "run" / "metrics.jsonl").read_text().splitlines())] == [
+        0,
+        1,
+    ]
     # 2. plotted: grl plot prints the picture it drew
     assert str(out / "run" / "curves.png") in lines and (out / "run" / "curves.png").stat().st_size > 10_000
     # 3. played: the three piped replies, each stepped
@@ -69,8 +74,11 @@ def test_the_first_hour_runs_as_written(tmp_path):
 
 @functools.cache
 def tutorial_block(*overrides):
-    """The task block of the composed config, composed once per set of overrides (a composition takes ~0.4 s)."""
-    return task_instance(load_config([f"rollout.training=[{TASK}]", f"rollout.validation=[{TASK}]", *overrides]), TASK)
+    """The task block of the composed config, composed once per set of overrides (a composition takes ~0.4
+    s)."""
+    return task_instance(
+        load_config([f"rollout.training=[{TASK}]", f"rollout.validation=[{TASK}]", *overrides]), TASK
+    )
 
 
 def tutorial_agent(*overrides):
@@ -211,7 +219,9 @@ def test_the_tutorials_program_plays_through_the_gateway_and_a_perfect_player_wi
             return types.SimpleNamespace(choices=[types.SimpleNamespace(message=message)])
 
     for seed in range(50):
-        result = guess_number(BinarySearch(), ProgramTask("g", seed, 0, 0, {"max_number": 100, "max_guesses": 7}))
+        result = guess_number(
+            BinarySearch(), ProgramTask("g", seed, 0, 0, {"max_number": 100, "max_guesses": 7})
+        )
         assert result["success"] == 1.0 and result["guesses"] <= 7, (seed, result)
 
 
@@ -234,6 +244,10 @@ def test_the_readme_trains_webshop_and_bird_on_the_data_it_installs_first():
     installs = [argv[1:] for argv in readme_commands("scripts/install_dataset.sh")]
     assert ["--webshop", "--small"] in installs and ["--bird"] in installs
     webshop = task_instance(trained["webshopAgent"], "webshopAgent")["env_config"]
-    assert webshop["products_path"].endswith("data/webshop/items_shuffle_1000.json")  # what --webshop --small writes
+    assert webshop["products_path"].endswith(
+        "data/webshop/items_shuffle_1000.json"
+    )  # what --webshop --small writes
     bird = task_instance(trained["birdAgent"], "birdAgent")["env_config"]
-    assert bird["split"] == "train" and bird["dataset_path"].endswith("data/bird/{split}.jsonl")  # --bird: train, dev
+    assert bird["split"] == "train" and bird["dataset_path"].endswith(
+        "data/bird/{split}.jsonl"
+    )  # --bird: train, dev

@@ -12,7 +12,8 @@ from typing import Any, Mapping
 
 import grl.envs
 import grl.tools
-from grl.agents.base import Agent, AgentSettings, AgentStep, settings_from_mapping
+from grl.agents.base import Agent, AgentSettings, settings_from_mapping
+from grl.agents.turns import AgentStep
 from grl.agents.openenv_tools import ToolCallHooks
 from grl.agents.parse import ParsedReply, ToolCall, parse_reply, parse_tool_calls, split_actions
 from grl.agents.tasks import AGENT_TYPES, AgentType, Task, TaskHooks
@@ -33,7 +34,8 @@ def _agent_type(agent_type: str) -> AgentType:
     if isinstance(agent_type, str) and (agent_type in grl.envs.names() or ":" in agent_type):
         return AgentType(agent_type, TaskHooks())
     raise KeyError(
-        f"unknown agent_type {agent_type!r}; registered: {', '.join(agent_types())}, an env name or a module:EnvClass path"
+        f"unknown agent_type {agent_type!r}; registered: {', '.join(agent_types())}, an env name or a "
+        "module:EnvClass path"
     )
 
 
@@ -83,12 +85,16 @@ def task_from_block(task_name: str, block: Mapping[str, Any]) -> Task:
         raise ValueError(f"{task_name}.env_config: must be a mapping")
     settings = settings_from_mapping(agent_config, f"{task_name}.agent_config")
     if (agent_type == PROGRAM) != bool(settings.program):
-        raise ValueError(f"{task_name}: agent_type: {PROGRAM} and agent_config.program go together; the one needs the other")
+        raise ValueError(
+            f"{task_name}: agent_type: {PROGRAM} and agent_config.program go together; the one needs the "
+            "other"
+        )
     accepted = None if env_type is None else grl.envs.config_keys(env_type)
     for key in env_config:
         if accepted is not None and key not in accepted:
             raise ValueError(
-                f"{task_name}.env_config.{key}: unknown key for env {env_type} (known: {', '.join(sorted(accepted))})"
+                f"{task_name}.env_config.{key}: unknown key for env {env_type} (known: "
+                f"{', '.join(sorted(accepted))})"
             )
     return Task(agent_type, env_type, settings, dict(env_config))
 

@@ -17,7 +17,8 @@ the tool runs, its output is the next message, the env is not stepped.
 An episode ends when the env is done, after `max_turns` replies, when
 `max_actions_all_turns` actions are spent, or when the env raises (reported
 in `info["env_error"]`, never raised) or returns a value that breaks the contract (checked by
-grl/envs/checks.py, its kind in `info["env_error_kind"]`: `policy` for a PolicyFault). Actions beyond `max_actions_per_turn`
+grl/envs/checks.py, its kind in `info["env_error_kind"]`: `policy` for a PolicyFault). Actions beyond
+`max_actions_per_turn`
 in one reply are dropped. A turn's reward is the sum of its actions' env
 rewards plus `format_penalty` when the reply has no usable answer or holds an
 action the env calls invalid. Every action the env is given counts against
@@ -28,14 +29,14 @@ from __future__ import annotations
 
 import hashlib
 import traceback
-from dataclasses import dataclass, field
-from typing import Any, Mapping, TypedDict
+from typing import Any, Mapping
 
 from omegaconf import OmegaConf
 
 from grl.agents.parse import ToolCall, parse_reply, parse_tool_calls
 from grl.agents.tasks import TaskHooks
 from grl.agents.tool_use import ToolUse
+from grl.agents.turns import AgentStep, TurnInfo, context_window
 from grl.envs.base import Env, fault_kind
 from grl.envs.checks import EnvValueError, Repair, check_observation, check_step, check_valid_actions
 from grl.schema import AgentConfig, checked
@@ -50,58 +51,26 @@ def settings_from_mapping(cfg: Mapping[str, Any], where: str) -> AgentSettings:
     return OmegaConf.to_object(checked(AgentConfig, dict(cfg), f"{where}."))
 
 
-class TurnInfo(TypedDict, total=False):
-    """What `Agent.step` reports of a turn; every key is present except `tool_output`."""
-
-    turn: int  # turns played so far, this one included
-    actions: list[str]  # the actions the env ran
-    actions_dropped: int  # actions past the per-turn or episode budget, not run
-    invalid_actions: list[str]  # run, but the env called them invalid
-    format_ok: bool
-    format_error: str
-    penalised: bool  # the turn earned format_penalty
-    success: bool
-    env_done: bool
-    env_error: str | None  # the env raised or broke the contract: the episode ended
-    env_error_kind: str | None  # exception | a kind of grl/envs/checks.py
-    env_traceback: str | None
-    think: str | None
-    answer: str | None
-    tool_output: str  # only on a tool turn: what the tool printed
-
-
-def context_window(messages: list[dict[str, str]], instructions: str, window: int) -> list[dict[str, str]]:
-    """`messages` (system, user, assistant, user, ...) keeping the last `window` replies and what
-    follows them; the instructions then open the first kept message (or a message of their own
-    before tool output), so that the model always reads the task. `window` -1 keeps everything."""
-    replies = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
-    if window < 0 or len(replies) <= window:
-        return [dict(m) for m in messages]
-    kept = [dict(m) for m in messages[replies[len(replies) - window - 1] + 1 :]]
-    if kept[0]["role"] == "user":
-        kept[0]["content"] = f"{instructions}\n\n{kept[0]['content']}" if instructions else kept[0]["content"]
-    else:
-        kept.insert(0, {"role": "user", "content": instructions})
-    return [dict(messages[0]), *kept]
-
-
-@dataclass
-class AgentStep:
-    reward: float
-    done: bool
-    info: TurnInfo = field(default_factory=TurnInfo)
-
-
 class Agent:
     def __init__(
-        self, task_name: str, settings: AgentSettings, env: Env, hooks: TaskHooks, tools: Mapping[str, Any] | None = None
+        self,
+        task_name: str,
+        settings: AgentSettings,
+        env: Env,
+        hooks: TaskHooks,
+        tools: Mapping[str, Any] | None = None,
     ):
         self.task_name = task_name
         self.settings = settings
         self.env = env
         self.hooks = hooks
         self.tool_use = (
-            ToolUse(tools, settings.max_tool_calls_per_turn, settings.max_tool_calls, settings.max_tool_output_chars)
+            ToolUse(
+                tools,
+                settings.max_tool_calls_per_turn,
+                settings.max_tool_calls,
+                settings.max_tool_output_chars,
+            )
             if tools
             else None
         )
@@ -226,7 +195,9 @@ class Agent:
 
     def step(self, reply_text: str) -> AgentStep:
         if self._done:
-            return AgentStep(0.0, True, self._info(format_error="the episode is over; call reset()", env_done=True))
+            return AgentStep(
+                0.0, True, self._info(format_error="the episode is over; call reset()", env_done=True)
+            )
         reply = reply_text if isinstance(reply_text, str) else ""
         s = self.settings
         tool_calls = parse_tool_calls(reply) if self.tool_use else []
@@ -237,7 +208,14 @@ class Agent:
         proposed = self.hooks.actions(answer, s.action_separator)
         room = min(s.max_actions_per_turn, s.max_actions_all_turns - self._actions_used)
 
-        reward, env_done, env_error, env_error_kind, env_traceback, observation = 0.0, False, None, None, None, None
+        reward, env_done, env_error, env_error_kind, env_traceback, observation = (
+            0.0,
+            False,
+            None,
+            None,
+            None,
+            None,
+        )
         executed, invalid = [], []
         self.env_repairs = []
         for action in proposed[:room]:
@@ -270,7 +248,12 @@ class Agent:
         penalised = not parsed.format_ok or bool(invalid)
         if penalised:
             reward += s.format_penalty
-        done = env_done or env_error is not None or self._turn >= s.max_turns or self._actions_used >= s.max_actions_all_turns
+        done = (
+            env_done
+            or env_error is not None
+            or self._turn >= s.max_turns
+            or self._actions_used >= s.max_actions_all_turns
+        )
         self._done = done
         if observation is not None:
             self._observation = observation
@@ -292,7 +275,9 @@ class Agent:
         self.messages.append({"role": "assistant", "content": reply})
         if not done:
             feedback = self._feedback(parsed.error, invalid, over_budget)
-            self.messages.append({"role": "user", "content": self.next_user_message(reward, feedback, self._observation)})
+            self.messages.append(
+                {"role": "user", "content": self.next_user_message(reward, feedback, self._observation)}
+            )
         return AgentStep(reward, done, info)
 
     def _tool_turn(self, reply: str, calls: list[ToolCall]) -> AgentStep:

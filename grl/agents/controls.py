@@ -17,10 +17,13 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from grl.agents.base import Agent, AgentStep, context_window
+from grl.agents.base import Agent
+from grl.agents.turns import AgentStep, context_window
 from grl.agents.tasks import Task
 
-DECOY_SEED_OFFSET = 7_777_777  # far from training (seed + step * 100003) and validation (validation_seed + i) seeds
+DECOY_SEED_OFFSET = (
+    7_777_777  # far from training (seed + step * 100003) and validation (validation_seed + i) seeds
+)
 
 
 def decoy_seed(seed: int) -> int:
@@ -74,13 +77,18 @@ class SwappedAgent:
         result = self.real.step(reply_text)
         shown = len(self.decoy.messages)
         self.decoy.step(reply_text)  # a finished decoy changes nothing and says so in its info
-        self.messages.append({"role": "assistant", "content": reply_text if isinstance(reply_text, str) else ""})
+        self.messages.append(
+            {"role": "assistant", "content": reply_text if isinstance(reply_text, str) else ""}
+        )
         if not result.done:
             fresh = [m for m in self.decoy.messages[shown:] if m["role"] != "assistant"]
             if fresh:
                 self.messages.append(dict(fresh[-1]))
-            else:  # a finished decoy writes no message: its final board is shown at the real game's turn and budget
-                self.messages.append({"role": "user", "content": self.real.next_user_message(0.0, "", self.decoy.observation)})
+            # a finished decoy writes no message: its final board is shown at the real game's turn and budget
+            else:
+                self.messages.append(
+                    {"role": "user", "content": self.real.next_user_message(0.0, "", self.decoy.observation)}
+                )
         return result
 
     def state_key(self) -> str:

@@ -135,6 +135,9 @@ def parse_tool_calls(text: str) -> list[ToolCall]:
     """The tool calls of a reply, in order, by rule 6 of the module docstring."""
     if not isinstance(text, str):
         return []
-    found = [(m.start(), ToolCall("python", _CUT_CLOSE.sub("", m.group(1)).strip("\n"))) for m in _PYTHON_CALL.finditer(text)]
+    found = [
+        (m.start(), ToolCall("python", _CUT_CLOSE.sub("", m.group(1)).strip("\n")))
+        for m in _PYTHON_CALL.finditer(text)
+    ]
     found += [(m.start(), _hermes_call(m.group(1).strip())) for m in _HERMES_CALL.finditer(text)]
     return [call for _, call in sorted(found, key=lambda pair: pair[0])]

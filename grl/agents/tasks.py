@@ -115,6 +115,10 @@ class Task:
     make_agent read, without checking or defaulting it again."""
 
     agent_type: str
-    env_type: str | None  # the grl.envs name (or module:Class path) its agent drives; None for an agent program
+    env_type: (
+        str | None
+    )  # the grl.envs name (or module:Class path) its agent drives; None for an agent program
     agent_config: AgentConfig  # every key set, the left-out ones to their defaults
-    env_config: Mapping[str, Any]  # the env constructor's keyword arguments (an agent program's `task.config`)
+    env_config: Mapping[
+        str, Any
+    ]  # the env constructor's keyword arguments (an agent program's `task.config`)

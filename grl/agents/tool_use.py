@@ -47,7 +47,9 @@ class ToolUse:
         for index, call in enumerate(calls):
             label = f"[call {index + 1}]\n" if len(calls) > 1 else ""
             if index >= room:
-                parts.append(f"{label}[not run: {self.per_turn} call(s) a reply, {self.per_episode} an episode]")
+                parts.append(
+                    f"{label}[not run: {self.per_turn} call(s) a reply, {self.per_episode} an episode]"
+                )
                 continue
             self.calls += 1
             if call.error or call.tool not in self.tools:

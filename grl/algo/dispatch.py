@@ -18,7 +18,9 @@ if TYPE_CHECKING:
 # Inputs an estimator may read that follow from the others when the caller leaves them out.
 DERIVED_INPUTS = {
     "turn_ids": lambda inputs: turn_ids_from_mask(inputs["loss_mask"]),
-    "episode_scores": lambda inputs: torch.where(inputs["loss_mask"] > 0, inputs["token_rewards"], 0.0).sum(-1),
+    "episode_scores": lambda inputs: torch.where(inputs["loss_mask"] > 0, inputs["token_rewards"], 0.0).sum(
+        -1
+    ),
 }
 
 
@@ -46,7 +48,9 @@ def compute_advantage(
         call[name] = value
     for key in spec.hyperparameters:
         if not hasattr(algorithm, key):
-            raise ValueError(f"advantage estimator '{spec.name}' reads algorithm.{key}, which the algorithm section lacks")
+            raise ValueError(
+                f"advantage estimator '{spec.name}' reads algorithm.{key}, which the algorithm section lacks"
+            )
         call[key] = getattr(algorithm, key)
     advantages, returns = spec.function(**call)
     if whiten and spec.whiten:

@@ -29,7 +29,9 @@ def kl_estimate(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, kind: str)
         # clamps keep exp() finite when the two models disagree wildly on a token
         ref_over_pi = (-log_ratio).clamp(-20, 20)
         return (ref_over_pi.exp() - ref_over_pi - 1).clamp(-10, 10)
-    raise ValueError(f"unknown KL estimator '{kind}'; choose one of: {', '.join(KL_ESTIMATORS)} (or k1, k2, k3)")
+    raise ValueError(
+        f"unknown KL estimator '{kind}'; choose one of: {', '.join(KL_ESTIMATORS)} (or k1, k2, k3)"
+    )
 
 
 def apply_kl_penalty(

@@ -22,11 +22,16 @@ def episode_masks(loss_mask: torch.Tensor, segment_ids: torch.Tensor | None = No
     if segment_ids is None:
         return gen.unsqueeze(-1)
     n = int(segment_ids.max().item()) if segment_ids.numel() else 0
-    return gen.unsqueeze(-1) & (segment_ids.unsqueeze(-1) == torch.arange(1, n + 1, device=segment_ids.device))
+    return gen.unsqueeze(-1) & (
+        segment_ids.unsqueeze(-1) == torch.arange(1, n + 1, device=segment_ids.device)
+    )
 
 
 def agg_loss(
-    loss_mat: torch.Tensor, loss_mask: torch.Tensor, mode: str = "token-mean", segment_ids: torch.Tensor | None = None
+    loss_mat: torch.Tensor,
+    loss_mask: torch.Tensor,
+    mode: str = "token-mean",
+    segment_ids: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Reduce a per-token loss to a scalar.
 
@@ -129,7 +134,10 @@ def _chunked_rows(fn, logits: torch.Tensor, *extra: torch.Tensor, chunk_size: in
     flat = logits.reshape(-1, logits.shape[-1])
     flat_extra = [e.reshape(-1) for e in extra]
     step = flat.shape[0] if not chunk_size else chunk_size
-    parts = [fn(flat[i : i + step], *(e[i : i + step] for e in flat_extra)) for i in range(0, flat.shape[0], max(step, 1))]
+    parts = [
+        fn(flat[i : i + step], *(e[i : i + step] for e in flat_extra))
+        for i in range(0, flat.shape[0], max(step, 1))
+    ]
     out = torch.cat(parts) if parts else flat.new_zeros(0)
     return out.reshape(lead)
 
@@ -143,7 +151,9 @@ def _entropy(logits: torch.Tensor) -> torch.Tensor:
     # H = logsumexp(z) - sum softmax(z) * z: no log(0) for tokens with zero probability. Tokens
     # masked out (z = -inf, probability 0) add nothing; a finite stand-in keeps 0 * inf out.
     logits = _upcast(logits)
-    finite = torch.where(torch.isfinite(logits), logits, torch.zeros((), dtype=logits.dtype, device=logits.device))
+    finite = torch.where(
+        torch.isfinite(logits), logits, torch.zeros((), dtype=logits.dtype, device=logits.device)
+    )
     return torch.logsumexp(logits, -1) - (torch.softmax(logits, -1) * finite).sum(-1)
 
 
@@ -158,19 +168,26 @@ def _token_log_prob(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return logits.gather(-1, labels[:, None]).squeeze(-1) - torch.logsumexp(logits, -1)
 
 
-def log_probs_from_logits(logits: torch.Tensor, labels: torch.Tensor, chunk_size: int | None = None) -> torch.Tensor:
+def log_probs_from_logits(
+    logits: torch.Tensor, labels: torch.Tensor, chunk_size: int | None = None
+) -> torch.Tensor:
     """log softmax(logits)[label] for each position: `[..., vocab], [...] -> [...]` (fp32 for half inputs)."""
     return _chunked_rows(_token_log_prob, logits, labels, chunk_size=chunk_size)
 
 
 def entropy_bonus(
-    entropy: torch.Tensor, loss_mask: torch.Tensor, loss_agg_mode: str = "token-mean", segment_ids: torch.Tensor | None = None
+    entropy: torch.Tensor,
+    loss_mask: torch.Tensor,
+    loss_agg_mode: str = "token-mean",
+    segment_ids: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Aggregated entropy; the actor loss subtracts entropy_coeff times this."""
     return agg_loss(entropy, loss_mask, loss_agg_mode, segment_ids)
 
 
-def truncated_is_weights(old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor, cap: float) -> torch.Tensor:
+def truncated_is_weights(
+    old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor, cap: float
+) -> torch.Tensor:
     """Truncated importance sampling (as verl's and SkyRL's TIS): min(pi_old / pi_rollout, cap) per
     token, a constant (no gradient) correcting for the engine sampling from a slightly different policy."""
     return torch.exp((old_log_probs - rollout_log_probs).clamp(max=20.0)).clamp(max=cap).detach()

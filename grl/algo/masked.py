@@ -30,7 +30,9 @@ def masked_var(x: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> to
     return var
 
 
-def masked_whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8) -> torch.Tensor:
+def masked_whiten(
+    x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8
+) -> torch.Tensor:
     """Normalise `x` to unit variance over masked elements (and zero mean when `shift_mean`);
     0 outside the mask."""
     mean, var = masked_mean(x, mask), masked_var(x, mask)
@@ -57,6 +59,8 @@ def finite_rows(*tensors: torch.Tensor, loss_mask: torch.Tensor | None = None) -
                 good = good | (loss_mask <= 0)
             good = good.all(dim=1)
         elif x.dim() != 1:
-            raise ValueError(f"finite_rows takes [batch] or [batch, tokens] tensors, got shape {tuple(x.shape)}")
+            raise ValueError(
+                f"finite_rows takes [batch] or [batch, tokens] tensors, got shape {tuple(x.shape)}"
+            )
         ok = ok & good
     return ok

@@ -24,7 +24,9 @@ BATCH_INPUTS = {
     "episode_scores": "`[batch]` each episode's summed rewards on its generated tokens",
     "values": "`[batch, tokens]` the critic's values: reading them builds and trains the critic",
     "group_ids": "one id per episode, its group's: reading them asks for groups of two or more agents",
-    "turn_states": "`[batch, turns]` ids of the env state each turn acted on: reading them collects the states",
+    "turn_states": (
+        "`[batch, turns]` ids of the env state each turn acted on: reading them collects the states"
+    ),
 }
 
 
@@ -62,13 +64,15 @@ def register_estimator(name: str, *, hyperparameters: tuple[str, ...] = (), whit
         for key in hyperparameters:
             if key not in parameters:
                 raise ValueError(
-                    f"advantage estimator {name!r}: hyperparameter {key!r} is not a parameter of {function.__name__}"
+                    f"advantage estimator {name!r}: hyperparameter {key!r} is not a parameter of "
+                    f"{function.__name__}"
                 )
         for parameter in parameters.values():
             unknown = parameter.name not in BATCH_INPUTS and parameter.name not in hyperparameters
             if unknown and parameter.default is inspect.Parameter.empty:
                 raise ValueError(
-                    f"advantage estimator {name!r}: parameter {parameter.name!r} of {function.__name__} is neither a "
+                    f"advantage estimator {name!r}: parameter {parameter.name!r} of {function.__name__} is "
+                    "neither a "
                     f"batch input ({', '.join(BATCH_INPUTS)}) nor a hyperparameter, and has no default"
                 )
         inputs = tuple(p for p in parameters if p in BATCH_INPUTS)

@@ -48,7 +48,9 @@ class EngineTraits:
 
     gpu_share: bool = False  # on a GPU it takes rollout.gpu_memory_utilization of the device while awake
     cuda_graphs: bool = False  # asleep it keeps a CUDA graph pool, unless rollout.enforce_eager
-    cpu_cache_env: tuple[str, str] | None = None  # on CPU a process of its own: (variable, default GiB) of its KV cache
+    cpu_cache_env: tuple[str, str] | None = (
+        None  # on CPU a process of its own: (variable, default GiB) of its KV cache
+    )
 
 
 ENGINES: dict[str, str] = {}  # name -> "module:builder"

@@ -22,7 +22,9 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     greedy: bool = False
     seed: int | None = None  # request i of a batch uses seed + i, so equal prompts still differ
-    request_seeds: list[int] | None = None  # one seed per request instead (a batch gathered from whoever is ready)
+    request_seeds: list[int] | None = (
+        None  # one seed per request instead (a batch gathered from whoever is ready)
+    )
     logprobs: bool = True  # return the sampled tokens' log-probs where cheap
     ignore_eos: bool = False  # keep going past eos (benchmarks that need a fixed length)
 
@@ -42,7 +44,8 @@ class GenerationOutput:
     token_ids: list[int]
     log_probs: list[float] | None = None  # one per token in token_ids, or None
     finish_reason: str = "stop"  # "stop" (eos / stop string / stop token) or "length"
-    # One per token when top-k/top-p filtered the sampling: the set it was drawn from (grl/engines/kept_sets.py)
+    # One per token when top-k/top-p filtered the sampling: the set it was drawn from
+    # (grl/engines/kept_sets.py)
     kept_sets: list[tuple[int, tuple[int, ...]]] | None = None
 
 

@@ -61,7 +61,12 @@ class ReplyGrammar:
     """An automaton over token ids. Nodes are either trie nodes (`dict token -> node`; an empty
     dict is the end) or free-text nodes (`_Free`). Plain data: it pickles to an engine process."""
 
-    def __init__(self, nodes: list[dict[int, int] | _Free | JsonObject], max_tokens: int, left_out: tuple[str, ...] = ()):
+    def __init__(
+        self,
+        nodes: list[dict[int, int] | _Free | JsonObject],
+        max_tokens: int,
+        left_out: tuple[str, ...] = (),
+    ):
         self.nodes = nodes
         self.max_tokens = max_tokens
         self.left_out = left_out  # valid actions too long for max_tokens
@@ -93,7 +98,9 @@ class ReplyGrammar:
             allowed = walker.allowed()
             size, ids = allowed
             if (size > 0 and token not in ids) or (size < 0 and token in ids):
-                raise ValueError(f"token {token} at position {position} is outside the grammar's allowed set {ids}")
+                raise ValueError(
+                    f"token {token} at position {position} is outside the grammar's allowed set {ids}"
+                )
             sets.append(allowed)
             walker.advance(token)
         return sets
@@ -109,7 +116,8 @@ class GrammarWalker:
         self.free_tokens: list[int] = []  # tokens of the current free-text part
         self.forcing: list[int] = []  # closing tokens still to force
         self.json = JSON_START  # where a JSON node's object stands
-        self.cache: dict = {}  # a JSON node's allowed sets, by (node, state, tokens left): they cost a pass over the vocabulary
+        # a JSON node's allowed sets, by (node, state, tokens left): they cost a pass over the vocabulary
+        self.cache: dict = {}
 
     @property
     def done(self) -> bool:
@@ -192,7 +200,11 @@ class GrammarWalker:
 
 
 def compile_reply_grammar(
-    encode: Callable[[str], list[int]], end_ids: Sequence[int], actions: Sequence[str], think: bool, max_tokens: int
+    encode: Callable[[str], list[int]],
+    end_ids: Sequence[int],
+    actions: Sequence[str],
+    think: bool,
+    max_tokens: int,
 ) -> ReplyGrammar:
     """The grammar of a reply that holds one of `actions` (see the module doc).
 
@@ -310,7 +322,9 @@ def allowed_sets_tensors(sets: Sequence[AllowedSet]):
     sizes = np.fromiter((size for size, _ in sets), np.int64, len(sets))
     ids = np.zeros((len(sets), max(width, 1)), np.int64)
     listed = np.arange(ids.shape[1])[None, :] < counts[:, None]  # row-major, as the ids are chained
-    ids[listed] = np.fromiter(chain.from_iterable(members for _, members in sets), np.int64, int(counts.sum()))
+    ids[listed] = np.fromiter(
+        chain.from_iterable(members for _, members in sets), np.int64, int(counts.sum())
+    )
     return torch.from_numpy(sizes), torch.from_numpy(ids)
 
 
@@ -343,11 +357,14 @@ def set_owners(sizes, total: int):
     """The position each id of the flat sets belongs to: position i repeated `|sizes[i]|` times."""
     import torch
 
-    return torch.repeat_interleave(torch.arange(len(sizes), device=sizes.device), sizes.abs(), output_size=total)
+    return torch.repeat_interleave(
+        torch.arange(len(sizes), device=sizes.device), sizes.abs(), output_size=total
+    )
 
 
 def _outside_to_minus_inf(logits, sizes, marked):
-    """`marked` `[N, V]`: the ids each row lists (its allowed ones if its size is positive, else its denied ones)."""
+    """`marked` `[N, V]`: the ids each row lists (its allowed ones if its size is positive, else its denied
+    ones)."""
     import torch
 
     allowed = torch.where((sizes > 0)[:, None], marked, ~marked)

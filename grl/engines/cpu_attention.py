@@ -36,7 +36,9 @@ def cpu_gqa_sdpa(module, query, key, value, attention_mask, dropout: float = 0.0
         or kwargs.get("output_attentions", False)
     )
     if plain:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
     out = functional.scaled_dot_product_attention(
         query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling, enable_gqa=True
     )

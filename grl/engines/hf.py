@@ -27,9 +27,17 @@ from collections import Counter
 import torch
 
 from grl.engines import cpu_attention
-from grl.engines.base import Engine, GenerationOutput, NamedTensors, SamplingParams, check_constraints, check_prompts
-from grl.engines.constraint import ReplyGrammar, allowed_sets_tensors, constrain_logits
-from grl.engines.kept_sets import filter_logits, filters, kept_sets
+from grl.engines.base import (
+    Engine,
+    GenerationOutput,
+    NamedTensors,
+    SamplingParams,
+    check_constraints,
+    check_prompts,
+)
+from grl.engines.constraint import ReplyGrammar
+from grl.engines.hf_decoding import choose, constrain, replies, take_forced
+from grl.engines.kept_sets import filters
 from grl.engines.kv_slab import prefix_slab
 from grl.engines.weights import check_named_tensors, module_digests, weight_spec
 
@@ -76,7 +84,9 @@ class HFEngine(Engine):
         self._reusable = self._prefixes
         self._extended: set[tuple[int, ...]] = set()
         self._prefix_ages: dict[tuple[int, ...], int] = {}  # calls a carried sequence has waited unextended
-        self.reuse_prefixes = reuse_prefixes  # off: every prompt is prefilled whole (the benchmark's baseline)
+        self.reuse_prefixes = (
+            reuse_prefixes  # off: every prompt is prefilled whole (the benchmark's baseline)
+        )
 
     def context_length(self) -> int | None:
         from grl.models import config_context
@@ -92,25 +102,34 @@ class HFEngine(Engine):
     # ------------------------------------------------------------------ generate
 
     def generate(
-        self, prompt_token_ids: list[list[int]], sampling: SamplingParams, constraints: list[ReplyGrammar | None] | None = None
+        self,
+        prompt_token_ids: list[list[int]],
+        sampling: SamplingParams,
+        constraints: list[ReplyGrammar | None] | None = None,
     ) -> list[GenerationOutput]:
         check_prompts(prompt_token_ids)
         constraints = check_constraints(constraints, len(prompt_token_ids))
         if self.asleep:
             self.wake()
         if sampling.max_new_tokens <= 0:
-            return [GenerationOutput([], [] if sampling.logprobs else None, "length") for _ in prompt_token_ids]
+            return [
+                GenerationOutput([], [] if sampling.logprobs else None, "length") for _ in prompt_token_ids
+            ]
         generators = None
         if sampling.seed_of(0) is not None and not sampling.is_greedy:
             generators = [
-                torch.Generator(device=self.device).manual_seed(sampling.seed_of(i)) for i in range(len(prompt_token_ids))
+                torch.Generator(device=self.device).manual_seed(sampling.seed_of(i))
+                for i in range(len(prompt_token_ids))
             ]
         outputs: list[GenerationOutput | None] = [None] * len(prompt_token_ids)
         self._reusable, self._prefixes, self._extended = self._prefixes, {}, set()
         for chunk in self._chunks(prompt_token_ids):
             chunk_generators = [generators[i] for i in chunk] if generators else None
             results = self._generate_chunk(
-                [prompt_token_ids[i] for i in chunk], sampling, chunk_generators, [constraints[i] for i in chunk]
+                [prompt_token_ids[i] for i in chunk],
+                sampling,
+                chunk_generators,
+                [constraints[i] for i in chunk],
             )
             for i, result in zip(chunk, results):
                 outputs[i] = result
@@ -125,8 +144,13 @@ class HFEngine(Engine):
         hit = [bool(self.reuse_prefixes and self._cached_prefix(list(p))) for p in prompt_token_ids]
         chunks = []
         for cached in (True, False):
-            order = sorted((i for i in range(len(hit)) if hit[i] == cached), key=lambda i: len(prompt_token_ids[i]))
-            chunks += [order[start : start + self.max_batch_size] for start in range(0, len(order), self.max_batch_size)]
+            order = sorted(
+                (i for i in range(len(hit)) if hit[i] == cached), key=lambda i: len(prompt_token_ids[i])
+            )
+            chunks += [
+                order[start : start + self.max_batch_size]
+                for start in range(0, len(order), self.max_batch_size)
+            ]
         return chunks
 
     def _carry_unextended(self) -> None:
@@ -139,20 +163,26 @@ class HFEngine(Engine):
                 self._prefixes[ids], ages[ids] = kv, age
         self._prefix_ages = ages
 
-    def _generate_chunk(self, prompts, sampling: SamplingParams, generators, constraints) -> list[GenerationOutput]:
+    def _generate_chunk(
+        self, prompts, sampling: SamplingParams, generators, constraints
+    ) -> list[GenerationOutput]:
         batch = len(prompts)
         tokens: list[list[int]] = [[] for _ in range(batch)]
         log_probs: list[list[float]] = [[] for _ in range(batch)]
-        kept = [{} for _ in range(batch)] if filters(sampling) else None  # reply position -> its token's kept set
+        kept = (
+            [{} for _ in range(batch)] if filters(sampling) else None
+        )  # reply position -> its token's kept set
         finish: list[str | None] = [None] * batch
         walkers = [c.walker() if c is not None else None for c in constraints]
         # Jump-forward: tokens a grammar forces (probability 1) need no sampling step. Those before the
         # first choice go into the prefill; a forced run that ends the reply ends it at once.
         for row, walker in enumerate(walkers):
             if walker is not None:
-                self._take_forced(walker, tokens[row], log_probs[row], finish, row, sampling.max_new_tokens)
-        if all(f is not None for f in finish):  # every reply was forced whole (one valid action): no model call
-            return self._outputs(tokens, log_probs, kept, finish, sampling)
+                take_forced(walker, tokens[row], log_probs[row], finish, row, sampling.max_new_tokens)
+        if all(
+            f is not None for f in finish
+        ):  # every reply was forced whole (one valid action): no model call
+            return replies(tokens, log_probs, kept, finish, sampling)
         prompts = [list(p) + t for p, t in zip(prompts, tokens)]
         if self.reuse_prefixes:
             self._prefill_shared(prompts)
@@ -176,8 +206,8 @@ class HFEngine(Engine):
                     use_cache=True,
                     logits_to_keep=1,
                 )
-                logits = self._constrain(out.logits[:, -1, :].float(), walkers, finish)
-                chosen, chosen_log_probs, step_kept = self._choose(logits, sampling, generators)
+                logits = constrain(out.logits[:, -1, :].float(), walkers, finish)
+                chosen, chosen_log_probs, step_kept = choose(logits, sampling, generators, self.generator)
                 for row, (token, log_prob) in enumerate(zip(chosen.tolist(), chosen_log_probs.tolist())):
                     if finish[row] is not None:
                         continue
@@ -190,35 +220,28 @@ class HFEngine(Engine):
                     if token in stop_ids or self._hit_stop_string(tokens[row], sampling.stop):
                         finish[row] = "stop"
                     elif walkers[row] is not None:
-                        self._take_forced(
-                            walkers[row], tokens[row], log_probs[row], finish, row, sampling.max_new_tokens, only_to_the_end=True
+                        take_forced(
+                            walkers[row],
+                            tokens[row],
+                            log_probs[row],
+                            finish,
+                            row,
+                            sampling.max_new_tokens,
+                            only_to_the_end=True,
                         )
                     if finish[row] is None and len(tokens[row]) >= sampling.max_new_tokens:
                         finish[row] = "length"
                     if finish[row] is None:
                         fed[row].append(token)
                 # Finished rows keep decoding padding; their extra tokens are never read.
-                step_ids = torch.where(torch.tensor([f is None for f in finish], device=self.device), chosen, self.pad_token_id)[
-                    :, None
-                ]
+                step_ids = torch.where(
+                    torch.tensor([f is None for f in finish], device=self.device), chosen, self.pad_token_id
+                )[:, None]
                 attention_mask = torch.cat([attention_mask, attention_mask.new_ones((batch, 1))], dim=-1)
                 position_ids = position_ids[:, -1:] + 1
         if self.reuse_prefixes:
             self._keep_prefixes(cache, prompts, cached, fed, past, width)
-        return self._outputs(tokens, log_probs, kept, finish, sampling)
-
-    @staticmethod
-    def _outputs(tokens, log_probs, kept, finish, sampling: SamplingParams) -> list[GenerationOutput]:
-        """The rows' replies. A token a grammar forced (no sampling step) was drawn from the set of itself alone."""
-        return [
-            GenerationOutput(
-                tokens[row],
-                log_probs[row] if sampling.logprobs else None,
-                finish[row] or "length",
-                None if kept is None else [kept[row].get(i, (1, (token,))) for i, token in enumerate(tokens[row])],
-            )
-            for row in range(len(tokens))
-        ]
+        return replies(tokens, log_probs, kept, finish, sampling)
 
     def _layout(self, prompts: list[list[int]], cached: list[tuple[int, ...]]):
         """-> (input_ids, attention_mask, position_ids, past, width): the rows' new tokens
@@ -235,7 +258,13 @@ class HFEngine(Engine):
             attention_mask[row, past - len(prefix) : past] = 1
             attention_mask[row, past + width - len(new) :] = 1
             position_ids[row, width - len(new) :] = torch.arange(len(prefix), len(prompt))
-        return (input_ids.to(self.device), attention_mask.to(self.device), position_ids.to(self.device), past, width)
+        return (
+            input_ids.to(self.device),
+            attention_mask.to(self.device),
+            position_ids.to(self.device),
+            past,
+            width,
+        )
 
     def _prefill_shared(self, prompts: list[list[int]]) -> None:
         """Run once what several rows begin with (a GRPO group asks G replies to one prompt): the
@@ -276,64 +305,24 @@ class HFEngine(Engine):
         prefixes = [self._reusable[ids] if ids else None for ids in cached]
         return prefix_slab(prefixes, past, room, self.model.config.get_text_config().num_hidden_layers)
 
-    def _keep_prefixes(self, cache, prompts, cached, fed, past: int, width: int, into: dict | None = None) -> None:
+    def _keep_prefixes(
+        self, cache, prompts, cached, fed, past: int, width: int, into: dict | None = None
+    ) -> None:
         """Store every row's KV (its prompt and the reply tokens the model ran) for the next call
         (or, `into`, for this one)."""
         into = self._prefixes if into is None else into
         for row, (prompt, prefix) in enumerate(zip(prompts, cached)):
             new = len(prompt) - len(prefix)
             columns = torch.cat(
-                [torch.arange(past - len(prefix), past), torch.arange(past + width - new, past + width + len(fed[row]))]
+                [
+                    torch.arange(past - len(prefix), past),
+                    torch.arange(past + width - new, past + width + len(fed[row])),
+                ]
             ).to(self.device)
             into[tuple(prompt + fed[row])] = [
-                (layer.keys[row].index_select(1, columns), layer.values[row].index_select(1, columns)) for layer in cache.layers
+                (layer.keys[row].index_select(1, columns), layer.values[row].index_select(1, columns))
+                for layer in cache.layers
             ]
-
-    @staticmethod
-    def _take_forced(
-        walker, tokens: list[int], log_probs: list[float], finish: list, row: int, limit: int, only_to_the_end: bool = False
-    ) -> None:
-        """Append the tokens `walker` forces from here (log-prob 0), within `limit` reply tokens;
-        with `only_to_the_end`, only a run that finishes the reply."""
-        run, ends = walker.forced()
-        if only_to_the_end and not ends:
-            return
-        room = limit - len(tokens)
-        for token in run[:room]:
-            tokens.append(token)
-            log_probs.append(0.0)
-            walker.advance(token)
-        if ends and len(run) <= room:
-            finish[row] = "stop"
-        elif len(tokens) >= limit:
-            finish[row] = "length"
-
-    @staticmethod
-    def _constrain(logits, walkers, finish):
-        """Mask the rows that decode under a grammar to their allowed tokens."""
-        rows = [row for row, w in enumerate(walkers) if w is not None and finish[row] is None]
-        if not rows:
-            return logits
-        sizes, ids = allowed_sets_tensors([walkers[row].allowed() for row in rows])
-        index = torch.tensor(rows, dtype=torch.long, device=logits.device)
-        logits[index] = constrain_logits(logits[index], sizes.to(logits.device), ids.to(logits.device))
-        return logits
-
-    def _choose(self, logits, sampling: SamplingParams, generators):
-        """-> (tokens, their log-probs under the distribution they were drawn from: greedy rows
-        report the log-softmax of the (masked) logits, as vLLM's processed log-probs do; the rows' kept
-        sets when top-k/top-p filtered, else None)."""
-        if sampling.is_greedy:
-            chosen = logits.argmax(-1)
-            return chosen, logits.log_softmax(-1).gather(-1, chosen[:, None])[:, 0], None
-        filtered = filter_logits(logits, sampling.temperature, sampling.top_k, sampling.top_p)
-        probs = filtered.softmax(-1)
-        if generators is None:
-            chosen = torch.multinomial(probs, 1, generator=self.generator)[:, 0]
-        else:
-            chosen = torch.cat([torch.multinomial(p, 1, generator=g) for p, g in zip(probs, generators)])
-        kept = kept_sets(filtered) if filters(sampling) else None
-        return chosen, filtered.log_softmax(-1).gather(-1, chosen[:, None])[:, 0], kept
 
     def _hit_stop_string(self, tokens: list[int], stops: list[str]) -> bool:
         if not stops:

@@ -124,7 +124,9 @@ def completion(state: State) -> int:
     stack, mode, detail = state
     if mode == "S":
         escape = detail[1:]
-        extra = (1 if detail[0] == "v" else 3) + (0 if not escape else 1 if escape == "\\" else 5 - len(escape))
+        extra = (1 if detail[0] == "v" else 3) + (
+            0 if not escape else 1 if escape == "\\" else 5 - len(escape)
+        )
     elif mode == "N":
         extra = 0 if detail in _ENDING_NUMBERS else 1
     elif mode == "L":
@@ -156,17 +158,22 @@ def token_texts(tokenizer) -> tuple[str, ...]:
 
 
 class JsonVocabulary:
-    """A tokenizer's token texts (`token_texts`), indexed for `JsonObject`; built once, shared by its nodes."""
+    """A tokenizer's token texts (`token_texts`), indexed for `JsonObject`; built once, shared by its
+    nodes."""
 
     def __init__(self, texts: Sequence[str]):
         self.texts = tuple(texts)
         singles = {text for text in self.texts if len(text) == 1}
         missing = [ch for ch in _CLOSERS if ch not in singles]
         if missing:
-            raise ValueError(f"the tokenizer has no single-character token for {''.join(missing)!r}: JSON cannot be closed")
+            raise ValueError(
+                f"the tokenizer has no single-character token for {''.join(missing)!r}: JSON cannot be closed"
+            )
         self.never = tuple(token for token, text in enumerate(self.texts) if not text)
         # inside a string, a token without these characters only lengthens it
-        self.stringy = tuple(t for t, text in enumerate(self.texts) if text and any(ch in '"\\' or ch < " " for ch in text))
+        self.stringy = tuple(
+            t for t, text in enumerate(self.texts) if text and any(ch in '"\\' or ch < " " for ch in text)
+        )
         by_first: dict[str, list[int]] = {}
         for token, text in enumerate(self.texts):
             if text:

@@ -89,7 +89,9 @@ class KeptSets:
 
     def __init__(self, temperature: float, top_k: int, top_p: float):
         self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
-        self.sets: dict[int, AllowedSet] = {}  # by reply position: a step recomputed (preemption) overwrites its own
+        self.sets: dict[
+            int, AllowedSet
+        ] = {}  # by reply position: a step recomputed (preemption) overwrites its own
 
     def __deepcopy__(self, memo) -> KeptSets:
         return self
@@ -105,8 +107,10 @@ class KeptSets:
         missing = [p for p in range(length) if p not in self.sets]
         if missing:
             raise RuntimeError(
-                f"vLLM's logits processor left no kept set for reply positions {missing[:5]}; it writes them here "
-                "only when it runs in this process (GRL builds vLLM with an in-process engine core and one worker)"
+                f"vLLM's logits processor left no kept set for reply positions {missing[:5]}; it writes them "
+                "here "
+                "only when it runs in this process (GRL builds vLLM with an in-process engine core and one "
+                "worker)"
             )
         return [self.sets[p] for p in range(length)]
 

@@ -18,7 +18,13 @@ class SlabLayer(DynamicLayer):
     views of its filled columns. A forward that would overflow it moves the cache to a buffer half as large
     again as it needs, so a long reply costs a few copies, not one a token."""
 
-    def __init__(self, capacity: int, keys: torch.Tensor | None = None, values: torch.Tensor | None = None, filled: int = 0):
+    def __init__(
+        self,
+        capacity: int,
+        keys: torch.Tensor | None = None,
+        values: torch.Tensor | None = None,
+        filled: int = 0,
+    ):
         super().__init__()
         self.capacity = capacity
         self._key_buffer, self._value_buffer, self._filled = keys, values, filled
@@ -53,7 +59,9 @@ class SlabLayer(DynamicLayer):
         return self.keys, self.values
 
 
-def prefix_slab(prefixes: list[list[tuple[torch.Tensor, torch.Tensor]] | None], past: int, room: int, num_layers: int) -> Cache:
+def prefix_slab(
+    prefixes: list[list[tuple[torch.Tensor, torch.Tensor]] | None], past: int, room: int, num_layers: int
+) -> Cache:
     """A cache of `past + room` columns a layer; row i's prefix (per layer `(keys, values)` of
     `[heads, len, dim]`, or None for no prefix) right-aligned in the first `past`, zeros before it."""
     template = next((p for p in prefixes if p is not None), None)

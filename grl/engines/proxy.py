@@ -102,7 +102,9 @@ class SubprocessEngine(Engine):
         context = multiprocessing.get_context("spawn")
         self._conn, child_conn = context.Pipe()
         self._process = context.Process(
-            target=_serve, args=(child_conn, target, kwargs, dict(env or {})), name=f"grl-engine-{target.split(':')[-1]}"
+            target=_serve,
+            args=(child_conn, target, kwargs, dict(env or {})),
+            name=f"grl-engine-{target.split(':')[-1]}",
         )
         self._process.start()
         child_conn.close()  # the child's copy keeps the pipe open; ours would hide its death
@@ -127,14 +129,20 @@ class SubprocessEngine(Engine):
             while not self._conn.poll(1.0):
                 waited += 1.0
                 if not self._process.is_alive():
-                    raise EngineProcessError(f"engine process for {self.target} exited with code {self._process.exitcode}")
+                    raise EngineProcessError(
+                        f"engine process for {self.target} exited with code {self._process.exitcode}"
+                    )
                 if timeout is not None and waited >= timeout:
-                    raise EngineProcessError(f"engine process for {self.target} did not answer in {timeout:.0f} s")
+                    raise EngineProcessError(
+                        f"engine process for {self.target} did not answer in {timeout:.0f} s"
+                    )
             try:
                 got, status, value, remote = pickle.loads(self._conn.recv_bytes())
             except (EOFError, OSError) as err:
                 self._process.join(5)
-                raise EngineProcessError(f"engine process for {self.target} exited with code {self._process.exitcode}") from err
+                raise EngineProcessError(
+                    f"engine process for {self.target} exited with code {self._process.exitcode}"
+                ) from err
             if got == seq:
                 break
         if status == "error":
@@ -165,7 +173,10 @@ class SubprocessEngine(Engine):
         # Detached CPU copies: gradients and devices do not cross processes.
         self._call(
             "update_weights",
-            [(name, tensor.detach().cpu()) if hasattr(tensor, "detach") else (name, tensor) for name, tensor in items],
+            [
+                (name, tensor.detach().cpu()) if hasattr(tensor, "detach") else (name, tensor)
+                for name, tensor in items
+            ],
         )
 
     def weights_digest(self) -> dict:

@@ -54,7 +54,9 @@ def build(model_path: str, **options) -> Engine:
     from grl.engines.proxy import SubprocessEngine
 
     return SubprocessEngine(
-        "grl.engines.vllm_engine:VLLMEngine", {"model_path": model_path, **options}, env={"OMP_NUM_THREADS": engine_omp_threads()}
+        "grl.engines.vllm_engine:VLLMEngine",
+        {"model_path": model_path, **options},
+        env={"OMP_NUM_THREADS": engine_omp_threads()},
     )
 
 
@@ -74,7 +76,9 @@ def whole_prefills(path: str, max_model_len: int | None) -> dict:
     import json
     from pathlib import Path
 
-    context = max_model_len or json.loads((Path(path) / "config.json").read_text()).get("max_position_embeddings")
+    context = max_model_len or json.loads((Path(path) / "config.json").read_text()).get(
+        "max_position_embeddings"
+    )
     return {"enable_chunked_prefill": False, "max_num_batched_tokens": max(int(context or 0), 8192)}
 
 
@@ -137,7 +141,11 @@ def held_digests(worker, received: dict) -> dict:
     in. `received`: name -> (digest, dtype) of each tensor of the last update."""
     model = worker.get_model()
     params = dict(model.named_parameters())
-    fused = {f".{part}.": f".{whole}." for whole, parts in getattr(model, "packed_modules_mapping", {}).items() for part in parts}
+    fused = {
+        f".{part}.": f".{whole}."
+        for whole, parts in getattr(model, "packed_modules_mapping", {}).items()
+        for part in parts
+    }
     mapper = getattr(model, "hf_to_vllm_mapper", None)
     members: dict[str, list[str]] = {}
     for name in received:
@@ -190,7 +198,8 @@ class VLLMEngine(Engine):
         from vllm import LLM
 
         from grl.engines.vllm_grammar import grammar_processors
-        from grl.models import dtype_name, resolve_model_path
+        from grl.compute import dtype_name
+        from grl.models import resolve_model_path
 
         path = resolve_model_path(model_path)
         on_gpu = device.startswith("cuda") if device else torch.cuda.is_available()
@@ -232,17 +241,23 @@ class VLLMEngine(Engine):
         constraints = check_constraints(constraints, len(prompt_token_ids))
         if not self.grammar and (any(c is not None for c in constraints) or filters(sampling)):
             raise ValueError(
-                "generate: a reply grammar or top-k/top-p was given to a vllm engine built with grammar=False; "
+                "generate: a reply grammar or top-k/top-p was given to a vllm engine built with "
+                "grammar=False; "
                 "build it with make_engine(..., grammar=True) when a task sets agent_config.action_decoding: "
                 "constrained or the rollout samples with top_p < 1 or top_k > 0"
             )
         if sampling.max_new_tokens <= 0:  # vLLM requires max_tokens >= 1
-            return [GenerationOutput([], [] if sampling.logprobs else None, "length") for _ in prompt_token_ids]
+            return [
+                GenerationOutput([], [] if sampling.logprobs else None, "length") for _ in prompt_token_ids
+            ]
         self.wake()
         prompts = [TokensPrompt(prompt_token_ids=list(p)) for p in prompt_token_ids]
         params = [to_vllm_sampling(sampling, i, grammar) for i, grammar in enumerate(constraints)]
         results = self.llm.generate(prompts, params, use_tqdm=False)
-        return [self._output(result.outputs[0], sampling.logprobs, p.extra_args) for result, p in zip(results, params)]
+        return [
+            self._output(result.outputs[0], sampling.logprobs, p.extra_args)
+            for result, p in zip(results, params)
+        ]
 
     @staticmethod
     def _output(completion, want_log_probs: bool, extra_args: dict | None) -> GenerationOutput:
@@ -280,7 +295,9 @@ class VLLMEngine(Engine):
             yield name, tensor
 
     def weights_digest(self) -> dict:
-        (held,) = self.llm.collective_rpc(held_digests, args=(self.received,))  # one worker: preflight's tensor parallel 1
+        (held,) = self.llm.collective_rpc(
+            held_digests, args=(self.received,)
+        )  # one worker: preflight's tensor parallel 1
         return held
 
     def sleep(self, discard_weights: bool = False) -> None:
@@ -297,8 +314,14 @@ class VLLMEngine(Engine):
 
     def wake(self) -> None:
         if self.weights_discarded:
-            raise RuntimeError("the vllm engine slept with discard_weights=True: call update_weights before generate or wake")
-        tags = [tag for tag, asleep in (("weights", self.weights_asleep), ("kv_cache", self.cache_asleep)) if asleep]
+            raise RuntimeError(
+                "the vllm engine slept with discard_weights=True: call update_weights before generate or wake"
+            )
+        tags = [
+            tag
+            for tag, asleep in (("weights", self.weights_asleep), ("kv_cache", self.cache_asleep))
+            if asleep
+        ]
         if tags:
             self.llm.wake_up(tags=tags)
             self.weights_asleep = self.cache_asleep = False

@@ -76,7 +76,8 @@ def grammar_processors(engine_args: dict, grammar: bool) -> list[str]:
         return [V2_PROCESSOR if uses_v2_model_runner(engine_args) else V1_PROCESSOR]
     if uses_v2_model_runner({**engine_args, "logits_processors": [V1_PROCESSOR]}):
         raise ValueError(
-            "vLLM picks its V2 model runner, and this vLLM has no V2 logits-processor interface for the reply "
+            "vLLM picks its V2 model runner, and this vLLM has no V2 logits-processor interface for the "
+            "reply "
             f"grammar ({V2_INTERFACE}); unset VLLM_USE_V2_MODEL_RUNNER (or set it to 0)"
         )
     return [V1_PROCESSOR]
@@ -85,14 +86,19 @@ def grammar_processors(engine_args: dict, grammar: bool) -> list[str]:
 def request_kept_sets(params) -> KeptSets | None:
     kept = (params.extra_args or {}).get(FILTER_ARG)
     if kept is not None and not isinstance(kept, KeptSets):
-        raise ValueError(f"SamplingParams.extra_args[{FILTER_ARG!r}]: expected a KeptSets, got {type(kept).__name__}")
+        raise ValueError(
+            f"SamplingParams.extra_args[{FILTER_ARG!r}]: expected a KeptSets, got {type(kept).__name__}"
+        )
     return kept
 
 
 def request_grammar(params) -> ReplyGrammar | None:
     grammar = (params.extra_args or {}).get(GRAMMAR_ARG)
     if grammar is not None and not isinstance(grammar, ReplyGrammar):
-        raise ValueError(f"SamplingParams.extra_args[{GRAMMAR_ARG!r}]: expected a ReplyGrammar, got {type(grammar).__name__}")
+        raise ValueError(
+            f"SamplingParams.extra_args[{GRAMMAR_ARG!r}]: expected a ReplyGrammar, got "
+            f"{type(grammar).__name__}"
+        )
     return grammar
 
 

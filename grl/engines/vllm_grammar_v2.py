@@ -35,7 +35,9 @@ class GrammarLogitsProcessorV2(V2LogitsProcessor):
                 "supported with constrained decoding"
             )
         self.req_states = req_states
-        self.walks: dict[int, GrammarWalk] = {}  # request slot -> walk; a slot's entry is reset in add_request
+        self.walks: dict[
+            int, GrammarWalk
+        ] = {}  # request slot -> walk; a slot's entry is reset in add_request
         # Slots whose walk still constrains: the batch is filtered in numpy, and a finished reply
         # (its walk at the end, unconstrained from then on) drops out of the per-step copy.
         self.constrained = np.zeros(req_states.max_num_reqs, dtype=bool)
@@ -78,7 +80,9 @@ class GrammarLogitsProcessorV2(V2LogitsProcessor):
             self._filter(logits, np.flatnonzero(filtered), slot_of_row, ends)
         return logits
 
-    def _constrain(self, logits: torch.Tensor, rows: np.ndarray, slot_of_row: np.ndarray, ends, lasts) -> None:
+    def _constrain(
+        self, logits: torch.Tensor, rows: np.ndarray, slot_of_row: np.ndarray, ends, lasts
+    ) -> None:
         prompt_len = self.req_states.prompt_len.np
         slots = slot_of_row[rows].tolist()
         rows = rows.tolist()

@@ -37,7 +37,10 @@ def vllm_version_problem(version: str | None) -> str | None:
     """One line naming `version` and the fix when GRL does not support it, else None. A local or dev
     build of a supported release counts as that release."""
     if version is None:
-        return f"actor_rollout_ref.rollout.name=vllm: vLLM is not installed; pip install 'vllm{supported_range()}'"
+        return (
+            "actor_rollout_ref.rollout.name=vllm: vLLM is not installed; pip install "
+            f"'vllm{supported_range()}'"
+        )
     floor, ceiling = SUPPORTED_VLLM
     try:
         release = Version(Version(version).base_version)
@@ -46,7 +49,8 @@ def vllm_version_problem(version: str | None) -> str | None:
     if release is not None and floor <= release < ceiling:
         return None
     return (
-        f"actor_rollout_ref.rollout.name=vllm: vLLM {version} is outside GRL's supported range {supported_range()}; "
+        f"actor_rollout_ref.rollout.name=vllm: vLLM {version} is outside GRL's supported range "
+        f"{supported_range()}; "
         f"pip install 'vllm{supported_range()}' (or rollout.name=hf)"
     )
 

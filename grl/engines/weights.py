@@ -111,7 +111,9 @@ def _canonical_names(named_shapes, spec: WeightSpec) -> dict[str, str | None]:
             filled[name] = None
     missing = [name for name in spec.shapes if name not in chosen]
     if missing:
-        raise WeightMismatchError(f"update_weights: {len(missing)} of {len(spec.shapes)} tensors missing, e.g. {missing[0]!r}")
+        raise WeightMismatchError(
+            f"update_weights: {len(missing)} of {len(spec.shapes)} tensors missing, e.g. {missing[0]!r}"
+        )
     return filled
 
 
@@ -139,7 +141,8 @@ def _checked_stream(stream: TensorStream, filled: dict[str, str | None]) -> Iter
         announced, shape = next(order, (None, None))
         if name != announced or tuple(tensor.shape) != tuple(shape):
             raise WeightMismatchError(
-                f"update_weights: the stream made {name!r} {_shape_text(tensor.shape)} where it announced {announced!r}"
+                f"update_weights: the stream made {name!r} {_shape_text(tensor.shape)} where it announced "
+                f"{announced!r}"
             )
         if filled[name] is not None:
             yield filled[name], tensor
@@ -154,7 +157,9 @@ def _checked_stream(stream: TensorStream, filled: dict[str, str | None]) -> Iter
 # of its parts. Any changed, missing or extra value changes it, as does a transposed or reordered row;
 # values swapped between rows of one column are what it cannot see.
 Digest = tuple[int, int, int, int]
-DIGEST_CHUNK_WORDS = 1 << 22  # words per pass: bounds the int64 copies and keeps every partial sum below 2**63
+DIGEST_CHUNK_WORDS = (
+    1 << 22
+)  # words per pass: bounds the int64 copies and keeps every partial sum below 2**63
 
 
 def tensor_digest(tensor: torch.Tensor) -> Digest:
@@ -205,7 +210,8 @@ class SyncCheck:
 
 
 class WeightsMismatch(RuntimeError):
-    """The engine does not hold the weights the trainer sent (always fatal: it would sample another policy)."""
+    """The engine does not hold the weights the trainer sent (always fatal: it would sample another
+    policy)."""
 
 
 def check_sync(sent: dict[str, Digest], held: dict[str, tuple[tuple[str, ...], Digest | None]]) -> SyncCheck:
@@ -216,7 +222,9 @@ def check_sync(sent: dict[str, Digest], held: dict[str, tuple[tuple[str, ...], D
     mismatched = [
         key
         for key, (members, digest) in held.items()
-        if digest is None or any(m not in sent for m in members) or add_digests([sent[m] for m in members]) != tuple(digest)
+        if digest is None
+        or any(m not in sent for m in members)
+        or add_digests([sent[m] for m in members]) != tuple(digest)
     ]
     held_names = {m for members, _ in held.values() for m in members}
     mismatched += [name for name in sent if name not in held_names]

@@ -46,7 +46,9 @@ def names() -> list[str]:
 def env_class(name: str) -> type[Env]:
     """The class of a registered env, or of a "package.module:Class" path."""
     if name not in _REGISTRY and ":" not in name:
-        raise KeyError(f"unknown env {name!r}; registered: {', '.join(names())} (or give a module:Class path)")
+        raise KeyError(
+            f"unknown env {name!r}; registered: {', '.join(names())} (or give a module:Class path)"
+        )
     module_name, class_name = _REGISTRY.get(name, name).split(":", 1)
     try:
         module = importlib.import_module(module_name)

@@ -104,7 +104,9 @@ class Env:
         """Release files, connections or threads the env holds."""
 
 
-def step_info(success: bool, action_is_valid: bool, action_is_effective: bool, **extra: Any) -> dict[str, Any]:
+def step_info(
+    success: bool, action_is_valid: bool, action_is_effective: bool, **extra: Any
+) -> dict[str, Any]:
     """The `info` dict of the contract, with task-specific extras."""
     return {
         "success": bool(success),

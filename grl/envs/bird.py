@@ -62,7 +62,12 @@ _PROGRESS_OPCODES = 1000  # the deadline is checked every this many SQLite VM in
 _MAX_VALUE_BYTES = 10_000_000
 
 # Authorizer action codes a read-only query needs; everything else is denied.
-_ALLOWED_ACTIONS = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION, getattr(sqlite3, "SQLITE_RECURSIVE", 33)}
+_ALLOWED_ACTIONS = {
+    sqlite3.SQLITE_SELECT,
+    sqlite3.SQLITE_READ,
+    sqlite3.SQLITE_FUNCTION,
+    getattr(sqlite3, "SQLITE_RECURSIVE", 33),
+}
 _DENIED_FUNCTIONS = {"load_extension"}
 
 
@@ -122,7 +127,9 @@ class SqlSandbox:
                 return self._fetch(sql)
             except (sqlite3.Error, sqlite3.Warning, ValueError, OverflowError, MemoryError) as err:
                 if time.monotonic() > self._deadline:
-                    return QueryResult(None, f"stopped after the time limit of {self.timeout_s:g} s", timed_out=True)
+                    return QueryResult(
+                        None, f"stopped after the time limit of {self.timeout_s:g} s", timed_out=True
+                    )
                 return QueryResult(None, f"{type(err).__name__}: {err}")
             finally:
                 self._deadline = float("inf")
@@ -146,7 +153,8 @@ class SqlSandbox:
     def schema(self) -> str:
         """The database's CREATE TABLE statements."""
         result = self.run(
-            "SELECT sql FROM sqlite_master WHERE type = 'table' AND sql IS NOT NULL AND name NOT LIKE 'sqlite_%' ORDER BY rowid"
+            "SELECT sql FROM sqlite_master WHERE type = 'table' AND sql IS NOT NULL AND name NOT LIKE "
+            "'sqlite_%' ORDER BY rowid"
         )
         if result.rows is None:
             raise RuntimeError(f"bird: cannot read the schema of {self.path}: {result.error}")
@@ -184,11 +192,15 @@ def _read_hub(name: str, split: str) -> list[Any]:
     try:
         import datasets
     except ImportError:
-        raise FileNotFoundError(f"bird: dataset_path {name!r} is not a file and `datasets` is not installed") from None
+        raise FileNotFoundError(
+            f"bird: dataset_path {name!r} is not a file and `datasets` is not installed"
+        ) from None
     try:
         return list(datasets.load_dataset(name, split=split))
     except Exception as err:  # noqa: BLE001 - the hub client raises many types; the user needs one line
-        raise FileNotFoundError(f"bird: dataset_path {name!r} is neither a file nor a loadable hub dataset: {err}") from None
+        raise FileNotFoundError(
+            f"bird: dataset_path {name!r} is neither a file nor a loadable hub dataset: {err}"
+        ) from None
 
 
 def load_questions(dataset_path: str, split: str) -> tuple[list[dict], list[int]]:
@@ -200,7 +212,9 @@ def load_questions(dataset_path: str, split: str) -> tuple[list[dict], list[int]
         if key in _DATASETS:
             return _DATASETS[key]
         if is_file_path and not path.is_file():
-            raise FileNotFoundError(f"bird: dataset_path {str(path)!r} not found (run scripts/install_dataset.sh --bird)")
+            raise FileNotFoundError(
+                f"bird: dataset_path {str(path)!r} not found (run scripts/install_dataset.sh --bird)"
+            )
         rows = _read_file(path) if is_file_path else _read_hub(dataset_path, split)
         for i, row in enumerate(rows):
             missing = [k for k in _REQUIRED if not isinstance(row, dict) or not isinstance(row.get(k), str)]
@@ -239,7 +253,8 @@ class BirdEnv(Env):
         self.db_root = resolve_data_path(db_root.replace("{split}", split))
         if not self.db_root.is_dir():
             raise FileNotFoundError(
-                f"bird: db_root {str(self.db_root)!r} is not a directory (run scripts/install_dataset.sh --bird)"
+                f"bird: db_root {str(self.db_root)!r} is not a directory (run scripts/install_dataset.sh "
+                "--bird)"
             )
         self.max_tries = max_tries
         self.no_fence_penalty = no_fence_penalty
@@ -267,7 +282,12 @@ class BirdEnv(Env):
         if self._sandbox is None:
             raise RuntimeError("bird: call reset(seed) before step()")
         if self.done:
-            return "The episode is over.", 0.0, True, step_info(False, False, False, tries=self.tries, timed_out=False)
+            return (
+                "The episode is over.",
+                0.0,
+                True,
+                step_info(False, False, False, tries=self.tries, timed_out=False),
+            )
         self.tries += 1
         sql = extract_sql(action)
         if sql is None:
@@ -280,7 +300,9 @@ class BirdEnv(Env):
                 step_info(False, False, False, tries=self.tries, timed_out=False),
             )
         result = self._sandbox.run(sql) if sql else QueryResult(None, "the ```sql block is empty")
-        matched = result.rows is not None and self._gold_rows() is not None and Counter(result.rows) == self._gold
+        matched = (
+            result.rows is not None and self._gold_rows() is not None and Counter(result.rows) == self._gold
+        )
         self.done = matched or self.tries >= self.max_tries
         reward = 0.5 ** (self.tries - 1) if matched else 0.0
         if matched:
@@ -288,7 +310,10 @@ class BirdEnv(Env):
         elif result.rows is None:
             note = f"Your query failed: {result.error.rstrip('.')}."
         else:
-            note = f"Your query ran but its result does not match the expected result. {self._preview(result.rows)}"
+            note = (
+                "Your query ran but its result does not match the expected result. "
+                f"{self._preview(result.rows)}"
+            )
         info = step_info(matched, True, result.rows is not None, tries=self.tries, timed_out=result.timed_out)
         if self._gold_error:
             info["gold_error"] = self._gold_error
@@ -316,7 +341,9 @@ class BirdEnv(Env):
         if self._sandbox is not None and self._sandbox.path == path:
             return
         if not path.is_file():
-            raise FileNotFoundError(f"bird: database {str(path)!r} for db_id {db_id!r} not found (db_root={str(self.db_root)!r})")
+            raise FileNotFoundError(
+                f"bird: database {str(path)!r} for db_id {db_id!r} not found (db_root={str(self.db_root)!r})"
+            )
         self.close()
         self._sandbox = SqlSandbox(path, self.step_timeout_seconds, self.max_rows, self.max_result_bytes)
 

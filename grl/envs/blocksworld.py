@@ -128,7 +128,9 @@ class BlocksWorldEnv(Env):
         if not 2 <= self.num_blocks <= MAX_BLOCKS:
             raise ValueError(f"blocksworld: num_blocks must be 2 to {MAX_BLOCKS}, got {num_blocks!r}")
         if render_mode not in RENDER_MODES:
-            raise ValueError(f"blocksworld: render_mode must be one of {', '.join(RENDER_MODES)}, got {render_mode!r}")
+            raise ValueError(
+                f"blocksworld: render_mode must be one of {', '.join(RENDER_MODES)}, got {render_mode!r}"
+            )
         self.render_mode = render_mode
         self.max_steps = positive_int("blocksworld", "max_steps", max_steps)
 
@@ -145,7 +147,8 @@ class BlocksWorldEnv(Env):
 
     @property
     def optimal_plan_length(self) -> int:
-        """Moves in a shortest plan from this episode's start state to its goal (searched once, on first use)."""
+        """Moves in a shortest plan from this episode's start state to its goal (searched once, on first
+        use)."""
         if self._optimal is None:
             self._optimal = len(solve_blocksworld(self.start, self.goal))
         return self._optimal
@@ -187,11 +190,19 @@ class BlocksWorldEnv(Env):
 
     def valid_actions(self) -> list[str]:
         n = self.num_blocks
-        return [f"move {block} to {dest}" for block in range(1, n + 1) for dest in range(n + 1) if self._legal(block, dest)]
+        return [
+            f"move {block} to {dest}"
+            for block in range(1, n + 1)
+            for dest in range(n + 1)
+            if self._legal(block, dest)
+        ]
 
     def legend(self) -> str:
         if self.render_mode == "1d":
-            return "The list gives, for blocks 1, 2, 3, ... in order, the block each one stands on (0 = the table)."
+            return (
+                "The list gives, for blocks 1, 2, 3, ... in order, the block each one stands on (0 = the "
+                "table)."
+            )
         if self.render_mode == "2d_sparse":
             return "Each [n] is block n; a block stands on the one drawn below it; === is the table."
         return ""

@@ -42,7 +42,9 @@ _REPR_CHARS = 60
 
 
 # The kinds of EnvValueError: what each means is in the module doc.
-VALUE_KINDS = frozenset({"result", "reward", "nonfinite_reward", "done", "info", "observation", "valid_actions"})
+VALUE_KINDS = frozenset(
+    {"result", "reward", "nonfinite_reward", "done", "info", "observation", "valid_actions"}
+)
 
 
 class EnvValueError(ValueError):
@@ -74,17 +76,22 @@ def describe(value: Any) -> str:
 def check_observation(value: Any, where: str) -> tuple[str, list[Repair]]:
     """The observation as safe text, and what was repaired. `where` is reset or step."""
     if not isinstance(value, str):
-        raise EnvValueError("observation", f"{where}() returned an observation that is not text: {describe(value)}")
+        raise EnvValueError(
+            "observation", f"{where}() returned an observation that is not text: {describe(value)}"
+        )
     repairs = []
     text = value
     if len(text) > MAX_OBSERVATION_CHARS:
         text = (
             text[:MAX_OBSERVATION_CHARS]
-            + f"\n[observation cut: {len(value)} characters, only the first {MAX_OBSERVATION_CHARS} are shown]"
+            + f"\n[observation cut: {len(value)} characters, only the first {MAX_OBSERVATION_CHARS} are "
+            "shown]"
         )
         repairs.append(
             Repair(
-                "observation_cut", f"{where}() returned an observation of {len(value)} characters; cut to {MAX_OBSERVATION_CHARS}"
+                "observation_cut",
+                f"{where}() returned an observation of {len(value)} characters; cut to "
+                f"{MAX_OBSERVATION_CHARS}",
             )
         )
     text, replaced = _UNSAFE_CHARS.subn("\ufffd", text)
@@ -109,7 +116,9 @@ def check_reward(value: Any) -> float:
 
 
 def _is_bool(value: Any) -> bool:
-    return isinstance(value, bool) or (type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_"))
+    return isinstance(value, bool) or (
+        type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_")
+    )
 
 
 def check_step(result: Any) -> tuple[str, float, bool, dict[str, Any], list[Repair]]:
@@ -140,13 +149,18 @@ def check_valid_actions(value: Any) -> list[str] | None:
     if value is None:
         return None
     if not isinstance(value, (list, tuple)):
-        raise EnvValueError("valid_actions", f"valid_actions() must return a list of strings, got {describe(value)}")
+        raise EnvValueError(
+            "valid_actions", f"valid_actions() must return a list of strings, got {describe(value)}"
+        )
     if not value:
-        raise EnvValueError("valid_actions", "valid_actions() returned an empty list: the model has nothing to choose")
+        raise EnvValueError(
+            "valid_actions", "valid_actions() returned an empty list: the model has nothing to choose"
+        )
     for action in value:
         if not isinstance(action, str) or not action.strip() or _UNSAFE_CHARS.search(action):
             raise EnvValueError(
                 "valid_actions",
-                f"valid_actions() must list non-empty strings of clean text, got {describe(action)} in {describe(value)}",
+                f"valid_actions() must list non-empty strings of clean text, got {describe(action)} in "
+                f"{describe(value)}",
             )
     return list(value)

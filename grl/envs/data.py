@@ -69,7 +69,12 @@ def question_text(row: dict) -> str | None:
 
 
 def load_records(
-    env: str, data_path: str, split: str, hub_config: str | None, install: str, record: Callable[[dict, str], T]
+    env: str,
+    data_path: str,
+    split: str,
+    hub_config: str | None,
+    install: str,
+    record: Callable[[dict, str], T],
 ) -> list[T]:
     """The records of a dataset, each row converted by `record(row, where)`; cached."""
     if not isinstance(data_path, str) or not data_path:

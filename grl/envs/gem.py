@@ -70,12 +70,22 @@ def _boxed(action: str) -> str | None:
 
 # The moves a game accepts now, read from its state (GEM has no method for it). Keyed by class name.
 def _guess_the_number(game) -> list[str]:
-    return [f"\\boxed{{{n}}}" for n in range(max(game.min_number, 1), game.max_number + 1) if n not in game.previous_guesses]
+    return [
+        f"\\boxed{{{n}}}"
+        for n in range(max(game.min_number, 1), game.max_number + 1)
+        if n not in game.previous_guesses
+    ]
 
 
 def _tower_of_hanoi(game) -> list[str]:
-    def legal(src: str, dst: str) -> bool:  # GEM also takes a disk back onto its own tower, a move that does nothing
-        return src != dst and bool(game.board[src]) and (not game.board[dst] or game.board[src][-1] < game.board[dst][-1])
+    def legal(
+        src: str, dst: str
+    ) -> bool:  # GEM also takes a disk back onto its own tower, a move that does nothing
+        return (
+            src != dst
+            and bool(game.board[src])
+            and (not game.board[dst] or game.board[src][-1] < game.board[dst][-1])
+        )
 
     return [f"\\boxed{{{s} {d}}}" for s in "ABC" for d in "ABC" if legal(s, d)]
 
@@ -118,7 +128,9 @@ class GemEnv(Env):
         try:
             self._game = self._call(gem.make, env_id, **kwargs)
         except Exception as err:  # noqa: BLE001 - a GEM id that cannot run here (hub, service, bad kwargs)
-            raise ValueError(f"gem: env_id {env_id!r} cannot be built here: {first_line(err, with_type=True)}") from None
+            raise ValueError(
+                f"gem: env_id {env_id!r} cannot be built here: {first_line(err, with_type=True)}"
+            ) from None
         self._lister = LISTERS.get(type(self._game.unwrapped).__name__)
         self._over = True
 
@@ -171,7 +183,14 @@ class GemEnv(Env):
             self.compose(observation, info),
             reward,
             self._over,
-            step_info(success, valid, valid, terminated=terminated, truncated=truncated, gem_observation=str(observation)),
+            step_info(
+                success,
+                valid,
+                valid,
+                terminated=terminated,
+                truncated=truncated,
+                gem_observation=str(observation),
+            ),
         )
 
     def action_help(self) -> str:

@@ -81,7 +81,8 @@ def _problem(row: dict, where: str) -> Problem:
 
 
 def load_problems(data_path: str, split: str, hub_config: str | None = "main") -> list[Problem]:
-    """The problems of a local JSONL file or folder, or of a hub dataset named `hf:<id>` (grl/envs/data.py)."""
+    """The problems of a local JSONL file or folder, or of a hub dataset named `hf:<id>`
+    (grl/envs/data.py)."""
     return load_records("gsm8k", data_path, split, hub_config, INSTALL, _problem)
 
 

@@ -31,7 +31,10 @@ class GuessNumberEnv(Env):
         return self.render()
 
     def render(self) -> str:
-        return f"The number is between {self.low} and {self.high}. Guesses left: {self.max_guesses - self.guesses}."
+        return (
+            f"The number is between {self.low} and {self.high}. Guesses left: "
+            f"{self.max_guesses - self.guesses}."
+        )
 
     def legend(self) -> str:
         return f"I am thinking of a whole number from 1 to {self.max_number}."

@@ -42,7 +42,8 @@ def math_record(row: dict, where: str) -> Problem:
     usable = isinstance(answer, (str, int, float)) and not isinstance(answer, bool) and str(answer).strip()
     if problem is None or not usable:
         raise ValueError(
-            f"math: {where}: needs a `problem` (or `question`) and an `answer` (or a `solution` with a \\boxed{{}} answer)"
+            f"math: {where}: needs a `problem` (or `question`) and an `answer` (or a `solution` with a "
+            f"\\boxed{{}} answer)"
         )
     return Problem(problem, str(answer).strip())
 
@@ -62,7 +63,9 @@ class MathEnv(Env):
     ):
         self.max_attempts = positive_int("math", "max_attempts", max_attempts)
         if not float(grading_timeout) > 0:
-            raise ValueError(f"math: grading_timeout must be a positive number of seconds, got {grading_timeout!r}")
+            raise ValueError(
+                f"math: grading_timeout must be a positive number of seconds, got {grading_timeout!r}"
+            )
         self.problems = load_records("math", data_path, split, hub_config, INSTALL, math_record)
         self.correct_reward = float(correct_reward)
         self.wrong_reward = float(wrong_reward)
@@ -79,14 +82,23 @@ class MathEnv(Env):
         if self.problem is None:
             raise RuntimeError("math: step() before reset()")
         if self.solved or self.attempts >= self.max_attempts:
-            return self.problem.problem, 0.0, True, step_info(self.solved, False, False, attempts=self.attempts)
+            return (
+                self.problem.problem,
+                0.0,
+                True,
+                step_info(self.solved, False, False, attempts=self.attempts),
+            )
         answer = action.strip() if isinstance(action, str) else ""
         verdict = grade(self.problem.answer, answer, self.grading_timeout) if answer else None
         self.attempts += 1
         self.solved = bool(verdict and verdict.correct)
         done = self.solved or self.attempts >= self.max_attempts
         info = step_info(
-            self.solved, bool(answer), bool(answer), attempts=self.attempts, grading_timed_out=bool(verdict and verdict.timed_out)
+            self.solved,
+            bool(answer),
+            bool(answer),
+            attempts=self.attempts,
+            grading_timed_out=bool(verdict and verdict.timed_out),
         )
         reward = self.correct_reward if self.solved else self.wrong_reward
         return self._feedback(answer, done), reward, done, info
@@ -98,4 +110,7 @@ class MathEnv(Env):
         return said if done else f"{said} Try again.\n\n{self.problem.problem}"
 
     def action_help(self) -> str:
-        return "Answer with the final result only, in LaTeX where needed (e.g. \\frac{3}{4}, 2\\sqrt{3}, (-\\infty, 2])."
+        return (
+            "Answer with the final result only, in LaTeX where needed (e.g. \\frac{3}{4}, 2\\sqrt{3}, "
+            "(-\\infty, 2])."
+        )

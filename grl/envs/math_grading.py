@@ -89,7 +89,9 @@ def judge(gold: str, answer: str) -> bool:
 
     latex, both = [LatexExtractionConfig()], [LatexExtractionConfig(), ExprExtractionConfig()]
     op_timeout = int(os.environ.get("GRL_MATH_OP_TIMEOUT", "3"))
-    gold_parsed = parse("\\boxed{" + _for_sympy(gold) + "}", extraction_config=latex, parsing_timeout=op_timeout)
+    gold_parsed = parse(
+        "\\boxed{" + _for_sympy(gold) + "}", extraction_config=latex, parsing_timeout=op_timeout
+    )
     if not gold_parsed:
         return False
     text = _for_sympy(answer)
@@ -127,7 +129,9 @@ class _Child:
         )
         if self._line(120.0) != "ready":  # importing sympy takes seconds on a busy machine
             self.kill()
-            raise RuntimeError("math grading: the math-verify child process did not start (is math-verify installed?)")
+            raise RuntimeError(
+                "math grading: the math-verify child process did not start (is math-verify installed?)"
+            )
 
     def _line(self, timeout: float) -> str | None:
         ready, _, _ = select.select([self.proc.stdout], [], [], timeout)

@@ -100,12 +100,15 @@ def render(level: Level, boxes=None, player: Cell | None = None) -> str:
 
 def _offset(frm: Cell, to: Cell) -> str:
     (dr, dc) = (to[0] - frm[0], to[1] - frm[1])
-    parts = [f"{abs(dr)} {'up' if dr < 0 else 'down'}"] * bool(dr) + [f"{abs(dc)} {'left' if dc < 0 else 'right'}"] * bool(dc)
+    parts = [f"{abs(dr)} {'up' if dr < 0 else 'down'}"] * bool(dr) + [
+        f"{abs(dc)} {'left' if dc < 0 else 'right'}"
+    ] * bool(dc)
     return " and ".join(parts) or "the same cell"
 
 
 def describe(level: Level, boxes, player: Cell) -> str:
-    """The positions in words: the player, each box from the player, each free target from the nearest box off target."""
+    """The positions in words: the player, each box from the player, each free target from the nearest box off
+    target."""
     places = [f"You are at row {player[0] + 1}, column {player[1] + 1}."]
     loose = sorted(set(boxes) - level.targets)
     for box in sorted(boxes):
@@ -113,7 +116,9 @@ def describe(level: Level, boxes, player: Cell) -> str:
         places.append(f"Box at row {box[0] + 1}, column {box[1] + 1}: {where}{_offset(player, box)} of you.")
     for target in sorted(level.targets - set(boxes)):
         nearest = min(loose, key=lambda box: abs(box[0] - target[0]) + abs(box[1] - target[1]))
-        places.append(f"Target at row {target[0] + 1}, column {target[1] + 1}: {_offset(nearest, target)} of the box.")
+        places.append(
+            f"Target at row {target[0] + 1}, column {target[1] + 1}: {_offset(nearest, target)} of the box."
+        )
     return " ".join(places)
 
 
@@ -133,7 +138,8 @@ def _flood(start: Cell, passable) -> set[Cell]:
 
 
 def parse_level(text: str) -> Level:
-    """A level in Boxoban notation (`-` and `_` are also read as floor). Raises ValueError saying what is wrong."""
+    """A level in Boxoban notation (`-` and `_` are also read as floor). Raises ValueError saying what is
+    wrong."""
     if not isinstance(text, str):
         raise ValueError(f"sokoban level must be a string in Boxoban notation, got {type(text).__name__}")
     lines = [line.rstrip("\r") for line in text.split("\n")]
@@ -165,7 +171,8 @@ def parse_level(text: str) -> Level:
         raise ValueError(f"sokoban level needs exactly one player (@ or +), found {len(players)}")
     if not boxes or len(boxes) != len(targets):
         raise ValueError(
-            f"sokoban level needs as many boxes as targets (at least one), found {len(boxes)} boxes and {len(targets)} targets"
+            f"sokoban level needs as many boxes as targets (at least one), found {len(boxes)} boxes and "
+            f"{len(targets)} targets"
         )
     if boxes == targets:
         raise ValueError("sokoban level is already solved (every box is on a target)")
@@ -205,8 +212,10 @@ def parse_action(action: Any) -> tuple[int, int] | None:
 
 
 def shaping_distance(targets, boxes, player: Cell, with_player: bool) -> int:
-    """The distance the shaping potential counts: each box's Manhattan distance to its nearest target, and with
-    `with_player` the player's Manhattan distance to the nearest box off target (0 once every box is on one)."""
+    """The distance the shaping potential counts: each box's Manhattan distance to its nearest target, and
+    with
+    `with_player` the player's Manhattan distance to the nearest box off target (0 once every box is on
+    one)."""
 
     def nearest(cell: Cell, cells) -> int:
         return min((abs(cell[0] - r) + abs(cell[1] - c) for r, c in cells), default=0)
@@ -244,7 +253,9 @@ class SokobanEnv(Env):
         try:
             rows, cols = (int(x) for x in dim_room)
         except (TypeError, ValueError):
-            raise ValueError(f"sokoban: dim_room must be two integers (rows, cols), got {dim_room!r}") from None
+            raise ValueError(
+                f"sokoban: dim_room must be two integers (rows, cols), got {dim_room!r}"
+            ) from None
         num_boxes = positive_int("sokoban", "num_boxes", num_boxes)
         max_steps = positive_int("sokoban", "max_steps", max_steps)
         search_depth = positive_int("sokoban", "search_depth", search_depth)
@@ -288,7 +299,9 @@ class SokobanEnv(Env):
 
     def _potential(self) -> float:
         """Ng et al.'s potential of the current state: minus the weighted shaping distance (0 when solved)."""
-        return -self.shaping_weight * shaping_distance(self.level.targets, self.boxes, self.player, self.shaping_player)
+        return -self.shaping_weight * shaping_distance(
+            self.level.targets, self.boxes, self.player, self.shaping_player
+        )
 
     def render(self) -> str:
         grid = render(self.level, self.boxes, self.player)
@@ -312,7 +325,9 @@ class SokobanEnv(Env):
                 if self._free(beyond):
                     self.boxes.remove(ahead)
                     self.boxes.add(beyond)
-                    reward += BOX_ON_REWARD * (beyond in self.level.targets) + BOX_OFF_REWARD * (ahead in self.level.targets)
+                    reward += BOX_ON_REWARD * (beyond in self.level.targets) + BOX_OFF_REWARD * (
+                        ahead in self.level.targets
+                    )
                     self.player, effective = ahead, True
             elif self._free(ahead):
                 self.player, effective = ahead, True

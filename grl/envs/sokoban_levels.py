@@ -148,12 +148,14 @@ def generate_level(seed: int | None, dim_room: tuple[int, int], num_boxes: int, 
             continue  # no pull possible from this layout
         return room_level(rows, cols, floor, targets, boxes, rng.choice(reach))
     raise RuntimeError(
-        f"sokoban: no scrambled level for dim_room={dim_room}, num_boxes={num_boxes} after {MAX_GENERATION_TRIES} rooms"
+        f"sokoban: no scrambled level for dim_room={dim_room}, num_boxes={num_boxes} after "
+        f"{MAX_GENERATION_TRIES} rooms"
     )
 
 
 def solution_layers(floor: set[int], cols: int, targets: frozenset[int], max_moves: int) -> list[list[tuple]]:
-    """States (player, boxes) grouped by the length of their optimal solution in moves, 0 to at most `max_moves`.
+    """States (player, boxes) grouped by the length of their optimal solution in moves, 0 to at most
+    `max_moves`.
 
     A breadth-first search plays moves backwards from every solved state (the
     boxes on the targets, the player on any other floor cell): the player steps
@@ -185,7 +187,9 @@ def solution_layers(floor: set[int], cols: int, targets: frozenset[int], max_mov
     return layers
 
 
-def generate_level_by_moves(seed: int | None, dim_room: tuple[int, int], num_boxes: int, solution_moves: int) -> Level:
+def generate_level_by_moves(
+    seed: int | None, dim_room: tuple[int, int], num_boxes: int, solution_moves: int
+) -> Level:
     """A level whose optimal solution takes `solution_moves` moves, walking included.
 
     Rooms are drawn (at most MAX_DISTANCE_ROOMS) until one holds a state that

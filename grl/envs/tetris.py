@@ -94,7 +94,10 @@ class TetrisEnv(Env):
     ):
         if not isinstance(box_type, int) or box_type not in BOX_TYPES:
             raise ValueError(f"tetris: box_type must be 1, 2 or 3, got {box_type!r}")
-        self.dim_x, self.dim_y = positive_int("tetris", "dim_x", dim_x), positive_int("tetris", "dim_y", dim_y)
+        self.dim_x, self.dim_y = (
+            positive_int("tetris", "dim_x", dim_x),
+            positive_int("tetris", "dim_y", dim_y),
+        )
         if min(self.dim_x, self.dim_y) < 2:
             raise ValueError(f"tetris: dim_x and dim_y must be at least 2, got {dim_x!r} x {dim_y!r}")
         self.box_type = int(box_type)
@@ -107,7 +110,11 @@ class TetrisEnv(Env):
         self.coordinates = flag("tetris", "coordinates", coordinates)
         self.relative_positions = flag("tetris", "relative_positions", relative_positions)
         self.spawn_over_gap = flag("tetris", "spawn_over_gap", spawn_over_gap)
-        if isinstance(step_reward, bool) or not isinstance(step_reward, (int, float)) or not -10 < step_reward <= 0:
+        if (
+            isinstance(step_reward, bool)
+            or not isinstance(step_reward, (int, float))
+            or not -10 < step_reward <= 0
+        ):
             raise ValueError(f"tetris: step_reward must be a number in (-10, 0], got {step_reward!r}")
         self.step_reward = float(step_reward)
 
@@ -117,7 +124,10 @@ class TetrisEnv(Env):
         return [(row + dr, col + dc) for dr, dc in PIECES[self.piece]]
 
     def _fits(self, row: int, col: int) -> bool:
-        return all(0 <= r < self.dim_y and 0 <= c < self.dim_x and not self.board[r][c] for r, c in self._cells(row, col))
+        return all(
+            0 <= r < self.dim_y and 0 <= c < self.dim_x and not self.board[r][c]
+            for r, c in self._cells(row, col)
+        )
 
     def _spawn(self) -> bool:
         """Draw the next piece into the top rows; False when it fits nowhere (game over)."""
@@ -126,7 +136,11 @@ class TetrisEnv(Env):
         off_gap = []
         if not self.spawn_over_gap:
             lowest_open = self._lowest_open_row()
-            off_gap = [c for c in range(self.dim_x - width + 1) if all(lowest_open[c + dc] for _, dc in PIECES[self.piece])]
+            off_gap = [
+                c
+                for c in range(self.dim_x - width + 1)
+                if all(lowest_open[c + dc] for _, dc in PIECES[self.piece])
+            ]
         wanted = self.rng.choice(off_gap) if off_gap else self.rng.randint(0, self.dim_x - width)
         # A blocked column moves the piece to the nearest free one (the left one on a tie).
         for col in sorted(range(self.dim_x - width + 1), key=lambda c: (abs(c - wanted), c)):
@@ -195,7 +209,9 @@ class TetrisEnv(Env):
             if self.falling
             else "No piece is falling. "
         )
-        return piece + f"Empty in the lowest open row: {columns(c for c, f in enumerate(lowest_open) if not f)}."
+        return (
+            piece + f"Empty in the lowest open row: {columns(c for c, f in enumerate(lowest_open) if not f)}."
+        )
 
     def step(self, action: str):
         move = parse_action(action)

@@ -99,7 +99,9 @@ def generate_game(challenge: str, level: str, seed: int, root: Path | None = Non
             text=True,
         )
         if done.returncode != 0:
-            raise RuntimeError(f"textworld: generating {challenge} {level} seed {seed} failed: {done.stderr.strip()[-2000:]}")
+            raise RuntimeError(
+                f"textworld: generating {challenge} {level} seed {seed} failed: {done.stderr.strip()[-2000:]}"
+            )
 
     return models.publish_dir(build, target, marker="game.json") / "game.z8"
 
@@ -230,7 +232,11 @@ class TextWorldEnv(Env):
             reward,
             done,
             step_info(
-                self._state["won"], True, changed, score=float(self._state["score"]), max_score=float(self._state["max_score"])
+                self._state["won"],
+                True,
+                changed,
+                score=float(self._state["score"]),
+                max_score=float(self._state["max_score"]),
             ),
         )
 

@@ -42,7 +42,8 @@ class _Request:
 
 
 def of_one_kind(waiting: list[_Request]) -> tuple[list[_Request], list[_Request]]:
-    """(the longest-waiting call and the waiting calls of its kind, the others) of `waiting`, in arrival order."""
+    """(the longest-waiting call and the waiting calls of its kind, the others) of `waiting`, in arrival
+    order."""
     kind = waiting[0].kind
     return [r for r in waiting if r.kind == kind], [r for r in waiting if r.kind != kind]
 
@@ -55,7 +56,9 @@ def answer(engine, group: list[_Request]) -> None:
     constraints = [c for r in group for c in (r.constraints or [None] * len(r.prompts))]
     sampling = replace(group[0].sampling, seed=None, request_seeds=seeds)
     try:
-        outputs = engine.generate(prompts, sampling, constraints if any(c is not None for c in constraints) else None)
+        outputs = engine.generate(
+            prompts, sampling, constraints if any(c is not None for c in constraints) else None
+        )
     except BaseException:
         for request in group:
             request.error = "the engine failed on this call"
@@ -117,7 +120,8 @@ class BatchingEngine:
         return len(group)
 
     def _take(self, wait: float) -> None:
-        """Move the queued calls to `_waiting`: those queued now, after waiting up to `wait` s for a first when
+        """Move the queued calls to `_waiting`: those queued now, after waiting up to `wait` s for a first
+        when
         none waits, and those that come within `gather_s` of the first."""
         try:
             if not self._waiting:

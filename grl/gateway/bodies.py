@@ -1,6 +1,9 @@
-"""A request's JSON body, read within bounds: at most `MAX_BODY_BYTES` (HTTP 413 beyond, before more is read) and
-`MAX_JSON_DEPTH` levels of arrays and objects (HTTP 400: Python's parser and the chat template's `tojson` recurse
-once per level, and a RecursionError would answer 500), text only (a lone UTF-16 surrogate, which JSON's `\\ud800`
+"""A request's JSON body, read within bounds: at most `MAX_BODY_BYTES` (HTTP 413 beyond, before more is read)
+and
+`MAX_JSON_DEPTH` levels of arrays and objects (HTTP 400: Python's parser and the chat template's `tojson`
+recurse
+once per level, and a RecursionError would answer 500), text only (a lone UTF-16 surrogate, which JSON's
+`\\ud800`
 escape can spell, is no character: the tokenizer refuses it and no reply could echo it) and finite numbers
 (`NaN`, or `1e999` read as infinity, would make the echoing reply invalid JSON)."""
 
@@ -40,12 +43,15 @@ async def read_body(request):
 
 
 def parse_body(raw: bytes):
-    """`raw` as JSON, refused with one line (BadRequest) when it is not JSON, nests deeper than MAX_JSON_DEPTH or
+    """`raw` as JSON, refused with one line (BadRequest) when it is not JSON, nests deeper than MAX_JSON_DEPTH
+    or
     holds a string that is not text or a number that is not finite."""
     try:
         body = json.loads(raw)
     except RecursionError:
-        raise BadRequest(f"the body nests deeper than {MAX_JSON_DEPTH} levels of arrays and objects") from None
+        raise BadRequest(
+            f"the body nests deeper than {MAX_JSON_DEPTH} levels of arrays and objects"
+        ) from None
     except ValueError as err:  # UnicodeDecodeError included
         raise BadRequest(f"the body is not JSON: {err}"[:200]) from None
     _check_tree(body)
@@ -63,7 +69,8 @@ def _check_tree(body) -> None:
                     value.encode()
                 except UnicodeEncodeError:
                     raise BadRequest(
-                        "the body holds a lone UTF-16 surrogate (an unpaired \\ud800-\\udfff escape), not text"
+                        "the body holds a lone UTF-16 surrogate (an unpaired \\ud800-\\udfff escape), not "
+                        "text"
                     ) from None
             continue
         if isinstance(value, float) and not math.isfinite(value):

@@ -40,7 +40,9 @@ def load_program(path: str) -> Callable:
     try:
         target = importlib.import_module(module_name)
     except Exception as err:  # noqa: BLE001 - any import failure is the config's to report
-        raise ValueError(f"program {path!r}: cannot import {module_name}: {type(err).__name__}: {err}") from None
+        raise ValueError(
+            f"program {path!r}: cannot import {module_name}: {type(err).__name__}: {err}"
+        ) from None
     for part in name.split("."):
         target = getattr(target, part, None)
     if not callable(target):
@@ -63,12 +65,22 @@ def reward_of(result: Any) -> tuple[float, dict[str, float]]:
     number) and metrics (finite numbers or bools, e.g. `success: True`)."""
 
     def number(value, what: str, flag_ok: bool = False) -> float:
-        if (isinstance(value, bool) and not flag_ok) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise ProgramValueError(f"{what} must be a finite number, got {type(value).__name__} {str(value)[:80]!r}")
+        if (
+            (isinstance(value, bool) and not flag_ok)
+            or not isinstance(value, (int, float))
+            or not math.isfinite(value)
+        ):
+            raise ProgramValueError(
+                f"{what} must be a finite number, got {type(value).__name__} {str(value)[:80]!r}"
+            )
         return float(value)
 
     if isinstance(result, Mapping):
         if "reward" not in result:
-            raise ProgramValueError(f"a returned mapping needs 'reward'; it has {sorted(map(str, result))[:8]}")
-        return number(result["reward"], "reward"), {str(k): number(v, str(k), True) for k, v in result.items() if k != "reward"}
+            raise ProgramValueError(
+                f"a returned mapping needs 'reward'; it has {sorted(map(str, result))[:8]}"
+            )
+        return number(result["reward"], "reward"), {
+            str(k): number(v, str(k), True) for k, v in result.items() if k != "reward"
+        }
     return number(result, "the returned reward"), {}

@@ -47,12 +47,16 @@ class Call:
     completion_ids: list[int]
     log_probs: list[float]
     continues: bool  # the prompt extends a recorded call's prompt and completion token for token
-    allowed: list | None = None  # each token's kept set (top-k/top-p), else its grammar's (`allowed_replies`, forced tool call)
+    allowed: list | None = (
+        None  # each token's kept set (top-k/top-p), else its grammar's (`allowed_replies`, forced tool call)
+    )
     finish_reason: str = ""
     tools: str = NO_TOOLS  # the tools the template rendered and the tool_choice, as `tools_key` writes them
     parent: int | None = None  # the index of the call whose prompt and reply this one's prompt extends
     truncated: bool = False  # the prompt was cut from the left to fit the context
-    request_seed: int | None = None  # the request's own `seed`: a repeat with another seed asks for a new sample
+    request_seed: int | None = (
+        None  # the request's own `seed`: a repeat with another seed asks for a new sample
+    )
 
 
 @dataclass
@@ -69,11 +73,14 @@ class EpisodeLog:
     closed: bool = False
     refused: int = 0
     retries: int = 0
-    # How long its calls waited for their answers, for the blame of a program timeout (program_pool.timeout_blamed).
+    # How long its calls waited for their answers, for the blame of a program timeout
+    # (program_pool.timeout_blamed).
     waited_s: float = 0.0
     waiting_since: float | None = None  # time.monotonic() when the call in flight came in
     answered_at: float | None = None  # ... when the last call was answered
-    lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)  # one call at a time
+    lock: threading.Lock = field(
+        default_factory=threading.Lock, repr=False, compare=False
+    )  # one call at a time
 
     @property
     def prefix_breaks(self) -> int:
@@ -89,14 +96,18 @@ class EpisodeLog:
     def truncations(self) -> int:
         return sum(1 for call in self.calls if call.truncated)
 
-    def retried(self, messages: list[dict], tools: str = NO_TOOLS, request_seed: int | None = None) -> Call | None:
+    def retried(
+        self, messages: list[dict], tools: str = NO_TOOLS, request_seed: int | None = None
+    ) -> Call | None:
         """The latest recorded call whose request this one repeats exactly."""
         for call in reversed(self.calls):
             if call.tools == tools and call.messages == messages and call.request_seed == request_seed:
                 return call
         return None
 
-    def prompt_for(self, messages: list[dict], chat: ChatTokens, tools: str = NO_TOOLS) -> tuple[list[int], int | None]:
+    def prompt_for(
+        self, messages: list[dict], chat: ChatTokens, tools: str = NO_TOOLS
+    ) -> tuple[list[int], int | None]:
         """The prompt ids of a call with `messages` -> (ids, the index of the call they extend or None)."""
         best = None
         for i in range(len(self.calls) - 1, -1, -1):
@@ -160,9 +171,9 @@ def _same(message: dict, other: dict) -> bool:
         return False
     if message.get("role") != "assistant":
         return message == other
-    return without_reasoning(message.get("content")) == without_reasoning(other.get("content")) and _calls(message) == _calls(
-        other
-    )
+    return without_reasoning(message.get("content")) == without_reasoning(other.get("content")) and _calls(
+        message
+    ) == _calls(other)
 
 
 def _extends(messages: list[dict], last: Call) -> bool:

@@ -23,7 +23,9 @@ def guess_number(client, task):
         reply = client.chat.completions.create(model=task.model, messages=messages, max_tokens=16)
         text = reply.choices[0].message.content or ""
         numbers = re.findall(r"-?\d+", text)
-        messages.append({"role": "assistant", "content": text})  # sent back as received: one training sequence
+        messages.append(
+            {"role": "assistant", "content": text}
+        )  # sent back as received: one training sequence
         if not numbers:
             messages.append({"role": "user", "content": "Answer with one whole number."})
             continue

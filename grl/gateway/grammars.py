@@ -1,5 +1,6 @@
 """The grammars a chat request may decode under: the replies it allows (`allowed_replies`, the grammar GRL's
-agents use) or, for `tool_choice` `"required"` or a named function, one tool call in the model family's format.
+agents use) or, for `tool_choice` `"required"` or a named function, one tool call in the model family's
+format.
 
 A forced call is the family's opening with the function's name spelled out (any of the tools for
 `"required"`), then the arguments as a JSON object that always closes within `max_tokens`
@@ -19,7 +20,11 @@ def forced_names(request: ChatRequest) -> list[str] | None:
     """The functions a reply must call one of, or None when `tool_choice` forces no call."""
     choice = request.tool_choice
     if choice == "required":
-        return [t.get("function", {}).get("name") for t in request.tools or [] if isinstance(t.get("function"), dict)]
+        return [
+            t.get("function", {}).get("name")
+            for t in request.tools or []
+            if isinstance(t.get("function"), dict)
+        ]
     if isinstance(choice, dict):
         return [choice["function"]["name"]]
     return None
@@ -41,20 +46,28 @@ class Grammars:
         """One grammar per reply of `request` (all the same), or None when it decodes freely."""
         names, allowed = forced_names(request), request.allowed_replies
         if names is not None and allowed is not None:
-            raise BadRequest("allowed_replies: not with tool_choice 'required' or a named function (one grammar per reply)")
+            raise BadRequest(
+                "allowed_replies: not with tool_choice 'required' or a named function (one grammar per reply)"
+            )
         if names is not None:
             names = [name for name in names if isinstance(name, str) and name]
             if not names:
                 raise BadRequest("tool_choice: 'required' needs tools with function names")
             try:
                 frames = call_frames(self.family, names)
-                grammar = compile_call_grammar(chat.encode, chat.end_ids(), frames, self.vocabulary(), max_new)
+                grammar = compile_call_grammar(
+                    chat.encode, chat.end_ids(), frames, self.vocabulary(), max_new
+                )
             except (GrammarError, ValueError) as err:
                 raise BadRequest(f"tool_choice: {err} (max_tokens {max_new})") from None
             return [grammar] * request.n
         if allowed is None:
             return None
-        if not isinstance(allowed, list) or not allowed or not all(isinstance(a, str) and a.strip() for a in allowed):
+        if (
+            not isinstance(allowed, list)
+            or not allowed
+            or not all(isinstance(a, str) and a.strip() for a in allowed)
+        ):
             raise BadRequest("allowed_replies: a non-empty list of non-empty strings")
         try:
             grammar = compile_reply_grammar(chat.encode, chat.end_ids(), allowed, False, max_new)

@@ -47,7 +47,11 @@ from grl.gateway.program_worker import ProgramCall, descendants, is_running, kil
 # own imports) is given this much longer before its episode times out, and a template this long for its own.
 START_GRACE_S = 60.0
 MEMORY_CHECK_S = 0.25  # how often the memory of running programs is read (~80 us a worker)
-FAULT_COUNTS = {"crash": "program_crashes", "memory": "program_memory_kills", "leftover_process": "program_leftover_processes"}
+FAULT_COUNTS = {
+    "crash": "program_crashes",
+    "memory": "program_memory_kills",
+    "leftover_process": "program_leftover_processes",
+}
 
 
 @dataclass
@@ -73,10 +77,14 @@ def fault_metrics(kinds: list[str | None]) -> dict[str, float]:
     return {f"gateway/{name}": float(sum(k == kind for k in kinds)) for kind, name in FAULT_COUNTS.items()}
 
 
-def timeout_blamed(outcome: ProgramOutcome, busy_s: float, idle_s: float | None, timeout: float) -> ProgramOutcome:
-    """The outcome, a `timeout` made a `reply_timeout` (the policy's) when the model's replies kept the program
+def timeout_blamed(
+    outcome: ProgramOutcome, busy_s: float, idle_s: float | None, timeout: float
+) -> ProgramOutcome:
+    """The outcome, a `timeout` made a `reply_timeout` (the policy's) when the model's replies kept the
+    program
     busy to the end: its calls waited for their answers for `busy_s` of at least half of its `timeout`, and
-    its last call was in flight or answered at most a tenth of the `timeout` before (`idle_s`, None: no call)."""
+    its last call was in flight or answered at most a tenth of the `timeout` before (`idle_s`, None: no
+    call)."""
     if outcome.kind == "timeout" and busy_s >= timeout / 2 and idle_s is not None and idle_s <= timeout / 10:
         said = f"{outcome.error}; {busy_s:.1f} s of it waiting for the model's replies"
         return ProgramOutcome(outcome.value, said, "reply_timeout")
@@ -90,7 +98,13 @@ class _Template:
         ours, theirs = socket.socketpair()
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}  # the trainer's imports
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "grl.gateway.program_worker", str(theirs.fileno()), *([program] if program else [])],
+            [
+                sys.executable,
+                "-m",
+                "grl.gateway.program_worker",
+                str(theirs.fileno()),
+                *([program] if program else []),
+            ],
             pass_fds=(theirs.fileno(),),
             stdin=subprocess.DEVNULL,
             start_new_session=True,  # a Ctrl-C meant for the trainer does not reach it; it ends with its pool
@@ -168,7 +182,9 @@ class _Worker:
 
     def kill(self) -> None:
         """Ends the worker, its process group and every process below it (one that left the group too)."""
-        tree = self.tree() if self.template.ended(self.pid) is None else []  # a reaped pid may be another's now
+        tree = (
+            self.tree() if self.template.ended(self.pid) is None else []
+        )  # a reaped pid may be another's now
         kill_group_and_tree(self.pid, tree)
         while self.template.ended(self.pid) is None:  # until its template reaped it (or ended itself)
             if self.template.conn.poll(0.01):
@@ -181,7 +197,9 @@ class ProgramPool:
     `messages()` gives a program's final messages when it returned a function of them. `program` is the
     "module:function" its template imports; without it, the first call's."""
 
-    def __init__(self, size: int, timeout: float, max_rss_mb: float | None = None, program: str | None = None):
+    def __init__(
+        self, size: int, timeout: float, max_rss_mb: float | None = None, program: str | None = None
+    ):
         self.size = max(1, size)
         self.timeout = timeout
         self.max_rss = None if max_rss_mb is None else max_rss_mb * 2**20
@@ -246,7 +264,9 @@ class ProgramPool:
         template = self._template
         if template is not None:
             template.read()
-            if not template.alive or (not template.ready and time.monotonic() - template.launched > START_GRACE_S):
+            if not template.alive or (
+                not template.ready and time.monotonic() - template.launched > START_GRACE_S
+            ):
                 # It ended, or its imports hang; one that never got ready leaves the program to each worker.
                 self._preload = self._preload and template.ready
                 if not template.ready:
@@ -333,7 +353,10 @@ class ProgramPool:
         self, worker: _Worker, value, error, rss: int, leftovers: list[int], kind: str = "exception"
     ) -> tuple[Any, ProgramOutcome]:
         if leftovers:
-            said = f"the program left {len(leftovers)} process(es) running (pids {', '.join(map(str, leftovers[:8]))})"
+            said = (
+                f"the program left {len(leftovers)} process(es) running (pids "
+                f"{', '.join(map(str, leftovers[:8]))})"
+            )
             return self._end(worker, ProgramOutcome(error=said, kind="leftover_process"), True)
         if self.max_rss is not None and rss > self.max_rss:
             return self._end(worker, self._over_memory(rss), True)
@@ -342,7 +365,10 @@ class ProgramPool:
         return self._end(worker, ProgramOutcome(value=value), False)
 
     def _over_memory(self, rss: int) -> ProgramOutcome:
-        said = f"the program's processes held {rss / 2**20:.0f} MiB, more than program_max_rss_mb {self.max_rss / 2**20:g}"
+        said = (
+            f"the program's processes held {rss / 2**20:.0f} MiB, more than program_max_rss_mb "
+            f"{self.max_rss / 2**20:g}"
+        )
         return ProgramOutcome(error=said, kind="memory")
 
 

@@ -6,7 +6,8 @@ one episode at a time for as long as its pool keeps it.
 
 A worker reads a `ProgramCall` from its own connection, says `("started",)`, calls the program with a client
 of the episode's URL (an `openai.AsyncOpenAI` under asyncio for an `async def` program, an `openai.OpenAI`
-otherwise) and answers `("done", value, traceback, rss_bytes, leftover_pids, error_kind)` (or `("bad_program", why)`
+otherwise) and answers `("done", value, traceback, rss_bytes, leftover_pids, error_kind)` (or `("bad_program",
+why)`
 when the path names no program): `value` is `reward_of` the
 result (or the `ProgramValueError` saying why it is none), and a returned function of the final messages
 is evaluated here, after asking the pool for them with `("messages",)`. The worker is a child subreaper, so
@@ -65,7 +66,8 @@ def descendants(pid: int) -> list[int]:
 
 
 def kill_group_and_tree(group: int, tree: list[int]) -> None:
-    """SIGKILL the process group `group` and every process of `tree` (which catches those that left the group)."""
+    """SIGKILL the process group `group` and every process of `tree` (which catches those that left the
+    group)."""
     try:
         os.killpg(group, signal.SIGKILL)
     except OSError:
@@ -155,7 +157,9 @@ def _fork_worker(handle: int, template_conn: Connection, template_fds: list[int]
 
 
 def _serve(conn: Connection) -> None:
-    threading.Thread(target=_exit_with_parent, args=(os.getppid(),), name="grl-orphan-watch", daemon=True).start()
+    threading.Thread(
+        target=_exit_with_parent, args=(os.getppid(),), name="grl-orphan-watch", daemon=True
+    ).start()
     while True:
         try:
             call = conn.recv()
@@ -194,7 +198,12 @@ def _play(conn: Connection, call: ProgramCall) -> tuple:
 def _call(program, call: ProgramCall):
     import openai
 
-    client_args = {"base_url": call.base_url, "api_key": "grl", "max_retries": 0, "timeout": call.client_timeout}
+    client_args = {
+        "base_url": call.base_url,
+        "api_key": "grl",
+        "max_retries": 0,
+        "timeout": call.client_timeout,
+    }
     if inspect.iscoroutinefunction(program):
 
         async def play():

@@ -16,7 +16,8 @@ anything else, or whose process crashes, outgrows its memory or leaves a process
 with the penalty an env failure gets and is left out of training, as the infrastructure's doing (but for
 a PolicyFault the program raised, and a `reply_timeout` (its calls waited for the model for at least half of
 its time, to its end), which keep the format penalty and are trained on:
-grl/gateway/program_pool.py, grl/rollout/blame.py), is counted (`gateway/program_errors`, `gateway/program_timeouts`,
+grl/gateway/program_pool.py, grl/rollout/blame.py), is counted (`gateway/program_errors`,
+`gateway/program_timeouts`,
 `gateway/bad_rewards`, `gateway/program_crashes`, `gateway/program_memory_kills`,
 `gateway/program_leftover_processes`) and the rollout goes on; calls past the budget, or of an episode that
 ended, are refused with HTTP 400 (`gateway/refused_calls`). The pools' workers outlive a rollout (a warm
@@ -90,7 +91,9 @@ class ProgramRunner:
         self.max_response_length = max_response_length
         self.max_failed_agent_ratio = max_failed_agent_ratio
         self._server: LocalServer | None = None
-        self._pools: dict[tuple, ProgramPool] = {}  # by task and its limits: kept from one rollout to the next
+        self._pools: dict[
+            tuple, ProgramPool
+        ] = {}  # by task and its limits: kept from one rollout to the next
         self.recorder = EpisodeRecorder(env_error_penalty)
 
     @classmethod
@@ -103,7 +106,8 @@ class ProgramRunner:
             max_response_length=data.max_response_length,
             env_error_penalty=rollout.env_error_penalty,
             max_failed_agent_ratio=rollout.max_failed_agent_ratio,
-            # a call cut on the right would lose its newest message, the one the reply answers: programs' calls
+            # a call cut on the right would lose its newest message, the one the reply answers: programs'
+            # calls
             # are cut on the left unless the run refuses long prompts
             truncation="error" if rollout.truncation == "error" else "left",
         )
@@ -136,7 +140,9 @@ class ProgramRunner:
     ) -> tuple[list[Episode], dict[str, float]]:
         running = self._open(tasks, base_seed, first_group, sampling)
         url, outcome = self.url, {}
-        pools = {id(pool): pool for pool in (self._pool_of(r.spec.name, r.settings) for r in running)}.values()
+        pools = {
+            id(pool): pool for pool in (self._pool_of(r.spec.name, r.settings) for r in running)
+        }.values()
         self.engine.serving(True)
         try:
             for key, r in enumerate(running):
@@ -147,7 +153,10 @@ class ProgramRunner:
             while any(pool.pending for pool in pools):
                 self.engine.serve(wait=0.05)
                 for pool in pools:
-                    for key, ended in pool.collect():  # blamed now, by how long its calls waited for the model
+                    for (
+                        key,
+                        ended,
+                    ) in pool.collect():  # blamed now, by how long its calls waited for the model
                         log, now = running[key].log, time.monotonic()
                         outcome[key] = timeout_blamed(
                             ended, log.busy_s(now), log.idle_s(now), running[key].settings.program_timeout
@@ -168,7 +177,10 @@ class ProgramRunner:
             self.max_failed_agent_ratio,
             "programs",
         )
-        return episodes, {**gateway_metrics(running, episodes), **fault_metrics([e.error_kind for e in episodes])}
+        return episodes, {
+            **gateway_metrics(running, episodes),
+            **fault_metrics([e.error_kind for e in episodes]),
+        }
 
     def start_workers(self, tasks: list[TaskSpec]) -> None:
         """Starts the worker processes the program tasks among `tasks` will play on (without waiting for
@@ -179,7 +191,9 @@ class ProgramRunner:
     def _pool_of(self, task: str, s) -> ProgramPool:
         limits = (task, s.program_workers, s.program_timeout, s.program_max_rss_mb)
         if limits not in self._pools:
-            self._pools[limits] = ProgramPool(s.program_workers, s.program_timeout, s.program_max_rss_mb, s.program)
+            self._pools[limits] = ProgramPool(
+                s.program_workers, s.program_timeout, s.program_max_rss_mb, s.program
+            )
         return self._pools[limits]
 
     def _open(self, tasks, base_seed, first_group, sampling) -> list[ProgramEpisode]:
@@ -197,7 +211,9 @@ class ProgramRunner:
                         max_calls=settings.max_turns,
                     )
                     self.gateway.open_episode(name, episode_log)
-                    task = ProgramTask(spec.name, base_seed + group, group, attempt, dict(spec.config.env_config))
+                    task = ProgramTask(
+                        spec.name, base_seed + group, group, attempt, dict(spec.config.env_config)
+                    )
                     running.append(ProgramEpisode(name, spec, settings, task, episode_log))
                 group += 1
         return running

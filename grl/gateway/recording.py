@@ -55,7 +55,8 @@ class EpisodeRecorder:
             if (r.spec.name, kind) not in self._logged:
                 self._logged.add((r.spec.name, kind))
                 log.error(
-                    "program of task %s failed (%s, seed %d, group %d, attempt %d); episode ended with reward "
+                    "program of task %s failed (%s, seed %d, group %d, attempt %d); episode ended with "
+                    "reward "
                     "%g; further ones of this task and kind are only counted:\n%s",
                     r.spec.name,
                     kind,

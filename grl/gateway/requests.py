@@ -1,4 +1,5 @@
-"""A chat-completions request body, checked: every field the gateway reads is honoured or refused with one line
+"""A chat-completions request body, checked: every field the gateway reads is honoured or refused with one
+line
 (`BadRequest`), none is ignored silently. Fields it does not know (`user`, `metadata`, ...) change nothing
 about sampling and are let through."""
 
@@ -47,8 +48,14 @@ def messages_of(messages) -> list[dict]:
             raise BadRequest(f"messages[{i}]: role must be one of {', '.join(ROLES)}")
         content = message.get("content")
         if isinstance(content, list):  # content parts: the text ones, in order
-            texts = [part.get("text", "") for part in content if isinstance(part, dict) and part.get("type") == "text"]
-            content = "".join(texts) if all(isinstance(text, str) for text in texts) else 0  # not text: refused below
+            texts = [
+                part.get("text", "")
+                for part in content
+                if isinstance(part, dict) and part.get("type") == "text"
+            ]
+            content = (
+                "".join(texts) if all(isinstance(text, str) for text in texts) else 0
+            )  # not text: refused below
         if content is not None and not isinstance(content, str):
             raise BadRequest(f"messages[{i}].content: a string, a list of text parts or null")
         kept = {"role": message["role"], "content": content}
@@ -75,17 +82,22 @@ def _tool_choice(choice, tools: list | None):
         raise BadRequest(f"tool_choice: {choice!r} needs a non-empty tools list")
     if choice == "required":
         return choice
-    function = choice.get("function") if isinstance(choice, dict) and choice.get("type") == "function" else None
+    function = (
+        choice.get("function") if isinstance(choice, dict) and choice.get("type") == "function" else None
+    )
     named = function.get("name") if isinstance(function, dict) else None
     if not isinstance(named, str):
         raise BadRequest(
-            f'tool_choice: "auto", "none", "required" or {{"type": "function", "function": {{"name": ...}}}}; got {choice!r}'[
-                :200
-            ]
+            (
+                'tool_choice: "auto", "none", "required" or '
+                f'{{"type": "function", "function": {{"name": ...}}}}; got {choice!r}'
+            )[:200]
         )
     names = [t["function"].get("name") for t in tools if isinstance(t.get("function"), dict)]
     if named not in names:
-        raise BadRequest(f"tool_choice: function {named!r} is not among the tools ({', '.join(map(str, names))})")
+        raise BadRequest(
+            f"tool_choice: function {named!r} is not among the tools ({', '.join(map(str, names))})"
+        )
     return choice
 
 
@@ -97,7 +109,9 @@ def chat_request(body: Any, default_max_tokens: int, context: int) -> ChatReques
         raise BadRequest("tools: a list of tool definitions")
     response_format = body.get("response_format")
     if response_format not in (None, {"type": "text"}):
-        raise BadRequest("response_format: only {'type': 'text'} is supported (no JSON mode or JSON schema decoding)")
+        raise BadRequest(
+            "response_format: only {'type': 'text'} is supported (no JSON mode or JSON schema decoding)"
+        )
     if number(body, "top_logprobs", 0, 0, 20, int):
         raise BadRequest("top_logprobs: not supported (logprobs=true returns the sampled tokens' log-probs)")
     stop = body.get("stop") or []

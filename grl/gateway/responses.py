@@ -1,4 +1,5 @@
-"""The Responses API (`POST /v1/responses`) as far as the OpenAI Agents SDK uses it with function tools: a request
+"""The Responses API (`POST /v1/responses`) as far as the OpenAI Agents SDK uses it with function tools: a
+request
 becomes a chat-completions body (`chat_body`), is answered by the same gateway call (so an episode records it
 and continues it exactly as a chat call), and the chat reply becomes a response (`response_of`).
 
@@ -62,18 +63,29 @@ def _messages(body: dict) -> list[dict]:
                     last["reasoning_content"], reasoning = reasoning, None
                 messages.append(last)
             call = {"name": item.get("name"), "arguments": item.get("arguments", "{}")}
-            last.setdefault("tool_calls", []).append({"id": item.get("call_id"), "type": "function", "function": call})
+            last.setdefault("tool_calls", []).append(
+                {"id": item.get("call_id"), "type": "function", "function": call}
+            )
         elif kind == "function_call_output":
             output = item.get("output")
-            messages.append({"role": "tool", "tool_call_id": item.get("call_id"), "content": _text(output, f"input[{i}].output")})
+            messages.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": item.get("call_id"),
+                    "content": _text(output, f"input[{i}].output"),
+                }
+            )
         elif kind == "reasoning":
             summary = item.get("summary") or []
             if not isinstance(summary, list):
                 raise BadRequest(f"input[{i}].summary: a list of summary_text parts")
-            reasoning = _joined([s.get("text", "") for s in summary if isinstance(s, dict)], f"input[{i}].summary")
+            reasoning = _joined(
+                [s.get("text", "") for s in summary if isinstance(s, dict)], f"input[{i}].summary"
+            )
         else:
             raise BadRequest(
-                f"input[{i}]: {kind or type(item).__name__} items are not supported (messages and function calls are)"
+                f"input[{i}]: {kind or type(item).__name__} items are not supported (messages and function "
+                "calls are)"
             )
     return messages
 
@@ -85,7 +97,9 @@ def _tools(tools) -> list[dict] | None:
     for i, tool in enumerate(tools if isinstance(tools, list) else [None]):
         if not isinstance(tool, dict) or tool.get("type") != "function":
             raise BadRequest(f"tools[{i}]: only function tools are supported")
-        function = {k: tool[k] for k in ("name", "description", "parameters", "strict") if tool.get(k) is not None}
+        function = {
+            k: tool[k] for k in ("name", "description", "parameters", "strict") if tool.get(k) is not None
+        }
         out.append({"type": "function", "function": function})
     return out
 
@@ -118,7 +132,13 @@ def response_of(chat: dict, body: dict) -> dict:
     if message.get("content"):
         text = {"type": "output_text", "text": message["content"], "annotations": []}
         output.append(
-            {"type": "message", "id": f"msg_{uuid.uuid4().hex}", "role": "assistant", "status": "completed", "content": [text]}
+            {
+                "type": "message",
+                "id": f"msg_{uuid.uuid4().hex}",
+                "role": "assistant",
+                "status": "completed",
+                "content": [text],
+            }
         )
     for call in message.get("tool_calls") or []:
         function = call["function"]

@@ -13,22 +13,30 @@ engine then decodes with the reply grammar GRL's agents use; `tool_choice` `"req
 function decodes one call in the family's format (grl/gateway/grammars.py).
 
 Bad requests get HTTP 400 with one line. The engine is used only through `engine.generate`: `grl serve`
-gives a `SerialEngine` (the hf engine is not thread-safe: one generate at a time, the calls that wait meanwhile
+gives a `SerialEngine` (the hf engine is not thread-safe: one generate at a time, the calls that wait
+meanwhile
 sharing the next), the trainer a `BatchingEngine` whose owner serves the concurrent calls of many programs;
 both start the next engine call as soon as the engine is free (grl/gateway/batching.py).
 """
 
 import threading
 import time
-import uuid
 from dataclasses import replace
 
 from grl.engines.base import GenerationOutput, SamplingParams
 from grl.engines.kept_sets import reply_sets
+from grl.gateway.completions import chat_completion
 from grl.gateway.episodes import NO_TOOLS, Call, EpisodeLog, tools_key
 from grl.gateway.grammars import Grammars
 from grl.gateway.requests import BadRequest, ChatRequest, chat_request
-from grl.toolcalls import FAMILIES, family_of, split_reasoning, split_tool_calls, thinks, with_parsed_arguments
+from grl.toolcalls import (
+    FAMILIES,
+    family_of,
+    split_reasoning,
+    split_tool_calls,
+    thinks,
+    with_parsed_arguments,
+)
 from grl.rollout.chat import ChatTokens, truncate_prompt
 
 MAX_WAITING_CALLS = 256  # calls answered at once (each waits on a thread for its generation)
@@ -58,7 +66,8 @@ class Gateway:
     episode's record back with `GET /episodes/<id>` and frees it with `DELETE`. `chat_template` replaces
     the tokenizer's; `tool_parser` names the tool-call family (one of `toolcalls.FAMILIES`; by default
     the one the template writes). `context`: the tokens a call (prompt and reply) may take, by default the
-    engine's own (`engine.context_length()`: a longer call would be refused by vLLM). A prompt longer than `context`
+    engine's own (`engine.context_length()`: a longer call would be refused by vLLM). A prompt longer than
+    `context`
     less the reply's tokens is cut from the left, keeping the system message, as GRL's agents cut theirs
     (`truncation: left`), or refused (`truncation: error`)."""
 
@@ -103,7 +112,8 @@ class Gateway:
             self.episodes[name] = log
 
     def close_episode(self, name: str) -> EpisodeLog | None:
-        """Stop recording `name` (later calls are refused; one in flight is recorded first) and hand back its log."""
+        """Stop recording `name` (later calls are refused; one in flight is recorded first) and hand back its
+        log."""
         with self._episodes_lock:
             log = self.episodes.pop(name, None)
         if log is not None:
@@ -116,7 +126,9 @@ class Gateway:
         with self._episodes_lock:
             log = self.episodes.get(name)
         if log is None:
-            raise BadRequest(f"episode {name!r}: not recorded (never opened, closed, or dropped as the oldest)")
+            raise BadRequest(
+                f"episode {name!r}: not recorded (never opened, closed, or dropped as the oldest)"
+            )
         if close:
             self.close_episode(name)
         with log.lock:
@@ -140,7 +152,9 @@ class Gateway:
         with self._episodes_lock:
             if self.open_episodes:
                 if name not in self.episodes and len(self.episodes) >= self.max_open_episodes:
-                    self.episodes.pop(next(iter(self.episodes)))  # the oldest: `grl serve` holds a bounded record
+                    self.episodes.pop(
+                        next(iter(self.episodes))
+                    )  # the oldest: `grl serve` holds a bounded record
                     self.evicted_episodes += 1
                 return self.episodes.setdefault(name, EpisodeLog())
             if name not in self.episodes:
@@ -176,10 +190,14 @@ class Gateway:
         if retried is not None:  # a client's retry of a call already answered: the same reply again
             log.retries += 1
             output = GenerationOutput(retried.completion_ids, retried.log_probs, retried.finish_reason)
-            return self._response(request, retried.prompt_ids, [output], [retried.returned])
+            return chat_completion(
+                self.model_name, self.tokenizer, request, retried.prompt_ids, [output], [retried.returned]
+            )
         if log.max_calls is not None and len(log.calls) >= log.max_calls:
             log.refused += 1
-            raise BadRequest(f"episode {episode!r}: its {log.max_calls} calls are spent (agent_config.max_turns)")
+            raise BadRequest(
+                f"episode {episode!r}: its {log.max_calls} calls are spent (agent_config.max_turns)"
+            )
         return self._complete(request, log, key)
 
     def _sampling(self, request: ChatRequest, log: EpisodeLog | None) -> SamplingParams:
@@ -199,7 +217,9 @@ class Gateway:
             seed=request.seed,
         )
 
-    def _prompt(self, request: ChatRequest, chat: ChatTokens, log, key: str, max_new: int) -> tuple[list[int], int | None, bool]:
+    def _prompt(
+        self, request: ChatRequest, chat: ChatTokens, log, key: str, max_new: int
+    ) -> tuple[list[int], int | None, bool]:
         """(prompt ids, the recorded call they extend, whether they were cut to fit the context)."""
         try:
             if log is not None:
@@ -212,7 +232,10 @@ class Gateway:
         if len(prompt) <= room:
             return prompt, parent, False
         if self.truncation == "error" or room <= 0:
-            raise BadRequest(f"messages: {len(prompt)} prompt tokens + max_tokens {max_new} exceed the context of {self.context}")
+            raise BadRequest(
+                f"messages: {len(prompt)} prompt tokens + max_tokens {max_new} exceed the context of "
+                f"{self.context}"
+            )
         return truncate_prompt(prompt, room, chat.system_prefix_length(request.messages, prompt)), None, True
 
     def _complete(self, request: ChatRequest, log: EpisodeLog | None, key: str = NO_TOOLS) -> dict:
@@ -240,7 +263,7 @@ class Gateway:
                         request_seed=request.seed,
                     )
                 )
-        return self._response(request, prompt, outputs, messages)
+        return chat_completion(self.model_name, self.tokenizer, request, prompt, outputs, messages)
 
     def reply(self, token_ids: list[int], request: ChatRequest) -> dict:
         """The assistant message of sampled `token_ids`: cut before a stop string, its reasoning and tool
@@ -268,7 +291,9 @@ class Gateway:
         prefix of it token by token (a stop string, a half UTF-8 character) goes out with the next piece."""
         out, sent = [], ""
         for k in range(1, len(token_ids) + 1):
-            text = self._plain(self.tokenizer.decode(token_ids[:k], skip_special_tokens=False))[: len(content)]
+            text = self._plain(self.tokenizer.decode(token_ids[:k], skip_special_tokens=False))[
+                : len(content)
+            ]
             if len(text) > len(sent) and content.startswith(text) and not text.endswith("\ufffd"):
                 out.append(text[len(sent) :])
                 sent = text
@@ -278,37 +303,6 @@ class Gateway:
         for token in self._specials:
             text = text.replace(token, "")
         return text
-
-    def _response(self, request: ChatRequest, prompt: list[int], outputs: list, messages: list[dict]) -> dict:
-        choices = []
-        for i, (out, message) in enumerate(zip(outputs, messages)):
-            reason = "tool_calls" if message.get("tool_calls") else out.finish_reason
-            choices.append({"index": i, "message": message, "finish_reason": reason, "logprobs": self._logprobs(request, out)})
-        sampled = sum(len(out.token_ids) for out in outputs)
-        return {
-            "id": f"chatcmpl-{uuid.uuid4().hex}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": self.model_name,
-            "choices": choices,
-            "usage": {"prompt_tokens": len(prompt), "completion_tokens": sampled, "total_tokens": len(prompt) + sampled},
-            "grl": {
-                "prompt_token_ids": prompt,
-                "completion_token_ids": [out.token_ids for out in outputs],
-                "log_probs": [out.log_probs for out in outputs],
-            },
-        }
-
-    def _logprobs(self, request: ChatRequest, out) -> dict | None:
-        if not request.logprobs:
-            return None
-        if out.log_probs is None or len(out.log_probs) != len(out.token_ids):
-            raise BadRequest("logprobs: this engine did not return the sampled tokens' log-probs")
-        entries = []
-        for token, logprob in zip(out.token_ids, out.log_probs):
-            piece = self.tokenizer.decode([token])
-            entries.append({"token": piece, "logprob": logprob, "bytes": list(piece.encode()), "top_logprobs": []})
-        return {"content": entries}
 
 
 def build_app(gateway: Gateway):
@@ -325,7 +319,9 @@ def build_app(gateway: Gateway):
 
     def refused(err: BadRequest) -> JSONResponse:
         status = getattr(err, "status", 400)
-        return JSONResponse({"error": {"message": str(err), "type": "invalid_request_error"}}, status_code=status)
+        return JSONResponse(
+            {"error": {"message": str(err), "type": "invalid_request_error"}}, status_code=status
+        )
 
     def models() -> dict:
         return gateway.models()
@@ -369,7 +365,9 @@ def build_app(gateway: Gateway):
         except BadRequest as err:
             return refused(err)
         if body.get("stream"):
-            return StreamingResponse(response_events(response, gateway.pieces), media_type="text/event-stream")
+            return StreamingResponse(
+                response_events(response, gateway.pieces), media_type="text/event-stream"
+            )
         return response
 
     # Each API at /v1 and, for one episode, at /episodes/<id>/v1 (the path names the episode).

@@ -1,4 +1,5 @@
-"""The gateway's HTTP servers: inside the trainer, uvicorn on a thread of this process, started and stopped with the
+"""The gateway's HTTP servers: inside the trainer, uvicorn on a thread of this process, started and stopped
+with the
 `ProgramRunner` that owns it (`LocalServer`); `grl serve` (`serve_main`), which checks its flags, its port and
 its model name, each in a second and one line, before it loads the model."""
 
@@ -40,13 +41,16 @@ class LocalServer:
 
 
 def listening_socket(host: str, port: int) -> socket.socket:
-    """A socket bound to `host`:`port` and listening (0: a free port), for uvicorn to serve on; ValueError with
+    """A socket bound to `host`:`port` and listening (0: a free port), for uvicorn to serve on; ValueError
+    with
     one line when the port is no port or cannot be had (taken, privileged, an unknown host)."""
     if not 0 <= port <= 65535:
         raise ValueError(f"--port: {port} is not a port; give one in 1-65535 (0: any free port)")
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: a restart right after a stop binds
+    sock.setsockopt(
+        socket.SOL_SOCKET, socket.SO_REUSEADDR, 1
+    )  # as uvicorn does: a restart right after a stop binds
     try:
         sock.bind((host, port))
         sock.listen(2048)
@@ -64,22 +68,34 @@ def listening_socket(host: str, port: int) -> socket.socket:
 def serve_args(argv: list[str]) -> argparse.Namespace:
     from grl.toolcalls import FAMILIES
 
-    parser = argparse.ArgumentParser(prog="grl serve", description="An OpenAI-compatible chat endpoint for a model.")
-    parser.add_argument("model", help="hub id, local folder (a checkpoint's hf_actor export), `embedded` or `tiny`")
-    parser.add_argument("--host", default="127.0.0.1", help="the address to listen on (default: this machine only)")
-    parser.add_argument("--port", type=int, default=8000, help="the port to listen on (0: any free one, printed)")
+    parser = argparse.ArgumentParser(
+        prog="grl serve", description="An OpenAI-compatible chat endpoint for a model."
+    )
+    parser.add_argument(
+        "model", help="hub id, local folder (a checkpoint's hf_actor export), `embedded` or `tiny`"
+    )
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="the address to listen on (default: this machine only)"
+    )
+    parser.add_argument(
+        "--port", type=int, default=8000, help="the port to listen on (0: any free one, printed)"
+    )
     parser.add_argument("--engine", default="auto", help="auto, hf or vllm")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--max-tokens", type=int, default=1024, help="reply tokens when a request names none")
     parser.add_argument(
-        "--tool-parser", help=f"the tool-call format: {', '.join(FAMILIES)} (default: read from the chat template)"
+        "--tool-parser",
+        help=f"the tool-call format: {', '.join(FAMILIES)} (default: read from the chat template)",
     )
-    parser.add_argument("--chat-template", help="a file holding the Jinja chat template to use instead of the tokenizer's")
+    parser.add_argument(
+        "--chat-template", help="a file holding the Jinja chat template to use instead of the tokenizer's"
+    )
     return parser.parse_args(argv)
 
 
 def serve_gateway(args: argparse.Namespace, engine=None):
-    """The gateway `grl serve` answers with for `args` (on `engine` if given, else the model's), its context the
+    """The gateway `grl serve` answers with for `args` (on `engine` if given, else the model's), its context
+    the
     engine's; a bad flag or model name raises ValueError with one line before the model is loaded."""
     from pathlib import Path
 
@@ -108,10 +124,14 @@ def serve_gateway(args: argparse.Namespace, engine=None):
     if template is not None:
         try:
             hello = [{"role": "user", "content": "hello"}]
-            tokenizer.apply_chat_template(hello, chat_template=template, tokenize=False, add_generation_prompt=True)
+            tokenizer.apply_chat_template(
+                hello, chat_template=template, tokenize=False, add_generation_prompt=True
+            )
         except Exception as err:  # noqa: BLE001 - Jinja fails in many ways; the first line says which
             first = (str(err).splitlines() or [type(err).__name__])[0]
-            raise ValueError(f"--chat-template: {args.chat_template} does not render a user message: {first}") from None
+            raise ValueError(
+                f"--chat-template: {args.chat_template} does not render a user message: {first}"
+            ) from None
     if engine is None:
         from grl.engines import make_engine
 
@@ -126,7 +146,8 @@ def serve_gateway(args: argparse.Namespace, engine=None):
     )
     if args.max_tokens >= gateway.context:
         raise ValueError(
-            f"--max-tokens: {args.max_tokens} leaves no room for a prompt in the model's {gateway.context}-token context"
+            f"--max-tokens: {args.max_tokens} leaves no room for a prompt in the model's "
+            f"{gateway.context}-token context"
         )
     return gateway
 
@@ -152,6 +173,8 @@ def serve_main(argv: list[str]) -> int:
     import uvicorn
 
     host, port = sock.getsockname()[:2]
-    print(f"grl serve: {args.model} at http://{host}:{port}/v1 (context {gateway.context} tokens)", flush=True)
+    print(
+        f"grl serve: {args.model} at http://{host}:{port}/v1 (context {gateway.context} tokens)", flush=True
+    )
     uvicorn.Server(uvicorn.Config(build_app(gateway), log_level="warning")).run(sockets=[sock])
     return 0

@@ -18,7 +18,12 @@ def _event(payload: dict) -> str:
 
 def chunks(response: dict, pieces_of: Callable[[list[int], str], list[str]] | None = None) -> Iterator[str]:
     """The events of `response`; `pieces_of(ids, text)` cuts a choice's text at its sampled tokens' ends."""
-    base = {"id": response["id"], "object": "chat.completion.chunk", "created": response["created"], "model": response["model"]}
+    base = {
+        "id": response["id"],
+        "object": "chat.completion.chunk",
+        "created": response["created"],
+        "model": response["model"],
+    }
 
     def chunk(index: int, delta: dict, finish_reason=None, **extra) -> str:
         choice = {"index": index, "delta": delta, "finish_reason": finish_reason, **extra}
@@ -31,7 +36,11 @@ def chunks(response: dict, pieces_of: Callable[[list[int], str], list[str]] | No
             yield chunk(i, {"reasoning_content": message["reasoning_content"]})
         if message.get("content"):
             ids = response["grl"]["completion_token_ids"][i]
-            plain = not message.get("reasoning_content") and not message.get("tool_calls") and pieces_of is not None
+            plain = (
+                not message.get("reasoning_content")
+                and not message.get("tool_calls")
+                and pieces_of is not None
+            )
             for piece in pieces_of(ids, message["content"]) if plain else [message["content"]]:
                 yield chunk(i, {"content": piece})
         for k, call in enumerate(message.get("tool_calls") or []):
@@ -41,7 +50,9 @@ def chunks(response: dict, pieces_of: Callable[[list[int], str], list[str]] | No
     yield "data: [DONE]\n\n"
 
 
-def response_events(response: dict, pieces_of: Callable[[list[int], str], list[str]] | None = None) -> Iterator[str]:
+def response_events(
+    response: dict, pieces_of: Callable[[list[int], str], list[str]] | None = None
+) -> Iterator[str]:
     """A Responses-API reply (grl/gateway/responses.py `response_of`) as its server-sent events: created and
     in progress, then per output item its addition, its text (a piece per sampled token, as above) or
     arguments, and its end, then `response.completed` (or `.incomplete`) with the whole response."""
@@ -58,7 +69,9 @@ def response_events(response: dict, pieces_of: Callable[[list[int], str], list[s
     for index, item in enumerate(response["output"]):
         where = {"output_index": index}
         if item["type"] == "message":
-            yield event("response.output_item.added", **where, item={**item, "status": "in_progress", "content": []})
+            yield event(
+                "response.output_item.added", **where, item={**item, "status": "in_progress", "content": []}
+            )
             for part_index, part in enumerate(item["content"]):
                 at = {**where, "item_id": item["id"], "content_index": part_index}
                 yield event("response.content_part.added", **at, part={**part, "text": ""})
@@ -67,10 +80,14 @@ def response_events(response: dict, pieces_of: Callable[[list[int], str], list[s
                 yield event("response.output_text.done", **at, text=part["text"], logprobs=[])
                 yield event("response.content_part.done", **at, part=part)
         elif item["type"] == "function_call":
-            yield event("response.output_item.added", **where, item={**item, "status": "in_progress", "arguments": ""})
+            yield event(
+                "response.output_item.added", **where, item={**item, "status": "in_progress", "arguments": ""}
+            )
             at = {**where, "item_id": item["id"]}
             yield event("response.function_call_arguments.delta", **at, delta=item["arguments"])
-            yield event("response.function_call_arguments.done", **at, name=item["name"], arguments=item["arguments"])
+            yield event(
+                "response.function_call_arguments.done", **at, name=item["name"], arguments=item["arguments"]
+            )
         else:  # reasoning: sent whole
             yield event("response.output_item.added", **where, item=item)
         yield event("response.output_item.done", **where, item=item)

@@ -6,47 +6,7 @@ offload) the planner asks their own functions (grl/workers/fsdp.py), so the two 
 `grl plan <overrides>` prints the table; preflight runs it before Ray starts and stops a config that
 does not fit with one line naming the phase and the key to change.
 
-Notation: P parameters (embedding, untied head, L decoder layers of hidden h, MLP width i, q = heads x
-head_dim, kv = kv_heads x head_dim, vocabulary V); W ranks (GPUs) per role; e bytes per compute element
-(2 for bf16); m bytes per master element (4 under mixed precision, else e); b micro-batch episodes; s
-tokens per episode; n = b x s tokens in a micro-batch.
-
-  weights      actor P*m/W (FSDP2 shards), ref P*e/W, critic Pc*m/W (Pc: the backbone and a 1-wide head)
-  optimizer    AdamW m and v: 2*P*m/W, from the first update on; the fp32 master weights are the shards above
-               (a LoRA policy: 2*A*m/W and gradients A*m/W for its adapter's A parameters, all-linear)
-  gradients    P*m/W, during the role's update only; and the FSDP2 root's (embedding, final norm, head:
-               R parameters) unsharded until the backward ends, R*(c+m) with c the compute dtype's
-               bytes: FSDP2 reduce-scatters the root last, from a copy in the reduce dtype
-  offload      (fsdp_config.optimizer_offload or param_offload, for the ref too) moves weights, gradients
-               and optimizer state to pinned host memory; each forward then gathers onto the GPU what it needs
-  gathered     a forward holds the FSDP root (embedding, head: V*h*e each) and two decoder layers
-               (the current and the prefetched one) unsharded in the compute dtype
-  activations  with gradient checkpointing L*n*h*e (each layer's input) plus one layer's saved tensors;
-               without it L layers' saved tensors. One layer saves per token: two RMSNorms
-               2*(4h + e*h) (fp32 upcast), attention 4*e*q (q, k and v repeated to every head under a
-               padding mask, and the output), MLP 4*e*i (gate, up, silu, product); plus the n*s*e mask
-  log-probs    one chunk of min(logits_chunk_size, sampled tokens) rows of V fp32 logits; 5 copies live
-               while scoring (logits, /T, softmax, entropy terms), 8 in training (and their gradient)
-  engine       vLLM takes gpu_memory_utilization of the GPU while it generates (weights, KV cache, CUDA
-               graphs). Asleep (free_cache_engine) it keeps only its CUDA graph pool (CUDA_GRAPH_GIB, when
-               enforce_eager is false), its weights P*e go to host, and they come back for the weight sync.
-               The hf engine holds P*e and a KV cache of agents x c x L x 2*kv*e, c = min(s, prompt +
-               response length), three times: the previous turn's prefixes, this turn's cache and the
-               prefixes it keeps for the next turn. With hybrid_engine=false the engine is a rollout worker
-               of its own: on a GPU of its own (nothing on the actor's), on CPU a process on the host
-  weight sync  the actor streams its weights one parameter at a time in the engine's dtype: twice the
-               largest parameter (the embedding, V*h*e) is alive at once. To a rollout worker of its own
-               rank 0 alone collects them, P*e on its host, and puts them in Ray's object store (P*e)
-  cached       the actor's and the critic's ranks are two processes on one GPU, each with its own caching
-               allocator. The actor hands its blocks back after its update and when its engine sleeps;
-               while the critic scores and trains, the actor's process still holds the blocks of its
-               largest pass since (gathered weights, activations, log-prob chunk, sync buffers). A colocated
-               vLLM's own forward buffers are inside gpu_memory_utilization while it is awake, and its
-               sleep hands them back
-  runtime      on a GPU, each process (the actor with its engine, the critic) beyond what it allocates:
-               CUDA_PROCESS_GIB (context, cuBLAS and NCCL workspaces, the caching allocator's reserve),
-               calibrated on the H100 kit runs (NVML per process); on CPU each worker process's interpreter,
-               torch, transformers and Ray (CPU_RUNTIME_GIB, measured)
+The formulas, one per kind of memory, and their notation: grl/planner/formulas.py.
 
 bench/bench_plan_accuracy.py compares the CPU preset's prediction with the measured peak resident memory
 of each phase (docs/PERFORMANCE.md, "Memory planner").
@@ -59,6 +19,16 @@ from contextlib import contextmanager
 from grl.config import RunSections
 from grl.engines import ENGINE_TRAITS
 from grl.machine import MachineFacts
+from grl.planner.formulas import (
+    SCORE_LOGIT_COPIES,
+    TRAIN_LOGIT_COPIES,
+    element_bytes,
+    forward_activations,
+    gathered_bytes,
+    logit_bytes,
+    root_gradient_bytes,
+    training_activations,
+)
 from grl.planner.shapes import ModelShape, model_shape
 from grl.planner.table import GIB, Plan
 from grl.run_plan import PHASES as STEP_PHASES
@@ -68,62 +38,17 @@ from grl.schema import Data, RolloutEngine
 # What NVML showed of each H100 process of the GPU kit's runs above its allocator's peak (2026-11-27/28,
 # docs/PERFORMANCE.md): 1.6-2.2 GiB for the actor rank, 1.5-2.0 for the critic's. Measured at one model size:
 # the allocator's reserve, a part of it, may grow with the model.
-CUDA_PROCESS_GIB = 1.6  # CUDA context, cuBLAS and NCCL workspaces, the caching allocator's reserve: one process
+CUDA_PROCESS_GIB = (
+    1.6  # CUDA context, cuBLAS and NCCL workspaces, the caching allocator's reserve: one process
+)
 CUDA_GRAPH_GIB = 1.0  # vLLM's graph pool for its default capture sizes (<= 512 tokens); kept while asleep
 CPU_RUNTIME_GIB = 0.5  # RSS of a worker process with torch, transformers, Ray and grl imported (0.45 GiB)
-SCORE_LOGIT_COPIES, TRAIN_LOGIT_COPIES = 5, 8
 PHASES = tuple(phase for phase in STEP_PHASES if phase != "adv")  # the advantage's tensors are small
-
-# ---------------------------------------------------------------- formulas
-
-
-def element_bytes(dtype: str, device: str) -> int:
-    """Bytes of the compute dtype, as the workers will resolve it (grl.models.torch_dtype)."""
-    from grl.models import torch_dtype
-
-    return torch_dtype(dtype, device).itemsize
-
-
-def layer_activations(shape: ModelShape, tokens: int, e: int) -> float:
-    """Tensors one decoder layer saves for backward (see the module docstring)."""
-    h = shape.hidden
-    return tokens * (2 * (4 * h + e * h) + 4 * e * shape.q + 4 * e * shape.intermediate)
-
-
-def training_activations(shape: ModelShape, b: int, s: int, e: int, checkpointing: bool) -> float:
-    n, mask = b * s, b * s * s * e
-    if checkpointing:
-        return shape.layers * n * shape.hidden * e + layer_activations(shape, n, e) + mask
-    return shape.layers * layer_activations(shape, n, e) + mask
-
-
-def forward_activations(shape: ModelShape, b: int, s: int, e: int) -> float:
-    """Without grad a layer's tensors die with it: one layer's worth is alive at a time."""
-    return layer_activations(shape, b * s, e) + b * s * s * e
-
-
-def logit_bytes(shape: ModelShape, rows: int, copies: int) -> float:
-    return rows * shape.vocab * 4 * copies
-
-
-def root_gradient_bytes(shape: ModelShape, mixed: bool, e: int, value_head: bool = False) -> float:
-    """The FSDP2 root's gradients at the end of a backward. The root's inputs (token ids) need no
-    gradient, so torch 2.13 runs its post-backward in the final callback (_fully_shard/_fsdp_state.py,
-    _root_post_backward_final_callback): its gradients stay unsharded in the compute dtype (bf16
-    under mixed precision) until then, and foreach_reduce (_fsdp_collectives.py) copies them into a
-    reduce-scatter buffer of the reduce dtype (fp32 under mixed precision) before freeing them."""
-    compute, reduce = (2, 4) if mixed else (e, e)
-    return shape.root_params(value_head) * (compute + reduce)
-
-
-def gathered_bytes(shape: ModelShape, e: int, value_head: bool = False) -> float:
-    """The FSDP2 root (embedding and head) and two decoder layers, unsharded in the compute dtype."""
-    root = shape.embedding * (1 if shape.tied or value_head else 2)
-    return (root + 2 * shape.layer_params) * e
 
 
 def sampled_per_episode(sections: RunSections) -> int:
-    """Tokens the model writes in one episode at most: max_turns x tokens per reply, over the training tasks."""
+    """Tokens the model writes in one episode at most: max_turns x tokens per reply, over the training
+    tasks."""
     per_task = [
         sections.tasks[name].agent_config.max_turns
         * min(sections.tasks[name].agent_config.max_tokens, sections.data.max_response_length)
@@ -134,7 +59,9 @@ def sampled_per_episode(sections: RunSections) -> int:
 
 def what_if(gpu_memory_gib: float | None) -> MachineFacts:
     """A machine to plan for without one: a GPU of `gpu_memory_gib` with vLLM, or, without it, a CPU."""
-    return MachineFacts(gpus=1 if gpu_memory_gib else 0, gpu_memory_gib=gpu_memory_gib, vllm_usable=bool(gpu_memory_gib))
+    return MachineFacts(
+        gpus=1 if gpu_memory_gib else 0, gpu_memory_gib=gpu_memory_gib, vllm_usable=bool(gpu_memory_gib)
+    )
 
 
 # ---------------------------------------------------------------- the planner
@@ -171,12 +98,17 @@ def plan(
     sampled = min(s, sampled_tokens or sampled_per_episode(sections))
     agents = rollout_agents or max(
         sum(n * k for n, k in zip(rollout_cfg.agent_group_num, rollout_cfg.agent_group_size)),
-        sum(n * k for n, k in zip(rollout_cfg.validation_agent_group_num, rollout_cfg.validation_agent_group_size)),
+        sum(
+            n * k
+            for n, k in zip(rollout_cfg.validation_agent_group_num, rollout_cfg.validation_agent_group_size)
+        ),
     )
     use_ref, use_critic = run.reference_model, run.use_critic
     engine = run.engine
     phases = tuple(p for p in PHASES if p in run.phases and (p != "ref" or use_ref))
-    capacity = gpu_memory_gib * GIB if on_gpu and gpu_memory_gib else _host_share(per_node) if not on_gpu else None
+    capacity = (
+        gpu_memory_gib * GIB if on_gpu and gpu_memory_gib else _host_share(per_node) if not on_gpu else None
+    )
     what = f"{world} x {'GPU' if on_gpu else 'CPU rank'}"
     where = " on a GPU of its own" if on_gpu and run.engine_apart else ""
     title = (
@@ -211,14 +143,24 @@ def plan(
     mixed = fsdp_rules.mixed_precision(fsdp, arr.model.dtype, device)
     m = 4 if mixed else e
     offload = fsdp_rules.offloaded(fsdp)
-    fix = "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true" if not offload else f"n_gpus_per_node={2 * per_node}"
+    fix = (
+        "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true"
+        if not offload
+        else f"n_gpus_per_node={2 * per_node}"
+    )
     state("actor weights (master)", shape.params * m / world, offload, fix=fix)
     # A LoRA policy trains (and keeps AdamW state for) its adapter only.
     trained = shape.lora_params(arr.model.lora_rank) if arr.model.lora_rank > 0 else shape.params
     state("actor optimizer (AdamW m, v)", 2 * trained * m / world, offload, fix=fix)
     state("actor gradients", trained * m / world, offload, ["update_actor"], fix=fix)
     if arr.model.lora_rank == 0:  # a LoRA policy's root is frozen
-        p.add("device", "unsharded root gradients", root_gradient_bytes(shape, mixed, e), ["update_actor"], cached=True)
+        p.add(
+            "device",
+            "unsharded root gradients",
+            root_gradient_bytes(shape, mixed, e),
+            ["update_actor"],
+            cached=True,
+        )
     if use_ref:
         state(
             "ref weights",
@@ -233,14 +175,29 @@ def plan(
             c_mixed = fsdp_rules.mixed_precision(cf, critic_cfg.model.dtype, device)
             cm = 4 if c_mixed else ce
             c_offload = fsdp_rules.offloaded(cf)
-            cfix = "critic.fsdp_config.optimizer_offload=true" if not c_offload else f"n_gpus_per_node={2 * per_node}"
+            cfix = (
+                "critic.fsdp_config.optimizer_offload=true"
+                if not c_offload
+                else f"n_gpus_per_node={2 * per_node}"
+            )
             state("critic weights (master)", shape.value_params * cm / world, c_offload, fix=cfix)
             state("critic optimizer (AdamW m, v)", 2 * shape.value_params * cm / world, c_offload, fix=cfix)
             state("critic gradients", shape.value_params * cm / world, c_offload, ["update_critic"], fix=cfix)
             root = root_gradient_bytes(shape, c_mixed, ce, value_head=True)
             p.add("device", "unsharded root gradients", root, ["update_critic"])
-            p.add("device", "gathered weights", gathered_bytes(shape, ce, value_head=True), ["values", "update_critic"])
-    p.add("device", "gathered weights", gathered_bytes(shape, e), ["old_log_prob", "ref", "update_actor"], cached=True)
+            p.add(
+                "device",
+                "gathered weights",
+                gathered_bytes(shape, ce, value_head=True),
+                ["values", "update_critic"],
+            )
+    p.add(
+        "device",
+        "gathered weights",
+        gathered_bytes(shape, e),
+        ["old_log_prob", "ref", "update_actor"],
+        cached=True,
+    )
 
     # Activations and the vocabulary-sized log-prob chunk of each pass.
     b_train, b_score = arr.actor.ppo_micro_batch_size_per_gpu, arr.rollout.log_prob_micro_batch_size_per_gpu
@@ -251,9 +208,22 @@ def plan(
         if not checkpointing
         else f"micro_batch_size_per_gpu={max(b_train // 2, 1)}"
     )
-    p.add("device", "activations", forward_activations(shape, b_score, s, e), ["old_log_prob"], act_fix, cached=True)
+    p.add(
+        "device",
+        "activations",
+        forward_activations(shape, b_score, s, e),
+        ["old_log_prob"],
+        act_fix,
+        cached=True,
+    )
     p.add("device", "activations", forward_activations(shape, b_ref, s, e), ["ref"], cached=True)
-    p.add("device", "activations", training_activations(shape, b_train, s, e, checkpointing), ["update_actor"], cached=True)
+    p.add(
+        "device",
+        "activations",
+        training_activations(shape, b_train, s, e, checkpointing),
+        ["update_actor"],
+        cached=True,
+    )
     if use_critic:
         with the_critic_s():
             p.add("device", "activations", forward_activations(shape, b_critic, s, e), ["values"])
@@ -270,19 +240,34 @@ def plan(
         ("ref", b_ref, SCORE_LOGIT_COPIES),
         ("update_actor", b_train, TRAIN_LOGIT_COPIES),
     ):
-        p.add("device", "log-prob chunk", logit_bytes(shape, min(chunk, b * sampled), copies), [phase], chunk_fix, cached=True)
+        p.add(
+            "device",
+            "log-prob chunk",
+            logit_bytes(shape, min(chunk, b * sampled), copies),
+            [phase],
+            chunk_fix,
+            cached=True,
+        )
 
     separate = run.engine_apart
     _engine(p, sections.data, arr.rollout, shape, engine, on_gpu, per_node, e, agents, s, separate)
 
     # Weight sync: a stream (grl/workers/streaming.py) gathers one parameter at a time, cast to the
     # engine's dtype first; the gathered tensor and the engine's copy of it are alive together.
-    p.add("device", "sync buffers (largest parameter, twice)", 2 * shape.largest_param * e, ["sync_weights"], cached=True)
+    p.add(
+        "device",
+        "sync buffers (largest parameter, twice)",
+        2 * shape.largest_param * e,
+        ["sync_weights"],
+        cached=True,
+    )
     if on_gpu and use_critic:
         # The engine's sleep empties the actor's cache after the rollout (vLLM's CuMemAllocator.sleep,
         # the hf engine's sleep); a process without an engine keeps the sync's blocks too.
         emptied = arr.rollout.free_cache_engine and not separate
-        passes = [x for x in ("old_log_prob", "ref", *(() if emptied else ("sync_weights",))) if x in p.phases]
+        passes = [
+            x for x in ("old_log_prob", "ref", *(() if emptied else ("sync_weights",))) if x in p.phases
+        ]
         held = max(sum(p.device.get(name, {}).get(x, 0.0) for name in p.cached) for x in passes)
         p.add("device", "cached by the actor's process", held, ["values", "update_critic"])
     if on_gpu:
@@ -290,7 +275,9 @@ def plan(
         if use_critic:
             shares["critic"] = critic_share
         for name, share in shares.items():  # one such process a GPU
-            p.add("device", f"runtime: {name} process (CUDA context, allocator reserve)", CUDA_PROCESS_GIB * GIB)
+            p.add(
+                "device", f"runtime: {name} process (CUDA context, allocator reserve)", CUDA_PROCESS_GIB * GIB
+            )
             p.processes[name] = {x: share[x] + CUDA_PROCESS_GIB * GIB for x in p.phases}
     return p
 
@@ -314,7 +301,12 @@ def _engine(
     if separate:
         # grl/workers/policy.py, engine_weights: rank 0 alone collects the weights, in its host memory
         # (its process's on CPU), and puts them in Ray's object store for the rollout worker.
-        p.add("host" if on_gpu else "device", "weights for the rollout worker (rank 0)", weights, ["sync_weights"])
+        p.add(
+            "host" if on_gpu else "device",
+            "weights for the rollout worker (rank 0)",
+            weights,
+            ["sync_weights"],
+        )
         p.add("host", "weights for the rollout worker (Ray object store)", weights)
         if on_gpu:
             return  # the rollout worker asks Ray for a GPU of its own (grl/workers/rollout_worker.py)
@@ -330,7 +322,12 @@ def _engine(
         )
         if asleep:
             p.add("device", "engine weights (woken for the sync)", weights, ["sync_weights"])
-            p.add("host", "engine weights asleep (pinned)", weights * per_node, [x for x in p.phases if x not in awake_phases])
+            p.add(
+                "host",
+                "engine weights asleep (pinned)",
+                weights * per_node,
+                [x for x in p.phases if x not in awake_phases],
+            )
             if traits.cuda_graphs and not rollout.enforce_eager:
                 p.add(
                     "device",
@@ -343,7 +340,11 @@ def _engine(
         import os
 
         variable, default = traits.cpu_cache_env
-        p.add("host", f"engine process (weights, {variable})", weights + float(os.environ.get(variable, default)) * GIB)
+        p.add(
+            "host",
+            f"engine process (weights, {variable})",
+            weights + float(os.environ.get(variable, default)) * GIB,
+        )
     else:
         context = min(s, data.max_prompt_length + data.max_response_length)
         kv = agents * context * shape.layers * 2 * shape.kv * e * 3
@@ -352,7 +353,12 @@ def _engine(
         p.add(place, f"engine weights ({engine})", weights, awake_phases if on_gpu else None)
         p.add(place, f"engine KV cache ({engine})", kv, phases, "rollout.agent_group_num=<fewer groups>")
         if asleep and on_gpu:
-            p.add("host", "engine weights asleep", weights * per_node, [x for x in p.phases if x not in awake_phases])
+            p.add(
+                "host",
+                "engine weights asleep",
+                weights * per_node,
+                [x for x in p.phases if x not in awake_phases],
+            )
 
 
 def _host_share(ranks_per_node: int) -> float | None:

@@ -19,10 +19,24 @@ KNOWN_MODELS = {
         layers=24, hidden=896, intermediate=4864, heads=14, kv_heads=2, vocab=151936, tied=True, qkv_bias=True
     ),
     "Qwen2.5-3B-Instruct": dict(
-        layers=36, hidden=2048, intermediate=11008, heads=16, kv_heads=2, vocab=151936, tied=True, qkv_bias=True
+        layers=36,
+        hidden=2048,
+        intermediate=11008,
+        heads=16,
+        kv_heads=2,
+        vocab=151936,
+        tied=True,
+        qkv_bias=True,
     ),
     "Qwen2.5-7B-Instruct": dict(
-        layers=28, hidden=3584, intermediate=18944, heads=28, kv_heads=4, vocab=152064, tied=False, qkv_bias=True
+        layers=28,
+        hidden=3584,
+        intermediate=18944,
+        heads=28,
+        kv_heads=4,
+        vocab=152064,
+        tied=False,
+        qkv_bias=True,
     ),
 }
 
@@ -70,13 +84,15 @@ class ModelShape:
         return (self.value_params if value_head else self.params) - self.layers * self.layer_params
 
     def lora_params(self, rank: int) -> int:
-        """Adapter weights of rank `rank` on every linear layer (peft's all-linear): rank x (in + out) each."""
+        """Adapter weights of rank `rank` on every linear layer (peft's all-linear): rank x (in + out)
+        each."""
         h, q, kv, i = self.hidden, self.q, self.kv, self.intermediate
         return self.layers * rank * ((h + q) * 2 + (h + kv) * 2 + (h + i) * 3)
 
     @property
     def value_params(self) -> int:
-        """The critic: the backbone and a one-wide score head (with its bias) instead of the vocabulary head."""
+        """The critic: the backbone and a one-wide score head (with its bias) instead of the vocabulary
+        head."""
         return self.layers * self.layer_params + self.embedding + 2 * self.hidden + 1
 
 
@@ -125,10 +141,18 @@ def _cached_config(name: str) -> str | None:
     return found if isinstance(found, str) else None
 
 
-# ---------------------------------------------------------------- FLOPs (verl's FlopsCounter for dense decoders)
+# ---------------------------------------------------------------- FLOPs (verl's FlopsCounter for dense
+# decoders)
 
 # Dense bf16 tensor-core peaks (no sparsity), matched by substring of the CUDA device name.
-PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "H800": 989e12, "A100": 312e12, "A800": 312e12, "L40": 181.05e12}
+PEAK_BF16_FLOPS = {
+    "H200": 989e12,
+    "H100": 989e12,
+    "H800": 989e12,
+    "A100": 312e12,
+    "A800": 312e12,
+    "L40": 181.05e12,
+}
 
 
 def peak_flops(device_name: str) -> float:
@@ -141,5 +165,7 @@ def train_flops(shape: ModelShape, seq_lens: list[int]) -> float:
     dense weight (the matmuls of attention and MLP, embedding and head) per token, plus attention's
     score and value products, 12 x q x L per pair of positions (sum of squared lengths)."""
     h = shape.hidden
-    dense = shape.layers * (3 * h * shape.intermediate + h * (2 * shape.q + 2 * shape.kv)) + 2 * shape.embedding
+    dense = (
+        shape.layers * (3 * h * shape.intermediate + h * (2 * shape.q + 2 * shape.kv)) + 2 * shape.embedding
+    )
     return 6 * dense * sum(seq_lens) + 12 * sum(n * n for n in seq_lens) * shape.q * shape.layers

@@ -19,10 +19,16 @@ class Plan:
     device: dict[str, dict[str, float]] = field(default_factory=dict)
     host: dict[str, dict[str, float]] = field(default_factory=dict)
     fixes: dict[str, str] = field(default_factory=dict)  # component -> the key=value that shrinks it
-    cached: set[str] = field(default_factory=set)  # components a pass frees into its process's allocator cache
-    processes: dict[str, dict[str, float]] = field(default_factory=dict)  # GPU: bytes per process (actor, critic) and phase
+    cached: set[str] = field(
+        default_factory=set
+    )  # components a pass frees into its process's allocator cache
+    processes: dict[str, dict[str, float]] = field(
+        default_factory=dict
+    )  # GPU: bytes per process (actor, critic) and phase
 
-    def add(self, where: str, component: str, nbytes: float, phases=None, fix: str = "", cached: bool = False) -> None:
+    def add(
+        self, where: str, component: str, nbytes: float, phases=None, fix: str = "", cached: bool = False
+    ) -> None:
         if nbytes <= 0:
             return
         if cached:
@@ -48,18 +54,26 @@ class Plan:
             need = self.device_total(phase)
             if need > self.capacity:
                 parts = sorted(
-                    ((row.get(phase, 0.0), name) for name, row in self.device.items() if name in self.fixes and row.get(phase)),
+                    (
+                        (row.get(phase, 0.0), name)
+                        for name, row in self.device.items()
+                        if name in self.fixes and row.get(phase)
+                    ),
                     reverse=True,
                 )
                 fix = (
                     (
-                        f"the largest part that a key changes is {parts[0][1]} ({parts[0][0] / GIB:.1f} GiB): "
+                        f"the largest part that a key changes is {parts[0][1]} ({parts[0][0] / GIB:.1f} "
+                        "GiB): "
                         f"set {self.fixes[parts[0][1]]}"
                     )
                     if parts
                     else "use GPUs with more memory"
                 )
-                return f"{phase}: needs {need / GIB:.1f} GiB per {self.unit} of {self.capacity / GIB:.1f} GiB; {fix}"
+                return (
+                    f"{phase}: needs {need / GIB:.1f} GiB per {self.unit} of {self.capacity / GIB:.1f} GiB; "
+                    f"{fix}"
+                )
         return None
 
 
@@ -71,12 +85,16 @@ def format_plan(plan: Plan) -> str:
         lines.append(f"{name:<{width}}" + "".join(f"{row.get(p, 0.0) / GIB:14.2f}" for p in plan.phases))
     lines.append(f"{total:<{width}}" + "".join(f"{plan.device_total(p) / GIB:14.2f}" for p in plan.phases))
     if plan.capacity is not None:
-        lines.append(f"{'memory per ' + plan.unit:<{width}}" + f"{plan.capacity / GIB:14.2f}" * len(plan.phases))
+        lines.append(
+            f"{'memory per ' + plan.unit:<{width}}" + f"{plan.capacity / GIB:14.2f}" * len(plan.phases)
+        )
     if plan.host:
         lines.append("GiB of host memory per node")
         for name, row in plan.host.items():
             lines.append(f"{name:<{width}}" + "".join(f"{row.get(p, 0.0) / GIB:14.2f}" for p in plan.phases))
-        lines.append(f"{'total host':<{width}}" + "".join(f"{plan.host_total(p) / GIB:14.2f}" for p in plan.phases))
+        lines.append(
+            f"{'total host':<{width}}" + "".join(f"{plan.host_total(p) / GIB:14.2f}" for p in plan.phases)
+        )
     problem = plan.overflow()
     lines.append(
         f"does not fit: {problem}"

@@ -21,7 +21,9 @@ import torch
 SIZES, IDS = "constraint_size", "constraint_ids"
 
 
-def compact_sets(rows: list[list[tuple[int, tuple[int, ...]]]], width: int) -> tuple[torch.Tensor, torch.Tensor]:
+def compact_sets(
+    rows: list[list[tuple[int, tuple[int, ...]]]], width: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Each row's per-token allowed sets (a row shorter than `width` is unconstrained past its end)
     -> (`constraint_size` `[rows, width]` long, `constraint_ids` `[N]`: int32 when every id fits)."""
     sizes = np.zeros((len(rows), width), np.int64)
@@ -49,7 +51,9 @@ def spans(starts: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
     """The positions `starts[i]`, ..., `starts[i] + counts[i] - 1` for each i in turn, as one index."""
     total = int(counts.sum())
     before = counts.cumsum(0) - counts
-    return torch.repeat_interleave(starts - before, counts, output_size=total) + torch.arange(total, device=counts.device)
+    return torch.repeat_interleave(starts - before, counts, output_size=total) + torch.arange(
+        total, device=counts.device
+    )
 
 
 def take_tokens(sizes: torch.Tensor, ids: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -58,7 +62,8 @@ def take_tokens(sizes: torch.Tensor, ids: torch.Tensor, tokens: torch.Tensor) ->
 
 
 def take_rows(tensors: dict, rows) -> dict:
-    """`v[rows]` of every `[rows, ...]` tensor (`rows`: a slice or an index), the ids of those rows' sets with them."""
+    """`v[rows]` of every `[rows, ...]` tensor (`rows`: a slice or an index), the ids of those rows' sets with
+    them."""
     if IDS not in tensors:
         return {k: v[rows] for k, v in tensors.items()}
     sizes = tensors[SIZES]

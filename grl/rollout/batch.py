@@ -38,9 +38,25 @@ from dataclasses import dataclass
 
 from grl.rollout.types import Batch, Episode
 
-TENSOR_KEYS = ("input_ids", "attention_mask", "position_ids", "loss_mask", "turn_ids", "token_rewards", "rollout_log_probs")
+TENSOR_KEYS = (
+    "input_ids",
+    "attention_mask",
+    "position_ids",
+    "loss_mask",
+    "turn_ids",
+    "token_rewards",
+    "rollout_log_probs",
+)
 
-META_KEYS = ("task", "group_id", "seed", "episode_score", "raw_score", "uid", "state_keys")  # state_keys: one per turn
+META_KEYS = (
+    "task",
+    "group_id",
+    "seed",
+    "episode_score",
+    "raw_score",
+    "uid",
+    "state_keys",
+)  # state_keys: one per turn
 
 
 @dataclass
@@ -172,7 +188,9 @@ def _tensors(rows: list[dict[str, list]], width: int, pad_token_id: int) -> dict
         if key == "allowed":
             continue
         data = [row[key] + [pads[key]] * (width - len(row[key])) for row in rows]
-        out[key] = torch.tensor(data, dtype=torch.float32 if key in floats else torch.long).reshape(len(rows), width)
+        out[key] = torch.tensor(data, dtype=torch.float32 if key in floats else torch.long).reshape(
+            len(rows), width
+        )
     allowed = [row["allowed"] for row in rows if "allowed" in row]
     if any(size for row in allowed for size, _ in row):
         from grl.rollout.allowed_sets import compact_sets

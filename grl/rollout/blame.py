@@ -64,5 +64,7 @@ def blame_metrics(episodes: list[Episode]) -> dict[str, float]:
     return {
         "rollout/infra_failed_episodes": float(sum(kinds.values())),
         **{f"rollout/infra_failed/{kind}": float(n) for kind, n in sorted(kinds.items())},
-        "rollout/policy_failed_episodes": float(sum(ep.error is not None and ep.blame == POLICY for ep in episodes)),
+        "rollout/policy_failed_episodes": float(
+            sum(ep.error is not None and ep.blame == POLICY for ep in episodes)
+        ),
     }

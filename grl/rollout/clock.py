@@ -50,7 +50,9 @@ class RolloutClock:
         return timed
 
     def times(self) -> dict[str, float]:
-        out = {part: seconds for part, seconds in self.waited.items() if part != "gen_programs" or seconds > 0}
+        out = {
+            part: seconds for part, seconds in self.waited.items() if part != "gen_programs" or seconds > 0
+        }
         if len(self.env_by_task) > 1:
             out.update({f"gen_env/{task}": seconds for task, seconds in sorted(self.env_by_task.items())})
         return out

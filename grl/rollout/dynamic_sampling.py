@@ -34,7 +34,9 @@ def flat_group_count(episodes: list[Episode]) -> int:
     return sum(not has_spread(members) for members in groups_of(episodes).values())
 
 
-def replace_flat_groups(episodes: list[Episode], extra: list[Episode], id_offset: int) -> tuple[list[Episode], int]:
+def replace_flat_groups(
+    episodes: list[Episode], extra: list[Episode], id_offset: int
+) -> tuple[list[Episode], int]:
     """`episodes` with each flat group replaced, in order and within its task, by the next group of `extra`
     of that task that has spread (its group id moved up by `id_offset`, so ids stay unique).
     -> (episodes, groups replaced)."""

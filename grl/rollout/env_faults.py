@@ -37,8 +37,11 @@ class InfraFailureError(RolloutError):
     """More of a step's episodes failed in the infrastructure than `rollout.max_infra_failed_ratio` allows."""
 
 
-def check_failure_ratio(failed: list[tuple[str, int, str]], total: int, ratio: float, who: str = "agents") -> None:
-    """RolloutError when more than `ratio` of `total` failed; `failed`: (task, seed, error) of each failure."""
+def check_failure_ratio(
+    failed: list[tuple[str, int, str]], total: int, ratio: float, who: str = "agents"
+) -> None:
+    """RolloutError when more than `ratio` of `total` failed; `failed`: (task, seed, error) of each
+    failure."""
     if len(failed) > ratio * total:
         task, seed, error = failed[0]
         raise RolloutError(
@@ -58,7 +61,8 @@ def check_infra_ratio(episodes: list[Episode], ratio: float) -> None:
     error = last.error.strip().splitlines()[-1] if last.error and last.error.strip() else "unknown error"
     raise InfraFailureError(
         f"{len(failed)} of {len(episodes)} episodes failed in the infrastructure, more than "
-        f"rollout.max_infra_failed_ratio {ratio:g} ({count} of kind {kind}); last: task {last.task} seed {last.seed} "
+        f"rollout.max_infra_failed_ratio {ratio:g} ({count} of kind {kind}); last: task {last.task} seed "
+        f"{last.seed} "
         f"({last.error_kind}): {error}"
     )
 
@@ -73,20 +77,30 @@ class EnvFaults:
         self.others: list[Slot] = []
 
     def fail(self, s: Slot, error: str | None, timed_out: bool, where: str, kind: str = "exception") -> None:
-        """End the slot's episode: a PolicyFault's (kind `policy`) with the task's format penalty, to be trained
+        """End the slot's episode: a PolicyFault's (kind `policy`) with the task's format penalty, to be
+        trained
         on; any other with `env_error_penalty`, to be left out of training (grl/rollout/blame.py)."""
         s.done = True
         s.hung = timed_out
         s.error = (error or "unknown env error").strip()
         s.error_kind = "timeout" if timed_out else kind
         s.blame = blame_of(s.error_kind)
-        penalty = s.agent.format_penalty if s.blame == POLICY or self.env_error_penalty is None else self.env_error_penalty
+        penalty = (
+            s.agent.format_penalty
+            if s.blame == POLICY or self.env_error_penalty is None
+            else self.env_error_penalty
+        )
         if s.turns:
             s.turns[-1].reward = float(penalty)
-        fate = "trained on (the policy's doing)" if s.blame == POLICY else "left out of training (the infrastructure's doing)"
+        fate = (
+            "trained on (the policy's doing)"
+            if s.blame == POLICY
+            else "left out of training (the infrastructure's doing)"
+        )
         if s.error_kind not in VALUE_KINDS:
             log.error(
-                "env failure in %s of task %s (seed %d, group %d, agent %d); episode ended with reward %g, %s:\n%s",
+                "env failure in %s of task %s (seed %d, group %d, agent %d); episode ended with reward %g, "
+                "%s:\n%s",
                 where,
                 s.task.name,
                 s.seed,
@@ -98,7 +112,8 @@ class EnvFaults:
             )
         elif self._first_of_kind(s.task.name, s.error_kind):
             log.error(
-                "bad env value (%s) in task %s (seed %d, group %d, agent %d); episode ended with reward %g, %s; "
+                "bad env value (%s) in task %s (seed %d, group %d, agent %d); episode ended with reward %g, "
+                "%s; "
                 "further ones of this task and kind are only counted in %s/env_errors: %s",
                 s.error_kind,
                 s.task.name,
@@ -130,7 +145,9 @@ class EnvFaults:
         played before: an infra retry plays only the failed ones) failed."""
         every = [*self.others, *slots]
         check_failure_ratio(
-            [(s.task.name, s.seed, s.error) for s in every if s.error is not None], len(every), self.max_failed_agent_ratio
+            [(s.task.name, s.seed, s.error) for s in every if s.error is not None],
+            len(every),
+            self.max_failed_agent_ratio,
         )
 
     def _first_of_kind(self, task: str, kind: str) -> bool:

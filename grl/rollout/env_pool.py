@@ -74,7 +74,14 @@ class CallPool:
                 overdue = [k for k, t in self._started.items() if k in self._open and now - t > self.limit]
             for key in overdue:
                 self._open.discard(key)
-                results.append((key, CallResult(error=f"timed out after {self.limit:g} s ({self._limit_key})", timed_out=True)))
+                results.append(
+                    (
+                        key,
+                        CallResult(
+                            error=f"timed out after {self.limit:g} s ({self._limit_key})", timed_out=True
+                        ),
+                    )
+                )
                 self._spawn()  # replaces the thread stuck in that call
         return results
 

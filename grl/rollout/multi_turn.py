@@ -22,7 +22,8 @@ the batch lets each turn attend only to its own prompt.
 Env faults (an env that raises, hangs or returns a bad value) end only that agent's episode, unless
 too many fail: grl/rollout/env_faults.py.
 
-Use: `MultiTurnRollout.from_config(run.rollout, run.data, run.tools, engine, tokenizer).run(task_specs(run.rollout,
+Use: `MultiTurnRollout.from_config(run.rollout, run.data, run.tools, engine,
+tokenizer).run(task_specs(run.rollout,
 run.tasks), base_seed, sampling)`, `run` a config's typed sections (grl.config.run_sections);
 the trainer shapes the episodes into a batch with grl/trainer/transforms.py (`shape_batch`).
 """
@@ -43,20 +44,18 @@ from grl.rollout.chat import ChatTokens, truncate_prompt
 from grl.rollout.clock import RolloutClock
 from grl.rollout.blame import blame_metrics, infra_failed
 from grl.rollout.env_faults import EnvFaults, RolloutError, check_infra_ratio, reset_agent, retire_failed
-from grl.rollout.env_pool import CallPool, CallResult, run_calls
+from grl.rollout.env_pool import CallResult, run_calls
 from grl.rollout.episode_stats import rollout_metrics
 from grl.rollout.reply_grammars import ReplyGrammars
 from grl.rollout.slot import Slot
 from grl.rollout.tasks import TaskSpec, is_program_task
+from grl.rollout.unbarriered import play_without_barrier
 from grl.rollout.types import Episode, Turn
 
 if TYPE_CHECKING:
     from grl.schema import Data, Rollout, Tools
 
 log = logging.getLogger("grl.rollout")
-
-# Without the turn barrier, env steps that return within this many seconds of each other share an engine call.
-GATHER_S = 0.01
 
 
 @dataclass
@@ -113,7 +112,14 @@ class MultiTurnRollout:
 
     @classmethod
     def from_config(
-        cls, rollout: Rollout, data: Data, tools: Tools, engine: Engine, tokenizer, control: str | None = None, programs=None
+        cls,
+        rollout: Rollout,
+        data: Data,
+        tools: Tools,
+        engine: Engine,
+        tokenizer,
+        control: str | None = None,
+        programs=None,
     ) -> MultiTurnRollout:
         """From the typed `rollout`, `data` (the lengths) and `tools` sections. `control`: a validation
         control of grl/agents/controls.py (e.g. `swap`) that builds the agents."""
@@ -135,7 +141,9 @@ class MultiTurnRollout:
             max_failed_agent_ratio=r.max_failed_agent_ratio,
             max_infra_failed_ratio=r.max_infra_failed_ratio,
             infra_retries=r.infra_retries,
-            agent_factory=lambda name, block: (VALIDATION_CONTROLS[control] if control else make_agent)(name, block, sandbox),
+            agent_factory=lambda name, block: (VALIDATION_CONTROLS[control] if control else make_agent)(
+                name, block, sandbox
+            ),
             programs=programs,
         )
 
@@ -152,11 +160,13 @@ class MultiTurnRollout:
         """One rollout: every agent of every task plays one episode. `on_turn(turn,
         playing, total)` is told before each engine call how many agents still play.
         `turn_barrier=False`: each agent asks for its next reply as soon as its env step returns,
-        and each engine call serves every agent that is waiting (see `_run_without_barrier`).
+        and each engine call serves every agent that is waiting (grl/rollout/unbarriered.py).
         Program tasks (`agent_config.program`) are played after the others by `programs`."""
         programs = [task for task in tasks if is_program_task(task)]
         if programs and self.programs is None:
-            raise RolloutError(f"{programs[0].name}: agent programs play through the trainer's gateway (none given)")
+            raise RolloutError(
+                f"{programs[0].name}: agent programs play through the trainer's gateway (none given)"
+            )
         native = [task for task in tasks if not is_program_task(task)]
         self.clock = RolloutClock()
         slots = self._slots(native, base_seed)
@@ -166,7 +176,10 @@ class MultiTurnRollout:
             redo = [i for i, s in enumerate(slots) if infra_failed(s)]
             if not redo:
                 break
-            again = [Slot(slots[i].task, slots[i].key, slots[i].group_id, slots[i].seed, slots[i].member) for i in redo]
+            again = [
+                Slot(slots[i].task, slots[i].key, slots[i].group_id, slots[i].seed, slots[i].member)
+                for i in redo
+            ]
             others = [s for i, s in enumerate(slots) if i not in set(redo)]
             self._play(self._with_agents(again), sampling, on_turn, turn_barrier, others)
             for i, s in zip(redo, again):
@@ -177,14 +190,18 @@ class MultiTurnRollout:
         if programs:
             first_group = sum(t.num_groups for t in native)
             with self.clock.waiting("gen_programs"):
-                played, program_metrics = self.programs.run(programs, base_seed, first_group, sampling, on_turn)
+                played, program_metrics = self.programs.run(
+                    programs, base_seed, first_group, sampling, on_turn
+                )
             episodes += played
             extra.update(program_metrics)
         check_infra_ratio(episodes, self.max_infra_failed_ratio)
         metrics = rollout_metrics(episodes, [s.truncated_turns for s in slots])
         return RolloutResult(episodes, {**metrics, **blame_metrics(episodes), **extra}, self.clock.times())
 
-    def _play(self, slots: list[Slot], sampling, on_turn, turn_barrier: bool, others: list[Slot] = ()) -> None:
+    def _play(
+        self, slots: list[Slot], sampling, on_turn, turn_barrier: bool, others: list[Slot] = ()
+    ) -> None:
         """Every slot's episode, to its end; `others`: the step's slots played before, which the failure ratio
         counts too."""
         self.faults.others = list(others)
@@ -198,7 +215,7 @@ class MultiTurnRollout:
                     self._turn(slots, turn, sampling)
                     turn += 1
             else:
-                self._run_without_barrier(slots, sampling, on_turn)
+                play_without_barrier(self, slots, sampling, on_turn)
         finally:
             with self.clock.waiting("gen_env"):
                 retire_failed(slots, self._agents, self.env_workers, self.env_step_timeout)
@@ -218,7 +235,9 @@ class MultiTurnRollout:
             index = 0
             for _ in range(task.num_groups):
                 for member in range(task.group_size):
-                    slots.append(Slot(task, (task.name, block, index), group_id, base_seed + group_id, member))
+                    slots.append(
+                        Slot(task, (task.name, block, index), group_id, base_seed + group_id, member)
+                    )
                     index += 1
                 group_id += 1
         return self._with_agents(slots)
@@ -237,7 +256,9 @@ class MultiTurnRollout:
             if not result.ok:
                 self.faults.fail(s, result.error, result.timed_out, "reset")
                 continue
-            if isinstance(err := result.value, Exception):  # a bad observation, or the env's fault (reset_agent)
+            if isinstance(
+                err := result.value, Exception
+            ):  # a bad observation, or the env's fault (reset_agent)
                 said = str(err) if isinstance(err, EnvValueError) else f"{type(err).__name__}: {err}"
                 self.faults.fail(s, said, False, "reset", fault_kind(err))
                 continue
@@ -250,50 +271,19 @@ class MultiTurnRollout:
 
         def params(call: int, limit: int, group: list[Slot]) -> SamplingParams:
             return replace(
-                sampling, max_new_tokens=limit, seed=None if sampling.seed is None else sampling.seed + 1009 * turn + call
+                sampling,
+                max_new_tokens=limit,
+                seed=None if sampling.seed is None else sampling.seed + 1009 * turn + call,
             )
 
         active, replies = self._generate(slots, [s for s in slots if not s.done], params)
         with self.clock.waiting("gen_env"):
-            results = self._env_calls([(s, lambda s=s, r=r: s.agent.step(r)) for s, r in zip(active, replies)])
+            results = self._env_calls(
+                [(s, lambda s=s, r=r: s.agent.step(r)) for s, r in zip(active, replies)]
+            )
         for s, result in zip(active, results):
             self._after_step(s, result)
         self.faults.check(slots)
-
-    def _run_without_barrier(
-        self, slots: list[Slot], sampling: SamplingParams, on_turn: Callable[[int, int, int], None] | None
-    ) -> None:
-        """Every agent moves on when its own env step returns: an engine call serves all agents that
-        are waiting for a reply, whatever their turn, while the env steps of the others run. A request's
-        seed is its agent's and turn's (`seed + 1009 * turn + agent`), not its place in a batch, so the
-        replies do not depend on which agents happened to be waiting together."""
-        index = {id(s): i for i, s in enumerate(slots)}
-
-        def params(call: int, limit: int, group: list[Slot]) -> SamplingParams:
-            seeds = None if sampling.seed is None else [sampling.seed + 1009 * len(s.turns) + index[id(s)] for s in group]
-            return replace(sampling, max_new_tokens=limit, seed=None, request_seeds=seeds)
-
-        pool = CallPool(self.env_workers, self.env_step_timeout)
-        waiting = [s for s in slots if not s.done]
-        try:
-            while waiting or pool.pending:
-                if waiting:
-                    if on_turn is not None:
-                        on_turn(min(len(s.turns) for s in waiting), sum(not s.done for s in slots), len(slots))
-                    for s, reply in zip(*self._generate(slots, waiting, params)):
-                        pool.submit(index[id(s)], self.clock.env_call(s.task.name, lambda s=s, r=reply: s.agent.step(r)))
-                    waiting = []
-                with self.clock.waiting("gen_env"):
-                    returned = pool.collect(wait=1.0)
-                    while returned and (more := pool.collect(wait=GATHER_S)):  # steps that end together share a call
-                        returned += more
-                for i, result in returned:
-                    self._after_step(slots[i], result)
-                    if not slots[i].done:
-                        waiting.append(slots[i])
-                self.faults.check(slots)
-        finally:
-            pool.close()
 
     def _generate(self, slots: list[Slot], ready: list[Slot], params) -> tuple[list[Slot], list[str]]:
         """The next reply of every agent in `ready`: one engine call per token limit, with
@@ -362,7 +352,11 @@ class MultiTurnRollout:
         env_error = turn.info.get("env_error")
         if env_error:  # the agent caught the env's exception or bad value and ended the episode
             self.faults.fail(
-                s, turn.info.get("env_traceback") or env_error, False, "step", turn.info.get("env_error_kind") or "exception"
+                s,
+                turn.info.get("env_traceback") or env_error,
+                False,
+                "step",
+                turn.info.get("env_error_kind") or "exception",
             )
             return
         turn.reward = float(step.reward)

@@ -48,7 +48,9 @@ class ReplyGrammars:
         return None
 
     def _compile(self, s: Slot, choices: list[str], limit: int) -> ReplyGrammar:
-        grammar = compile_reply_grammar(self.chat.encode, self._end_ids, choices, s.agent.settings.enable_think, limit)
+        grammar = compile_reply_grammar(
+            self.chat.encode, self._end_ids, choices, s.agent.settings.enable_think, limit
+        )
         if grammar.left_out and s.task.name not in self._warned_left_out:
             self._warned_left_out.add(s.task.name)
             log.warning(

@@ -76,7 +76,9 @@ def normalize_episode_scores(episodes: Sequence[Episode], grouping: str, method:
     return normalize([ep.score for ep in episodes], grouping_keys(episodes, grouping), method)
 
 
-def filter_groups(episodes: Sequence[Episode], ratio: float, kind: str = "std") -> tuple[list[Episode], dict[str, float]]:
+def filter_groups(
+    episodes: Sequence[Episode], ratio: float, kind: str = "std"
+) -> tuple[list[Episode], dict[str, float]]:
     """Keep the groups with the most (`std`) or least (`std_rev`) reward spread, per task."""
     groups: dict[int, list[Episode]] = {}
     for ep in episodes:
@@ -95,7 +97,10 @@ def filter_groups(episodes: Sequence[Episode], ratio: float, kind: str = "std") 
         position = {g: n for n, g in enumerate(gids)}
         chosen = sorted(gids, key=lambda g: (sign * stats[g][0], position[g]))[:count]
         kept_ids.update(chosen)
-        for name, values in (("in_group", [stats[g] for g in gids]), ("chosen_in_group", [stats[g] for g in chosen])):
+        for name, values in (
+            ("in_group", [stats[g] for g in gids]),
+            ("chosen_in_group", [stats[g] for g in chosen]),
+        ):
             for j, stat in enumerate(("std", "max", "mean")):
                 metrics[f"{task}/{name}_{stat}"] = sum(v[j] for v in values) / len(values)
         metrics[f"{task}/kept_groups"] = float(len(chosen))

@@ -29,7 +29,9 @@ class Slot:
     env_warnings: int = 0  # values of the env that were repaired
     hung: bool = False
     truncated_turns: int = 0
-    new_context: bool = False  # `pending` is a whole prompt (the first, or a windowed one), not a continuation
+    new_context: bool = (
+        False  # `pending` is a whole prompt (the first, or a windowed one), not a continuation
+    )
     grammar: ReplyGrammar | None = None  # this turn's valid-action grammar (None: free decoding)
     output: Any = None  # this turn's GenerationOutput
 

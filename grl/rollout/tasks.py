@@ -38,7 +38,9 @@ def decodes_constrained(specs: list[TaskSpec]) -> bool:
     """Whether any of a run's training and validation tasks writes its replies from the env's valid
     actions (`agent_config.action_decoding: constrained`), or is an agent program (which may ask for
     `allowed_replies`): its engine must then take reply grammars."""
-    return any(spec.config.agent_config.action_decoding == "constrained" or is_program_task(spec) for spec in specs)
+    return any(
+        spec.config.agent_config.action_decoding == "constrained" or is_program_task(spec) for spec in specs
+    )
 
 
 def training_base_seed(seed: int, step: int) -> int:

@@ -13,15 +13,19 @@ from typing import Any
 
 @dataclass
 class Turn:
-    prompt_ids: list[int]  # tokens added before this turn's reply: the whole first prompt, then template + env tokens
+    prompt_ids: list[
+        int
+    ]  # tokens added before this turn's reply: the whole first prompt, then template + env tokens
     response_ids: list[int]  # exactly what the engine sampled
     response_log_probs: list[float] | None
     reward: float  # env reward of the turn, format penalty included
     info: dict[str, Any] = field(default_factory=dict)
     finish_reason: str = ""  # the engine's: "stop" or "length"
     state_key: str = ""  # the agent's key of the env state the reply acted on (GiGPO's anchor states)
-    # Each response token's allowed set, (signed size, ids) as in grl/engines/constraint.py: the set top-k/top-p
-    # kept (grl/engines/kept_sets.py), else the grammar's; None when the reply was drawn from the full softmax.
+    # Each response token's allowed set, (signed size, ids) as in grl/engines/constraint.py: the set
+    # top-k/top-p
+    # kept (grl/engines/kept_sets.py), else the grammar's; None when the reply was drawn from the full
+    # softmax.
     response_allowed: list[tuple[int, tuple[int, ...]]] | None = None
     # `prompt_ids` are a whole prompt the reply was written to (the first turn's, or a windowed one:
     # agent_config.max_context_window), not a continuation of the turns before.
@@ -38,7 +42,9 @@ class Episode:
     metrics: dict[str, float] = field(default_factory=dict)
     error: str | None = None  # env failure that ended the episode, if any
     error_kind: str | None = None  # exception | timeout | the kind of bad value (grl/envs/checks.py)
-    blame: str | None = None  # whose doing the failure was: policy | infra (grl/rollout/blame.py); infra if unset
+    blame: str | None = (
+        None  # whose doing the failure was: policy | infra (grl/rollout/blame.py); infra if unset
+    )
     env_warnings: int = 0  # values of the env repaired during the episode (grl/envs/checks.py)
     member: int = 0  # position of the agent within its group
     messages: list[dict[str, str]] = field(default_factory=list)  # the chat as the agent saw it, for logging
@@ -88,4 +94,6 @@ class Batch:
         if index.dtype == torch.bool:
             index = index.nonzero(as_tuple=True)[0]
         positions = index.tolist()
-        return Batch(take_rows(self.tensors, index), {k: [v[i] for i in positions] for k, v in self.meta.items()})
+        return Batch(
+            take_rows(self.tensors, index), {k: [v[i] for i in positions] for k, v in self.meta.items()}
+        )

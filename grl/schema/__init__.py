@@ -20,7 +20,17 @@ from grl.schema.run import (
     Trainer,
 )
 from grl.schema.tasks import PROGRAM, AgentConfig, TaskInstance
-from grl.schema.workers import Actor, ActorRolloutRef, Critic, FSDPConfig, Model, Optim, Ref, RolloutEngine, SamplingOverrides
+from grl.schema.workers import (
+    Actor,
+    ActorRolloutRef,
+    Critic,
+    FSDPConfig,
+    Model,
+    Optim,
+    Ref,
+    RolloutEngine,
+    SamplingOverrides,
+)
 
 __all__ = [
     "PROGRAM",

@@ -77,7 +77,8 @@ def key(
 
 
 def section(cls: type, **defaults: Any) -> Any:
-    """A nested section; `defaults` replace the section's own (the critic's learning rate is not the actor's)."""
+    """A nested section; `defaults` replace the section's own (the critic's learning rate is not the
+    actor's)."""
     return field(default_factory=lambda: cls(**defaults))
 
 
@@ -102,7 +103,13 @@ def leaves(cls: type, prefix: str = "", instance: Any = None) -> Iterator[Leaf]:
         if dataclasses.is_dataclass(hints[f.name]):
             yield from leaves(hints[f.name], f"{prefix}{f.name}.", value)
         else:
-            yield Leaf(f"{prefix}{f.name}", hints[f.name], value, f.metadata.get("help", ""), f.metadata.get("rule", Rule()))
+            yield Leaf(
+                f"{prefix}{f.name}",
+                hints[f.name],
+                value,
+                f.metadata.get("help", ""),
+                f.metadata.get("rule", Rule()),
+            )
 
 
 def defaults(cls: type) -> dict:
@@ -140,12 +147,15 @@ def merge_typed(cls: type, cfg: Any, prefix: str = "") -> DictConfig:
             raise ConfigError(f"{full}: unknown key{did_you_mean(full, known)}") from None
         given = _given(cfg, key_name)
         if "is not a ListConfig" in message and isinstance(given, (str, int, float, bool)):
-            raise ConfigError(f"{full}: takes a list, not the single value {given!r}; use [{shown(given)}]") from None
+            raise ConfigError(
+                f"{full}: takes a list, not the single value {given!r}; use [{shown(given)}]"
+            ) from None
         raise ConfigError(f"{full}: {message}") from None
 
 
 def _given(cfg: Any, dotted: str) -> Any:
-    """The value `cfg` (a DictConfig or a plain mapping) holds at `dotted`, as given; None where it holds none."""
+    """The value `cfg` (a DictConfig or a plain mapping) holds at `dotted`, as given; None where it holds
+    none."""
     try:
         return OmegaConf.select(cfg if OmegaConf.is_config(cfg) else OmegaConf.create(cfg), dotted)
     except OmegaConfBaseException:
@@ -221,7 +231,10 @@ def describe(leaf: Leaf) -> str:
 
 def rows(cls: type, prefix: str = "") -> list[tuple[str, str, str, str]]:
     """(key, type, default, help) for every leaf."""
-    return [(f"{prefix}{leaf.path}", type_name(leaf.type), shown(leaf.default), describe(leaf)) for leaf in leaves(cls)]
+    return [
+        (f"{prefix}{leaf.path}", type_name(leaf.type), shown(leaf.default), describe(leaf))
+        for leaf in leaves(cls)
+    ]
 
 
 def markdown_table(table: list[tuple[str, str, str, str]]) -> str:

@@ -25,13 +25,19 @@ class AgentConfig:
         "the task text of the first user message; the agent adds "
         "the env's symbol legend and actions, the reply format and the state",
     )
-    enable_think: bool = key(True, "true: a reply is <think>...</think><answer>...</answer>; false: <answer>...</answer>")
+    enable_think: bool = key(
+        True, "true: a reply is <think>...</think><answer>...</answer>; false: <answer>...</answer>"
+    )
     max_tokens: int = key(100, "response tokens per turn", ge=1)
     max_turns: int = key(1, "replies per episode", ge=1)
     max_actions_per_turn: int = key(1, "actions taken from one reply (extra ones are dropped)", ge=1)
     max_actions_all_turns: int = key(1, "actions per episode; the episode ends when they are spent", ge=1)
-    format_penalty: float = key(-0.1, "added to a turn's reward when the reply has no parseable answer or an invalid action")
-    action_separator: Optional[str] = key("||", "splits an answer into actions; null: the whole answer is one action")
+    format_penalty: float = key(
+        -0.1, "added to a turn's reward when the reply has no parseable answer or an invalid action"
+    )
+    action_separator: Optional[str] = key(
+        "||", "splits an answer into actions; null: the whole answer is one action"
+    )
     action_decoding: str = key(
         "free",
         "constrained: the model may only write one of the env's valid actions per "
@@ -40,13 +46,17 @@ class AgentConfig:
         "(grl/engines/constraint.py); envs without a list (GSM8K, BIRD) decode freely",
         choices=("free", "constrained"),
     )
-    tools: list[str] = key([], "tools the model may call inside an episode (grl/tools), e.g. [python]", choices=TOOL_NAMES)
+    tools: list[str] = key(
+        [], "tools the model may call inside an episode (grl/tools), e.g. [python]", choices=TOOL_NAMES
+    )
     max_tool_calls_per_turn: int = key(1, "tool calls run from one reply", ge=1)
     max_tool_calls: int = key(4, "tool calls per episode", ge=1)
     max_tool_output_chars: int = key(2000, "longer tool output is cut, and the message says so", ge=1)
     # With a window every turn is prompted afresh (the instructions, the kept turns, the current
     # state), so a turn costs the same at turn 10 as at turn 1 (RAGEN's max_context_window).
-    max_context_window: int = key(-1, "past turns the prompt shows before the current state; -1: the whole episode", ge=-1)
+    max_context_window: int = key(
+        -1, "past turns the prompt shows before the current state; -1: the whole episode", ge=-1
+    )
     program: Optional[str] = key(
         None,
         "'package.module:function': an agent program plays the task through an "
@@ -72,4 +82,6 @@ class AgentConfig:
 class TaskInstance:
     agent_type: str = MISSING  # checked against the registry of grl/agents/tasks.py
     agent_config: AgentConfig = section(AgentConfig)
-    env_config: dict[str, Any] = field(default_factory=dict)  # checked against the env constructor's signature
+    env_config: dict[str, Any] = field(
+        default_factory=dict
+    )  # checked against the env constructor's signature

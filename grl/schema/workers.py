@@ -21,9 +21,13 @@ KL_ESTIMATORS = ("kl", "abs", "mse", "low_var_kl")
 class Model:
     path: str = key(II("model_path"), "hub id, local folder, `embedded` or `tiny`")
     dtype: str = key(
-        "auto", "auto: bfloat16 on GPU; on CPU bfloat16 where it is native (AMX, AVX512-BF16), else float32", choices=DTYPES
+        "auto",
+        "auto: bfloat16 on GPU; on CPU bfloat16 where it is native (AMX, AVX512-BF16), else float32",
+        choices=DTYPES,
     )
-    enable_gradient_checkpointing: bool = key(True, "recompute activations in the backward pass to save memory")
+    enable_gradient_checkpointing: bool = key(
+        True, "recompute activations in the backward pass to save memory"
+    )
     trust_remote_code: bool = key(
         False,
         "verl's: let transformers run the model repository's own code",
@@ -31,20 +35,29 @@ class Model:
     )
     lora_rank: int = key(
         0,
-        "> 0 trains a LoRA adapter of this rank (peft; the policy's); the ref is the base with it off; 0: full fine-tuning",
+        "> 0 trains a LoRA adapter of this rank (peft; the policy's); the ref is the base with it off; 0: "
+        "full fine-tuning",
         ge=0,
     )
     lora_alpha: float = key(16.0, "LoRA scaling = lora_alpha / lora_rank")
-    target_modules: Any = key("all-linear", "peft's target_modules: all-linear or a list like [q_proj, v_proj]")
+    target_modules: Any = key(
+        "all-linear", "peft's target_modules: all-linear or a list like [q_proj, v_proj]"
+    )
 
 
 @dataclass
 class CriticModel(Model):
     """The value model: verl's LoRA keys are accepted here too, but only the policy gets an adapter."""
 
-    lora_rank: int = key(0, "verl's critic LoRA rank", ge=0, no_effect="the critic is always fully fine-tuned")
-    lora_alpha: float = key(16.0, "verl's critic LoRA scaling", no_effect="the critic is always fully fine-tuned")
-    target_modules: Any = key("all-linear", "verl's critic LoRA targets", no_effect="the critic is always fully fine-tuned")
+    lora_rank: int = key(
+        0, "verl's critic LoRA rank", ge=0, no_effect="the critic is always fully fine-tuned"
+    )
+    lora_alpha: float = key(
+        16.0, "verl's critic LoRA scaling", no_effect="the critic is always fully fine-tuned"
+    )
+    target_modules: Any = key(
+        "all-linear", "verl's critic LoRA targets", no_effect="the critic is always fully fine-tuned"
+    )
 
 
 @dataclass
@@ -66,7 +79,8 @@ class FSDPConfig:
 class RefFSDPConfig:
     param_offload: bool = key(False, "keep the reference's parameters in host memory between uses")
     optimizer_offload: bool = key(
-        False, "the reference has no optimizer: true keeps its parameters in host memory, as param_offload does"
+        False,
+        "the reference has no optimizer: true keeps its parameters in host memory, as param_offload does",
     )
     mixed_precision: bool = key(
         True,
@@ -78,14 +92,20 @@ class RefFSDPConfig:
 @dataclass
 class Actor:
     strategy: str = key(
-        "fsdp2", "verl's sharding strategy", choices=("fsdp", "fsdp2"), no_effect="the workers always shard with FSDP2"
+        "fsdp2",
+        "verl's sharding strategy",
+        choices=("fsdp", "fsdp2"),
+        no_effect="the workers always shard with FSDP2",
     )
     ppo_mini_batch_size: int = key(II("ppo_mini_batch_size"), "episodes per optimizer step", ge=1)
-    ppo_micro_batch_size_per_gpu: int = key(II("micro_batch_size_per_gpu"), "episodes per forward/backward on one device", ge=1)
+    ppo_micro_batch_size_per_gpu: int = key(
+        II("micro_batch_size_per_gpu"), "episodes per forward/backward on one device", ge=1
+    )
     ppo_epochs: int = key(1, "passes over each batch", ge=1)
     shuffle: bool = key(
         True,
-        "shuffle the episodes (with rollout.share_prompts: a prompt's episodes as one) before splitting them into mini-batches",
+        "shuffle the episodes (with rollout.share_prompts: a prompt's episodes as one) before splitting "
+        "them into mini-batches",
     )
     grad_clip: float = key(1.0, "gradient norm clip", gt=0)
     clip_ratio_low: float = key(0.2, "PPO clips the ratio to 1 - low", gt=0, lt=1)
@@ -139,7 +159,8 @@ def _top_p(default: float) -> Any:
 def _top_k(default: int) -> Any:
     return key(
         default,
-        "sample from the k most likely tokens, and score each under the softmax over them as top_p does; -1 or 0: off",
+        "sample from the k most likely tokens, and score each under the softmax over them as top_p does; -1 "
+        "or 0: off",
         ge=-1,
     )
 
@@ -155,26 +176,38 @@ class SamplingOverrides:
 @dataclass
 class RolloutEngine:
     name: str = key(
-        "auto", "auto: vllm where it imports and works, else hf; or an engine registered in grl/engines (grl.config checks it)"
+        "auto",
+        "auto: vllm where it imports and works, else hf; or an engine registered in grl/engines (grl.config "
+        "checks it)",
     )
     temperature: float = _temperature(1.0)
     top_p: float = _top_p(1.0)
     top_k: int = _top_k(-1)
-    prompt_length: int = key(II("max_prompt_length"), "verl's spelling of max_prompt_length; a value set here replaces it")
-    response_length: int = key(II("max_response_length"), "verl's spelling of max_response_length; a value set here replaces it")
-    gpu_memory_utilization: float = key(II("gpu_memory_utilization"), "share of the device's memory vLLM may take", gt=0, le=1)
+    prompt_length: int = key(
+        II("max_prompt_length"), "verl's spelling of max_prompt_length; a value set here replaces it"
+    )
+    response_length: int = key(
+        II("max_response_length"), "verl's spelling of max_response_length; a value set here replaces it"
+    )
+    gpu_memory_utilization: float = key(
+        II("gpu_memory_utilization"), "share of the device's memory vLLM may take", gt=0, le=1
+    )
     enforce_eager: bool = key(True, "false: vLLM captures CUDA graphs for decoding")
-    free_cache_engine: bool = key(True, "sleep the engine (weights, KV cache) from the end of the rollout to the weight sync")
+    free_cache_engine: bool = key(
+        True, "sleep the engine (weights, KV cache) from the end of the rollout to the weight sync"
+    )
     tensor_model_parallel_size: int = key(1, "vLLM's tensor parallel degree", ge=1)
     max_model_len: Optional[int] = key(None, "null: prompt_length + response_length")
     log_prob_micro_batch_size_per_gpu: int = key(
         II("micro_batch_size_per_gpu"), "episodes per old-log-prob forward on one device", ge=1
     )
     rollout_filter_ratio: float = key(
-        II("rollout.rollout_filter_ratio"), "GRL's spelling of rollout.rollout_filter_ratio; a value set here replaces it"
+        II("rollout.rollout_filter_ratio"),
+        "GRL's spelling of rollout.rollout_filter_ratio; a value set here replaces it",
     )
     rollout_filter_type: str = key(
-        II("rollout.rollout_filter_type"), "GRL's spelling of rollout.rollout_filter_type; a value set here replaces it"
+        II("rollout.rollout_filter_type"),
+        "GRL's spelling of rollout.rollout_filter_type; a value set here replaces it",
     )
     val_kwargs: SamplingOverrides = section(SamplingOverrides)
 
@@ -187,7 +220,9 @@ class ActorRolloutRef:
         "ranks; false, in a rollout worker of its own (on CPU with its own share of the cores, "
         "on GPU on a GPU of its own), as rollout.max_staleness > 0 needs",
     )
-    nccl_timeout: float = key(600, "seconds a collective may wait for its peers (torch.distributed timeout)", ge=1)
+    nccl_timeout: float = key(
+        600, "seconds a collective may wait for its peers (torch.distributed timeout)", ge=1
+    )
     model: Model = section(Model)
     actor: Actor = section(Actor)
     ref: Ref = section(Ref)
@@ -200,7 +235,9 @@ class Critic:
     nccl_timeout: float = key(II("actor_rollout_ref.nccl_timeout"), "seconds a collective may wait", ge=1)
     model: CriticModel = section(CriticModel)
     ppo_mini_batch_size: int = key(II("ppo_mini_batch_size"), "episodes per optimizer step", ge=1)
-    ppo_micro_batch_size_per_gpu: int = key(II("micro_batch_size_per_gpu"), "episodes per forward/backward on one device", ge=1)
+    ppo_micro_batch_size_per_gpu: int = key(
+        II("micro_batch_size_per_gpu"), "episodes per forward/backward on one device", ge=1
+    )
     ppo_epochs: int = key(II("actor_rollout_ref.actor.ppo_epochs"), "passes over each batch", ge=1)
     shuffle: bool = key(II("actor_rollout_ref.actor.shuffle"), "as the actor's")
     cliprange_value: float = key(0.5, "the value loss clips new values to old +- this", gt=0)

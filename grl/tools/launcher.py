@@ -59,7 +59,12 @@ def _encoded(text: str | None) -> bytes | None:
 
 
 def _mount(source, target, fstype, flags, data, what):
-    _check(libc.mount(_encoded(source), _encoded(target), _encoded(fstype), ctypes.c_ulong(flags), _encoded(data)), what)
+    _check(
+        libc.mount(
+            _encoded(source), _encoded(target), _encoded(fstype), ctypes.c_ulong(flags), _encoded(data)
+        ),
+        what,
+    )
 
 
 def _status(settings: dict, line: str) -> None:
@@ -122,7 +127,9 @@ def _walls(settings: dict) -> None:
         flags = MS_BIND | MS_REMOUNT | MS_RDONLY
         for option in options.split(","):
             flags |= KEPT_FLAGS.get(option, 0)
-        if libc.mount(None, point.encode(), None, ctypes.c_ulong(flags), None) != 0 and "ro" not in options.split(","):
+        if libc.mount(
+            None, point.encode(), None, ctypes.c_ulong(flags), None
+        ) != 0 and "ro" not in options.split(","):
             raise SetupError(f"read-only remount of {point}: {os.strerror(ctypes.get_errno())}")
     owner = "" if os.getuid() != 0 else f",uid={uid},gid={uid}"
     _mount(

@@ -43,7 +43,10 @@ class PythonTool:
             notes.append(f"[the sandbox could not start: {result.setup_error}]")
         if len(output) > max_chars:  # the end holds the traceback, the start what was printed first
             head = max_chars // 2
-            notes.append(f"[output truncated: {len(output)} characters, the first {head} and last {max_chars - head} shown]")
+            notes.append(
+                f"[output truncated: {len(output)} characters, the first {head} and last {max_chars - head} "
+                "shown]"
+            )
             output = output[:head] + "\n...\n" + output[len(output) - (max_chars - head) :]
         if result.output_truncated:
             notes.append(f"[output passed {self.limits.max_output_bytes} bytes; the code was stopped]")
@@ -51,7 +54,10 @@ class PythonTool:
             notes.append(f"[stopped: time limit of {self.limits.wall_s:g} s]")
         elif result.signal is not None:
             cpu = result.signal in (signal.SIGXCPU, signal.SIGKILL)
-            notes.append(f"[stopped by {_signal_name(result.signal)}{f': CPU limit of {self.limits.cpu_s} s' if cpu else ''}]")
+            notes.append(
+                "[stopped by "
+                f"{_signal_name(result.signal)}{f': CPU limit of {self.limits.cpu_s} s' if cpu else ''}]"
+            )
         elif result.exit_code not in (0, None):
             notes.append(f"[exit code {result.exit_code}]")
         if not output.strip() and not notes:

@@ -200,7 +200,9 @@ class _Status:
         os.close(self.fd)
 
 
-def _read_capped(proc: subprocess.Popen, status: _Status, deadline: float, cap: int) -> tuple[bytes, bool, bool]:
+def _read_capped(
+    proc: subprocess.Popen, status: _Status, deadline: float, cap: int
+) -> tuple[bytes, bool, bool]:
     """The child's output up to `cap` bytes, until EOF, the deadline or the cap (then it is killed)."""
     chunks, size = [], 0
     fd = proc.stdout.fileno()
@@ -250,9 +252,13 @@ def check_isolation(limits: SandboxLimits = SandboxLimits()) -> None:
     """Raise SandboxUnavailable (one line, with the way out) when this machine cannot build the walls."""
     result = run_python("pass", limits)
     if result.setup_error is not None or result.exit_code != 0:
-        why = result.setup_error or (result.output.strip().splitlines() or [f"exit code {result.exit_code}"])[-1]
+        why = (
+            result.setup_error
+            or (result.output.strip().splitlines() or [f"exit code {result.exit_code}"])[-1]
+        )
         raise SandboxUnavailable(
             f"the Python tool's sandbox cannot start here ({why}); it needs "
-            "root or unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1). Without a network "
+            "root or unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1). Without a "
+            "network "
             "namespace only tools.python.isolate_network=false runs the tool, with the host's network"
         )

@@ -64,7 +64,9 @@ class Tracker:
             elif name == "tensorboard":
                 self.backends.append(TensorBoardLogger(self.run_dir))
             else:
-                raise ValueError(f"trainer.logger: unknown logger {name!r}; use console, jsonl, wandb, tensorboard")
+                raise ValueError(
+                    f"trainer.logger: unknown logger {name!r}; use console, jsonl, wandb, tensorboard"
+                )
 
     def log(self, metrics: Mapping[str, Any], step: int) -> None:
         numbers = clean(metrics)
@@ -98,7 +100,9 @@ def git_sha(repo: str | os.PathLike = REPO_ROOT) -> str | None:
     """The commit the code runs from (with `-dirty` if the tree has changes), or None outside git."""
 
     def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+        return subprocess.run(
+            ["git", *args], cwd=repo, capture_output=True, text=True, timeout=10, check=True
+        ).stdout.strip()
 
     try:
         sha = git("rev-parse", "HEAD")

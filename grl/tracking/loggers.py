@@ -135,7 +135,13 @@ class WandbLogger:
 
         mode = os.environ.get("WANDB_MODE") or ("online" if os.environ.get("WANDB_API_KEY") else "offline")
         self.run = wandb.init(
-            project=project, name=experiment, config=config, dir=str(run_dir), mode=mode, resume="allow", id=_wandb_id(run_dir)
+            project=project,
+            name=experiment,
+            config=config,
+            dir=str(run_dir),
+            mode=mode,
+            resume="allow",
+            id=_wandb_id(run_dir),
         )
 
     def log(self, metrics: Mapping[str, float | None], step: int) -> None:

@@ -3,7 +3,8 @@
 A grid of panels: success and reward per task (training solid, validation dashed, validation shown a
 decoy board dotted, one colour per task in every panel), the validation answers' dependence on their
 input (input_mi), actor and critic losses, KL, entropy, grad norm, response length and the time per
-phase of a step; a panel with nothing logged is left out. Training curves are smoothed (an exponential moving average, the raw
+phase of a step; a panel with nothing logged is left out. Training curves are smoothed (an exponential moving
+average, the raw
 values drawn faintly behind); validation points are few and drawn as they are. Every point is marked
 while a series is short, so a run is readable from its first step (a line of one point draws nothing).
 The trainer draws `curves.png` after its first logged step, then once a minute and at the end.
@@ -66,7 +67,9 @@ def task_metrics(rows: list[dict], metric: str) -> dict[str, list[str]]:
         for prefix in (*TRAIN_PREFIXES, VAL_PREFIX):
             if name.startswith(prefix) and name.endswith(f"/{metric}") and name.count("/") == 2:
                 tasks.setdefault(name.split("/")[1], []).append(name)
-    return {task: sorted(names, key=lambda n: n.startswith(VAL_PREFIX)) for task, names in sorted(tasks.items())}
+    return {
+        task: sorted(names, key=lambda n: n.startswith(VAL_PREFIX)) for task, names in sorted(tasks.items())
+    }
 
 
 def success_metrics(rows: list[dict]) -> list[str]:
@@ -102,11 +105,16 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None, smoothing: floa
     panels: dict[str, list[tuple[str, str, str | None]]] = {}  # title -> (metric, label, colour)
     for title, names in by_task.items():
         panels[f"{title} per task"] = [
-            (n, n.rsplit("/", 1)[0], colour_of[n.split("/")[1]]) for task_names in names.values() for n in task_names
+            (n, n.rsplit("/", 1)[0], colour_of[n.split("/")[1]])
+            for task_names in names.values()
+            for n in task_names
         ]
     # The proof that the policy reads its input: success shown a decoy board stays low, and the answers
     # carry information about the observation (RAGEN-2's input_mi).
-    for title, metric in (("success per task", "success_swapped"), ("input_mi (nats, validation)", "input_mi")):
+    for title, metric in (
+        ("success per task", "success_swapped"),
+        ("input_mi (nats, validation)", "input_mi"),
+    ):
         panels.setdefault(title, []).extend(
             (
                 n,
@@ -124,9 +132,11 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None, smoothing: floa
     panels["time per phase (s)"] = [(n, n.split("/", 1)[1], None) for n in timing if n not in generation]
     panels["generation: engine, env, other (s)"] = [(n, n.split("/", 1)[1], None) for n in generation]
     # A panel with nothing logged (a critic-free run's critic loss) gives its place to the next.
-    panels = {title: curves for title, curves in panels.items() if any(_series(rows, name)[0] for name, _, _ in curves)} or {
-        "success per task": []
-    }
+    panels = {
+        title: curves
+        for title, curves in panels.items()
+        if any(_series(rows, name)[0] for name, _, _ in curves)
+    } or {"success per task": []}
 
     n_rows = math.ceil(len(panels) / COLUMNS)
     fig, axes = plt.subplots(n_rows, COLUMNS, figsize=(5.2 * COLUMNS, 3.4 * n_rows), squeeze=False)
@@ -140,7 +150,9 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None, smoothing: floa
                 ax.plot(steps, values, style, marker="o", markersize=3, color=colour, label=label)
                 continue
             marker = "o" if len(steps) <= MARKED_POINTS else None
-            (line,) = ax.plot(steps, smooth(values, smoothing), "-", marker=marker, markersize=3, color=colour, label=label)
+            (line,) = ax.plot(
+                steps, smooth(values, smoothing), "-", marker=marker, markersize=3, color=colour, label=label
+            )
             if smoothing > 0 and len(values) > 1:
                 ax.plot(steps, values, "-", color=line.get_color(), alpha=0.25, linewidth=0.8)
         ax.set_title(title)
@@ -166,14 +178,19 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None, smoothing: floa
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="grl plot", description="Plot a run's curves from its metrics.jsonl.")
+    parser = argparse.ArgumentParser(
+        prog="grl plot", description="Plot a run's curves from its metrics.jsonl."
+    )
     parser.add_argument("run_dir", help="the run folder (trainer.run_dir), holding metrics.jsonl")
     parser.add_argument(
         "--out",
         default=None,
-        help=f"file to write; its suffix picks the format: .png, .pdf, .svg (default: <run_dir>/{CURVES_FILE})",
+        help="file to write; its suffix picks the format: .png, .pdf, .svg (default: "
+        f"<run_dir>/{CURVES_FILE})",
     )
-    parser.add_argument("--smooth", type=float, default=0.6, help="EMA weight of the training curves, 0 (raw) to <1")
+    parser.add_argument(
+        "--smooth", type=float, default=0.6, help="EMA weight of the training curves, 0 (raw) to <1"
+    )
     args = parser.parse_args(argv)
     if not 0 <= args.smooth < 1:
         parser.error(f"--smooth: {args.smooth} is not in [0, 1)")

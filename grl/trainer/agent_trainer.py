@@ -61,7 +61,9 @@ StepHook = Callable[["AgentTrainer", int, dict, "Batch | None"], None]
 
 
 class AgentTrainer:
-    def __init__(self, run: RunSections, plan: RunPlan, actor, critic, rollout, hooks: list[StepHook] | None = None):
+    def __init__(
+        self, run: RunSections, plan: RunPlan, actor, critic, rollout, hooks: list[StepHook] | None = None
+    ):
         """`run`: the config's typed sections; `plan`: the run plan the worker groups were built from."""
         self.sections, self.settings = run, run.trainer  # trainer.* are the loop's own keys
         self.actor = actor  # grl.workers.ActorRolloutRefGroup (policy, reference model, rollout engine)
@@ -71,10 +73,16 @@ class AgentTrainer:
         self.plan = plan
         self.algorithm = algo = run.algorithm  # the advantage estimator reads its keys from it
         self.policy = run.actor_rollout_ref  # the model, its update and how the engine samples
-        self.sampling = sampling_from_config(self.policy.rollout, validate=False, max_new_tokens=run.data.max_response_length)
-        self.kl_ctrl = make_kl_controller(algo.kl_ctrl.type, algo.kl_ctrl.kl_coef, algo.kl_ctrl.target_kl, algo.kl_ctrl.horizon)
+        self.sampling = sampling_from_config(
+            self.policy.rollout, validate=False, max_new_tokens=run.data.max_response_length
+        )
+        self.kl_ctrl = make_kl_controller(
+            algo.kl_ctrl.type, algo.kl_ctrl.kl_coef, algo.kl_ctrl.target_kl, algo.kl_ctrl.horizon
+        )
         self.train_tasks = task_specs(run.rollout, run.tasks)
-        self.curriculum = Curriculum.from_config(run.rollout.curriculum)  # None: the tasks as their blocks set them
+        self.curriculum = Curriculum.from_config(
+            run.rollout.curriculum
+        )  # None: the tasks as their blocks set them
         self.global_step = 0
         self.mfu_shape, self.peak_flops = mfu_inputs(self.policy.model.path, self.plan.device, actor)
         self.last_checkpoint: Path | None = None
@@ -84,10 +92,14 @@ class AgentTrainer:
         # Where each step's episodes and old log-probs come from (grl/trainer/pipeline.py): the step reads
         # the same in every mode. The rollout source starts with the first step, after any resume.
         self._source: RolloutSource | None = None
-        self.certificate, self.old_log_probs = certified(run, plan, actor, old_log_probs_from(plan, self.policy.actor, actor))
+        self.certificate, self.old_log_probs = certified(
+            run, plan, actor, old_log_probs_from(plan, self.policy.actor, actor)
+        )
 
     @classmethod
-    def from_config(cls, cfg: DictConfig, hooks: list[StepHook] | None = None, plan: RunPlan | None = None) -> AgentTrainer:
+    def from_config(
+        cls, cfg: DictConfig, hooks: list[StepHook] | None = None, plan: RunPlan | None = None
+    ) -> AgentTrainer:
         """Start Ray, the actor (+ref, +engine) and critic workers, and the rollout; `plan`: the builder's
         (grl/train.py), by default the plan on this machine."""
         from grl.models import load_tokenizer
@@ -98,7 +110,9 @@ class AgentTrainer:
         run, plan = run_sections(cfg), plan or RunPlan.from_config(cfg)
         init_ray(run.trainer.ray_address, log_to_driver=False)
         with ThreadPoolExecutor(1) as driver:
-            tokenizer = driver.submit(load_tokenizer, run.actor_rollout_ref.model.path)  # while the ranks start
+            tokenizer = driver.submit(
+                load_tokenizer, run.actor_rollout_ref.model.path
+            )  # while the ranks start
             actor, critic = start_groups(run, plan)
         try:
             programs = None
@@ -112,7 +126,9 @@ class AgentTrainer:
                 from grl.gateway.programs import ProgramRunner
 
                 programs = ProgramRunner.from_config(run.rollout, run.data, actor.engine, tokenizer.result())
-                programs.start_workers(program_tasks)  # their processes start while the first rollout is prepared
+                programs.start_workers(
+                    program_tasks
+                )  # their processes start while the first rollout is prepared
             rollout = MultiTurnRollout.from_config(
                 run.rollout, run.data, run.tools, actor.engine, tokenizer.result(), programs=programs
             )
@@ -147,7 +163,10 @@ class AgentTrainer:
                 resume_step=resumed.step if resumed else None,
             )
             save_run_info(settings.run_dir, OmegaConf.to_yaml(self.sections.record))
-            print(start_report(self.sections, self.plan, self.plan.device, start_step=self.global_step), flush=True)
+            print(
+                start_report(self.sections, self.plan, self.plan.device, start_step=self.global_step),
+                flush=True,
+            )
             if settings.val_only:
                 self.tracker.log(self.validate(), self.global_step)
                 return
@@ -222,7 +241,12 @@ class AgentTrainer:
             metrics.update(batch_metrics(batch))
             metrics.update(
                 throughput_metrics(
-                    batch, timer.times, self.plan.world_size, self.mfu_shape, self.peak_flops, self.policy.actor.ppo_epochs
+                    batch,
+                    timer.times,
+                    self.plan.world_size,
+                    self.mfu_shape,
+                    self.peak_flops,
+                    self.policy.actor.ppo_epochs,
                 )
             )
         metrics.update(timer.metrics())
@@ -252,7 +276,10 @@ class AgentTrainer:
             metrics.update(self.curriculum.metrics(self._stage(step)))
             if self.curriculum.record(step, result.episodes):
                 log.info(
-                    "step %d: curriculum moves to %s=%r", step, self.curriculum.key, self.curriculum.levels[self.curriculum.stage]
+                    "step %d: curriculum moves to %s=%r",
+                    step,
+                    self.curriculum.key,
+                    self.curriculum.levels[self.curriculum.stage],
                 )
         if self.policy.actor.use_kl_loss:
             metrics["actor/kl_coef"] = self.policy.actor.kl_loss_coef
@@ -260,16 +287,23 @@ class AgentTrainer:
 
     def _batch_of(self, step: int, episodes: list, metrics: dict[str, float]) -> Batch | None:
         """The shaped batch (its metrics added to `metrics`), or None when nothing is left to train on."""
-        batch, shape_metrics = shape_batch(episodes, self.sections.rollout, self.rollout.tokenizer.pad_token_id)
+        batch, shape_metrics = shape_batch(
+            episodes, self.sections.rollout, self.rollout.tokenizer.pad_token_id
+        )
         metrics.update(shape_metrics)
         if len(batch) == 0:
             infra = int(shape_metrics["training/dropped_infra_episodes"])
-            log.warning("step %d: no episode left to train on (%d infra failures left out); update skipped", step, infra)
+            log.warning(
+                "step %d: no episode left to train on (%d infra failures left out); update skipped",
+                step,
+                infra,
+            )
             return None
         return batch
 
     def updates_actor(self, step: int) -> bool:
-        """Whether `step` updates the actor, and so syncs its weights: every step after the critic's warm-up."""
+        """Whether `step` updates the actor, and so syncs its weights: every step after the critic's
+        warm-up."""
         return step > self.settings.critic_warmup
 
     def _source_from(self, step: int) -> RolloutSource:
@@ -302,9 +336,15 @@ class AgentTrainer:
     def _rollout(self, step: int, on_turn: Callable | None):
         """Every training task's episodes of `step`, sampled by the engine's current weights."""
         sampling = replace(self.sampling, seed=training_base_seed(self.plan.seed, step))
-        tasks = self.train_tasks if self.curriculum is None else self.curriculum.tasks(self.train_tasks, self._stage(step))
+        tasks = (
+            self.train_tasks
+            if self.curriculum is None
+            else self.curriculum.tasks(self.train_tasks, self._stage(step))
+        )
         r = self.sections.rollout
-        play = partial(self.rollout.run, tasks, sampling=sampling, turn_barrier=r.turn_barrier, on_turn=on_turn)
+        play = partial(
+            self.rollout.run, tasks, sampling=sampling, turn_barrier=r.turn_barrier, on_turn=on_turn
+        )
         return with_top_up(play, training_base_seed(r.seed, step), r.top_up_rounds)
 
     def _stage(self, step: int) -> int:

@@ -27,7 +27,10 @@ from grl.trainer.metrics import Timer
 
 PREFIX = "certificate/"
 INFRA_FAILED = "rollout/infra_failed_episodes"
-GAP_SOURCES = ("training/rollout_logprob_diff_mean", "training/rollout_logprob_diff_max")  # a pass or the update
+GAP_SOURCES = (
+    "training/rollout_logprob_diff_mean",
+    "training/rollout_logprob_diff_max",
+)  # a pass or the update
 
 
 class CertificateBroken(RuntimeError):
@@ -97,13 +100,24 @@ class StepCertificate:
 
     def measure(self, step: int, metrics: dict[str, float], batch: Batch | None, weights) -> dict[str, float]:
         gap = {
-            PREFIX + "logprob_gap_mean": metrics.get(GAP_SOURCES[0], metrics.get(PREFIX + "logprob_gap_mean", math.nan)),
-            PREFIX + "logprob_gap_max": metrics.get(GAP_SOURCES[1], metrics.get(PREFIX + "logprob_gap_max", math.nan)),
+            PREFIX + "logprob_gap_mean": metrics.get(
+                GAP_SOURCES[0], metrics.get(PREFIX + "logprob_gap_mean", math.nan)
+            ),
+            PREFIX + "logprob_gap_max": metrics.get(
+                GAP_SOURCES[1], metrics.get(PREFIX + "logprob_gap_max", math.nan)
+            ),
         }
         trained_version = step - 1
-        lags = [trained_version - self._versions.get(uid, trained_version) for uid in (batch.meta["uid"] if batch else [])]
+        lags = [
+            trained_version - self._versions.get(uid, trained_version)
+            for uid in (batch.meta["uid"] if batch else [])
+        ]
         trained_tokens = 0.0 if batch is None else float(batch["loss_mask"].sum())
-        breaks = self._breaks + metrics.get("gateway/prefix_breaks", 0.0) + metrics.get("rollout/truncated_prompts", 0.0)
+        breaks = (
+            self._breaks
+            + metrics.get("gateway/prefix_breaks", 0.0)
+            + metrics.get("rollout/truncated_prompts", 0.0)
+        )
         episodes = max(self._episodes, 1)
         return {
             PREFIX + "weights_tensors_checked": float(weights.tensors) if weights is not None else 0.0,
@@ -148,15 +162,21 @@ class StepCertificate:
 
 def certificate_line(step: int, values: dict[str, float]) -> str:
     v = {k.removeprefix(PREFIX): x for k, x in values.items()}
-    weights = f"{v['weights_tensors_checked']:g} tensors equal" if v["weights_tensors_checked"] else "not synced yet"
+    weights = (
+        f"{v['weights_tensors_checked']:g} tensors equal"
+        if v["weights_tensors_checked"]
+        else "not synced yet"
+    )
     gap = (
         "not measured"
         if math.isnan(v["logprob_gap_mean"])
         else f"mean {v['logprob_gap_mean']:.2g} max {v['logprob_gap_max']:.2g}"
     )
     return (
-        f"certificate step {step}: weights {weights} | log-prob gap {gap} | prefix breaks {v['prefix_breaks']:g} | "
-        f"staleness max {v['staleness_max']:g} mean {v['staleness_mean']:.2f} | infra failed {v['infra_failed_fraction']:.2f} | "
+        f"certificate step {step}: weights {weights} | log-prob gap {gap} | prefix breaks "
+        f"{v['prefix_breaks']:g} | "
+        f"staleness max {v['staleness_max']:g} mean {v['staleness_mean']:.2f} | infra failed "
+        f"{v['infra_failed_fraction']:.2f} | "
         f"trained tokens {v['trained_token_share']:.2f} of sampled"
     )
 
@@ -167,5 +187,7 @@ def certified(run, plan, actor, old_log_probs) -> tuple[StepCertificate, Checked
     about to be trained (with a rollout ahead the gap would measure staleness too)."""
     section = run.trainer.certificate
     engine_log_probs = not run.actor_rollout_ref.actor.recompute_old_log_probs and plan.max_staleness == 0
-    checked = CheckedLogProbs(old_log_probs, actor, section.logprob_check_fraction, engine_log_probs, plan.seed)
+    checked = CheckedLogProbs(
+        old_log_probs, actor, section.logprob_check_fraction, engine_log_probs, plan.seed
+    )
     return StepCertificate(section, plan.max_staleness), checked

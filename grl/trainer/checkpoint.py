@@ -97,7 +97,11 @@ def resume_path(mode: str, root: str | os.PathLike) -> Path | None:
 
 
 def write_checkpoint(
-    root: str | os.PathLike, step: int, write_parts: Callable[[Path], None], state: dict[str, Any], max_to_keep: int | None = None
+    root: str | os.PathLike,
+    step: int,
+    write_parts: Callable[[Path], None],
+    state: dict[str, Any],
+    max_to_keep: int | None = None,
 ) -> Path:
     """Write `global_step_<step>` atomically and point `latest` at it.
 

@@ -37,7 +37,11 @@ class Curriculum:
     @classmethod
     def from_config(cls, c) -> Curriculum | None:
         """From the typed `rollout.curriculum` section; None where it steps no key."""
-        return None if c.env_key is None else cls(c.env_key, list(c.levels), c.promote_at, c.window, list(c.max_turns))
+        return (
+            None
+            if c.env_key is None
+            else cls(c.env_key, list(c.levels), c.promote_at, c.window, list(c.max_turns))
+        )
 
     def stage_for(self, step: int, max_staleness: int = 0) -> int:
         """The stage training step `step` plays: the one reached after step `step - 1 - max_staleness`."""
@@ -55,9 +59,15 @@ class Curriculum:
 
     def record(self, step: int, episodes: list[Episode]) -> bool:
         """Note the step's training success; True when it moved the curriculum to the next stage."""
-        self.successes.append(fmean(float(ep.metrics.get("success", 0.0)) for ep in episodes) if episodes else 0.0)
+        self.successes.append(
+            fmean(float(ep.metrics.get("success", 0.0)) for ep in episodes) if episodes else 0.0
+        )
         recent = self.successes[-self.window :]
-        promoted = self.stage < len(self.levels) - 1 and len(recent) == self.window and fmean(recent) >= self.promote_at
+        promoted = (
+            self.stage < len(self.levels) - 1
+            and len(recent) == self.window
+            and fmean(recent) >= self.promote_at
+        )
         if promoted:
             self.stage, self.successes = self.stage + 1, []
         if not self.stage_after or self.stage_after[max(self.stage_after)] != self.stage:
@@ -68,7 +78,10 @@ class Curriculum:
         """The stage a step played, and the key's value there when it is a number."""
         value = self.levels[stage]
         numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
-        return {"curriculum/stage": float(stage), **({f"curriculum/{self.key}": float(value)} if numeric else {})}
+        return {
+            "curriculum/stage": float(stage),
+            **({f"curriculum/{self.key}": float(value)} if numeric else {}),
+        }
 
     def state(self) -> dict:
         return {"stage": self.stage, "successes": list(self.successes), "stage_after": dict(self.stage_after)}

@@ -37,7 +37,9 @@ def task_metrics(rollout_metrics: dict[str, float], prefix: str) -> dict[str, fl
     return out
 
 
-def turn_length_metrics(episodes: list[Episode], max_response_length: int, validation: bool) -> dict[str, float]:
+def turn_length_metrics(
+    episodes: list[Episode], max_response_length: int, validation: bool
+) -> dict[str, float]:
     """Over the turns of all tasks: in validation the mean sampled tokens (`val-env/response_length`),
     in training the share cut at `max_response_length` (`response_length/clip_ratio`)."""
     lengths = [len(t.response_ids) for ep in episodes for t in ep.turns]
@@ -54,14 +56,23 @@ def reward_metrics(episodes: list[Episode]) -> dict[str, float]:
     scores = finite(e.score for e in episodes)
     if not scores:
         return {}
-    return {"reward/mean": fmean(scores), "reward/std": pstdev(scores), "reward/max": max(scores), "reward/min": min(scores)}
+    return {
+        "reward/mean": fmean(scores),
+        "reward/std": pstdev(scores),
+        "reward/max": max(scores),
+        "reward/min": min(scores),
+    }
 
 
 def _masked_stats(name: str, x: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
     picked = x[mask > 0]
     if picked.numel() == 0:
         return {}
-    return {f"{name}/mean": picked.mean().item(), f"{name}/max": picked.max().item(), f"{name}/min": picked.min().item()}
+    return {
+        f"{name}/mean": picked.mean().item(),
+        f"{name}/max": picked.max().item(),
+        f"{name}/min": picked.min().item(),
+    }
 
 
 def _stats(name: str, x: torch.Tensor) -> dict[str, float]:
@@ -98,7 +109,9 @@ def batch_metrics(batch: Batch) -> dict[str, float]:
     lengths = episode_token_counts(batch, "attention_mask")
     responses = episode_token_counts(batch, "loss_mask")
     out = {
-        "batch/episodes": float(len(batch)),  # one per row: packing happens only between a group and its ranks
+        "batch/episodes": float(
+            len(batch)
+        ),  # one per row: packing happens only between a group and its ranks
         **_stats("response_length", responses),
         **_stats("prompt_length", lengths - responses),  # every token the policy did not write
         "seq_length/mean": lengths.mean().item(),
@@ -207,7 +220,8 @@ def on_policy_mismatch(update_metrics: dict[str, float]) -> dict[str, float]:
 def rollout_mismatch_metrics(batch) -> dict[str, float]:
     """How far the engine's log-probs of the sampled tokens are from the trainer's (old) log-probs of the
     same tokens, near 0 when the trained policy is the one that sampled: verl's
-    `training/rollout_probs_diff_{mean,max,std}` (|delta p|) and `training/rollout_logprob_diff_{mean,max,p99}`
+    `training/rollout_probs_diff_{mean,max,std}` (|delta p|) and
+    `training/rollout_logprob_diff_{mean,max,p99}`
     (|delta log p|, nats), grl/algo/mismatch.py."""
     sampled = batch["loss_mask"] > 0
     stats = mismatch_stats(batch["rollout_log_probs"][sampled], batch["old_log_probs"][sampled])

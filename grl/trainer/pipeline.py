@@ -75,7 +75,12 @@ class SynchronousRollout:
     whose update it gets afterwards (`updates_actor(step)`); `publish` syncs them."""
 
     def __init__(
-        self, produce: Callable[[int], Any], engine, actor, free_cache_engine: bool, updates_actor: Callable[[int], bool]
+        self,
+        produce: Callable[[int], Any],
+        engine,
+        actor,
+        free_cache_engine: bool,
+        updates_actor: Callable[[int], bool],
     ):
         self._produce, self._engine, self._actor, self._free = produce, engine, actor, free_cache_engine
         self._updates_actor = updates_actor
@@ -198,7 +203,9 @@ class RolloutAhead:
                 step, version = self._next, self.version_for(self._next)
                 start = time.perf_counter()
                 with self._changed:
-                    while version not in self._weights and version != self._engine_version and not self._stopped:
+                    while (
+                        version not in self._weights and version != self._engine_version and not self._stopped
+                    ):
                         self._changed.wait(1.0)
                     if self._stopped:
                         return
@@ -239,7 +246,8 @@ class EngineLogProbs:
 
 class ScoredLogProbs:
     """PPO's old log-probs scored by the weights about to be trained, in a pass of their own when the
-    update needs them beforehand (`RunPlan.old_log_prob_pass`); otherwise the update's first pass gives them."""
+    update needs them beforehand (`RunPlan.old_log_prob_pass`); otherwise the update's first pass gives
+    them."""
 
     def __init__(self, plan: RunPlan, section: Actor, actor):
         self._plan, self._section, self._actor = plan, section, actor

@@ -71,7 +71,9 @@ class Progress:
 
     def show_turn(self, turn: int, playing: int, total: int) -> None:
         """The rollout's `on_turn` callback."""
-        self._current.set_postfix_str(f"rollout turn {turn + 1}: {playing}/{total} agents playing", refresh=True)
+        self._current.set_postfix_str(
+            f"rollout turn {turn + 1}: {playing}/{total} agents playing", refresh=True
+        )
 
     def close(self) -> None:
         if self._run is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from grl.models import compute_report
+from grl.compute import compute_report
 
 
 def validation_runs(trainer, start_step: int) -> bool:
@@ -21,11 +21,19 @@ def start_report(run, plan, device: str, start_step: int = 0) -> str:
     trainer, rollout, model = run.trainer, run.rollout, run.actor_rollout_ref.model
     run_dir = Path(trainer.run_dir).absolute()
     groups = zip(rollout.training, rollout.agent_group_num, rollout.agent_group_size)
-    val_groups = zip(rollout.validation, rollout.validation_agent_group_num, rollout.validation_agent_group_size)
-    training = "none (trainer.val_only)" if trainer.val_only else ", ".join(f"{t} ({n}x{k})" for t, n, k in groups)
+    val_groups = zip(
+        rollout.validation, rollout.validation_agent_group_num, rollout.validation_agent_group_size
+    )
+    training = (
+        "none (trainer.val_only)" if trainer.val_only else ", ".join(f"{t} ({n}x{k})" for t, n, k in groups)
+    )
     validation = ", ".join(f"{t} ({n}x{k})" for t, n, k in val_groups)
     if not validation_runs(trainer, start_step):
-        before = "; a resumed run skips trainer.val_before_train" if start_step else ", trainer.val_before_train=false"
+        before = (
+            "; a resumed run skips trainer.val_before_train"
+            if start_step
+            else ", trainer.val_before_train=false"
+        )
         validation = f"off (trainer.test_freq={trainer.test_freq}{before})"
     return "\n".join(
         [
@@ -34,7 +42,8 @@ def start_report(run, plan, device: str, start_step: int = 0) -> str:
             f"  run folder   {run_dir}",
             f"  metrics      {run_dir / METRICS_FILE}  (grl plot {run_dir})",
             f"  checkpoints  {Path(trainer.default_local_dir).absolute()}",
-            f"  device       {device} x {plan.world_size} rank(s), engine {plan.engine}{plan.engine_place()}, model {model.path}",
+            f"  device       {device} x {plan.world_size} rank(s), engine "
+            f"{plan.engine}{plan.engine_place()}, model {model.path}",
             f"  compute      {compute_report(model.dtype, device)}",
             f"  worker logs  {os.environ.get('RAY_TMPDIR', '/tmp/ray')}/session_latest/logs",
             f"  training     {training}",
@@ -55,7 +64,10 @@ def run_postfix(metrics: dict[str, float]) -> str:
 
 
 def finish_report(
-    val_success: dict[str, list[tuple[int, float]]], checkpoint: Path | None, export: Path | None, export_step: int = 0
+    val_success: dict[str, list[tuple[int, float]]],
+    checkpoint: Path | None,
+    export: Path | None,
+    export_step: int = 0,
 ) -> str:
     """One "finished" line per validation task (first, best and last success), then where the model is."""
     lines = []
@@ -71,13 +83,15 @@ def finish_report(
     lines.append(f"checkpoint   {checkpoint.absolute() if checkpoint else 'none written'}")
     best = f" (the actor of step {export_step}, the best validation; the checkpoint holds the last step's)"
     lines.append(
-        f"HF export    {export.absolute() if export else 'off (trainer.export_hf=false)'}{best if export and export_step else ''}"
+        f"HF export    {export.absolute() if export else 'off (trainer.export_hf=false)'}"
+        f"{best if export and export_step else ''}"
     )
     return "\n".join(lines)
 
 
 def abort_message(err, step: int, last_checkpoint: Path | None) -> str:
-    """One line: what stopped the run (a WorkerDiedError or WeightSyncTimeout), and where a rerun continues from."""
+    """One line: what stopped the run (a WorkerDiedError or WeightSyncTimeout), and where a rerun continues
+    from."""
     from grl.trainer.checkpoint import step_of
     from grl.workers import WorkerDiedError
 

@@ -54,7 +54,9 @@ def resume_line(point: ResumePoint, settings) -> str:
     head = f"grl-train: resumed from {point.path.absolute()} (step {point.step})"
     if settings.val_only:
         return f"{head}; trainer.val_only: validating once, training nothing"
-    return f"{head}: {settings.total_training_steps - point.step} of {settings.total_training_steps} steps left"
+    return (
+        f"{head}: {settings.total_training_steps - point.step} of {settings.total_training_steps} steps left"
+    )
 
 
 def save(trainer: AgentTrainer) -> dict[str, float]:

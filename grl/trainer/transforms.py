@@ -20,7 +20,9 @@ def shape_batch(episodes: list[Episode], r: DictConfig, pad_token_id: int) -> tu
     and lay the kept episodes out as a token batch."""
     episodes, infra_dropped = without_infra_failures(episodes)
     normalized = r.reward_normalization.method != "identity"
-    scores = normalize_episode_scores(episodes, r.reward_normalization.grouping, r.reward_normalization.method)
+    scores = normalize_episode_scores(
+        episodes, r.reward_normalization.grouping, r.reward_normalization.method
+    )
     kept, filter_metrics = filter_groups(episodes, r.rollout_filter_ratio, r.rollout_filter_type)
     kept_groups = {ep.group_id for ep in kept}  # whole groups are kept, in their order
     kept_scores = [score for ep, score in zip(episodes, scores) if ep.group_id in kept_groups]
@@ -67,11 +69,14 @@ def turn_states(state_keys: list[list]) -> torch.Tensor:
     ids: dict = {}
     width = max((len(keys) for keys in state_keys), default=0)
     return torch.tensor(
-        [[ids.setdefault(k, len(ids)) for k in keys] + [-1] * (width - len(keys)) for keys in state_keys], dtype=torch.long
+        [[ids.setdefault(k, len(ids)) for k in keys] + [-1] * (width - len(keys)) for keys in state_keys],
+        dtype=torch.long,
     ).view(len(state_keys), width)
 
 
-def drop_stale_episodes(episodes: list[Episode], trained_version: int, max_staleness: int) -> tuple[list[Episode], int]:
+def drop_stale_episodes(
+    episodes: list[Episode], trained_version: int, max_staleness: int
+) -> tuple[list[Episode], int]:
     """The episodes at most `max_staleness` policy versions older than the weights the update
     trains (`trained_version`), and how many older ones were left out."""
     kept = [ep for ep in episodes if trained_version - ep.policy_version <= max_staleness]

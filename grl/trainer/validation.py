@@ -34,7 +34,9 @@ def validation_metrics(rollout, controls: dict, tasks, first_seed: int, runs: in
     metrics = {**_mean_metrics(results), **input_dependence_metrics(episodes)}
     native = [task for task in tasks if not is_program_task(task)]
     for name, control_rollout in controls.items() if native else ():
-        mean = _mean_metrics([control_rollout.run(native, first_seed + i, sampling, on_turn=on_turn) for i in range(runs)])
+        mean = _mean_metrics(
+            [control_rollout.run(native, first_seed + i, sampling, on_turn=on_turn) for i in range(runs)]
+        )
         for task in {t.name for t in native}:
             if f"{task}/success" in mean:
                 metrics[f"{task}/{CONTROL_METRIC[name]}"] = mean[f"{task}/success"]
@@ -52,7 +54,9 @@ class BestValidation:
 
     def offer(self, step: int, metrics: dict[str, float], tasks) -> bool:
         """True when this step's validation is the best so far (and is recorded)."""
-        scores = [metrics[f"val-env/{task}/success"] for task in tasks if f"val-env/{task}/success" in metrics]
+        scores = [
+            metrics[f"val-env/{task}/success"] for task in tasks if f"val-env/{task}/success" in metrics
+        ]
         if step < 1 or not scores or fmean(scores) < self.score:
             return False
         self.step, self.score = step, fmean(scores)
@@ -104,7 +108,12 @@ class Validation:
         for name in self.settings.validation_controls:
             if name not in self.controls:
                 self.controls[name] = MultiTurnRollout.from_config(
-                    run.rollout, run.data, run.tools, self.rollout.engine, self.rollout.tokenizer, control=name
+                    run.rollout,
+                    run.data,
+                    run.tools,
+                    self.rollout.engine,
+                    self.rollout.tokenizer,
+                    control=name,
                 )
         return self.controls
 

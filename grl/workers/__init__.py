@@ -49,7 +49,9 @@ from grl.workers.sharding import plan_minibatches
 log = logging.getLogger("grl.workers")
 
 
-def start_groups(run, plan, engines_last: bool | None = None) -> tuple[ActorRolloutRefGroup, CriticGroup | None]:
+def start_groups(
+    run, plan, engines_last: bool | None = None
+) -> tuple[ActorRolloutRefGroup, CriticGroup | None]:
     """The actor group and, where the plan has a critic, the critic group, started side by side: each
     group's ranks start their processes and load their model while the other's do, each from its typed
     section of `run` (grl.config.RunSections). A group that started is shut down when the other fails
@@ -66,7 +68,13 @@ def start_groups(run, plan, engines_last: bool | None = None) -> tuple[ActorRoll
     started = time.time()
     pool = ThreadPoolExecutor(2, thread_name_prefix="grl-start")
     starts = [
-        pool.submit(ActorRolloutRefGroup, run.actor_rollout_ref, plan, run.rollout.weight_sync_timeout, not engines_last),
+        pool.submit(
+            ActorRolloutRefGroup,
+            run.actor_rollout_ref,
+            plan,
+            run.rollout.weight_sync_timeout,
+            not engines_last,
+        ),
         *([pool.submit(CriticGroup, run.critic, plan)] if plan.use_critic else []),
     ]
     try:

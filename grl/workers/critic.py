@@ -50,7 +50,10 @@ class CriticWorker(Worker):
     def compute_values(self, tensors: dict) -> torch.Tensor:
         size = self.section.ppo_micro_batch_size_per_gpu
         values = torch.cat(
-            [self._score(self.module, self._to_device(m), grad=False) for m in self._micro_batches(tensors, size)]
+            [
+                self._score(self.module, self._to_device(m), grad=False)
+                for m in self._micro_batches(tensors, size)
+            ]
         ).cpu()
         self.module.reshard()
         return values

@@ -81,12 +81,16 @@ class FaultAwareDispatch:
         # node dead only once its health checks have failed, so wait for that verdict (bounded by how long
         # the checks take). The driver's own node cannot be dead while the driver runs: no wait on one node.
         remote = rank < len(self.nodes) and self.nodes[rank] != ray.get_runtime_context().get_node_id()
-        node = self._dead_node(rank, node_death_wait_s() if remote and isinstance(err, ActorUnavailableError) else 0.0)
+        node = self._dead_node(
+            rank, node_death_wait_s() if remote and isinstance(err, ActorUnavailableError) else 0.0
+        )
         if node is None:
             return WorkerDiedError(f"{name} died: {first_line(err)}", worker=name)
         ip, node_id, reason = node
         because = f" ({reason.strip().splitlines()[0]})" if reason.strip() else ""
-        return WorkerDiedError(f"{name} died: its node {ip} (node id {node_id}) died{because}", worker=name, node=(ip, node_id))
+        return WorkerDiedError(
+            f"{name} died: its node {ip} (node id {node_id}) died{because}", worker=name, node=(ip, node_id)
+        )
 
     def _dead_node(self, rank: int, wait_s: float) -> tuple[str, str, str] | None:
         """(IP, node id, Ray's reason) of the node `rank` ran on, once Ray has marked it dead; None if it

@@ -23,7 +23,9 @@ class EngineProxy(Engine):
     def __init__(self, group: Ranks, ranks: list[int]):
         self._group, self._ranks = group, ranks
 
-    def generate(self, prompt_token_ids: list[list[int]], sampling: SamplingParams, constraints: list | None = None) -> list:
+    def generate(
+        self, prompt_token_ids: list[list[int]], sampling: SamplingParams, constraints: list | None = None
+    ) -> list:
         n, k = len(prompt_token_ids), len(self._ranks)
         bounds = [round(i * n / k) for i in range(k + 1)]
         busy = [i for i in range(k) if bounds[i + 1] > bounds[i]]

@@ -69,9 +69,11 @@ def mixed_precision(fsdp_cfg, model_dtype: str, device: str) -> bool:
     """Whether a trained model keeps fp32 master weights and computes in bf16: always on GPU, and
     on CPU when the model dtype asks for bf16 (fp32 CPU runs, the tests' among them, stay exact).
     The workers build by it and the memory planner (grl/planner/memory.py) sizes by it."""
-    from grl.models import torch_dtype
+    from grl.compute import torch_dtype
 
-    return fsdp_cfg.mixed_precision and (device == "cuda" or torch_dtype(model_dtype, device) == torch.bfloat16)
+    return fsdp_cfg.mixed_precision and (
+        device == "cuda" or torch_dtype(model_dtype, device) == torch.bfloat16
+    )
 
 
 def offloaded(fsdp_cfg) -> bool:
@@ -97,7 +99,11 @@ def init_process_group(
 
     timeout = timedelta(seconds=timeout_s)
     os.environ.update(
-        MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK="0"
+        MASTER_ADDR=master_addr,
+        MASTER_PORT=str(master_port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_RANK="0",
     )
     # gloo and NCCL's bootstrap otherwise pick an interface from the hostname, which may resolve to the
     # loopback address on a machine of a cluster, or to the network on a machine running alone.
@@ -107,8 +113,12 @@ def init_process_group(
     if device == "cuda":
         torch.cuda.set_device(0)  # Ray gives each rank one visible GPU
     fd = listening.detach() if listening is not None else None
-    store = dist.TCPStore(master_addr, master_port, world_size, is_master=rank == 0, timeout=timeout, master_listen_fd=fd)
-    dist.init_process_group(process_group_backend(device), store=store, rank=rank, world_size=world_size, timeout=timeout)
+    store = dist.TCPStore(
+        master_addr, master_port, world_size, is_master=rank == 0, timeout=timeout, master_listen_fd=fd
+    )
+    dist.init_process_group(
+        process_group_backend(device), store=store, rank=rank, world_size=world_size, timeout=timeout
+    )
 
 
 def shard(
@@ -132,7 +142,9 @@ def shard(
     if state_device(device, offload) != device:
         kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=True)
     elif offload:
-        log.info("%s: parameter/optimizer offload is a no-op on CPU (everything is already in host memory)", role)
+        log.info(
+            "%s: parameter/optimizer offload is a no-op on CPU (everything is already in host memory)", role
+        )
     for layer in layers:
         fully_shard(layer, **kwargs)
     fully_shard(module, **kwargs)
@@ -163,7 +175,9 @@ def load_from_rank0(module: nn.Module, source: nn.Module | None, device: str, of
     )
 
     module.to_empty(device=state_device(device, offload))
-    if state_device(device, offload) != device:  # buffers are not sharded: the forward needs them on the device
+    if (
+        state_device(device, offload) != device
+    ):  # buffers are not sharded: the forward needs them on the device
         for sub in module.modules():
             for name, buf in sub.named_buffers(recurse=False):
                 sub._buffers[name] = torch.empty_like(buf, device=device)
@@ -181,7 +195,9 @@ def load_from_rank0(module: nn.Module, source: nn.Module | None, device: str, of
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
     layers = getattr(model.base_model, "layers", None)
     if layers is None:
-        raise ValueError(f"{type(model).__name__}: no `layers` list on its base model; cannot shard it layer by layer")
+        raise ValueError(
+            f"{type(model).__name__}: no `layers` list on its base model; cannot shard it layer by layer"
+        )
     return list(layers)
 
 
@@ -202,7 +218,9 @@ def make_optimizer(params, optim_cfg) -> torch.optim.Optimizer:
 def make_scheduler(optimizer: torch.optim.Optimizer, warmup_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
     """Linear warmup over `warmup_steps` optimizer steps, then constant. Step k
     (0-based) uses lr * (k + 1) / warmup_steps, so the first step already learns."""
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda k: min(1.0, (k + 1) / warmup_steps) if warmup_steps else 1.0)
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda k: min(1.0, (k + 1) / warmup_steps) if warmup_steps else 1.0
+    )
 
 
 def full_state_dict(module: nn.Module, on_all_ranks: bool = False) -> dict[str, torch.Tensor]:
@@ -224,11 +242,17 @@ def full_optimizer_state(module: nn.Module, optimizer: torch.optim.Optimizer) ->
         get_optimizer_state_dict,
     )
 
-    return get_optimizer_state_dict(module, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return get_optimizer_state_dict(
+        module, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+    )
 
 
 def load_full_state(
-    module: nn.Module, optimizer: torch.optim.Optimizer | None, model_state: dict, optim_state: dict | None, strict: bool = True
+    module: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    model_state: dict,
+    optim_state: dict | None,
+    strict: bool = True,
 ) -> None:
     """Every rank passes the full (unsharded) dicts; each keeps its shard. Not
     `strict`: `model_state` may hold a subset (a LoRA checkpoint's adapter)."""

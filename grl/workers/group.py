@@ -92,7 +92,9 @@ class _WorkerGroup(FaultAwareDispatch):
         remote = ray.remote(worker_class)
         try:
             for rank in range(size):
-                strategy = PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=rank)
+                strategy = PlacementGroupSchedulingStrategy(
+                    placement_group=pg, placement_group_bundle_index=rank
+                )
                 self.workers.append(
                     remote.options(scheduling_strategy=strategy, **options).remote(
                         rank, plan, section, self.device, *rank_args(rank)
@@ -101,7 +103,9 @@ class _WorkerGroup(FaultAwareDispatch):
             self.nodes = self._gather([w.node_id.remote() for w in self.workers], list(range(size)))
             one_node = len(set(self.nodes)) == 1
             if not one_node:
-                log.info("%s group: %d ranks on %d nodes %s", self.role, size, len(set(self.nodes)), self.nodes)
+                log.info(
+                    "%s group: %d ranks on %d nodes %s", self.role, size, len(set(self.nodes)), self.nodes
+                )
             master_addr, master_port = self._gather([self.workers[0].listen.remote(one_node)], [0])[0]
             self.call("setup", master_addr, master_port)
         except BaseException:
@@ -139,10 +143,15 @@ class _WorkerGroup(FaultAwareDispatch):
             raise ValueError(f"{self.role}.{method}: the batch has no rows")
         capacity = self.plan.packing_capacity
         sent, where = (
-            pack(tensors, row_capacity(tensors, capacity), self.plan.share_prompts) if capacity is not None else (tensors, None)
+            pack(tensors, row_capacity(tensors, capacity), self.plan.share_prompts)
+            if capacity is not None
+            else (tensors, None)
         )
         padded, rows = pad_rows(sent, self.size)
-        results = [r if isinstance(r, tuple) else (r,) for r in self.call_sharded(method, equal_shards(padded, self.size), *args)]
+        results = [
+            r if isinstance(r, tuple) else (r,)
+            for r in self.call_sharded(method, equal_shards(padded, self.size), *args)
+        ]
         outs = [torch.cat([r[j] for r in results])[:rows] for j in range(len(results[0]))]
         return outs if where is None else [unpack(o, where, tensors["input_ids"].shape[1]) for o in outs]
 
@@ -211,9 +220,17 @@ class ActorRolloutRefGroup(_WorkerGroup):
     @classmethod
     def from_config(cls, cfg, plan: RunPlan, engines_in_setup: bool = True) -> ActorRolloutRefGroup:
         """The group of a checked config's `actor_rollout_ref` section."""
-        return cls(typed_section(cfg, "actor_rollout_ref"), plan, cfg.rollout.weight_sync_timeout, engines_in_setup)
+        return cls(
+            typed_section(cfg, "actor_rollout_ref"), plan, cfg.rollout.weight_sync_timeout, engines_in_setup
+        )
 
-    def __init__(self, section: ActorRolloutRef, plan: RunPlan, weight_sync_timeout: float, engines_in_setup: bool = True):
+    def __init__(
+        self,
+        section: ActorRolloutRef,
+        plan: RunPlan,
+        weight_sync_timeout: float,
+        engines_in_setup: bool = True,
+    ):
         from grl.workers.policy import PolicyWorker
         from grl.workers.rollout_worker import SeparateEngine
 
@@ -224,11 +241,16 @@ class ActorRolloutRefGroup(_WorkerGroup):
         engine_ranks = plan.engine_ranks()
         self.engine_ranks = list(engine_ranks)
         super().__init__(
-            PolicyWorker, plan, section, lambda rank: (self.engine_name if rank in engine_ranks else None, engines_in_setup)
+            PolicyWorker,
+            plan,
+            section,
+            lambda rank: (self.engine_name if rank in engine_ranks else None, engines_in_setup),
         )
         try:
             self.engine: Engine = (
-                SeparateEngine(section, plan, weight_sync_timeout) if self.separate else EngineProxy(self, self.engine_ranks)
+                SeparateEngine(section, plan, weight_sync_timeout)
+                if self.separate
+                else EngineProxy(self, self.engine_ranks)
             )
         except BaseException:
             self.shutdown()
@@ -255,7 +277,9 @@ class ActorRolloutRefGroup(_WorkerGroup):
 
     def compute_ref_log_probs(self, batch: Batch) -> torch.Tensor:
         if not self.use_ref:
-            raise RuntimeError("compute_ref_log_probs: the run's plan has no reference (no KL loss or KL in reward)")
+            raise RuntimeError(
+                "compute_ref_log_probs: the run's plan has no reference (no KL loss or KL in reward)"
+            )
         return self._score("compute_log_probs", pick(batch, POLICY_SCORE_KEYS), True)[0]
 
     def update(self, batch: Batch, step: int) -> dict[str, float]:

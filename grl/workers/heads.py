@@ -30,16 +30,32 @@ def _log_prob_and_entropy(head: nn.Module, hidden, labels, temperature: float, s
     if sizes is None or not isinstance(head, nn.Linear):  # a LoRA-wrapped head has no plain weight to index
         return _over_the_vocabulary(head, hidden, labels, temperature, sizes, ids)
     owner = set_owners(sizes, len(ids))
-    label_listed = torch.zeros_like(labels, dtype=torch.bool).index_put_((owner,), ids.long() == labels[owner], accumulate=True)
+    label_listed = torch.zeros_like(labels, dtype=torch.bool).index_put_(
+        (owner,), ids.long() == labels[owner], accumulate=True
+    )
     # A label outside its set (log-prob -inf) stays on the vocabulary's path, which says so.
     on_set = (sizes > 0) & (sizes <= SMALL_SET) & label_listed
     if not bool(on_set.any()):
         return _over_the_vocabulary(head, hidden, labels, temperature, sizes, ids)
     listed_on_set = on_set[owner]
-    parts = [(on_set, _over_the_set(head, hidden[on_set], labels[on_set], temperature, sizes[on_set], ids[listed_on_set]))]
+    parts = [
+        (
+            on_set,
+            _over_the_set(
+                head, hidden[on_set], labels[on_set], temperature, sizes[on_set], ids[listed_on_set]
+            ),
+        )
+    ]
     if not bool(on_set.all()):
         off = ~on_set
-        parts.append((off, _over_the_vocabulary(head, hidden[off], labels[off], temperature, sizes[off], ids[~listed_on_set])))
+        parts.append(
+            (
+                off,
+                _over_the_vocabulary(
+                    head, hidden[off], labels[off], temperature, sizes[off], ids[~listed_on_set]
+                ),
+            )
+        )
     scores = []
     for j in range(2):
         out = torch.zeros(len(labels), dtype=torch.float32, device=hidden.device)
@@ -68,7 +84,9 @@ def _over_the_set(head: nn.Linear, hidden, labels, temperature: float, sizes, id
     def per_position(values):
         return torch.zeros(len(sizes), dtype=values.dtype, device=values.device).index_add(0, owner, values)
 
-    peak = torch.full((len(sizes),), float("-inf"), device=hidden.device).scatter_reduce(0, owner, logits.detach(), "amax")
+    peak = torch.full((len(sizes),), float("-inf"), device=hidden.device).scatter_reduce(
+        0, owner, logits.detach(), "amax"
+    )
     exp = torch.exp(logits - peak[owner])
     total = per_position(exp)
     log_norm = peak + torch.log(total)
@@ -100,7 +118,8 @@ class Head:
     load: Callable[..., nn.Module]  # (path, dtype, device) -> the model with its weights, on the host
     module: Callable[[nn.Module], nn.Module]  # the head's layer within the loaded model
     # (head layer, hidden, labels, temperature, constraint sizes, constraint ids) -> a tuple of `outputs`
-    # per-position scores; one chunk of positions at a time, its allowed sets' ids flat (constrain_logits_flat)
+    # per-position scores; one chunk of positions at a time, its allowed sets' ids flat
+    # (constrain_logits_flat)
     score: Callable[..., tuple[torch.Tensor, ...]]
     outputs: int
     loss_tokens_only: bool  # vocabulary-sized: only the positions the loss reads go through it

@@ -44,7 +44,9 @@ def adapter_state(state: dict) -> dict:
     return {k: v for k, v in state.items() if is_adapter(k)}
 
 
-def merged_weight(weight: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, scaling: float) -> torch.Tensor:
+def merged_weight(
+    weight: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, scaling: float
+) -> torch.Tensor:
     """One adapted Linear's plain weight: W' = W + scaling * B @ A (in fp32, back to W's dtype)."""
     return (weight.float() + scaling * (lora_b.float() @ lora_a.float())).to(weight.dtype)
 
@@ -80,7 +82,9 @@ def save_adapter(state: dict, config, folder: Path) -> None:
 
     folder.mkdir(parents=True, exist_ok=True)
     config.save_pretrained(str(folder))
-    weights = {PEFT_PREFIX + k.replace(f".{ADAPTER}.", "."): v.contiguous() for k, v in adapter_state(state).items()}
+    weights = {
+        PEFT_PREFIX + k.replace(f".{ADAPTER}.", "."): v.contiguous() for k, v in adapter_state(state).items()
+    }
     save_file(weights, str(folder / "adapter_model.safetensors"))
 
 

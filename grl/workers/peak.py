@@ -26,7 +26,10 @@ def cache_path() -> Path:
 
 
 def cpu_kind() -> str:
-    name = next((line.split(":", 1)[1].strip() for line in _cpuinfo() if line.startswith("model name")), platform.machine())
+    name = next(
+        (line.split(":", 1)[1].strip() for line in _cpuinfo() if line.startswith("model name")),
+        platform.machine(),
+    )
     return f"{name} / {torch.backends.cpu.get_cpu_capability()}"
 
 

@@ -25,7 +25,8 @@ class PolicyObjective:
 
     def __init__(self, train_cfg):
         self.section = train_cfg  # the actor section, read at each call
-        # (engine, trainer) log-probs of the sampled tokens of an update without old log-probs, per micro-batch
+        # (engine, trainer) log-probs of the sampled tokens of an update without old log-probs, per
+        # micro-batch
         self.sampled_log_probs: list[tuple[torch.Tensor, torch.Tensor]] = []
 
     def agg_mode(self) -> str:
@@ -68,9 +69,18 @@ class PolicyObjective:
         }
         if "old_log_probs" not in t:  # the engine against the trainer, which the skipped pass would report
             sampled = t["loss_mask"] > 0
-            self.sampled_log_probs.append((t["rollout_log_probs"][sampled].detach().cpu(), old[sampled].cpu()))
+            self.sampled_log_probs.append(
+                (t["rollout_log_probs"][sampled].detach().cpu(), old[sampled].cpu())
+            )
         if self.uses_kl_loss(t):
-            kl = kl_loss(log_probs, t["ref_log_probs"], t["loss_mask"], kind=c.kl_loss_type, loss_agg_mode=mode, segment_ids=seg)
+            kl = kl_loss(
+                log_probs,
+                t["ref_log_probs"],
+                t["loss_mask"],
+                kind=c.kl_loss_type,
+                loss_agg_mode=mode,
+                segment_ids=seg,
+            )
             loss = loss + c.kl_loss_coef * kl
             stats["kl_loss"] = kl.detach().item()
         return loss, stats
@@ -80,12 +90,22 @@ class PolicyWorker(Worker):
     role, head = "actor", POLICY
 
     def __init__(
-        self, rank: int, plan: RunPlan, section, device: str, engine_name: str | None = None, engine_in_setup: bool = True
+        self,
+        rank: int,
+        plan: RunPlan,
+        section,
+        device: str,
+        engine_name: str | None = None,
+        engine_in_setup: bool = True,
     ):
         """`engine_name`: this rank holds the rollout engine; `engine_in_setup`: it is built once the models
         are, in `setup`, else when the driver calls `build_engine` (grl.workers.start_groups)."""
         super().__init__(rank, plan, section, device)
-        self.use_ref, self.engine_name, self.engine_in_setup = plan.use_reference, engine_name, engine_in_setup
+        self.use_ref, self.engine_name, self.engine_in_setup = (
+            plan.use_reference,
+            engine_name,
+            engine_in_setup,
+        )
         self.ref = None
         self.engine = None
 
@@ -106,7 +126,11 @@ class PolicyWorker(Worker):
 
         self.startup["engine_start"] = time.time()
         self.engine = build_engine(
-            self.section, self.engine_name, self.device, self.plan.seed + self.rank, grammar=self.plan.reply_grammars
+            self.section,
+            self.engine_name,
+            self.device,
+            self.plan.seed + self.rank,
+            grammar=self.plan.reply_grammars,
         )
         self.startup["engine_ready"] = time.time()
 
@@ -132,8 +156,14 @@ class PolicyWorker(Worker):
         if scorer is None:
             raise RuntimeError("this actor group was built without a reference model (use_ref=False)")
         section = self.section
-        size = section.ref.log_prob_micro_batch_size_per_gpu if ref else section.rollout.log_prob_micro_batch_size_per_gpu
-        parts = [self._score(scorer, self._to_device(m), grad=False) for m in self._micro_batches(tensors, size)]
+        size = (
+            section.ref.log_prob_micro_batch_size_per_gpu
+            if ref
+            else section.rollout.log_prob_micro_batch_size_per_gpu
+        )
+        parts = [
+            self._score(scorer, self._to_device(m), grad=False) for m in self._micro_batches(tensors, size)
+        ]
         scorer.reshard()
         return torch.cat([p[0] for p in parts]).cpu(), torch.cat([p[1] for p in parts]).cpu()
 
@@ -157,7 +187,9 @@ class PolicyWorker(Worker):
         Collective: each weight is gathered in turn and rank 0 writes it."""
         from transformers import AutoConfig, GenerationConfig
 
-        from grl.models import load_tokenizer, resolve_model_path, torch_dtype
+        from grl.compute import torch_dtype
+
+        from grl.models import load_tokenizer, resolve_model_path
 
         state = hf_names(self.module.state_dict())
         sharded.refuse_non_finite(self.role, {"weights": state})
@@ -182,9 +214,11 @@ class PolicyWorker(Worker):
         """Full weights -> this rank's engine, in place, one tensor at a time in the engine's
         dtype. Collective: every rank runs every gather; ranks without an engine drop them. A rank
         with an engine returns what the engine holds checked against what it was sent."""
-        from grl.models import torch_dtype
+        from grl.compute import torch_dtype
 
-        stream = self._policy_tensors(hf_names(self.module.state_dict()), torch_dtype(self.model_cfg.dtype, self.device))
+        stream = self._policy_tensors(
+            hf_names(self.module.state_dict()), torch_dtype(self.model_cfg.dtype, self.device)
+        )
         sent: dict = {}
         if self.engine is not None:
             stream = digesting(stream, sent)
@@ -211,13 +245,18 @@ class PolicyWorker(Worker):
         ranks None. Every rank joins each gather, but only rank 0 sends the weights on, so the others
         drop each tensor as it comes (at 7B, 15 GB of host memory per rank that nobody reads).
         `digests`: filled on rank 0 with each tensor's digest, taken on the device."""
-        from grl.models import torch_dtype
+        from grl.compute import torch_dtype
 
-        stream = self._policy_tensors(hf_names(self.module.state_dict()), torch_dtype(self.model_cfg.dtype, self.device))
+        stream = self._policy_tensors(
+            hf_names(self.module.state_dict()), torch_dtype(self.model_cfg.dtype, self.device)
+        )
         if self.rank != 0:
             stream.drain()
             return None
-        return [(name, tensor.cpu()) for name, tensor in (stream if digests is None else digesting(stream, digests))]
+        return [
+            (name, tensor.cpu())
+            for name, tensor in (stream if digests is None else digesting(stream, digests))
+        ]
 
     def engine_generate(self, prompts: list[list[int]], sampling, constraints=None) -> list:
         return self.engine.generate(prompts, sampling, constraints)

@@ -61,7 +61,8 @@ class RolloutWorker:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s rollout %(message)s")
         if plan.device == "cpu":
             torch.set_num_threads(plan.cpu_threads(usable_cores(), plan.device, engine=True))
-        # The plan's engine, as the colocated ranks build it (not rollout.name's `auto` resolved again here, on
+        # The plan's engine, as the colocated ranks build it (not rollout.name's `auto` resolved again here,
+        # on
         # a node that may differ from the driver's), and the seed of the colocated engine in rank 0, so that a
         # run with the engine apart samples as one with it in.
         self.engine = build_engine(section, plan.engine, plan.device, plan.seed, grammar=plan.reply_grammars)
@@ -69,7 +70,9 @@ class RolloutWorker:
     def ready(self) -> bool:
         return True
 
-    def generate(self, prompts: list[list[int]], sampling: SamplingParams, constraints=None) -> list[GenerationOutput]:
+    def generate(
+        self, prompts: list[list[int]], sampling: SamplingParams, constraints=None
+    ) -> list[GenerationOutput]:
         return self.engine.generate(prompts, sampling, constraints)
 
     def update_weights(self, named_tensors: NamedTensors) -> dict:
@@ -108,7 +111,9 @@ class SeparateEngine(Engine):
         self._worker = None
         self.timeout = weight_sync_timeout
         self._stuck = False
-        self.last_check: SyncCheck | None = None  # the engine's weights against the trainer's, at the last load
+        self.last_check: SyncCheck | None = (
+            None  # the engine's weights against the trainer's, at the last load
+        )
         self._worker = ray.remote(RolloutWorker).options(**options).remote(section, plan)
         ready, _ = ray.wait([self._worker.ready.remote()], timeout=ENGINE_START_TIMEOUT_S)
         if not ready:
@@ -131,7 +136,9 @@ class SeparateEngine(Engine):
     def generate(
         self, prompt_token_ids: list[list[int]], sampling: SamplingParams, constraints: list | None = None
     ) -> list[GenerationOutput]:
-        return self._get(self._worker.generate.remote([list(p) for p in prompt_token_ids], sampling, constraints))
+        return self._get(
+            self._worker.generate.remote([list(p) for p in prompt_token_ids], sampling, constraints)
+        )
 
     def load_weights(self, handle, version: int) -> None:
         """The weights `handle` names (`ActorRolloutRefGroup.weights_handle`: the weights' reference and
@@ -157,7 +164,9 @@ class SeparateEngine(Engine):
 
         items = list(named_tensors.items()) if hasattr(named_tensors, "items") else list(named_tensors)
         sent = {name: tensor_digest(tensor) for name, tensor in items}
-        self.load_weights((ray.put([(name, tensor.detach().cpu()) for name, tensor in items]), sent), version=-1)
+        self.load_weights(
+            (ray.put([(name, tensor.detach().cpu()) for name, tensor in items]), sent), version=-1
+        )
 
     def execute(self, fn, *args):
         return self._get(self._worker.execute.remote(fn, *args))

@@ -81,7 +81,9 @@ def require_token_locally() -> None:
     import ray._raylet
 
     os.environ.setdefault("RAY_AUTH_MODE", "token")
-    if os.environ["RAY_AUTH_MODE"] == "token" and not (os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH")):
+    if os.environ["RAY_AUTH_MODE"] == "token" and not (
+        os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH")
+    ):
         os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
     ray._raylet.Config.initialize("")  # Ray read its mode when first imported: read it again
     ray._raylet.AuthenticationTokenLoader.instance().reset_cache()  # and keeps the first token it loaded
@@ -195,8 +197,11 @@ def _acquire_pool(size: int, device: str, nnodes: int):
         nodes = nodes_for(nnodes, per_node, device)
         bundle = _bundle(min(n["Resources"]["CPU"] for n in nodes) / per_node, device)
         where = [{NODE_ID_LABEL: n["NodeID"]} for n in nodes for _ in range(per_node)]
-        # Each bundle's selector is a hard constraint that names its node, which leaves PACK no choice to make.
-        pg = placement_group([dict(bundle) for _ in range(size)], strategy="PACK", bundle_label_selector=where)
+        # Each bundle's selector is a hard constraint that names its node, which leaves PACK no choice to
+        # make.
+        pg = placement_group(
+            [dict(bundle) for _ in range(size)], strategy="PACK", bundle_label_selector=where
+        )
         wanted = f"{per_node} worker rank(s) with {bundle} each on each of the nodes " + ", ".join(
             f"{n['NodeManagerAddress']} ({n['NodeID']})" for n in nodes
         )
@@ -233,7 +238,10 @@ def nodes_for(nnodes: int, per_node: int, device: str) -> list[dict]:
         return res.get("CPU", 0) > 0 and (device != "cuda" or res.get("GPU", 0) >= per_node)
 
     alive = [n for n in ray.nodes() if n["Alive"]]
-    fit = sorted((n for n in alive if fits(n)), key=lambda n: (n["NodeID"] != here, n["NodeManagerAddress"], n["NodeID"]))
+    fit = sorted(
+        (n for n in alive if fits(n)),
+        key=lambda n: (n["NodeID"] != here, n["NodeManagerAddress"], n["NodeID"]),
+    )
     if len(fit) < nnodes:
         need = f"{per_node} GPU(s) and some CPU" if device == "cuda" else "some CPU"
         raise RuntimeError(

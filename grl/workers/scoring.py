@@ -29,13 +29,17 @@ from grl.rollout.batch import packed_attention_mask
 from grl.workers.heads import Head, check_head
 
 
-def additive_packed_mask(segment_ids: torch.Tensor, dtype: torch.dtype, parent_ids: torch.Tensor | None = None) -> torch.Tensor:
+def additive_packed_mask(
+    segment_ids: torch.Tensor, dtype: torch.dtype, parent_ids: torch.Tensor | None = None
+) -> torch.Tensor:
     """`grl.rollout.packed_attention_mask` in the additive `[B, 1, T, T]` form the
     attention kernels take. Padding queries see themselves, so no softmax row is
     empty (an empty row is NaN in sdpa)."""
     allowed = packed_attention_mask(segment_ids, parent_ids)
     allowed |= torch.eye(segment_ids.shape[1], dtype=torch.bool, device=segment_ids.device)
-    return torch.zeros(allowed.shape, dtype=dtype, device=segment_ids.device).masked_fill_(~allowed, torch.finfo(dtype).min)
+    return torch.zeros(allowed.shape, dtype=dtype, device=segment_ids.device).masked_fill_(
+        ~allowed, torch.finfo(dtype).min
+    )
 
 
 def predecessors(
@@ -54,7 +58,9 @@ def predecessors(
         keep[:, 1:] &= same_episode
     prev = torch.where(keep, columns - 1, -1)
     if parent_ids is not None:
-        last = torch.full((valid.shape[0], int(segment_ids.max()) + 1), -1, dtype=torch.long, device=valid.device)
+        last = torch.full(
+            (valid.shape[0], int(segment_ids.max()) + 1), -1, dtype=torch.long, device=valid.device
+        )
         last = last.scatter_reduce(1, segment_ids, columns, "amax")
         starts = torch.ones_like(valid)
         starts[:, 1:] = ~same_episode
@@ -92,13 +98,16 @@ class TokenScorer(nn.Module):
         """`loss_mask` (policy only): score just those positions; the vocabulary head is the
         costliest part of a small model and a multi-turn episode samples few of its tokens.
         `parent_ids`: the shared prompts of a packed row (grl/workers/sharding.py).
-        `constraint_size` `[B, T]`, `constraint_ids` `[N]`: the allowed sets, compact (grl/rollout/allowed_sets.py)."""
+        `constraint_size` `[B, T]`, `constraint_ids` `[N]`: the allowed sets, compact
+        (grl/rollout/allowed_sets.py)."""
         backbone = self.model.base_model
         if segment_ids is not None:
             mask = additive_packed_mask(segment_ids, self.compute_dtype, parent_ids)
         else:
             mask = attention_mask
-        hidden = backbone(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=False).last_hidden_state
+        hidden = backbone(
+            input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=False
+        ).last_hidden_state
         B, T, H = hidden.shape
         prev = predecessors(attention_mask, segment_ids, parent_ids)
         keep = prev >= 0
@@ -123,11 +132,17 @@ class TokenScorer(nn.Module):
             args = (layer, flat_hidden[part], flat_labels[part], temperature)
             if sizes is not None:
                 args += (sizes[part], constraint_ids[spans(starts[part], sizes[part].abs())])
-            outputs.append(checkpoint(self.head.score, *args, use_reentrant=False) if recompute else self.head.score(*args))
+            outputs.append(
+                checkpoint(self.head.score, *args, use_reentrant=False)
+                if recompute
+                else self.head.score(*args)
+            )
 
         def assemble(parts):
             scores = torch.cat(parts) if parts else hidden.new_zeros(0, dtype=torch.float32)
-            return torch.zeros(B, T, dtype=torch.float32, device=hidden.device).index_put((rows, columns), scores)
+            return torch.zeros(B, T, dtype=torch.float32, device=hidden.device).index_put(
+                (rows, columns), scores
+            )
 
         scores = tuple(assemble([o[j] for o in outputs]) for j in range(self.head.outputs))
         return scores if len(scores) > 1 else scores[0]
@@ -140,7 +155,9 @@ def trim_width(tensors: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor
     width = mask.shape[1]
     used = mask.bool().any(0).nonzero()
     keep = int(used.max()) + 1 if used.numel() else 1
-    return {k: (v[:, :keep] if v.dim() >= 2 and v.shape[1] == width else v) for k, v in tensors.items()}, width
+    return {
+        k: (v[:, :keep] if v.dim() >= 2 and v.shape[1] == width else v) for k, v in tensors.items()
+    }, width
 
 
 def pad_width(x: torch.Tensor, width: int) -> torch.Tensor:

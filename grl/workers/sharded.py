@@ -60,7 +60,9 @@ def refuse_non_finite(role: str, states: dict[str, dict]) -> None:
     if any(counts):
         what = list(states)[next(i for i, c in enumerate(counts) if c)]
         first = f", first {bad[what][0]}" if bad[what] else ""
-        raise ValueError(f"refusing to save the {role} {what}: {int(sum(counts))} tensor shard(s) hold NaN/inf{first}")
+        raise ValueError(
+            f"refusing to save the {role} {what}: {int(sum(counts))} tensor shard(s) hold NaN/inf{first}"
+        )
 
 
 def save(folder: str | Path, role: str, module, optimizer, adapter_only: bool, trainer_state: dict) -> None:

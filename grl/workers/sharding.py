@@ -44,7 +44,9 @@ def equal_shards(tensors: dict[str, torch.Tensor], parts: int) -> list[dict[str,
     return [take_rows(tensors, slice(i * size, (i + 1) * size)) for i in range(parts)]
 
 
-def _prompt_families(tensors: dict[str, torch.Tensor], lengths: list[int], capacity: int) -> list[tuple[list[int], int]]:
+def _prompt_families(
+    tensors: dict[str, torch.Tensor], lengths: list[int], capacity: int
+) -> list[tuple[list[int], int]]:
     """The packing units: (episodes, shared prefix length). Episodes that begin with the same
     prompt (every token before the first sampled one: a GRPO group's question, a game's first
     board) form one unit holding the prompt once, split into several when they would not fit in
@@ -168,7 +170,12 @@ def unpack(values: torch.Tensor, where: list[list[tuple[int, int, int]]], width:
 
 
 def plan_minibatches(
-    rows: int, mini_batch_size: int, epochs: int, shuffle: bool, seed: int, groups: list[list[int]] | None = None
+    rows: int,
+    mini_batch_size: int,
+    epochs: int,
+    shuffle: bool,
+    seed: int,
+    groups: list[list[int]] | None = None,
 ) -> list[list[int]]:
     """Row indices of each mini-batch, epoch after epoch (a fresh permutation
     per epoch when shuffling, seeded so a resumed run draws the same ones).
@@ -185,13 +192,20 @@ def plan_minibatches(
 
 
 def minibatch_shards(
-    tensors: dict[str, torch.Tensor], train_cfg, ranks: int, seed: int, capacity: int | None = None, share_prompts: bool = False
+    tensors: dict[str, torch.Tensor],
+    train_cfg,
+    ranks: int,
+    seed: int,
+    capacity: int | None = None,
+    share_prompts: bool = False,
 ) -> list[list[dict]]:
     """Each rank's share of every mini-batch, in order: `ppo_epochs` passes over mini-batches of
     `ppo_mini_batch_size` episodes, each packed into rows of at most `capacity` tokens when one is
     given (`row_capacity`; `pack`'s `share_prompts`, which also keeps a prompt's episodes in one
     mini-batch where they fit: drawn one by one, a group of 4 in a batch of 8 groups would rarely meet)."""
-    shared = capacity is not None and share_prompts and "context_ids" not in tensors and "loss_mask" in tensors
+    shared = (
+        capacity is not None and share_prompts and "context_ids" not in tensors and "loss_mask" in tensors
+    )
     plan = plan_minibatches(
         len(tensors["input_ids"]),
         train_cfg.ppo_mini_batch_size,

@@ -95,7 +95,10 @@ def write_safetensors(
         if write:
             save_file(held, str(folder / filename), metadata={"format": "pt"})
     if write and len(plan) > 1:
-        total = sum(torch.Size(s).numel() for s in stream.shapes.values()) * torch.empty(0, dtype=dtype).element_size()
+        total = (
+            sum(torch.Size(s).numel() for s in stream.shapes.values())
+            * torch.empty(0, dtype=dtype).element_size()
+        )
         index = {
             "metadata": {"total_size": total},
             "weight_map": {name: file for file, members in zip(names, plan) for name in members},

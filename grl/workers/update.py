@@ -28,7 +28,9 @@ def split_rows(tensors: dict, size: int, count: int | None = None) -> list[dict]
         widest = max(range(len(spans)), key=lambda i: spans[i][1] - spans[i][0])
         a, b = spans[widest]
         if b - a < 2:
-            raise ValueError(f"{len(spans)} rows cannot make {count} micro-batches; every rank needs as many rows")
+            raise ValueError(
+                f"{len(spans)} rows cannot make {count} micro-batches; every rank needs as many rows"
+            )
         spans[widest : widest + 1] = [(a, (a + b) // 2), ((a + b) // 2, b)]
     return [take_rows(tensors, slice(a, b)) for a, b in spans]
 
@@ -98,7 +100,10 @@ def memory_metrics(device: str, role: str = "actor") -> dict[str, float]:
         peak = _peak_rss_gib_and_reset()
     if role != "actor":
         return {f"perf/{role}/max_memory_allocated_gb": peak}
-    return {"perf/max_memory_allocated_gb": peak, "perf/cpu_memory_used_gb": psutil.virtual_memory().used / 2**30}
+    return {
+        "perf/max_memory_allocated_gb": peak,
+        "perf/cpu_memory_used_gb": psutil.virtual_memory().used / 2**30,
+    }
 
 
 def _peak_rss_gib_and_reset() -> float:
@@ -133,7 +138,10 @@ class UpdateLoop:
             # Weights are shares of the whole mini-batch (all ranks), so the micro-batches'
             # gradients add up to the gradient of the mini-batch loss.
             tokens, units = fsdp.all_reduce_sum(
-                [loss_units(minibatch["loss_mask"], "token-mean"), loss_units(minibatch["loss_mask"], mode, seg_of(minibatch))]
+                [
+                    loss_units(minibatch["loss_mask"], "token-mean"),
+                    loss_units(minibatch["loss_mask"], mode, seg_of(minibatch)),
+                ]
             )
             stats: dict[str, float] = {}
             for micro in self._micro_batches(minibatch, micro_size):
@@ -147,9 +155,13 @@ class UpdateLoop:
                     if is_peak(k):
                         stats[k] = max(stats.get(k, -math.inf), v)
                     else:
-                        stats[k] = stats.get(k, 0.0) + v * (weight if aggregated_like_loss(k) else token_weight)
+                        stats[k] = stats.get(k, 0.0) + v * (
+                            weight if aggregated_like_loss(k) else token_weight
+                        )
             if tokens == 0:  # a step would be pure weight decay and momentum
-                log.warning("%s rank %d: mini-batch without loss tokens; no optimizer step", self.role, self.rank)
+                log.warning(
+                    "%s rank %d: mini-batch without loss tokens; no optimizer step", self.role, self.rank
+                )
                 self.optimizer.zero_grad(set_to_none=True)
                 continue
             lr = self.optimizer.param_groups[0]["lr"]
@@ -163,9 +175,14 @@ class UpdateLoop:
             steps += 1
         means, peaks = sorted(k for k in totals if not is_peak(k)), sorted(k for k in totals if is_peak(k))
         p = self.objective.prefix
-        metrics = {f"{p}/{k}": v / max(steps, 1) for k, v in zip(means, fsdp.all_reduce_sum([totals[k] for k in means]))}
+        metrics = {
+            f"{p}/{k}": v / max(steps, 1)
+            for k, v in zip(means, fsdp.all_reduce_sum([totals[k] for k in means]))
+        }
         if peaks:  # the same keys on every rank: one collective each
-            metrics.update({f"{p}/{k}": v for k, v in zip(peaks, fsdp.all_reduce_max([totals[k] for k in peaks]))})
+            metrics.update(
+                {f"{p}/{k}": v for k, v in zip(peaks, fsdp.all_reduce_max([totals[k] for k in peaks]))}
+            )
         metrics[f"{p}/grad_norm"] = sum(grad_norms) / len(grad_norms) if grad_norms else float("nan")
         metrics[f"{p}/lr"] = lr
         metrics[f"{p}/skipped_steps"] = float(skipped)

@@ -30,7 +30,8 @@ def hf_names(state: dict) -> dict:
 
 
 class Worker(UpdateLoop):
-    """A role subclasses this with its `role` (the name in logs and metrics), its `head` (grl/workers/heads.py:
+    """A role subclasses this with its `role` (the name in logs and metrics), its `head`
+    (grl/workers/heads.py:
     what its models put on the backbone) and `build()`, which sets
     `module`, `model_cfg`, `train_cfg` and `objective`. A rank is built from the run's plan and its role's
     typed config section (grl/schema/workers.py: ActorRolloutRef or Critic), not the whole config."""
@@ -40,7 +41,13 @@ class Worker(UpdateLoop):
 
     def __init__(self, rank: int, plan: RunPlan, section, device: str):
         logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {self.role}[{rank}] %(message)s")
-        self.rank, self.plan, self.world_size, self.section, self.device = rank, plan, plan.world_size, section, device
+        self.rank, self.plan, self.world_size, self.section, self.device = (
+            rank,
+            plan,
+            plan.world_size,
+            section,
+            device,
+        )
         torch.set_num_threads(plan.cpu_threads(usable_cores(), device))
         self.peft_model = None  # set on a LoRA policy: the adapter's config and on/off switch
         # Wall-clock times (time.time(), comparable between the processes of a node) of this rank's start-up:
@@ -75,7 +82,9 @@ class Worker(UpdateLoop):
         )
         fsdp.seed_everything(self.plan.seed + self.rank)
         self.build()
-        self.optimizer = fsdp.make_optimizer([p for p in self.module.parameters() if p.requires_grad], self.train_cfg.optim)
+        self.optimizer = fsdp.make_optimizer(
+            [p for p in self.module.parameters() if p.requires_grad], self.train_cfg.optim
+        )
         self.scheduler = fsdp.make_scheduler(self.optimizer, self.train_cfg.optim.lr_warmup_steps)
         self.startup["loaded"] = time.time()
 
@@ -86,7 +95,7 @@ class Worker(UpdateLoop):
         raise NotImplementedError
 
     def _build(self, model_cfg, fsdp_cfg, trainable: bool) -> TokenScorer:
-        from grl.models import torch_dtype
+        from grl.compute import torch_dtype
 
         mixed = fsdp.mixed_precision(fsdp_cfg, model_cfg.dtype, self.device)
         dtype = "float32" if (trainable and mixed) else model_cfg.dtype
@@ -114,12 +123,22 @@ class Worker(UpdateLoop):
         scorer = TokenScorer(model, head)
         offload = fsdp.offloaded(fsdp_cfg)
         if trainable and fsdp_cfg.optimizer_offload and not fsdp_cfg.param_offload:
-            log.info("%s: FSDP2 offloads the optimizer together with the parameters; param offload is on too", self.role)
+            log.info(
+                "%s: FSDP2 offloads the optimizer together with the parameters; param offload is on too",
+                self.role,
+            )
         name = f"{self.role}{'' if trainable else ' (ref)'}"
         scorer.compute_dtype = fsdp.shard(
-            scorer, fsdp.decoder_layers(model), self.device, mixed_precision=trainable and mixed, offload=offload, role=name
+            scorer,
+            fsdp.decoder_layers(model),
+            self.device,
+            mixed_precision=trainable and mixed,
+            offload=offload,
+            role=name,
         )
-        fsdp.load_from_rank0(scorer, None if source is None else TokenScorer(source, head), self.device, offload)
+        fsdp.load_from_rank0(
+            scorer, None if source is None else TokenScorer(source, head), self.device, offload
+        )
         return scorer
 
     # ------------------------------------------------------------ scoring
@@ -159,7 +178,8 @@ class Worker(UpdateLoop):
 
     def save_checkpoint(self, path: str) -> None:
         """Collective: this rank's shards of the weights (only the adapter's in a LoRA run) and
-        optimizer state, the scheduler (the learning rate's clock), this rank's RNG (grl/workers/sharded.py)."""
+        optimizer state, the scheduler (the learning rate's clock), this rank's RNG
+        (grl/workers/sharded.py)."""
         sharded.save(
             path,
             self.role,
@@ -170,7 +190,9 @@ class Worker(UpdateLoop):
         )
 
     def load_checkpoint(self, path: str) -> None:
-        state, read = sharded.load(path, self.module, self.optimizer, self.peft_model is not None, self.world_size)
+        state, read = sharded.load(
+            path, self.module, self.optimizer, self.peft_model is not None, self.world_size
+        )
         self.scheduler.load_state_dict(state["scheduler"])
         log.info("%s rank %d: read %.1f MB of shards from %s", self.role, self.rank, read / 2**20, path)
 

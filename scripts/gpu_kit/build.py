@@ -1,7 +1,8 @@
 """Build the GPU proof kit: the wheels GRL's GPU path needs and the GPU image lacks, in parts that each
 travel beside the repository in one device command (scripts/gpu_kit/README.md says which commands).
 
-    python scripts/gpu_kit/build.py                      # CPython 3.12 / manylinux x86-64 -> .gpu_kit/part1..N
+    python scripts/gpu_kit/build.py                      # CPython 3.12 / manylinux x86-64 ->
+    .gpu_kit/part1..N
     python scripts/gpu_kit/build.py --target host --out DIR   # this machine's Python (the CPU rehearsal)
 
 What is carried is kit.txt, at the versions of requirements/constraints-cpu.txt (vLLM's set:
@@ -86,7 +87,10 @@ def kit_spec(path: Path = HERE / "kit.txt") -> tuple[dict[str, bool], set[str], 
 
 
 def constraint_pins(
-    paths: tuple[Path, ...] = (ROOT / "requirements" / "constraints-cpu.txt", ROOT / "requirements" / "constraints-gpu-kit.txt"),
+    paths: tuple[Path, ...] = (
+        ROOT / "requirements" / "constraints-cpu.txt",
+        ROOT / "requirements" / "constraints-gpu-kit.txt",
+    ),
 ) -> dict[str, str]:
     """The CPU freeze's pins, with the kit's vLLM 0.26 set (constraints-gpu-kit.txt) over them."""
     pins = {}
@@ -157,12 +161,21 @@ def wheelhouse(target: Target, carried: dict[str, bool], pins: dict[str, str]) -
         pip("download", "--no-deps", "--only-binary=:all:", "--dest", str(tmp), *target.pip_args, *binary)
         for name, version, sdist in wanted:
             if sdist:
-                pip("wheel", "--no-deps", f"--no-binary={name}", "--wheel-dir", str(tmp), f"{name}=={version}")
+                pip(
+                    "wheel", "--no-deps", f"--no-binary={name}", "--wheel-dir", str(tmp), f"{name}=={version}"
+                )
         for wheel in tmp.glob("*.whl"):
-            if carried.get(normalize(wheel.name.split("-")[0])) and not wheel.name.endswith("-py3-none-any.whl"):
-                raise KitError(f"{wheel.name}: built from source but not pure Python; it would not run on the GPU machine")
+            if carried.get(normalize(wheel.name.split("-")[0])) and not wheel.name.endswith(
+                "-py3-none-any.whl"
+            ):
+                raise KitError(
+                    f"{wheel.name}: built from source but not pure Python; it would not run on the GPU "
+                    "machine"
+                )
         if len(list(tmp.glob("*.whl"))) != len(wanted):
-            raise KitError(f"{tmp}: expected {len(wanted)} wheels, got {sorted(p.name for p in tmp.glob('*.whl'))}")
+            raise KitError(
+                f"{tmp}: expected {len(wanted)} wheels, got {sorted(p.name for p in tmp.glob('*.whl'))}"
+            )
         (tmp / "complete").write_text(json.dumps(wanted) + "\n")
         os.rename(tmp, folder)
     finally:
@@ -197,12 +210,18 @@ def requirement_problems(wheels: list[Path], target: Target, image: dict, left_o
                 if not req.specifier.contains(versions[dep], prereleases=True):
                     problems.append(f"{name} needs {req}, the kit carries {dep} {versions[dep]}")
             elif dep not in image and dep not in left_out:
-                problems.append(f"{name} needs {req}: neither carried nor in image.txt (add it to kit.txt, or !{dep} and why)")
+                problems.append(
+                    f"{name} needs {req}: neither carried nor in image.txt (add it to kit.txt, or !{dep} and "
+                    "why)"
+                )
     return problems
 
 
-def pyproject_problems(carried: dict, image: dict, unused: set, pyproject: Path = ROOT / "pyproject.toml") -> list[str]:
-    """One line per dependency of GRL that the kit neither carries, finds in the image, nor names as unused."""
+def pyproject_problems(
+    carried: dict, image: dict, unused: set, pyproject: Path = ROOT / "pyproject.toml"
+) -> list[str]:
+    """One line per dependency of GRL that the kit neither carries, finds in the image, nor names as
+    unused."""
     problems = []
     for line in tomllib.loads(pyproject.read_text())["project"]["dependencies"]:
         try:
@@ -211,16 +230,23 @@ def pyproject_problems(carried: dict, image: dict, unused: set, pyproject: Path 
             problems.append(f"{pyproject.name} dependency {line!r}: {err}")
             continue
         if dep not in carried and dep not in image and dep not in unused:
-            problems.append(f"{pyproject.name} needs {dep}: neither carried, in image.txt, nor ?{dep} in kit.txt")
+            problems.append(
+                f"{pyproject.name} needs {dep}: neither carried, in image.txt, nor ?{dep} in kit.txt"
+            )
     return problems
 
 
 def repository_bytes() -> int:
     """What the device tool sends of the checkout: tracked and untracked-not-ignored files."""
     listed = subprocess.run(
-        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT, capture_output=True, check=True
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        capture_output=True,
+        check=True,
     ).stdout.split(b"\0")
-    return sum((ROOT / os.fsdecode(p)).stat().st_size for p in listed if p and (ROOT / os.fsdecode(p)).is_file())
+    return sum(
+        (ROOT / os.fsdecode(p)).stat().st_size for p in listed if p and (ROOT / os.fsdecode(p)).is_file()
+    )
 
 
 def build(target: Target, out: Path, part_mib: float) -> dict:
@@ -234,8 +260,12 @@ def build(target: Target, out: Path, part_mib: float) -> dict:
     folder = wheelhouse(target, carried, pins)
     wheels = sorted(folder.glob("*.whl"))
     built = {wheel_metadata(w)[0] for w in wheels}
-    problems = requirement_problems(wheels, target, image, left_out) + pyproject_problems(carried, image, unused)
-    problems += [f"kit.txt carries {name}, but no wheel of it was built" for name in sorted(carried.keys() - built)]
+    problems = requirement_problems(wheels, target, image, left_out) + pyproject_problems(
+        carried, image, unused
+    )
+    problems += [
+        f"kit.txt carries {name}, but no wheel of it was built" for name in sorted(carried.keys() - built)
+    ]
     if problems:
         raise KitError("; ".join(problems))
     out.mkdir(parents=True, exist_ok=True)
@@ -253,10 +283,17 @@ def build(target: Target, out: Path, part_mib: float) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="build.py", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--target", default="gpu", help="gpu (CPython 3.12, manylinux x86-64; default) or host")
-    parser.add_argument("--out", type=Path, default=None, help="where partN/ go (default: .gpu_kit for gpu, .gpu_kit/host)")
     parser.add_argument(
-        "--part-mib", type=float, default=DEFAULT_PART_MIB, help=f"largest part, MiB (default {DEFAULT_PART_MIB})"
+        "--target", default="gpu", help="gpu (CPython 3.12, manylinux x86-64; default) or host"
+    )
+    parser.add_argument(
+        "--out", type=Path, default=None, help="where partN/ go (default: .gpu_kit for gpu, .gpu_kit/host)"
+    )
+    parser.add_argument(
+        "--part-mib",
+        type=float,
+        default=DEFAULT_PART_MIB,
+        help=f"largest part, MiB (default {DEFAULT_PART_MIB})",
     )
     args = parser.parse_args(argv)
     try:
@@ -276,11 +313,16 @@ def main(argv: list[str] | None = None) -> int:
     for folder in done["folders"]:
         size = sum(p.stat().st_size for p in folder.iterdir()) / MIB
         worst = max(worst, size)
-        call = f"; with the repository ({repo:.1f} MiB) {size + repo:.1f} of {DEVICE_CALL_LIMIT_MIB} MiB a call" if repo else ""
+        call = (
+            f"; with the repository ({repo:.1f} MiB) {size + repo:.1f} of {DEVICE_CALL_LIMIT_MIB} MiB a call"
+            if repo
+            else ""
+        )
         print(f"{folder}: {size:.1f} MiB{call}")
     if repo and worst + repo > DEVICE_CALL_LIMIT_MIB - 1:
         print(
-            f"build.py: a part ({worst:.1f} MiB) and the repository ({repo:.1f} MiB) exceed the device call's "
+            f"build.py: a part ({worst:.1f} MiB) and the repository ({repo:.1f} MiB) exceed the device "
+            "call's "
             f"{DEVICE_CALL_LIMIT_MIB} MiB less 1 MiB of margin; rebuild with a smaller --part-mib",
             file=sys.stderr,
         )

@@ -1,6 +1,7 @@
 """Import the modules of vLLM's engine that GRL's vllm rollout loads, one after another, in this interpreter.
 
-    python engine_imports.py            # CPU rehearsal: a missing package fails; CUDA-only failures are listed
+    python engine_imports.py            # CPU rehearsal: a missing package fails; CUDA-only failures are
+    listed
     python engine_imports.py --strict   # GPU: every module must import
 
 Run in the image's packages plus the kit (the rehearsal's image-only venv, or the GPU machine with the kit on
@@ -78,7 +79,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"engine_imports: {module}: {line}")
     ok = len(MODULES) - len(failed) - len(set(missing.values()))
     print(
-        f"engine_imports: {ok} of {len(MODULES)} modules imported, {len(missing)} packages missing, {len(failed)} other failures"
+        f"engine_imports: {ok} of {len(MODULES)} modules imported, {len(missing)} packages missing, "
+        f"{len(failed)} other failures"
     )
     return 1 if missing or (args.strict and failed) else 0
 

@@ -56,7 +56,8 @@ class MemoryMonitor:
 
     def _note(self, pid: int, nbytes: float, cmdline: str) -> None:
         self.peaks[pid] = max(self.peaks.get(pid, 0.0), nbytes)
-        # A Ray worker starts as `python .../default_worker.py`, idles as `ray::IDLE`, then takes its class's title.
+        # A Ray worker starts as `python .../default_worker.py`, idles as `ray::IDLE`, then takes its class's
+        # title.
         role = process_role(cmdline, pid, self.driver_pid)
         if pid not in self.roles or role_rank(role) > role_rank(self.roles[pid]):
             self.roles[pid] = role
@@ -107,7 +108,9 @@ class MemoryMonitor:
     def stop(self) -> dict:
         self._stop.set()
         self._thread.join(timeout=5)
-        processes = [{"role": self.roles[pid], "pid": pid, "peak_gib": peak / GIB} for pid, peak in self.peaks.items()]
+        processes = [
+            {"role": self.roles[pid], "pid": pid, "peak_gib": peak / GIB} for pid, peak in self.peaks.items()
+        ]
         processes.sort(key=lambda p: -p["peak_gib"])
         return {
             "source": self.source,

@@ -72,7 +72,9 @@ def split(archive: Path, out_dir: Path, max_part_bytes: int, manifest: dict) -> 
                 while left and (block := src.read(min(CHUNK, left))):
                     dst.write(block)
                     left -= len(block)
-            manifest["parts"].append({"index": index, "file": path.name, "size": path.stat().st_size, "sha256": sha256_of(path)})
+            manifest["parts"].append(
+                {"index": index, "file": path.name, "size": path.stat().st_size, "sha256": sha256_of(path)}
+            )
             folders.append(folder)
     for folder in folders:
         (folder / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
@@ -105,7 +107,8 @@ def check_part(folder: Path) -> tuple[dict, dict]:
     digest = sha256_of(files[0])
     if digest != entry["sha256"]:
         raise KitError(
-            f"part {entry['index']} ({files[0]}): SHA-256 {digest[:12]}… is not the manifest's {entry['sha256'][:12]}…: "
+            f"part {entry['index']} ({files[0]}): SHA-256 {digest[:12]}… is not the manifest's "
+            f"{entry['sha256'][:12]}…: "
             "corrupted, send it again"
         )
     return manifest, entry
@@ -129,26 +132,33 @@ def join(sources: list[Path], archive: Path) -> dict:
     Refuses (KitError) a missing part, a corrupted one, or parts of two different builds."""
     found = find_parts(sources)
     if not found:
-        raise KitError(f"no kit parts in {', '.join(str(s) for s in sources)}: send them (scripts/gpu_kit/README.md)")
+        raise KitError(
+            f"no kit parts in {', '.join(str(s) for s in sources)}: send them (scripts/gpu_kit/README.md)"
+        )
     checked = {index: check_part(folder) for index, folder in sorted(found.items())}
     manifest = checked[min(checked)][0]
     for index, (other, _) in checked.items():
         if (other["archive"], other["parts"]) != (manifest["archive"], manifest["parts"]):
             raise KitError(
-                f"part {index} ({found[index]}) belongs to another build of the kit than part {min(checked)}; "
+                f"part {index} ({found[index]}) belongs to another build of the kit than part "
+                f"{min(checked)}; "
                 "rebuild and send all parts"
             )
     missing = [p["index"] for p in manifest["parts"] if p["index"] not in checked]
     if missing:
         looked = ", ".join(str(s) for s in sources)
-        raise KitError(f"kit parts {missing} of {len(manifest['parts'])} are missing (looked in {looked}): send them")
+        raise KitError(
+            f"kit parts {missing} of {len(manifest['parts'])} are missing (looked in {looked}): send them"
+        )
     with open(archive, "wb") as dst:
         for index in sorted(checked):
             with open(found[index] / checked[index][1]["file"], "rb") as src:
                 shutil.copyfileobj(src, dst, CHUNK)
     digest = sha256_of(archive)
     if digest != manifest["archive"]["sha256"]:
-        raise KitError(f"{archive}: the joined parts' SHA-256 {digest[:12]}… is not the manifest's; rebuild the kit")
+        raise KitError(
+            f"{archive}: the joined parts' SHA-256 {digest[:12]}… is not the manifest's; rebuild the kit"
+        )
     return manifest
 
 
@@ -170,6 +180,8 @@ def unpack(archive: Path, manifest: dict, dest: Path) -> list[Path]:
     for name, entry in sorted(expected.items()):
         digest = sha256_of(dest / name)
         if digest != entry["sha256"]:
-            raise KitError(f"wheel {name}: SHA-256 {digest[:12]}… is not the manifest's {entry['sha256'][:12]}…")
+            raise KitError(
+                f"wheel {name}: SHA-256 {digest[:12]}… is not the manifest's {entry['sha256'][:12]}…"
+            )
         wheels.append(dest / name)
     return wheels

@@ -42,10 +42,20 @@ def image_venv() -> Path:
     shutil.rmtree(venv, ignore_errors=True)
     try:
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-        pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--no-deps", "--disable-pip-version-check"]
+        pip = [
+            str(venv / "bin" / "python"),
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--disable-pip-version-check",
+        ]
         done = subprocess.run([*pip, *wanted], capture_output=True, text=True)
         if done.returncode:
-            raise KitError(f"the image venv's install failed: {' | '.join(done.stderr.strip().splitlines()[-3:])}")
+            raise KitError(
+                f"the image venv's install failed: {' | '.join(done.stderr.strip().splitlines()[-3:])}"
+            )
         (venv / "complete").write_text("\n".join(wanted) + "\n")
     except BaseException:
         shutil.rmtree(venv, ignore_errors=True)
@@ -53,8 +63,11 @@ def image_venv() -> Path:
     return venv
 
 
-def rehearse(work: Path, part_mib: float = DEFAULT_PART_MIB, budget_s: float = 900) -> subprocess.CompletedProcess:
-    """Build, stash all parts but the last, run the last in CPU mode; returns run.py's process (output captured)."""
+def rehearse(
+    work: Path, part_mib: float = DEFAULT_PART_MIB, budget_s: float = 900
+) -> subprocess.CompletedProcess:
+    """Build, stash all parts but the last, run the last in CPU mode; returns run.py's process (output
+    captured)."""
     kit = work / "kit"
     build(Target("host"), kit, part_mib)
     venv = image_venv()
@@ -63,8 +76,25 @@ def rehearse(work: Path, part_mib: float = DEFAULT_PART_MIB, budget_s: float = 9
     env.pop("OUT", None)
     python, script = str(venv / "bin" / "python"), str(HERE / "run.py")
     for part in parts[:-1]:
-        subprocess.run([python, script, "stash", "--sent", str(part)], env=env, check=True, capture_output=True, text=True)
-    cmd = [python, script, "run", "--cpu", "--parts", str(parts[-1]), "--work", str(work / "run"), "--budget", str(budget_s)]
+        subprocess.run(
+            [python, script, "stash", "--sent", str(part)],
+            env=env,
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+    cmd = [
+        python,
+        script,
+        "run",
+        "--cpu",
+        "--parts",
+        str(parts[-1]),
+        "--work",
+        str(work / "run"),
+        "--budget",
+        str(budget_s),
+    ]
     return subprocess.run(cmd, env=env, capture_output=True, text=True)
 
 

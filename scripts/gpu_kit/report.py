@@ -32,12 +32,16 @@ PHASE_TIMES = [
 ]
 CRITIC_PHASES = {"values", "update_critic"}  # the phases the critic's process computes in
 ACTOR_STATE = ("actor", "ref ", "engine", "cached by the actor", "sync buffers")
-EVIDENCE = re.compile(r"group|rollout engine|placement|bundle|resumed|checkpoint |HF export|NCCL|nccl|Traceback|Error")
+EVIDENCE = re.compile(
+    r"group|rollout engine|placement|bundle|resumed|checkpoint |HF export|NCCL|nccl|Traceback|Error"
+)
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
     path = run_dir / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    return (
+        [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    )
 
 
 def steps_of(metrics: list[dict]) -> dict[int, dict]:
@@ -77,7 +81,12 @@ def plan_figures(overrides: list[str], seq_len: int | None, sampled: int | None)
         for component, row in plan.device.items():
             split[owner(component, phase)] += row.get(phase, 0.0) / GIB
         phases[phase] = dict(split, total=plan.device_total(phase) / GIB)
-    return {"title": plan.title, "phases": phases, "capacity_gib": (plan.capacity or 0) / GIB, "overflow": plan.overflow()}
+    return {
+        "title": plan.title,
+        "phases": phases,
+        "capacity_gib": (plan.capacity or 0) / GIB,
+        "overflow": plan.overflow(),
+    }
 
 
 def versions() -> str:
@@ -86,14 +95,18 @@ def versions() -> str:
     import torch
 
     cuda = f" (CUDA {torch.version.cuda})" if torch.version.cuda else ""
-    return f"torch {torch.__version__}{cuda}, " + ", ".join(f"{n} {md.version(n)}" for n in ("transformers", "ray", "hydra-core"))
+    return f"torch {torch.__version__}{cuda}, " + ", ".join(
+        f"{n} {md.version(n)}" for n in ("transformers", "ray", "hydra-core")
+    )
 
 
 def log_lines(path: Path, pattern: re.Pattern, limit: int) -> list[str]:
     if not path.exists():
         return []
     text = path.read_text(errors="replace").replace("\r", "\n")
-    lines = [line.strip() for line in text.splitlines() if pattern.search(line) and not line.startswith("===")]
+    lines = [
+        line.strip() for line in text.splitlines() if pattern.search(line) and not line.startswith("===")
+    ]
     return [line[:200] for line in lines[:limit]]
 
 
@@ -106,8 +119,13 @@ def memory_rows(stages: dict) -> list[str]:
         by_role: dict[str, float] = {}
         for proc in memory["processes"]:
             by_role[proc["role"]] = max(by_role.get(proc["role"], 0.0), proc["peak_gib"])
-        named = ", ".join(f"{role} {peak:.2f}" for role, peak in sorted(by_role.items(), key=lambda kv: -kv[1])[:5])
-        rows.append(f"| {stage} ({memory['source']}, {memory['samples']} samples) | {memory['device_peak_gib']:.2f} | {named} |")
+        named = ", ".join(
+            f"{role} {peak:.2f}" for role, peak in sorted(by_role.items(), key=lambda kv: -kv[1])[:5]
+        )
+        rows.append(
+            f"| {stage} ({memory['source']}, {memory['samples']} samples) | {memory['device_peak_gib']:.2f} "
+            f"| {named} |"
+        )
     return rows
 
 
@@ -116,23 +134,32 @@ def step_tables(steps: dict[int, dict], note: str) -> list[str]:
     lines = []
     if not steps:
         return lines
-    diffs = sorted({k for r in steps.values() for k in r if k.startswith("training/rollout_") and "diff" in k})
+    diffs = sorted(
+        {k for r in steps.values() for k in r if k.startswith("training/rollout_") and "diff" in k}
+    )
     times = [f"timing_s/{p}" for p in PHASE_TIMES]
     for title, columns in (
         (f"Phase times, seconds per step (`metrics.jsonl`; {note}):", times),
         (
-            "The engine's and the trainer's log-probs of the sampled tokens, and the actor rank's allocator peak:",
+            "The engine's and the trainer's log-probs of the sampled tokens, and the actor rank's allocator "
+            "peak:",
             diffs + ["perf/max_memory_allocated_gb", "seq_length/max"],
         ),
     ):
         columns = [c for c in columns if any(c in r for r in steps.values())]
-        header = "| step | " + " | ".join(f"`{c.split('/', 1)[1] if c in times else c}`" for c in columns) + " |"
+        header = (
+            "| step | " + " | ".join(f"`{c.split('/', 1)[1] if c in times else c}`" for c in columns) + " |"
+        )
         lines += ["", title, "", header, "|---" * (len(columns) + 1) + "|"]
-        lines += ["| " + " | ".join([str(s)] + [fmt(r.get(c)) for c in columns]) + " |" for s, r in steps.items()]
+        lines += [
+            "| " + " | ".join([str(s)] + [fmt(r.get(c)) for c in columns]) + " |" for s, r in steps.items()
+        ]
     return lines
 
 
-VLLM_LINES = re.compile(r"KV cache memory|KV cache size|Maximum concurrency|Sleep mode freed|sleep freed|Model loading took")
+VLLM_LINES = re.compile(
+    r"KV cache memory|KV cache size|Maximum concurrency|Sleep mode freed|sleep freed|Model loading took"
+)
 
 
 def vllm_section(out: Path, summary: dict, stages: dict) -> tuple[list[str], dict]:
@@ -172,7 +199,8 @@ def build(out: Path) -> tuple[list[str], dict]:
     lines = [
         f"### GPU proof kit, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} ({summary['mode']} mode)",
         "",
-        f"{summary['machine']}. {versions()}. Kit: {len(kit['parts'])} parts, {kit['archive']['size'] / 2**20:.1f} MiB "
+        f"{summary['machine']}. {versions()}. Kit: {len(kit['parts'])} parts, "
+        f"{kit['archive']['size'] / 2**20:.1f} MiB "
         f"for {kit['target']}.",
         "",
         "| stage | result | seconds |",
@@ -181,7 +209,9 @@ def build(out: Path) -> tuple[list[str], dict]:
     lines += [f"| {name} | {result['status']} | {result['seconds']:.1f} |" for name, result in stages.items()]
     lines += step_tables(steps, "step 3 is the resumed run" + "'s")
     longest = max((int(r["seq_length/max"]) for r in steps.values() if "seq_length/max" in r), default=None)
-    sampled = max((int(r["response_length/max"]) for r in steps.values() if "response_length/max" in r), default=None)
+    sampled = max(
+        (int(r["response_length/max"]) for r in steps.values() if "response_length/max" in r), default=None
+    )
     figures = {"steps": steps, "plan": {}}
     shapes = [("config's longest episode", None, None)]
     if longest:
@@ -207,7 +237,9 @@ def build(out: Path) -> tuple[list[str], dict]:
     rows = memory_rows(stages)
     if rows:
         how = (
-            "NVML: the device's used memory, each process's" if unit == "GPU" else "resident memory: the run's tree, each process"
+            "NVML: the device's used memory, each process's"
+            if unit == "GPU"
+            else "resident memory: the run's tree, each process"
         )
         lines += [
             "",
@@ -219,7 +251,14 @@ def build(out: Path) -> tuple[list[str], dict]:
         ]
     evidence = log_lines(out / "train.log", EVIDENCE, 24)
     if evidence:
-        lines += ["", "What the runs logged (placement, checkpoints, resume, export):", "", "```", *evidence, "```"]
+        lines += [
+            "",
+            "What the runs logged (placement, checkpoints, resume, export):",
+            "",
+            "```",
+            *evidence,
+            "```",
+        ]
     checks = log_lines(out / "gpu_parts.log", re.compile(r"^(ok  |FAIL)"), 12)
     if checks:
         lines += ["", "`scripts/gpu_parts.py`:", "", "```", *checks, "```"]

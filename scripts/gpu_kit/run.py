@@ -1,8 +1,11 @@
 """The GPU proof kit's device commands (scripts/gpu_kit/README.md has the exact tool calls).
 
-    python3 scripts/gpu_kit/run.py stash          # calls 1..N-1: check the part(s) sent, keep them outside the repo
-    python3 scripts/gpu_kit/run.py run            # call N: join, check, install, vllm, train, resume, plan, gpu_parts, report
-    python scripts/gpu_kit/run.py run --cpu --parts DIR --work DIR   # the same on CPU (the tiny model): the rehearsal
+    python3 scripts/gpu_kit/run.py stash          # calls 1..N-1: check the part(s) sent, keep them outside
+    the repo
+    python3 scripts/gpu_kit/run.py run            # call N: join, check, install, vllm, train, resume, plan,
+    gpu_parts, report
+    python scripts/gpu_kit/run.py run --cpu --parts DIR --work DIR   # the same on CPU (the tiny model): the
+    rehearsal
 
 `run` joins the parts found in the stash and in .gpu_kit/, checks every SHA-256, installs the wheels with
 `pip install --no-index --no-deps --target` beside the interpreter's own packages (the image's torch), and
@@ -54,19 +57,26 @@ RUN_OVERRIDES = [
     "test_freq=2",
     "save_freq=1",
 ]
-# The vLLM stage, first: the same layout with the colocated vLLM 0.26 engine (sleep after the rollout, wake and
-# weight reload at the sync), eager (no CUDA-graph capture minutes), 2 steps, a checkpoint at the end only. 0.25 of the
+# The vLLM stage, first: the same layout with the colocated vLLM 0.26 engine (sleep after the rollout, wake
+# and
+# weight reload at the sync), eager (no CUDA-graph capture minutes), 2 steps, a checkpoint at the end only.
+# 0.25 of the
 # device for vLLM's weights and KV cache: the actor's and critic's FSDP2 ranks share the GPU, and a lent
 # machine may hold other work.
 VLLM_OVERRIDES = [
-    *(o for o in RUN_OVERRIDES if not o.startswith(("actor_rollout_ref.rollout.name=", "experiment_name=", "save_freq="))),
+    *(
+        o
+        for o in RUN_OVERRIDES
+        if not o.startswith(("actor_rollout_ref.rollout.name=", "experiment_name=", "save_freq="))
+    ),
     "actor_rollout_ref.rollout.name=vllm",
     "actor_rollout_ref.rollout.enforce_eager=true",
     "actor_rollout_ref.rollout.gpu_memory_utilization=0.25",
     "experiment_name=gpu_kit_vllm",
     "save_freq=-1",
 ]
-# CPU mode: the tiny model (its context is 4096 tokens), 2x4 agents, two turns of 16 tokens, 2 validation games:
+# CPU mode: the tiny model (its context is 4096 tokens), 2x4 agents, two turns of 16 tokens, 2 validation
+# games:
 # the same stages and code paths at a size that 2 shared cores finish in minutes.
 CPU_OVERRIDES = [
     "model_path=tiny",
@@ -160,7 +170,10 @@ def stash(args) -> int:
         dest = STASH / "parts" / folder.name
         shutil.rmtree(dest, ignore_errors=True)
         shutil.copytree(folder, dest)
-        say(f"part {index} of {total} checked (SHA-256 {entry['sha256'][:12]}…, {entry['size'] / 2**20:.1f} MiB), kept in {dest}")
+        say(
+            f"part {index} of {total} checked (SHA-256 {entry['sha256'][:12]}…, {entry['size'] / 2**20:.1f} "
+            f"MiB), kept in {dest}"
+        )
     have = sorted(find_parts([STASH / "parts"]))
     say(f"the stash holds parts {have} of {total}; {machine()}")
     say(f"packages here: {package_versions()}")
@@ -188,7 +201,9 @@ class Stages:
         with open(log, "a") as f:
             f.write(f"\n=== {stage}: {' '.join(cmd)}\n")
             f.flush()
-            proc = subprocess.Popen(cmd, cwd=ROOT, env=self.env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+            proc = subprocess.Popen(
+                cmd, cwd=ROOT, env=self.env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True
+            )
             monitor = start_monitor(proc.pid, monitor_device) if monitor_device else None
             try:
                 code = proc.wait(timeout=limit)
@@ -209,7 +224,8 @@ class Stages:
 
 
 def start_monitor(pid: int, device: str):
-    """The memory monitor of a stage, or None (said once) where it cannot sample: the run goes on without it."""
+    """The memory monitor of a stage, or None (said once) where it cannot sample: the run goes on without
+    it."""
     try:
         from monitor import MemoryMonitor
 
@@ -244,7 +260,12 @@ def install(sources: list[Path], work: Path, log: Path) -> dict:
     stamp = site / ".kit-sha256"
     if stamp.exists() and stamp.read_text().strip() == manifest["archive"]["sha256"]:
         (work / "kit.tar").unlink()
-        return {"ok": True, "status": "already installed", "seconds": time.monotonic() - started, "manifest": manifest}
+        return {
+            "ok": True,
+            "status": "already installed",
+            "seconds": time.monotonic() - started,
+            "manifest": manifest,
+        }
     wheels = unpack(work / "kit.tar", manifest, work / "wheels")
     (work / "kit.tar").unlink()
     checked = time.monotonic() - started
@@ -294,7 +315,8 @@ def run(args) -> int:
         say(str(err))
         return 2
     say(
-        f"install: {installed['status']} in {installed['seconds']:.1f} s ({len(installed['manifest']['wheels'])} wheels, "
+        f"install: {installed['status']} in {installed['seconds']:.1f} s "
+        f"({len(installed['manifest']['wheels'])} wheels, "
         f"{installed['manifest']['archive']['size'] / 2**20:.1f} MiB, every SHA-256 matched)"
     )
     if not installed["ok"]:
@@ -318,23 +340,38 @@ def run(args) -> int:
     device = "cpu" if cpu else "cuda"
     probe = (
         "import importlib.metadata as m, ray, hydra, omegaconf, gguf, grl.train, torch; "
-        "print({n: m.version(n) for n in ('ray', 'hydra-core', 'omegaconf', 'gguf', 'transformers', 'torch')}, "
+        "print({n: m.version(n) for n in "
+        "('ray', 'hydra-core', 'omegaconf', 'gguf', 'transformers', 'torch')}, "
         "'cuda' if torch.cuda.is_available() else 'no cuda')"
     )
     stages.run("imports", [py, "-c", probe], "install.log")
     # vLLM's engine modules from the carried wheels: on CPU a missing package fails (the CUDA build's
     # extensions cannot load there); on the GPU every module must import.
-    stages.run("engine_imports", [py, str(HERE / "engine_imports.py"), *([] if cpu else ["--strict"])], "install.log")
+    stages.run(
+        "engine_imports", [py, str(HERE / "engine_imports.py"), *([] if cpu else ["--strict"])], "install.log"
+    )
     model = "tiny" if cpu else "embedded"
     finder = f"from grl.models import resolve_model_path; print(resolve_model_path('{model}'))"
     stages.run("model", [py, "-c", finder], "install.log")
     vllm_dir = work / "run_vllm"
     shutil.rmtree(vllm_dir, ignore_errors=True)
-    vllm_overrides = [*VLLM_OVERRIDES, f"trainer.run_dir={vllm_dir}", f"trainer.default_local_dir={work / 'checkpoints_vllm'}"]
+    vllm_overrides = [
+        *VLLM_OVERRIDES,
+        f"trainer.run_dir={vllm_dir}",
+        f"trainer.default_local_dir={work / 'checkpoints_vllm'}",
+    ]
     if cpu:  # the kit's vLLM is the CUDA build: CPU rehearses its imports (above), the GPU runs it
-        stages.record("vllm", {"ok": True, "status": "skipped: CPU mode (the kit's vLLM is a CUDA build)", "seconds": 0.0})
+        stages.record(
+            "vllm",
+            {"ok": True, "status": "skipped: CPU mode (the kit's vLLM is a CUDA build)", "seconds": 0.0},
+        )
     else:
-        stages.run("vllm", [py, str(HERE / "driver.py"), *vllm_overrides, "total_training_steps=2"], "vllm.log", device)
+        stages.run(
+            "vllm",
+            [py, str(HERE / "driver.py"), *vllm_overrides, "total_training_steps=2"],
+            "vllm.log",
+            device,
+        )
         stages.run("vllm_plan", [py, "-m", "grl.cli", "plan", *vllm_overrides], "plan.log")
     run_dir, ckpt = work / "run", work / "checkpoints"
     shutil.rmtree(run_dir, ignore_errors=True)
@@ -342,18 +379,24 @@ def run(args) -> int:
     overrides = RUN_OVERRIDES + (CPU_OVERRIDES if cpu else [])
     overrides += [f"trainer.run_dir={run_dir}", f"trainer.default_local_dir={ckpt}"]
     train = [py, str(HERE / "driver.py"), *overrides]
-    first = stages.run("train", [*train, "total_training_steps=2", "resume_mode=disable"], "train.log", device)
+    first = stages.run(
+        "train", [*train, "total_training_steps=2", "resume_mode=disable"], "train.log", device
+    )
     if first["ok"] and (ckpt / "global_step_2").exists():
         stages.run("resume", [*train, "total_training_steps=3", "resume_mode=auto"], "train.log", device)
     else:
-        stages.record("resume", {"ok": False, "status": "skipped: the first run left no checkpoint", "seconds": 0.0})
+        stages.record(
+            "resume", {"ok": False, "status": "skipped: the first run left no checkpoint", "seconds": 0.0}
+        )
     stages.run("plan", [py, "-m", "grl.cli", "plan", *overrides], "plan.log")
     model_dir = (work / "cache").glob("tiny-llama-*" if cpu else "smollm2-*")
     folder = next((p for p in model_dir if (p / "config.json").exists()), None)
     if folder is None:
         stages.record("gpu_parts", {"ok": False, "status": "skipped: no model folder", "seconds": 0.0})
     else:
-        stages.run("gpu_parts", [py, str(ROOT / "scripts" / "gpu_parts.py"), str(folder), device], "gpu_parts.log")
+        stages.run(
+            "gpu_parts", [py, str(ROOT / "scripts" / "gpu_parts.py"), str(folder), device], "gpu_parts.log"
+        )
     summary = {
         "mode": device,
         "machine": machine(),
@@ -365,10 +408,13 @@ def run(args) -> int:
         "kit": {k: installed["manifest"][k] for k in ("target", "archive", "parts")},
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-    report = subprocess.run([py, str(HERE / "report.py"), str(out)], cwd=ROOT, env=env, timeout=max(REPORT_RESERVE_S, 60))
+    report = subprocess.run(
+        [py, str(HERE / "report.py"), str(out)], cwd=ROOT, env=env, timeout=max(REPORT_RESERVE_S, 60)
+    )
     failed = [name for name, result in stages.results.items() if not result["ok"]]
     say(
-        f"{'every stage passed' if not failed and report.returncode == 0 else 'failed: ' + ', '.join(failed or ['report'])}; "
+        f"{'every stage passed' if not failed and report.returncode == 0 else 'failed: '}"
+        f"{'' if not failed and report.returncode == 0 else ', '.join(failed or ['report'])}; "
         f"files in {out}"
     )
     return 0 if not failed and report.returncode == 0 else 1
@@ -377,14 +423,29 @@ def run(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="run.py", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    keep = sub.add_parser("stash", help="check the parts sent with this call and keep them in $GRL_KIT_STASH (/tmp/grl_gpu_kit)")
-    keep.add_argument("--sent", type=Path, default=SENT, help=f"where the parts arrived (default {SENT.relative_to(ROOT)})")
-    go = sub.add_parser("run", help="join, install, train two steps, resume to a third, plan, gpu_parts, report")
+    keep = sub.add_parser(
+        "stash", help="check the parts sent with this call and keep them in $GRL_KIT_STASH (/tmp/grl_gpu_kit)"
+    )
+    keep.add_argument(
+        "--sent", type=Path, default=SENT, help=f"where the parts arrived (default {SENT.relative_to(ROOT)})"
+    )
+    go = sub.add_parser(
+        "run", help="join, install, train two steps, resume to a third, plan, gpu_parts, report"
+    )
     go.add_argument("--cpu", action="store_true", help="CPU mode: the tiny model on CPU (the rehearsal)")
-    go.add_argument("--parts", type=Path, action="append", default=[], help="another folder holding partN/ (repeatable)")
-    go.add_argument("--work", type=Path, default=None, help="installs, caches and run folders (default: $GRL_KIT_STASH/work)")
+    go.add_argument(
+        "--parts", type=Path, action="append", default=[], help="another folder holding partN/ (repeatable)"
+    )
+    go.add_argument(
+        "--work",
+        type=Path,
+        default=None,
+        help="installs, caches and run folders (default: $GRL_KIT_STASH/work)",
+    )
     go.add_argument("--out", type=Path, default=None, help="logs and figures (default: $OUT, else WORK/out)")
-    go.add_argument("--budget", type=float, default=BUDGET_S, help=f"seconds for the whole command (default {BUDGET_S})")
+    go.add_argument(
+        "--budget", type=float, default=BUDGET_S, help=f"seconds for the whole command (default {BUDGET_S})"
+    )
     args = parser.parse_args(argv)
     return stash(args) if args.command == "stash" else run(args)
 

@@ -25,9 +25,14 @@ def replay(seed, actions, **env_config):
 
 
 def test_registry():
-    assert {"sokobanAgent", "tetrisAgent", "blocksworldAgent", "gsm8kAgent", "webshopAgent", "birdAgent"} <= set(
-        grl.agents.agent_types()
-    )
+    assert {
+        "sokobanAgent",
+        "tetrisAgent",
+        "blocksworldAgent",
+        "gsm8kAgent",
+        "webshopAgent",
+        "birdAgent",
+    } <= set(grl.agents.agent_types())
     assert [grl.agents.env_name(t) for t in ("sokobanAgent", "gsm8kAgent", "webshopAgent", "birdAgent")] == [
         "sokoban",
         "gsm8k",
@@ -40,7 +45,10 @@ def test_registry():
 
 
 def test_import_is_light():
-    code = "import sys, grl.agents; print(sorted(m for m in ('torch','ray','vllm','datasets') if m in sys.modules))"
+    code = (
+        "import sys, grl.agents; print(sorted(m for m in ('torch','ray','vllm','datasets') if m in "
+        "sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
@@ -78,7 +86,11 @@ def test_step_runs_actions_and_matches_the_env(task):
     follow_up = agent.messages[-1]["content"]
     assert agent.messages[-1]["role"] == "user" and follow_up.startswith(f"Reward: {result.reward:g}")
     assert state_of(follow_up) == reference[-1][0]
-    assert "Turn 2." in follow_up and "You have 5 actions left" in follow_up and "2 actions over the limit" in follow_up
+    assert (
+        "Turn 2." in follow_up
+        and "You have 5 actions left" in follow_up
+        and "2 actions over the limit" in follow_up
+    )
 
 
 def test_action_budget_ends_the_episode(task):
@@ -133,7 +145,11 @@ def test_invalid_action_is_penalised_and_counted(task):
 
 
 def test_same_seed_same_episode(task):
-    replies = ["<think>a</think><answer>Up || Left</answer>", "junk", "<think>b</think><answer>Down || Right</answer>"]
+    replies = [
+        "<think>a</think><answer>Up || Left</answer>",
+        "junk",
+        "<think>b</think><answer>Down || Right</answer>",
+    ]
 
     def run(seed):
         agent = make_agent("simpleSokobanAgent", task("simpleSokobanAgent"))
@@ -194,12 +210,24 @@ def test_env_error_ends_the_episode_without_raising(task, monkeypatch):
 @pytest.mark.parametrize(
     "change, message",
     [
-        ({"agent_config": {"max_turns": 0}}, r"simpleSokobanAgent.agent_config.max_turns: must be an integer >= 1"),
-        ({"agent_config": {"max_turn": 3}}, r"simpleSokobanAgent.agent_config.max_turn: unknown key \(did you mean"),
+        (
+            {"agent_config": {"max_turns": 0}},
+            r"simpleSokobanAgent.agent_config.max_turns: must be an integer >= 1",
+        ),
+        (
+            {"agent_config": {"max_turn": 3}},
+            r"simpleSokobanAgent.agent_config.max_turn: unknown key \(did you mean",
+        ),
         ({"agent_config": {"enable_think": "maybe"}}, r"simpleSokobanAgent.agent_config.enable_think"),
-        ({"env_config": {"dim_rooms": [5, 5]}}, r"simpleSokobanAgent.env_config.dim_rooms: unknown key for env sokoban"),
+        (
+            {"env_config": {"dim_rooms": [5, 5]}},
+            r"simpleSokobanAgent.env_config.dim_rooms: unknown key for env sokoban",
+        ),
         ({"agent_type": "sokoAgent"}, r"simpleSokobanAgent.agent_type: unknown agent_type 'sokoAgent'"),
-        ({"agent_type": "program"}, r"simpleSokobanAgent: agent_type: program and agent_config.program go together"),
+        (
+            {"agent_type": "program"},
+            r"simpleSokobanAgent: agent_type: program and agent_config.program go together",
+        ),
     ],
 )
 def test_bad_task_blocks_name_the_key(task, change, message):
@@ -227,7 +255,22 @@ def test_accepts_omegaconf_blocks(task):
 replies = st.one_of(
     st.text(max_size=200),
     st.lists(
-        st.sampled_from(["<think>", "</think>", "<answer>", "</answer>", "||", "Up", "left", " ", "Jump", "\n", "DOWN", "Right"]),
+        st.sampled_from(
+            [
+                "<think>",
+                "</think>",
+                "<answer>",
+                "</answer>",
+                "||",
+                "Up",
+                "left",
+                " ",
+                "Jump",
+                "\n",
+                "DOWN",
+                "Right",
+            ]
+        ),
         max_size=20,
     ).map("".join),
     st.none(),
@@ -281,7 +324,7 @@ def test_context_window_keeps_the_instructions_and_the_last_turns(task):
 
 
 def test_context_window_before_tool_output_gives_the_instructions_a_message():
-    from grl.agents.base import context_window
+    from grl.agents.turns import context_window
 
     chat = [
         {"role": "system", "content": "S"},
@@ -308,7 +351,10 @@ def test_brief_turns_say_only_what_changed(task):
     full = make_agent("tetrisAgent_gap_dim_4", task("tetrisAgent_gap_dim_4", agent={"brief_turns": False}))
     full.reset(3)
     full.step("<answer>Left</answer>")
-    assert full.messages[-1]["content"] == "Reward: 0\n" + follow_up.rstrip()[:-1] + "; use at most 1 in this answer."
+    assert (
+        full.messages[-1]["content"]
+        == "Reward: 0\n" + follow_up.rstrip()[:-1] + "; use at most 1 in this answer."
+    )
     agent.reset(3)
     dropped = agent.step("<answer>Down</answer>")  # never over the gap at the start: a loss
     assert dropped.done and not dropped.info["success"]

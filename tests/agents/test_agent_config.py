@@ -97,18 +97,35 @@ def test_promised_values(validated):
     ):
         agent, env = get(name)
         assert (env["box_type"], env["dim_x"], env["dim_y"]) == (box_type, dim, dim)
-        assert (agent["max_turns"], agent["max_actions_per_turn"], agent["max_actions_all_turns"]) == (11, 5, 40)
+        assert (agent["max_turns"], agent["max_actions_per_turn"], agent["max_actions_all_turns"]) == (
+            11,
+            5,
+            40,
+        )
     for mode in ("text", "1d", "2d_sparse"):
         agent, env = get(f"blocksworldAgent_{mode}")
         assert env["render_mode"] == mode and env["num_blocks"] == 3
-        assert (agent["max_turns"], agent["max_actions_per_turn"], agent["max_actions_all_turns"]) == (11, 5, 20)
-    assert get("gsm8kAgent_single_turn")[0]["max_turns"] == 1 and get("gsm8kAgent_5_turn")[0]["max_turns"] == 5
+        assert (agent["max_turns"], agent["max_actions_per_turn"], agent["max_actions_all_turns"]) == (
+            11,
+            5,
+            20,
+        )
+    assert (
+        get("gsm8kAgent_single_turn")[0]["max_turns"] == 1 and get("gsm8kAgent_5_turn")[0]["max_turns"] == 5
+    )
     assert get("gsm8kAgent_single_turn")[1]["data_path"].endswith("/gsm8k/{split}.jsonl")
     for name in MATH:
         agent, env = get(name)
         turns = 1 if name.endswith("single_turn") else 5
-        assert (agent["max_turns"], agent["max_actions_all_turns"], env["max_attempts"]) == (turns, turns, turns)
-        assert env["data_path"].endswith(f"/math/{name.split('Agent')[0]}/{{split}}.jsonl") and env["split"] == "test"
+        assert (agent["max_turns"], agent["max_actions_all_turns"], env["max_attempts"]) == (
+            turns,
+            turns,
+            turns,
+        )
+        assert (
+            env["data_path"].endswith(f"/math/{name.split('Agent')[0]}/{{split}}.jsonl")
+            and env["split"] == "test"
+        )
 
 
 def test_math_blocks_build_agents_on_a_fixture_file(validated, tmp_path):
@@ -139,7 +156,9 @@ def test_our_blocks_build_agents(validated):
 
 
 def test_a_misspelt_env_key_is_caught_by_the_validator():
-    with pytest.raises(ConfigError, match=r"simpleSokobanAgent.env_config.dim_rom: unknown key for env sokoban"):
+    with pytest.raises(
+        ConfigError, match=r"simpleSokobanAgent.env_config.dim_rom: unknown key for env sokoban"
+    ):
         load_config(["+simpleSokobanAgent.env_config.dim_rom=[5,5]"])
 
 
@@ -149,7 +168,9 @@ def test_textworld_blocks_take_one_command_per_turn(validated):
     for level in ("easy", "medium", "hard"):
         block = task_instance(cfg, f"textworldAgent_{level}")
         agent, env = block["agent_config"], block["env_config"]
-        assert env["level"] == level and agent["max_actions_per_turn"] == 1 and agent["action_separator"] is None
+        assert (
+            env["level"] == level and agent["max_actions_per_turn"] == 1 and agent["action_separator"] is None
+        )
         budgets.append(agent["max_turns"])
     assert budgets == sorted(budgets)
 

@@ -90,7 +90,9 @@ def tetris_policy(state: str) -> list[str]:
         board = filled | set(cells)
         cleared = sum(all((r, c) in board for c in range(width)) for r in range(height))
         holes = sum(
-            (r, c) not in board and any((above, c) in board for above in range(r)) for r in range(height) for c in range(width)
+            (r, c) not in board and any((above, c) in board for above in range(r))
+            for r in range(height)
+            for c in range(width)
         )
         score = (cleared, -holes, sum(r for r, _ in cells), -abs(shift))
         if best is None or score > best[0]:
@@ -99,7 +101,9 @@ def tetris_policy(state: str) -> list[str]:
     return ["Right" if shift > 0 else "Left"] * abs(shift) + ["Down"]
 
 
-@pytest.mark.parametrize("name", ["tetrisAgent_type_1_dim_4", "tetrisAgent_type_2_dim_3", "tetrisAgent_type_2_dim_4"])
+@pytest.mark.parametrize(
+    "name", ["tetrisAgent_type_1_dim_4", "tetrisAgent_type_2_dim_3", "tetrisAgent_type_2_dim_4"]
+)
 def test_tetris_placement_policy_clears_a_row(task, name):
     agent = make_agent(name, task(name))
     wins = 0
@@ -147,16 +151,28 @@ def test_gsm8k_five_turns_sum_the_rewards(task):
     feedback = agent.messages[5]["content"]
     assert "is not the right answer" in feedback and "Attempts left: 3." in feedback
     metrics = agent.episode_metrics()
-    assert metrics["success"] == 1.0 and metrics["num_actions"] == 3 and metrics["format_ok"] == pytest.approx(1 / 3)
+    assert (
+        metrics["success"] == 1.0
+        and metrics["num_actions"] == 3
+        and metrics["format_ok"] == pytest.approx(1 / 3)
+    )
     assert metrics["action_is_valid"] == pytest.approx(2 / 3)
 
 
 @pytest.mark.shared_data("gsm8k/test.jsonl")
 def test_gsm8k_answer_is_one_action_whatever_the_separator(task):
-    block = task("gsm8kAgent_5_turn", agent={"action_separator": ","}, env={"data_path": str(GSM8K_TEST), "split": "test"})
+    block = task(
+        "gsm8kAgent_5_turn",
+        agent={"action_separator": ","},
+        env={"data_path": str(GSM8K_TEST), "split": "test"},
+    )
     agent = make_agent("gsm8kAgent_5_turn", block)
     agent.reset(7)
-    gold = json.loads(GSM8K_TEST.read_text(encoding="utf-8").splitlines()[7])["answer"].rsplit("####", 1)[1].strip()
+    gold = (
+        json.loads(GSM8K_TEST.read_text(encoding="utf-8").splitlines()[7])["answer"]
+        .rsplit("####", 1)[1]
+        .strip()
+    )
     result = agent.step(f"<answer>{gold}, I think</answer>")
     assert result.info["actions"] == [f"{gold}, I think"]
 
@@ -191,7 +207,9 @@ def blocksworld_states(state: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
     return blocks_from_drawing(current.split("\n")), blocks_from_drawing(goal.split("\n"))
 
 
-@pytest.mark.parametrize("name", ["blocksworldAgent_text", "blocksworldAgent_1d", "blocksworldAgent_2d_sparse"])
+@pytest.mark.parametrize(
+    "name", ["blocksworldAgent_text", "blocksworldAgent_1d", "blocksworldAgent_2d_sparse"]
+)
 def test_blocksworld_bfs_solves_through_the_agent(task, name):
     from grl.envs.solvers import solve_blocksworld
 

@@ -64,7 +64,9 @@ def success_rate(make, policy) -> float:
 def test_swapped_agent_shows_the_decoy_and_plays_the_real_game(sokoban):
     real = make_agent("simpleSokobanAgent", sokoban)
     decoy = make_agent("simpleSokobanAgent", sokoban)
-    swapped = SwappedAgent(make_agent("simpleSokobanAgent", sokoban), make_agent("simpleSokobanAgent", sokoban))
+    swapped = SwappedAgent(
+        make_agent("simpleSokobanAgent", sokoban), make_agent("simpleSokobanAgent", sokoban)
+    )
     shown = swapped.reset(3)
     assert shown == decoy.reset(decoy_seed(3)) and shown != real.reset(3)
     for action in ["Up", "Left", "Down"]:
@@ -90,7 +92,8 @@ def test_a_board_reading_policy_scores_higher_in_the_true_arm(sokoban):
 
 @pytest.mark.parametrize("moves", [1, 4])
 def test_a_finished_decoy_shows_its_final_board_at_the_real_turn(task, moves):
-    # `moves`: the decoy is solved in that many moves; after one move its only message was the first, instructions and all
+    # `moves`: the decoy is solved in that many moves; after one move its only message was the first,
+    # instructions and all
     swapped = make_swapped_agent(
         "simpleSokobanAgent", task("simpleSokobanAgent", agent=ONE_MOVE_TURNS, env={"solution_moves": moves})
     )
@@ -129,9 +132,13 @@ def test_mutual_information_of_a_constant_policy_is_zero_and_of_the_solver_posit
 
 def test_mutual_information_matches_a_hand_computed_table():
     # X uniform over {a, b}; Z = X half of the time, else the other letter: I = log 2 - H(1/2) = 0.
-    assert mutual_information([("a", "a"), ("a", "b"), ("b", "a"), ("b", "b")]) == pytest.approx((0, 0.6931, 0.6931), abs=1e-4)
+    assert mutual_information([("a", "a"), ("a", "b"), ("b", "a"), ("b", "b")]) == pytest.approx(
+        (0, 0.6931, 0.6931), abs=1e-4
+    )
     # Z a function of X with two values: I = H(Z) = log 2, nothing left given X.
-    assert mutual_information([("a", 1), ("b", 2), ("a", 1), ("b", 2)]) == pytest.approx((0.6931, 0, 0.6931), abs=1e-4)
+    assert mutual_information([("a", 1), ("b", 2), ("a", 1), ("b", 2)]) == pytest.approx(
+        (0.6931, 0, 0.6931), abs=1e-4
+    )
     # Three states, two map to the same answer: H(Z) = H(2/3, 1/3).
     h = -(2 / 3) * math.log(2 / 3) - (1 / 3) * math.log(1 / 3)
     assert mutual_information([("a", 1), ("b", 1), ("c", 2)]) == pytest.approx((h, 0, h))

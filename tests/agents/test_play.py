@@ -14,15 +14,24 @@ from agent_text import GSM8K_TEST, ROOT
 
 def grl_cli(*args, stdin=""):
     return subprocess.run(
-        [sys.executable, "-m", "grl.cli", *args], cwd=ROOT, input=stdin, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "grl.cli", *args],
+        cwd=ROOT,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 
 def test_play_sokoban_with_bfs_replies():
     seed, plan = next(
-        (s, p) for s in range(50) if len(p := solve_sokoban(grl.envs.make("sokoban", dim_room=[6, 6]).reset(s))) <= 10
+        (s, p)
+        for s in range(50)
+        if len(p := solve_sokoban(grl.envs.make("sokoban", dim_room=[6, 6]).reset(s))) <= 10
     )
-    replies = "".join(f"<think>bfs</think><answer>{' || '.join(plan[i : i + 5])}</answer>\n" for i in range(0, len(plan), 5))
+    replies = "".join(
+        f"<think>bfs</think><answer>{' || '.join(plan[i : i + 5])}</answer>\n" for i in range(0, len(plan), 5)
+    )
     out = grl_cli("play", "simpleSokobanAgent", "--seed", str(seed), stdin=replies)
     assert out.returncode == 0, out.stderr
     start = grl.envs.make("sokoban", dim_room=[6, 6]).reset(seed)
@@ -65,7 +74,10 @@ def test_play_shows_the_verdict_when_the_budget_is_spent():
         stdin="<think>x</think><answer>Left</answer>\n",
     )
     assert out.returncode == 0, out.stderr
-    assert "[final state]" in out.stdout and "verdict: FAILED: the turn or action budget (1 turn(s)) is spent" in out.stdout
+    assert (
+        "[final state]" in out.stdout
+        and "verdict: FAILED: the turn or action budget (1 turn(s)) is spent" in out.stdout
+    )
 
 
 def test_play_math500_on_a_fixture_file(tmp_path):
@@ -80,14 +92,20 @@ def test_play_math500_on_a_fixture_file(tmp_path):
     )
     assert out.returncode == 0, out.stderr
     assert rows[0]["problem"] in out.stdout and "=> reward 10  done True" in out.stdout
-    missing = grl_cli("play", "math500Agent_single_turn", f"math500Agent_single_turn.env_config.data_path={tmp_path}/no.jsonl")
+    missing = grl_cli(
+        "play",
+        "math500Agent_single_turn",
+        f"math500Agent_single_turn.env_config.data_path={tmp_path}/no.jsonl",
+    )
     assert missing.returncode == 2 and "scripts/install_dataset.sh --math" in missing.stderr
     assert missing.stderr.strip().count("\n") == 0
 
 
 def test_play_stops_cleanly_at_end_of_input():
     out = grl_cli("play", "tetrisAgent_type_1_dim_4", stdin="<think>x</think><answer>Left</answer>\n")
-    assert out.returncode == 0 and "no more input" in out.stdout and "=> reward -0.1  done False" in out.stdout
+    assert (
+        out.returncode == 0 and "no more input" in out.stdout and "=> reward -0.1  done False" in out.stdout
+    )
 
 
 def test_play_unknown_task_is_one_clear_line():
@@ -135,5 +153,8 @@ def test_play_usage_is_the_line_grl_help_gives(capsys):
     out = grl_cli("play")
     assert out.returncode == 2 and out.stdout == ""
     usage, error = out.stderr.strip().splitlines()
-    assert usage.startswith("usage: grl play ") and usage.removeprefix("usage: ") in overview, (usage, overview)
+    assert usage.startswith("usage: grl play ") and usage.removeprefix("usage: ") in overview, (
+        usage,
+        overview,
+    )
     assert "overrides" not in error and "name a task instance" in error and "grl list" in error

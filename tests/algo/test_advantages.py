@@ -27,7 +27,8 @@ SEEDS = range(6)
 
 
 def estimate(name, inputs, whiten=True, **keys):
-    """`compute_advantage` as the trainer calls it: the batch inputs by name and a typed `algorithm` section."""
+    """`compute_advantage` as the trainer calls it: the batch inputs by name and a typed `algorithm`
+    section."""
     return compute_advantage(inputs, Algorithm(adv_estimator=name, **keys), whiten=whiten)
 
 
@@ -207,7 +208,14 @@ def test_bi_level_gae_matches_reference(seed):
     batch = random_episode_batch(16, 100 + seed)
     gamma, lam, hgamma, hlam = [(1.0, 1.0, 0.95, 1.0), (0.99, 0.95, 0.9, 0.8), (0.9, 0.5, 1.0, 0.0)][seed % 3]
     adv, ret = compute_bi_level_gae(
-        batch["token_rewards"], batch["values"], batch["loss_mask"], batch["turn_ids"], gamma, lam, hgamma, hlam
+        batch["token_rewards"],
+        batch["values"],
+        batch["loss_mask"],
+        batch["turn_ids"],
+        gamma,
+        lam,
+        hgamma,
+        hlam,
     )
     ref_adv, ref_ret = ref_bi_level(batch, gamma, lam, hgamma, hlam)
     close(adv, ref_adv)
@@ -216,7 +224,9 @@ def test_bi_level_gae_matches_reference(seed):
 
 def test_turn_gae_matches_reference():
     batch = random_episode_batch(16, 150)
-    turns = compute_turn_gae(batch["token_rewards"], batch["values"], batch["loss_mask"], batch["turn_ids"], 0.9, 0.8)
+    turns = compute_turn_gae(
+        batch["token_rewards"], batch["values"], batch["loss_mask"], batch["turn_ids"], 0.9, 0.8
+    )
     for b in range(16):
         ref_turns_b, A, G = ref_turn_gae_row(batch, b, 0.9, 0.8)
         ids = [k for k, _ in ref_turns_b]
@@ -231,7 +241,15 @@ def test_weighted_gae_matches_reference(seed):
     batch = random_episode_batch(16, 200 + seed)
     gamma, lam, hgamma, hlam, w = 0.99, 0.9, 0.95, 0.7, [0.0, 0.5, 2.0][seed % 3]
     adv, ret = compute_weighted_gae(
-        batch["token_rewards"], batch["values"], batch["loss_mask"], batch["turn_ids"], gamma, lam, hgamma, w, hlam
+        batch["token_rewards"],
+        batch["values"],
+        batch["loss_mask"],
+        batch["turn_ids"],
+        gamma,
+        lam,
+        hgamma,
+        w,
+        hlam,
     )
     ref_adv, ref_ret = ref_weighted(batch, gamma, lam, hgamma, hlam, w)
     close(adv, ref_adv)
@@ -243,11 +261,15 @@ def test_grpo_and_rloo_match_reference(seed):
     g = torch.Generator().manual_seed(seed)
     B = 24
     groups = torch.randint(0, 6, (B,), generator=g)
-    scores = torch.randn(B, generator=g, dtype=torch.float64).round(decimals=1)  # ties happen, as with 0/1 rewards
+    scores = torch.randn(B, generator=g, dtype=torch.float64).round(
+        decimals=1
+    )  # ties happen, as with 0/1 rewards
     mask = random_episode_batch(B, 300 + seed)["loss_mask"]
     for norm in (True, False):
         adv, ret = compute_grpo(scores, mask, groups, norm_adv_by_std_in_grpo=norm)
-        ref = torch.tensor(ref_group_scores(scores.tolist(), groups.tolist(), "grpo", norm), dtype=torch.float64)
+        ref = torch.tensor(
+            ref_group_scores(scores.tolist(), groups.tolist(), "grpo", norm), dtype=torch.float64
+        )
         close(adv, torch.where(mask > 0, ref[:, None], 0.0))
         close(ret, adv)
     adv, _ = compute_rloo(scores, mask, groups)
@@ -286,7 +308,9 @@ def test_reinforce_plus_plus_discount_crosses_env_tokens():
 def random_turn_states(batch, seed, num_states):
     """`[B, turns]` state ids drawn from `num_states` values, so that turns of a group repeat states."""
     K = int(batch["turn_ids"].max()) + 1
-    return torch.randint(0, num_states, (batch["turn_ids"].shape[0], max(K, 1)), generator=torch.Generator().manual_seed(seed))
+    return torch.randint(
+        0, num_states, (batch["turn_ids"].shape[0], max(K, 1)), generator=torch.Generator().manual_seed(seed)
+    )
 
 
 def ref_gigpo(batch, states, groups, gamma, w, norm_by_std=True, eps=1e-6):
@@ -301,7 +325,9 @@ def ref_gigpo(batch, states, groups, gamma, w, norm_by_std=True, eps=1e-6):
             steps[b, k] = (g, toks)
     adv, ret = torch.zeros_like(r), torch.zeros_like(r)
     for (b, k), (g, toks) in steps.items():
-        anchor = [steps[c, j][0] for (c, j) in steps if groups[c] == groups[b] and states[c, j] == states[b, k]]
+        anchor = [
+            steps[c, j][0] for (c, j) in steps if groups[c] == groups[b] and states[c, j] == states[b, k]
+        ]
         step_adv = 0.0
         if len(anchor) > 1:
             step_adv = g - statistics.mean(anchor)
@@ -344,7 +370,14 @@ def test_gigpo_with_distinct_states_is_grpo():
     states = torch.arange(24 * K).view(24, K)  # every turn its own state
     for norm in (True, False):
         adv, _ = compute_gigpo(
-            batch["token_rewards"], batch["loss_mask"], batch["turn_ids"], states, groups, 0.9, 3.0, norm_adv_by_std_in_grpo=norm
+            batch["token_rewards"],
+            batch["loss_mask"],
+            batch["turn_ids"],
+            states,
+            groups,
+            0.9,
+            3.0,
+            norm_adv_by_std_in_grpo=norm,
         )
         scores = torch.where(batch["loss_mask"] > 0, batch["token_rewards"], 0).sum(-1)
         grpo, _ = compute_grpo(scores, batch["loss_mask"], groups, norm)
@@ -355,12 +388,24 @@ def test_gigpo_same_state_in_another_group_is_not_an_anchor():
     # rows 0, 1 in group 0 and rows 2, 3 in group 1; all turns share state 7
     m = torch.tensor([[1.0, 0.0, 1.0]] * 4, dtype=torch.float64)
     tids = torch.tensor([[0, 1, 1]] * 4)
-    r = torch.tensor([[0.0, 0.0, 1.0], [0.0, 0.0, 0.0], [0.0, 0.0, 5.0], [0.0, 0.0, 5.0]], dtype=torch.float64)
+    r = torch.tensor(
+        [[0.0, 0.0, 1.0], [0.0, 0.0, 0.0], [0.0, 0.0, 5.0], [0.0, 0.0, 5.0]], dtype=torch.float64
+    )
     states = torch.full((4, 2), 7)
     adv, ret = compute_gigpo(r, m, tids, states, [0, 0, 1, 1], 0.5, 1.0, norm_adv_by_std_in_grpo=False)
     # group 0: episode adv +-0.5; anchor over 4 turns with returns [0.5, 1, 0, 0], mean 0.375
-    close(ret, torch.tensor([[0.5, 0.0, 1.0], [0.0, 0.0, 0.0], [2.5, 0.0, 5.0], [2.5, 0.0, 5.0]], dtype=torch.float64))
-    close(adv[:2], torch.tensor([[0.5 + 0.125, 0.0, 0.5 + 0.625], [-0.5 - 0.375, 0.0, -0.5 - 0.375]], dtype=torch.float64))
+    close(
+        ret,
+        torch.tensor(
+            [[0.5, 0.0, 1.0], [0.0, 0.0, 0.0], [2.5, 0.0, 5.0], [2.5, 0.0, 5.0]], dtype=torch.float64
+        ),
+    )
+    close(
+        adv[:2],
+        torch.tensor(
+            [[0.5 + 0.125, 0.0, 0.5 + 0.625], [-0.5 - 0.375, 0.0, -0.5 - 0.375]], dtype=torch.float64
+        ),
+    )
     close(adv[2:], torch.tensor([[-1.25, 0.0, 1.25]] * 2, dtype=torch.float64))
 
 
@@ -404,9 +449,13 @@ def test_env_tokens_between_turns_change_nothing(estimator):
     kw = {"gamma": 0.97, "lam": 0.9, "high_level_gamma": 0.9, "turn_advantage_weight": 0.5}
     adv, ret = estimate(estimator, batch, whiten=False, **kw)
     adv2, ret2 = estimate(estimator, wider, whiten=False, **kw)
-    for a, a2 in zip(on_generated(adv, batch["loss_mask"]), on_generated(adv2, wider["loss_mask"]), strict=True):
+    for a, a2 in zip(
+        on_generated(adv, batch["loss_mask"]), on_generated(adv2, wider["loss_mask"]), strict=True
+    ):
         close(a, a2)
-    for a, a2 in zip(on_generated(ret, batch["loss_mask"]), on_generated(ret2, wider["loss_mask"]), strict=True):
+    for a, a2 in zip(
+        on_generated(ret, batch["loss_mask"]), on_generated(ret2, wider["loss_mask"]), strict=True
+    ):
         close(a, a2)
 
 
@@ -449,7 +498,9 @@ def test_dispatcher_episode_scores_default_to_summed_rewards():
 def test_dispatcher_errors_name_the_problem():
     batch = random_episode_batch(8, 900)
     assert (batch["loss_mask"].sum(-1) > 1).any()
-    with pytest.raises(ValueError, match="gae, bi_level_gae, weighted_gae, grpo, rloo, reinforce_plus_plus, gigpo"):
+    with pytest.raises(
+        ValueError, match="gae, bi_level_gae, weighted_gae, grpo, rloo, reinforce_plus_plus, gigpo"
+    ):
         estimate("ppo_magic", batch)
     with pytest.raises(ValueError, match="'values'"):
         estimate("gae", {"token_rewards": batch["token_rewards"], "loss_mask": batch["loss_mask"]})

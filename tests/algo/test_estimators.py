@@ -54,7 +54,9 @@ def test_an_estimator_that_reads_group_ids_is_configured_checked_and_dispatched(
     assert torch.equal(advantages, torch.tensor([[0.0, 0.5, 0.5], [-0.5, -0.5, 0.0], [0.0, 0.0, 0.0]]))
     assert torch.equal(returns, advantages)
     with pytest.raises(ValueError, match="'group_ids'"):
-        compute_advantage({"token_rewards": TOKEN_REWARDS, "loss_mask": LOSS_MASK}, Algorithm(adv_estimator="toy"))
+        compute_advantage(
+            {"token_rewards": TOKEN_REWARDS, "loss_mask": LOSS_MASK}, Algorithm(adv_estimator="toy")
+        )
 
 
 def test_an_estimator_that_reads_values_needs_the_critic_and_is_whitened_as_declared():
@@ -67,7 +69,9 @@ def test_an_estimator_that_reads_values_needs_the_critic_and_is_whitened_as_decl
         load_config(["algorithm.adv_estimator=toy", "critic.enable=false"])
     inputs = {"token_rewards": TOKEN_REWARDS, "loss_mask": LOSS_MASK, "values": 0.5 * LOSS_MASK}
     advantages, _ = compute_advantage(inputs, Algorithm(adv_estimator="toy"))
-    assert advantages[LOSS_MASK > 0].mean().abs() < 1e-6 and advantages[LOSS_MASK > 0].std() == pytest.approx(1.0, abs=1e-5)
+    assert advantages[LOSS_MASK > 0].mean().abs() < 1e-6 and advantages[LOSS_MASK > 0].std() == pytest.approx(
+        1.0, abs=1e-5
+    )
     raw, _ = compute_advantage(inputs, Algorithm(adv_estimator="toy"), whiten=False)
     assert torch.equal(raw, (TOKEN_REWARDS - 0.5) * LOSS_MASK)
 
@@ -82,7 +86,10 @@ def test_a_registration_names_the_parameter_it_cannot_fill():
     def tempered(token_rewards, loss_mask, temperature):
         return token_rewards, token_rewards
 
-    with pytest.raises(ValueError, match=r"'toy': parameter 'temperature' of tempered is neither a batch input \(token_rewards,"):
+    with pytest.raises(
+        ValueError,
+        match=r"'toy': parameter 'temperature' of tempered is neither a batch input \(token_rewards,",
+    ):
         register_estimator("toy")(tempered)
     with pytest.raises(ValueError, match="'toy': hyperparameter 'gamma' is not a parameter of tempered"):
         register_estimator("toy", hyperparameters=("gamma", "temperature"))(tempered)
@@ -96,7 +103,9 @@ def test_a_hyperparameter_the_schema_lacks_is_a_config_error():
     def scaled(episode_scores, loss_mask, score_scale):
         return episode_scores, episode_scores
 
-    with pytest.raises(ConfigError, match=r"^algorithm\.score_scale: toy reads it, but the schema declares no such key"):
+    with pytest.raises(
+        ConfigError, match=r"^algorithm\.score_scale: toy reads it, but the schema declares no such key"
+    ):
         load_config(["algorithm.adv_estimator=toy"])
 
 
@@ -121,19 +130,29 @@ def test_a_new_estimator_with_a_new_hyperparameter_is_its_function_registration_
         advantages = torch.where(loss_mask > 0, score_scale * episode_scores[:, None], 0.0)
         return advantages, advantages
 
-    cfg = load_config(["algorithm.adv_estimator=scaled_score", "algorithm.score_scale=3.0", "critic.enable=false"])
+    cfg = load_config(
+        ["algorithm.adv_estimator=scaled_score", "algorithm.score_scale=3.0", "critic.enable=false"]
+    )
     algorithm = typed_section(cfg, "algorithm")  # what the trainer hands add_advantages
     assert isinstance(algorithm, AlgorithmWithScale) and algorithm.score_scale == 3.0
     batch = Batch(
-        {"token_rewards": TOKEN_REWARDS, "loss_mask": LOSS_MASK, "turn_ids": torch.zeros(3, 3, dtype=torch.long)},
+        {
+            "token_rewards": TOKEN_REWARDS,
+            "loss_mask": LOSS_MASK,
+            "turn_ids": torch.zeros(3, 3, dtype=torch.long),
+        },
         {"group_id": [0, 0, 1]},
     )
     assert add_advantages(batch, algorithm, make_kl_controller("fixed", 0.0)) == {}
     scores = [2.0, 1.0, 5.0]  # each row's rewards on its generated tokens
-    expected = torch.tensor([[0.0, 3 * scores[0], 3 * scores[0]], [3 * scores[1], 3 * scores[1], 0.0], [0.0, 3 * scores[2], 0.0]])
+    expected = torch.tensor(
+        [[0.0, 3 * scores[0], 3 * scores[0]], [3 * scores[1], 3 * scores[1], 0.0], [0.0, 3 * scores[2], 0.0]]
+    )
     assert torch.equal(batch["advantages"], expected) and torch.equal(batch["returns"], expected)
     with pytest.raises(ConfigError, match=r"^algorithm\.score_scale: must be > 0"):
-        load_config(["algorithm.adv_estimator=scaled_score", "algorithm.score_scale=0", "critic.enable=false"])
+        load_config(
+            ["algorithm.adv_estimator=scaled_score", "algorithm.score_scale=0", "critic.enable=false"]
+        )
 
 
 @pytest.mark.parametrize("name", list(ESTIMATORS))
@@ -145,7 +164,10 @@ def test_an_estimator_runs_on_the_inputs_it_declares(name):
     optional = {
         "values": (spec.needs_critic, batch.pop("values")),
         "group_ids": (spec.group_based, [0, 0, 0, 1, 1, 1]),
-        "turn_states": (spec.needs_step_keys, torch.zeros(6, int(batch["turn_ids"].max()) + 1, dtype=torch.long)),
+        "turn_states": (
+            spec.needs_step_keys,
+            torch.zeros(6, int(batch["turn_ids"].max()) + 1, dtype=torch.long),
+        ),
     }
     given = {key: value for key, (declared, value) in optional.items() if declared}
     advantages, returns = compute_advantage({**batch, **given}, Algorithm(adv_estimator=name))

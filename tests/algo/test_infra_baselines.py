@@ -24,7 +24,8 @@ def episode(rng: random.Random, group: int, member: int, **failure) -> Episode:
             response_ids=[rng.randrange(1, 50) for _ in range(rng.randint(1, 4))],
             response_log_probs=None,
             reward=rng.choice([0.0, 1.0, -0.1, 0.5]),
-            state_key=f"s{(k + member) % 2}",  # shared states, so that GiGPO's step groups are not all singletons
+            # shared states, so that GiGPO's step groups are not all singletons
+            state_key=f"s{(k + member) % 2}",
         )
         for k in range(rng.randint(1, 3))
     ]
@@ -33,8 +34,10 @@ def episode(rng: random.Random, group: int, member: int, **failure) -> Episode:
 
 def step_episodes():
     """Four groups of four. Group 0: member 1 failed in the infrastructure (its reward, the env-error penalty,
-    would lower group 0's baseline). Group 1: three members failed, so one is left. Group 2: member 2 failed by
-    the policy's doing (trained on). -> (all episodes, the reference: the same without what must be left out)."""
+    would lower group 0's baseline). Group 1: three members failed, so one is left. Group 2: member 2 failed
+    by
+    the policy's doing (trained on). -> (all episodes, the reference: the same without what must be left
+    out)."""
     rng = random.Random(7)
     infra = {"error": "RuntimeError: disk on fire", "error_kind": "exception", "blame": INFRA}
     policy = {"error": "PolicyFault: no such move", "error_kind": "policy", "blame": POLICY}
@@ -71,10 +74,15 @@ def scored(episodes, name, method="identity"):
     the trained tokens, and the uids of the batch."""
     batch, metrics = shape_batch(episodes, rollout_cfg(method), pad_token_id=0)
     positions = torch.arange(batch["input_ids"].shape[1], dtype=torch.float32)
-    batch["values"] = torch.sin(0.37 * batch["input_ids"].float() + 0.11 * positions) * batch["attention_mask"]
+    batch["values"] = (
+        torch.sin(0.37 * batch["input_ids"].float() + 0.11 * positions) * batch["attention_mask"]
+    )
     add_advantages(batch, algorithm(name), make_kl_controller("fixed", 0.0))
     trained = batch["loss_mask"] > 0
-    rows = {uid: (batch["advantages"][i][trained[i]], batch["returns"][i][trained[i]]) for i, uid in enumerate(batch.meta["uid"])}
+    rows = {
+        uid: (batch["advantages"][i][trained[i]], batch["returns"][i][trained[i]])
+        for i, uid in enumerate(batch.meta["uid"])
+    }
     return rows, metrics
 
 
@@ -93,7 +101,10 @@ def test_an_infra_failure_leaves_the_others_advantages_and_critic_targets_as_wit
     assert metrics["training/dropped_infra_episodes"] == 5.0  # the 4 failures and group 1's last member
     for uid, (advantages, returns) in want.items():
         assert torch.equal(got[uid][0], advantages), (name, uid)
-        assert torch.equal(got[uid][1], returns), (name, uid)  # the critic's targets, for the critic's estimators
+        assert torch.equal(got[uid][1], returns), (
+            name,
+            uid,
+        )  # the critic's targets, for the critic's estimators
 
 
 def test_the_policy_s_failure_keeps_its_penalty_in_the_baseline():

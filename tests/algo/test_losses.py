@@ -148,7 +148,9 @@ def test_entropy_and_log_probs_from_logits():
     half = logits.to(torch.bfloat16)
     lp_half = log_probs_from_logits(half, labels)
     assert lp_half.dtype == torch.float32  # computed in fp32 from the exact bf16 values
-    torch.testing.assert_close(lp_half, torch.log_softmax(half.float(), -1).gather(-1, labels[..., None]).squeeze(-1))
+    torch.testing.assert_close(
+        lp_half, torch.log_softmax(half.float(), -1).gather(-1, labels[..., None]).squeeze(-1)
+    )
     torch.testing.assert_close(entropy_from_logits(half, chunk_size=4), entropy_from_logits(half.float()))
     mask = t([[1, 1, 1, 0, 0], [1, 0, 0, 0, 0]])
     assert entropy_bonus(ent, mask).item() == pytest.approx(masked_mean(ent, mask).item())
@@ -197,7 +199,9 @@ def test_apply_kl_penalty():
     ref = t([[-1.5, -0.5, -3.0, 0.0], [-2.5, -1.5, -1.0, -2.0], [0.0, 0.0, 0.0, 0.0]])
     mask = t([[1, 1, 0, 0], [1, 1, 1, 0], [0, 0, 0, 0]])
     new, mean_kl = apply_kl_penalty(rewards, logp, ref, mask, kl_coef=0.1, kl_penalty="kl")
-    expected = t([[0.0 - 0.1 * 0.5, 1.0 + 0.1 * 0.5, 0.0, 0.0], [-0.1 * 0.5, 0.0, 2.0, 0.0], [5.0, 0.0, 0.0, 0.0]])
+    expected = t(
+        [[0.0 - 0.1 * 0.5, 1.0 + 0.1 * 0.5, 0.0, 0.0], [-0.1 * 0.5, 0.0, 2.0, 0.0], [5.0, 0.0, 0.0, 0.0]]
+    )
     torch.testing.assert_close(new, expected)
     # row means: row 0 (0.5 - 0.5)/2 = 0, row 1 0.5/3; the empty row is left out
     assert mean_kl.item() == pytest.approx((0.0 + 0.5 / 3) / 2)

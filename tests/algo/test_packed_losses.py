@@ -52,7 +52,9 @@ def test_truncated_is_weights_cap_and_scale_the_policy_loss():
     mask, adv = torch.ones(1, 3), torch.tensor([[1.0, -2.0, 0.5]])
     plain, _ = policy_loss(old, old, adv, mask)
     weighted, _ = policy_loss(old, old, adv, mask, is_weights=w)
-    assert weighted.item() == pytest.approx((-(adv * w)).mean().item()) and plain.item() == pytest.approx(-adv.mean().item())
+    assert weighted.item() == pytest.approx((-(adv * w)).mean().item()) and plain.item() == pytest.approx(
+        -adv.mean().item()
+    )
 
 
 def test_pack_lays_episodes_side_by_side_and_unpack_restores_them():
@@ -60,7 +62,12 @@ def test_pack_lays_episodes_side_by_side_and_unpack_restores_them():
     lengths = torch.tensor(LENGTHS)
     attention = (torch.arange(loss.shape[1]) < lengths[:, None]).long()
     packed, where = pack({"loss": loss, "loss_mask": mask, "attention_mask": attention}, capacity=8)
-    assert where == [[(1, 0, 5)], [(1, 5, 3)], [(0, 0, 6)], [(0, 6, 2)]]  # first-fit decreasing: 6 + 2 and 5 + 3
+    assert where == [
+        [(1, 0, 5)],
+        [(1, 5, 3)],
+        [(0, 0, 6)],
+        [(0, 6, 2)],
+    ]  # first-fit decreasing: 6 + 2 and 5 + 3
     assert packed["segment_ids"].tolist() == [[1] * 6 + [2] * 2, [1] * 5 + [2] * 3]
     assert torch.equal(packed["loss"][1], torch.cat([loss[0, :5], loss[1, :3]]))
     short, _ = pack({"loss": loss[:2], "attention_mask": attention[:2]}, capacity=8)  # 5 + 3 fill one row
@@ -77,7 +84,10 @@ def test_micro_batches_count_episodes():
         "segment_ids": torch.tensor([[1, 2, 3, 4], [1, 2, 0, 0]]),  # row 0: a prompt (1) and 3 rests
         "parent_ids": torch.tensor([[0, 1, 1, 1], [0, 0, 0, 0]]),
     }
-    assert [len(p["segment_ids"]) for p in split_rows(shared, 3)] == [1, 1]  # 3 | 2: a shared prompt is no episode
+    assert [len(p["segment_ids"]) for p in split_rows(shared, 3)] == [
+        1,
+        1,
+    ]  # 3 | 2: a shared prompt is no episode
     assert [len(p["segment_ids"]) for p in split_rows(shared, 5)] == [2]
 
 

@@ -22,7 +22,9 @@ def ref_rebn(batch, gamma, eps=1e-9):
         for t in range(m.shape[1]):
             if m[b, t] > 0:
                 turns.setdefault(int(tids[b, t]), []).append(t)
-        episode = [(positions, sum(float(r[b, t]) for t in positions)) for _, positions in sorted(turns.items())]
+        episode = [
+            (positions, sum(float(r[b, t]) for t in positions)) for _, positions in sorted(turns.items())
+        ]
         future = 0.0
         for positions, reward in reversed(episode):
             future = reward + gamma * future
@@ -57,8 +59,12 @@ def test_rebn_by_hand():
     returns = [0.5, 1.0, -1.0]
     mean, std = sum(returns) / 3, math.sqrt(sum((g - sum(returns) / 3) ** 2 for g in returns) / 3)
     z = [(g - mean) / (std + 1e-9) for g in returns]
-    torch.testing.assert_close(ret, torch.tensor([[0, 0.5, 0.5, 0, 1.0], [0, -1.0, 0, 0, 0]], dtype=torch.float64))
-    torch.testing.assert_close(adv, torch.tensor([[0, z[0], z[0], 0, z[1]], [0, z[2], 0, 0, 0]], dtype=torch.float64))
+    torch.testing.assert_close(
+        ret, torch.tensor([[0, 0.5, 0.5, 0, 1.0], [0, -1.0, 0, 0, 0]], dtype=torch.float64)
+    )
+    torch.testing.assert_close(
+        adv, torch.tensor([[0, z[0], z[0], 0, z[1]], [0, z[2], 0, 0, 0]], dtype=torch.float64)
+    )
 
 
 def test_rebn_needs_no_critic_in_the_config():
@@ -107,4 +113,6 @@ def test_a_short_training_run_on_a_gem_game(tmp_path, ray_runtime):
     assert sorted(history) == [1, 2]
     for step in (1, 2):
         assert math.isfinite(history[step]["actor/pg_loss"]) and history[step]["actor/grad_norm"] > 0
-        assert history[step][f"train/{task}/action_is_valid"] == 1.0  # constrained: every move is a valid guess
+        assert (
+            history[step][f"train/{task}/action_is_valid"] == 1.0
+        )  # constrained: every move is a valid guess

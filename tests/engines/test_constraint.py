@@ -123,7 +123,15 @@ def test_flat_sets_mask_exactly_as_padded_ones():
     rng = torch.Generator().manual_seed(1)
     vocab = 64
     logits = torch.randn(7, vocab, generator=rng)
-    sets = [(3, (4, 9, 17)), (-2, (0, 63)), (0, ()), (vocab, tuple(range(vocab))), (-1, (3,)), (0, ()), (2, (63, 1))]
+    sets = [
+        (3, (4, 9, 17)),
+        (-2, (0, 63)),
+        (0, ()),
+        (vocab, tuple(range(vocab))),
+        (-1, (3,)),
+        (0, ()),
+        (2, (63, 1)),
+    ]
     flat = torch.tensor([i for _, members in sets for i in members], dtype=torch.int32)
     sizes, padded = allowed_sets_tensors(sets)
     assert torch.equal(constrain_logits_flat(logits, sizes, flat), constrain_logits(logits, sizes, padded))
@@ -216,11 +224,17 @@ def test_a_row_without_a_cached_prefix_does_not_widen_the_others(hf_tiny, tokeni
     second = [p + o.token_ids + delta for p, o in zip(prompts[:5], first)]
     second[0] = second[0][3:]  # left-truncated: extends nothing the engine kept
     forward, seen = hf_tiny.model.forward, []
-    monkeypatch.setattr(hf_tiny.model, "forward", lambda *a, **k: seen.append(k["input_ids"].shape) or forward(*a, **k))
+    monkeypatch.setattr(
+        hf_tiny.model, "forward", lambda *a, **k: seen.append(k["input_ids"].shape) or forward(*a, **k)
+    )
     reused = hf_tiny.generate(second, sampling)
-    (cut_rows, cut_width), (kept_rows, kept_width) = sorted(((rows, width) for rows, width in seen if width > 1))
+    (cut_rows, cut_width), (kept_rows, kept_width) = sorted(
+        ((rows, width) for rows, width in seen if width > 1)
+    )
     assert (cut_rows, cut_width) == (1, len(second[0]))
-    assert kept_rows == 4 and kept_width <= len(delta) + sampling.max_new_tokens  # the delta and the reply's unrun tail
+    assert (
+        kept_rows == 4 and kept_width <= len(delta) + sampling.max_new_tokens
+    )  # the delta and the reply's unrun tail
     monkeypatch.undo()
     hf_tiny._prefixes = {}
     fresh = hf_tiny.generate(second, sampling)
@@ -239,7 +253,9 @@ def test_a_prompt_that_rows_share_is_run_once(tiny_path, prompts, monkeypatch):
         engine = HFEngine(tiny_path, dtype="float32", device="cpu", reuse_prefixes=reuse)
         forward = engine.model.forward
         seen = []
-        monkeypatch.setattr(engine.model, "forward", lambda *a, **k: seen.append(k["input_ids"].shape) or forward(*a, **k))
+        monkeypatch.setattr(
+            engine.model, "forward", lambda *a, **k: seen.append(k["input_ids"].shape) or forward(*a, **k)
+        )
         results.append(engine.generate(group, sampling))
         prefilled.append(sum(rows * width for rows, width in seen if width > 1))
     shared, whole = results
@@ -252,13 +268,17 @@ def test_a_prompt_that_rows_share_is_run_once(tiny_path, prompts, monkeypatch):
 
 
 @pytest.mark.parametrize("reuse_first", [False, True])
-def test_hf_a_grammar_with_one_answer_is_written_without_a_model_call(hf_tiny, tokenizer, prompts, reuse_first):
+def test_hf_a_grammar_with_one_answer_is_written_without_a_model_call(
+    hf_tiny, tokenizer, prompts, reuse_first
+):
     """One valid action forces the whole reply: every row finishes in the jump-forward, the model never
     runs (nothing to keep for prefix reuse), and the next call still works."""
     if reuse_first:  # leave reusable prefixes from a call before
         hf_tiny.generate(prompts[:3], SamplingParams(greedy=True, max_new_tokens=4))
     only = make_grammar(tokenizer, ["Down"])
-    outputs = hf_tiny.generate(prompts[:3], SamplingParams(temperature=1.0, max_new_tokens=24, seed=1), [only] * 3)
+    outputs = hf_tiny.generate(
+        prompts[:3], SamplingParams(temperature=1.0, max_new_tokens=24, seed=1), [only] * 3
+    )
     for out in outputs:
         assert parse_reply(tokenizer.decode(out.token_ids, skip_special_tokens=True), False).answer == "Down"
         assert out.finish_reason == "stop" and out.log_probs == [0.0] * len(out.token_ids)

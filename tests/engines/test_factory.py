@@ -22,7 +22,10 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_import_is_cheap():
-    code = "import sys, grl.engines; print(sorted(m for m in ('torch', 'vllm', 'transformers') if m in sys.modules))"
+    code = (
+        "import sys, grl.engines; print(sorted(m for m in ('torch', 'vllm', 'transformers') if m in "
+        "sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
@@ -35,7 +38,9 @@ def test_explicit_names_pass_through_and_are_logged(caplog):
 
 
 def test_unknown_name_names_the_key():
-    with pytest.raises(ConfigError, match=r"^actor_rollout_ref\.rollout\.name: 'sglang' is not one of auto, hf, vllm"):
+    with pytest.raises(
+        ConfigError, match=r"^actor_rollout_ref\.rollout\.name: 'sglang' is not one of auto, hf, vllm"
+    ):
         load_config(["actor_rollout_ref.rollout.name=sglang"])
 
 
@@ -53,7 +58,9 @@ def test_auto_follows_the_vllm_probe(caplog, vllm_cpu):
 def test_auto_falls_back_to_hf_without_vllm(monkeypatch, caplog):
     real_find_spec = engines.importlib.util.find_spec
     monkeypatch.setattr(
-        engines.importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real_find_spec(name, *a)
+        engines.importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "vllm" else real_find_spec(name, *a),
     )
     engines.vllm_status.cache_clear()
     try:
@@ -79,7 +86,10 @@ def test_sampling_from_the_shipped_config():
 
 def test_sampling_training_and_validation_overrides():
     cfg = rollout_block(
-        temperature=0.7, top_p=0.9, top_k=20, val_kwargs={"do_sample": True, "temperature": 0.5, "top_p": 0.8, "top_k": 5}
+        temperature=0.7,
+        top_p=0.9,
+        top_k=20,
+        val_kwargs={"do_sample": True, "temperature": 0.5, "top_p": 0.8, "top_k": 5},
     )
     train = sampling_from_config(cfg, validate=False, max_new_tokens=8)
     assert (train.temperature, train.top_p, train.top_k, train.greedy) == (0.7, 0.9, 20, False)
@@ -91,11 +101,23 @@ def test_sampling_training_and_validation_overrides():
 @pytest.mark.parametrize(
     "override, message",
     [
-        ("actor_rollout_ref.rollout.temperature=-1", r"^actor_rollout_ref\.rollout\.temperature: must be >= 0"),
+        (
+            "actor_rollout_ref.rollout.temperature=-1",
+            r"^actor_rollout_ref\.rollout\.temperature: must be >= 0",
+        ),
         ("actor_rollout_ref.rollout.top_p=0", r"^actor_rollout_ref\.rollout\.top_p: must be in \(0, 1\]"),
-        ("actor_rollout_ref.rollout.top_k=-5", r"^actor_rollout_ref\.rollout\.top_k: must be an integer >= -1"),
-        ("actor_rollout_ref.rollout.top_k=2.5", r"^actor_rollout_ref\.rollout\.top_k: Value '2.5' of type 'float'"),
-        ("actor_rollout_ref.rollout.temperature=hot", r"^actor_rollout_ref\.rollout\.temperature: Value 'hot'"),
+        (
+            "actor_rollout_ref.rollout.top_k=-5",
+            r"^actor_rollout_ref\.rollout\.top_k: must be an integer >= -1",
+        ),
+        (
+            "actor_rollout_ref.rollout.top_k=2.5",
+            r"^actor_rollout_ref\.rollout\.top_k: Value '2.5' of type 'float'",
+        ),
+        (
+            "actor_rollout_ref.rollout.temperature=hot",
+            r"^actor_rollout_ref\.rollout\.temperature: Value 'hot'",
+        ),
         ("actor_rollout_ref.rollout.val_kwargs.top_p=1.5", r"^actor_rollout_ref\.rollout\.val_kwargs\.top_p"),
     ],
 )
@@ -109,7 +131,10 @@ def test_bad_sampling_values_name_the_key(override, message):
     "overrides, constrained",
     [
         ([], False),
-        (["simpleSokobanAgent.agent_config.action_decoding=constrained"], True),  # a training and validation task
+        (
+            ["simpleSokobanAgent.agent_config.action_decoding=constrained"],
+            True,
+        ),  # a training and validation task
         (
             [
                 "rollout.training=[tetrisAgent_type_1_dim_4]",

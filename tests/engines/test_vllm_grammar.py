@@ -40,7 +40,12 @@ SLOTS = 4  # fewer slots than requests: slots are recycled between grammar and f
 @pytest.fixture(scope="module")
 def engine_args(tiny_path):
     return dict(
-        model=tiny_path, tokenizer=tiny_path, dtype="float32", seed=0, enforce_eager=True, logprobs_mode="processed_logprobs"
+        model=tiny_path,
+        tokenizer=tiny_path,
+        dtype="float32",
+        seed=0,
+        enforce_eager=True,
+        logprobs_mode="processed_logprobs",
     )
 
 
@@ -60,7 +65,9 @@ def request_state(tokenizer):
     from vllm.v1.worker.gpu.states import RequestState
 
     with mock.patch.object(buffer_utils, "is_uva_available", lambda: False):
-        return RequestState(SLOTS, 512, 512, 0, len(tokenizer), torch.device("cpu"), use_dense_all_token_ids=True)
+        return RequestState(
+            SLOTS, 512, 512, 0, len(tokenizer), torch.device("cpu"), use_dense_all_token_ids=True
+        )
 
 
 def params(grammar=None):
@@ -77,7 +84,13 @@ def real_grammars(tokenizer):
     end = [tokenizer.eos_token_id] + sorted(set(tokenizer.all_special_ids) - {tokenizer.eos_token_id})
     grammars = []
     for name, config, seed, think, budget in [
-        ("sokoban", {"dim_room": [6, 6], "num_boxes": 1, "max_steps": 100, "search_depth": 100}, 1, False, 24),
+        (
+            "sokoban",
+            {"dim_room": [6, 6], "num_boxes": 1, "max_steps": 100, "search_depth": 100},
+            1,
+            False,
+            24,
+        ),
         ("tetris", {"dim_x": 4, "dim_y": 4, "box_type": 1, "max_steps": 100}, 2, True, 20),
         ("blocksworld", {}, 3, False, 24),
         ("sokoban", {"dim_room": [6, 6], "num_boxes": 1, "max_steps": 100, "search_depth": 100}, 4, True, 16),
@@ -201,7 +214,10 @@ def test_v2_apply_masks_exactly_the_grammars_allowed_sets(vllm_config, request_s
     processor = build_custom_logits_processors(vllm_config, state, False, [V2_PROCESSOR])[0]
     grammars = real_grammars(tokenizer)
     rng, generator = random.Random(0), torch.Generator().manual_seed(0)
-    queue = [Request(None if i % 4 == 3 else grammars[i % len(grammars)], prompts[i], rng.randint(3, 12)) for i in range(12)]
+    queue = [
+        Request(None if i % 4 == 3 else grammars[i % len(grammars)], prompts[i], rng.randint(3, 12))
+        for i in range(12)
+    ]
     free, active = list(range(SLOTS)), {}
     seen = {"rows": 0, "forced": 0, "free text": 0, "reused across kinds": 0, "resumed": 0}
     kind_of_slot = {}
@@ -310,7 +326,10 @@ def reference_mask(row: torch.Tensor, allowed) -> torch.Tensor:
     members = set(ids)
     values = row.tolist()
     return torch.tensor(
-        [value if size == 0 or (token in members) == (size > 0) else float("-inf") for token, value in enumerate(values)],
+        [
+            value if size == 0 or (token in members) == (size > 0) else float("-inf")
+            for token, value in enumerate(values)
+        ],
         dtype=row.dtype,
     )
 
@@ -428,7 +447,11 @@ def test_v2_apply_matches_the_reference_on_random_states(vllm_config, tokenizer,
             masked = processor.apply(logits.clone(), context(state, order))
             for row, slot in enumerate(order):
                 request = active[slot]
-                allowed = (0, ()) if request.grammar is None else walk_to(request.grammar, request.outputs).allowed()
+                allowed = (
+                    (0, ())
+                    if request.grammar is None
+                    else walk_to(request.grammar, request.outputs).allowed()
+                )
                 assert torch.equal(masked[row], reference_mask(logits[row], allowed)), (slot, request.outputs)
                 size = allowed[0]
                 if request.grammar is None:

@@ -11,7 +11,12 @@ from pathlib import Path
 import pytest
 
 from grl.engines.vllm_grammar import V1_PROCESSOR
-from grl.engines.vllm_version import SUPPORTED_VLLM, prepare_vllm_environment, supported_range, vllm_version_problem
+from grl.engines.vllm_version import (
+    SUPPORTED_VLLM,
+    prepare_vllm_environment,
+    supported_range,
+    vllm_version_problem,
+)
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -96,7 +101,8 @@ GRL = os.path.join(os.getcwd(), "grl") + os.sep
 
 def asked_by_grl():
     frame = sys._getframe(2)
-    while frame and (frame.f_code.co_filename.startswith("<frozen") or "importlib" in frame.f_code.co_filename):
+    while frame and (frame.f_code.co_filename.startswith("<frozen") or "importlib" in
+    frame.f_code.co_filename):
         frame = frame.f_back
     return frame is not None and frame.f_code.co_filename.startswith(GRL)
 
@@ -133,7 +139,8 @@ before = dict(v2=has_v2_interface(), processors=grammar_processors(args, grammar
 engine = VLLMEngine(path, grammar=True)
 tokenizer = load_tokenizer(path)
 grammars = grammars_for(tokenizer, 6)
-outputs = engine.generate(chat_prompts(tokenizer)[:6], SamplingParams(temperature=1.0, max_new_tokens=24, seed=3), grammars)
+outputs = engine.generate(chat_prompts(tokenizer)[:6], SamplingParams(temperature=1.0, max_new_tokens=24,
+seed=3), grammars)
 for grammar, out in zip(grammars, outputs):
     grammar.trace(out.token_ids)  # raises if a token is outside its allowed set
 built = list(engine.llm.llm_engine.vllm_config.model_config.logits_processors)
@@ -146,11 +153,19 @@ print("RESULT " + json.dumps(dict(before, forced=forced, built=built, replies=le
 @pytest.mark.cpu_only
 @pytest.mark.usefixtures("vllm_cpu")
 def test_without_the_v2_interface_a_real_engine_decodes_valid_actions_through_the_v1_processor():
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]), OMP_NUM_THREADS="2")
-    done = subprocess.run([sys.executable, "-c", WITHOUT_V2], capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
+        OMP_NUM_THREADS="2",
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", WITHOUT_V2], capture_output=True, text=True, timeout=600, env=env, cwd=ROOT
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(next(line for line in done.stdout.splitlines() if line.startswith("RESULT "))[7:])
     assert result["v2"] is False
     assert result["processors"] == result["built"] == [V1_PROCESSOR]
-    assert result["forced"] and "\n" not in result["forced"] and "VLLM_USE_V2_MODEL_RUNNER" in result["forced"]
+    assert (
+        result["forced"] and "\n" not in result["forced"] and "VLLM_USE_V2_MODEL_RUNNER" in result["forced"]
+    )
     assert result["replies"] == 6

@@ -29,7 +29,11 @@ def slow_digest(tensor: torch.Tensor) -> tuple[int, int, int, int]:
     words = count = total = squares = weighted = 0
     for row in rows:
         raw = row.contiguous().view(torch.uint8).tolist()
-        values = raw if size == 1 else [struct.unpack("<H", bytes(raw[i : i + 2]))[0] for i in range(0, len(raw), 2)]
+        values = (
+            raw
+            if size == 1
+            else [struct.unpack("<H", bytes(raw[i : i + 2]))[0] for i in range(0, len(raw), 2)]
+        )
         for j, w in enumerate(values, start=1):
             count, total, squares, weighted = count + 1, total + w, squares + w * w, weighted + w * j
         words += len(values)
@@ -70,10 +74,14 @@ def test_check_sync_names_what_differs_is_missing_or_was_never_held():
     held = {"qkv": (("q", "k"), add_digests([sent["q"], sent["k"]])), "norm": (("norm",), sent["norm"])}
     assert check_sync(sent, held) == SyncCheck(2, ())
     assert check_sync(sent, {**held, "norm": (("norm",), sent["q"])}).mismatched == ("norm",)
-    assert check_sync(sent, {**held, "norm": (("norm",), None)}).mismatched == ("norm",)  # the engine has no such tensor
+    assert check_sync(sent, {**held, "norm": (("norm",), None)}).mismatched == (
+        "norm",
+    )  # the engine has no such tensor
     assert check_sync(sent, {"qkv": held["qkv"]}).mismatched == ("norm",)  # sent, held by none
     assert check_sync({"q": sent["q"]}, held).mismatched == ("qkv", "norm")  # held, never sent
-    with pytest.raises(WeightsMismatch, match=r"differ from the trainer's .* in 1 of 2 tensors, e.g. 'norm'") as info:
+    with pytest.raises(
+        WeightsMismatch, match=r"differ from the trainer's .* in 1 of 2 tensors, e.g. 'norm'"
+    ) as info:
         raise_on_mismatch(check_sync(sent, {**held, "norm": (("norm",), sent["q"])}), "rank 0's engine")
     assert "\n" not in str(info.value)
 
@@ -84,10 +92,15 @@ def test_the_hf_engine_holds_what_it_was_sent_and_the_digest_sees_a_value_change
         state = {k: v.clone() for k, v in engine.model.state_dict().items() if k != "lm_head.weight"}  # tied
         state = {k: v + 0.01 for k, v in state.items()}
         sent: dict = {}
-        engine.update_weights(digesting(TensorStream({k: tuple(v.shape) for k, v in state.items()}, state.items()), sent))
+        engine.update_weights(
+            digesting(TensorStream({k: tuple(v.shape) for k, v in state.items()}, state.items()), sent)
+        )
         assert check_sync(sent, engine.weights_digest()) == SyncCheck(len(state), ())
         name = "model.layers.0.mlp.up_proj.weight"
-        on_the_way = {**state, name: state[name].clone().index_put_((torch.tensor([0]), torch.tensor([0])), torch.tensor(7.0))}
+        on_the_way = {
+            **state,
+            name: state[name].clone().index_put_((torch.tensor([0]), torch.tensor([0])), torch.tensor(7.0)),
+        }
         engine.update_weights(on_the_way)
         assert check_sync(sent, engine.weights_digest()).mismatched == (name,)
     finally:

@@ -66,12 +66,18 @@ def _broken(tiny_model, edit):
             lambda s: s.update({"model.layers.9.mlp.up_proj.weight": torch.zeros(2)}),
             "unknown tensor name 'model.layers.9.mlp.up_proj.weight'",
         ),
-        (lambda s: s.update({"model.norm.weight": torch.zeros(3)}), r"'model.norm.weight' has shape \(3\), expected \(64\)"),
+        (
+            lambda s: s.update({"model.norm.weight": torch.zeros(3)}),
+            r"'model.norm.weight' has shape \(3\), expected \(64\)",
+        ),
         (
             lambda s: s.pop("model.layers.1.self_attn.q_proj.weight"),
             "1 of 20 tensors missing, e.g. 'model.layers.1.self_attn.q_proj.weight'",
         ),
-        (lambda s: s.update({"model.norm.weight": [1.0] * 64}), "'model.norm.weight' is a list, not a tensor"),
+        (
+            lambda s: s.update({"model.norm.weight": [1.0] * 64}),
+            "'model.norm.weight' is a list, not a tensor",
+        ),
     ],
 )
 def test_mismatch_names_the_tensor(tiny_model, spec, edit, message):

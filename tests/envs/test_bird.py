@@ -30,7 +30,12 @@ def write_bird_layout(root: Path, split: str = "train", records=None) -> tuple[P
     shutil.copyfile(DB_FILE, db_dir / "department_store.sqlite")
     if records is None:
         records = [
-            {"question": f"Gold question {i}", "SQL": sql, "db_id": "department_store", "evidence": f"hint {i}" if i % 2 else ""}
+            {
+                "question": f"Gold question {i}",
+                "SQL": sql,
+                "db_id": "department_store",
+                "evidence": f"hint {i}" if i % 2 else "",
+            }
             for i, sql in enumerate(gold_queries())
         ]
     dataset = root / f"{split}.jsonl"
@@ -63,7 +68,9 @@ def test_every_gold_query_gets_reward_one_and_seeds_cover_the_dataset(layout):
         assert f"Question: {env.question['question']}" in obs and "CREATE TABLE `Products`" in obs
         assert ("Evidence: hint" in obs) == bool(env.question["evidence"])
         obs, reward, done, info = env.step(fenced(env.question["SQL"]))
-        assert (reward, done, info["success"], info["action_is_valid"]) == (1.0, True, True, True), env.question
+        assert (reward, done, info["success"], info["action_is_valid"]) == (1.0, True, True, True), (
+            env.question
+        )
     assert len(seen) == 88
     env.close()
 
@@ -80,7 +87,9 @@ def test_changed_queries_do_not_match_and_row_order_does_not_matter(layout):
         for changed in changes:
             env.reset(seed)
             _, reward, done, info = env.step(fenced(changed))
-            assert (reward, done, info["success"], info["action_is_effective"]) == (0.0, True, False, True), changed
+            assert (reward, done, info["success"], info["action_is_effective"]) == (0.0, True, False, True), (
+                changed
+            )
         env.reset(seed)
         assert env.step(fenced(f"SELECT * FROM ({gold}) ORDER BY 1 DESC;"))[1] == 1.0
 
@@ -96,7 +105,9 @@ def test_concatenation_operator_survives(layout):
     dataset, db_root = write_bird_layout(layout[0].parent / "concat", records=records)
     env = BirdEnv(str(dataset), str(db_root))
     env.reset(0)
-    answer = "```sql\nSELECT product_name||' - '||product_type_code FROM Products ORDER BY product_id DESC\n```"
+    answer = (
+        "```sql\nSELECT product_name||' - '||product_type_code FROM Products ORDER BY product_id DESC\n```"
+    )
     assert extract_sql(answer).count("||") == 2
     assert env.step(answer)[1] == 1.0
 
@@ -185,7 +196,9 @@ def test_hostile_sql_leaves_the_database_unchanged_and_returns_in_time(tmp_path)
     db_file = db_root / "department_store" / "department_store.sqlite"
     before, files_before = sha256(db_file), sorted(os.listdir(db_file.parent))
     attach = tmp_path / "attached.sqlite"
-    env = BirdEnv(str(dataset), str(db_root), max_tries=len(HOSTILE) + 1, step_timeout_seconds=1.0, max_rows=50_000)
+    env = BirdEnv(
+        str(dataset), str(db_root), max_tries=len(HOSTILE) + 1, step_timeout_seconds=1.0, max_rows=50_000
+    )
     env.reset(0)
     for sql in HOSTILE:
         obs, reward, done, info = step_or_hang(env, fenced(sql.format(attach=attach)), limit_s=8.0)
@@ -237,7 +250,9 @@ def test_schema_and_evidence_from_the_record_and_split_paths(tmp_path):
         }
     ]
     write_bird_layout(tmp_path, split="dev", records=records)
-    env = BirdEnv(dataset_path=str(tmp_path / "{split}.jsonl"), db_root=str(tmp_path / "{split}_databases"), split="dev")
+    env = BirdEnv(
+        dataset_path=str(tmp_path / "{split}.jsonl"), db_root=str(tmp_path / "{split}_databases"), split="dev"
+    )
     obs = env.reset(0)
     assert "CREATE TABLE Products (product_id INT);" in obs and "`Customers`" not in obs
     assert obs.endswith("Question: How many products?\nEvidence: products are in Products")
@@ -357,7 +372,9 @@ def test_install_script_bird_layout_feeds_the_env(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "BIRD train: 6 questions, 1 databases" in done.stdout
     for split, n in (("train", 6), ("dev", 2)):
-        env = BirdEnv(str(data / "bird" / "{split}.jsonl"), str(data / "bird" / "{split}_databases"), split=split)
+        env = BirdEnv(
+            str(data / "bird" / "{split}.jsonl"), str(data / "bird" / "{split}_databases"), split=split
+        )
         assert len(env.records) == n
         env.reset(1)
         assert env.step(fenced(env.question["SQL"]))[1] == 1.0
@@ -397,7 +414,8 @@ def test_bird_task_instances_pass_sql_with_concatenation_whole(tmp_path):
     dataset, db_root = write_bird_layout(tmp_path, records=records)
     paths = {"dataset_path": str(dataset), "db_root": str(db_root)}
     reply = (
-        "<think>join with ||</think><answer>```sql\nSELECT product_name || ' - ' || product_type_code FROM Products\n```</answer>"
+        "<think>join with ||</think><answer>```sql\nSELECT product_name || ' - ' || product_type_code FROM "
+        "Products\n```</answer>"
     )
 
     single = grl.agents.make_agent("birdAgent", task_block("birdAgent", **paths))

@@ -84,7 +84,9 @@ def test_matches_reference_rules_on_random_actions():
         state, goal = state_of(env.reset(seed))
         for t in range(50):
             block, dest = rng.randint(0, n + 1), rng.randint(0, n + 1)
-            action = rng.choice([f"move {block} to {dest}", f"MOVE {block} TO {dest}  ", "move it", "put 1 on 2"])
+            action = rng.choice(
+                [f"move {block} to {dest}", f"MOVE {block} TO {dest}  ", "move it", "put 1 on 2"]
+            )
             obs, reward, done, info = env.step(action)
             if action in ("move it", "put 1 on 2"):
                 expect_state, expect_reward, valid = state, -5, False
@@ -137,7 +139,10 @@ def test_render_modes():
         "Goal state: Block 1 is on the table. Block 2 is on the table. Block 3 is on top of Block 2."
     )
     assert outputs["1d"] == "Current state: [0, 1, 0]\nGoal state: [0, 0, 2]"
-    assert outputs["2d_sparse"] == "Current state:\n[2]\n[1] [3]\n=======\n\nGoal state:\n    [3]\n[1] [2]\n======="
+    assert (
+        outputs["2d_sparse"]
+        == "Current state:\n[2]\n[1] [3]\n=======\n\nGoal state:\n    [3]\n[1] [2]\n======="
+    )
 
 
 @pytest.mark.parametrize(

@@ -40,7 +40,9 @@ REFUSED_STEPS = [
 ]
 
 
-@pytest.mark.parametrize("result, kind, shown", [r[1:] for r in REFUSED_STEPS], ids=[r[0] for r in REFUSED_STEPS])
+@pytest.mark.parametrize(
+    "result, kind, shown", [r[1:] for r in REFUSED_STEPS], ids=[r[0] for r in REFUSED_STEPS]
+)
 def test_malformed_step_results_are_refused_by_kind(result, kind, shown):
     with pytest.raises(EnvValueError) as info:
         check_step(result)
@@ -51,7 +53,9 @@ def test_malformed_step_results_are_refused_by_kind(result, kind, shown):
 def test_valid_step_results_pass_with_plain_types():
     assert check_step(("s", 1, True, INFO)) == ("s", 1.0, True, INFO, [])
     obs, reward, done, info, repairs = check_step(["s", np.float64(0.5), np.bool_(False), INFO])
-    assert (obs, reward, done, repairs) == ("s", 0.5, False, []) and type(reward) is float and type(done) is bool
+    assert (
+        (obs, reward, done, repairs) == ("s", 0.5, False, []) and type(reward) is float and type(done) is bool
+    )
     assert check_step(("s", True, False, INFO))[1] == 1.0  # a bool is a number in Python
 
 
@@ -87,7 +91,17 @@ def test_lone_surrogates_and_nul_are_replaced_and_the_tokenizer_takes_the_result
 @pytest.mark.parametrize(
     "value",
     [[], (), "Up", ["Up", ""], ["Up", 3], ["Up", None], ["Up\x00"], ["\ud800"], 5],
-    ids=["empty", "empty tuple", "a string", "empty action", "int action", "None action", "nul", "surrogate", "int"],
+    ids=[
+        "empty",
+        "empty tuple",
+        "a string",
+        "empty action",
+        "int action",
+        "None action",
+        "nul",
+        "surrogate",
+        "int",
+    ],
 )
 def test_malformed_valid_actions_are_refused(value):
     with pytest.raises(EnvValueError) as info:
@@ -119,11 +133,15 @@ class HostileEnv(Env):
 
 
 def agent(env, decoding="free"):
-    settings = AgentSettings(max_turns=5, max_actions_all_turns=5, enable_think=False, action_decoding=decoding)
+    settings = AgentSettings(
+        max_turns=5, max_actions_all_turns=5, enable_think=False, action_decoding=decoding
+    )
     return Agent("hostile", settings, env, TaskHooks())
 
 
-@pytest.mark.parametrize("result, kind, shown", [r[1:] for r in REFUSED_STEPS], ids=[r[0] for r in REFUSED_STEPS])
+@pytest.mark.parametrize(
+    "result, kind, shown", [r[1:] for r in REFUSED_STEPS], ids=[r[0] for r in REFUSED_STEPS]
+)
 def test_agent_ends_the_episode_on_a_malformed_step_and_never_raises(result, kind, shown):
     a = agent(HostileEnv(bad=result))
     a.reset(0)
@@ -138,7 +156,9 @@ def test_agent_ends_the_episode_on_a_malformed_step_and_never_raises(result, kin
 def test_agent_repairs_observations_and_reports_what_it_repaired():
     a = agent(HostileEnv(bad=("ok\x00" + HUGE, 1.0, False, INFO), bad_reset="\ud800start"))
     messages = a.reset(0)
-    assert "\ufffdstart" in messages[1]["content"] and [r.kind for r in a.env_repairs] == ["observation_repaired"]
+    assert "\ufffdstart" in messages[1]["content"] and [r.kind for r in a.env_repairs] == [
+        "observation_repaired"
+    ]
     a.step("<answer>go</answer>")
     assert a.env_repairs == []
     step = a.step("<answer>go</answer>")

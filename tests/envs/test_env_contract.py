@@ -1,5 +1,7 @@
-"""The env contract, checked on every env that needs no dataset (and on `math` over a small file): any string is a
-valid input to `step` (never a crash), `info` carries the contract's keys, an invalid action leaves the state as it was, and
+"""The env contract, checked on every env that needs no dataset (and on `math` over a small file): any string
+is a
+valid input to `step` (never a crash), `info` carries the contract's keys, an invalid action leaves the state
+as it was, and
 the same seed gives the same episode."""
 
 import json
@@ -26,7 +28,11 @@ def math_file(tmp_path_factory):
 
 
 def build(name, math_file):
-    return grl.envs.make(name, data_path=str(math_file), max_attempts=3) if name == "math" else grl.envs.make(name)
+    return (
+        grl.envs.make(name, data_path=str(math_file), max_attempts=3)
+        if name == "math"
+        else grl.envs.make(name)
+    )
 
 
 @pytest.mark.parametrize("name", SELF_CONTAINED + ["math"])

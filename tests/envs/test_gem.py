@@ -14,7 +14,9 @@ import grl.envs
 
 NUMBERS = [r"\boxed{%d}" % n for n in range(0, 13)]
 CODES = [r"\boxed{%d %d}" % (a, b) for a in range(1, 7) for b in range(1, 7)]
-CELLS = [r"\boxed{%s %d %d}" % (k, r, c) for k in ("reveal", "flag") for r in range(-1, 6) for c in range(0, 6)]
+CELLS = [
+    r"\boxed{%s %d %d}" % (k, r, c) for k in ("reveal", "flag") for r in range(-1, 6) for c in range(0, 6)
+]
 ENTRIES = [r"\boxed{%d %d %d}" % (r, c, n) for r in range(0, 5) for c in range(0, 5) for n in range(1, 5)]
 TOWERS = [r"\boxed{%s %s}" % (s, d) for s in "ABC" for d in "ABC"]
 DIRECTIONS = [r"I move \boxed{%s}." % d for d in ("up", "down", "left", "right", "Up")]
@@ -53,7 +55,12 @@ def play(env_id, seed, steps=40):
         action = rng.choice(pool if rng.random() < 0.9 else MOVES) if n < steps else "no move here"
         got = ours.step(action)
         obs, reward, terminated, truncated, info = theirs.step(action)
-        assert got[:3] == (gem_text(obs, info), float(reward), terminated or truncated), (env_id, seed, n, action)
+        assert got[:3] == (gem_text(obs, info), float(reward), terminated or truncated), (
+            env_id,
+            seed,
+            n,
+            action,
+        )
         assert (got[3]["terminated"], got[3]["truncated"]) == (terminated, truncated)
         if got[2]:
             return n
@@ -74,7 +81,9 @@ def test_a_reasoning_gym_task_equals_gems_own_and_a_seed_keeps_its_question():
         assert ours.reset(seed) == gem_text(question, info)
         answer = theirs.data["answer"]
         got = ours.step(rf"\boxed{{{answer}}}")
-        assert got[1:3] == (theirs.step(rf"\boxed{{{answer}}}")[1], True) and got[1] == 1.0 and got[3]["success"]
+        assert (
+            got[1:3] == (theirs.step(rf"\boxed{{{answer}}}")[1], True) and got[1] == 1.0 and got[3]["success"]
+        )
     first = ours.reset(1)
     for seed in range(8):  # GEM's env draws a new dataset every `size` resets; ours keeps the seed's question
         ours.reset(seed)
@@ -86,7 +95,12 @@ def test_the_episode_ends_on_its_last_observation_without_a_reset():
     env = grl.envs.make("gem", env_id="game:GuessTheNumber-v0-easy")
     start = env.reset(3)
     obs, reward, done, info = env.step("no guess")
-    assert done and reward == -0.1 and obs.startswith("At turn 1, you did not provide a valid guess.") and obs != start
+    assert (
+        done
+        and reward == -0.1
+        and obs.startswith("At turn 1, you did not provide a valid guess.")
+        and obs != start
+    )
     assert env.step(r"\boxed{3}")[2] and env.valid_actions() == []
 
 
@@ -106,7 +120,13 @@ def probe(env, action):
 
 
 @pytest.mark.parametrize(
-    "env_id", ["game:GuessTheNumber-v0-easy", "game:TowerofHanoi-v0-easy", "game:Game2048-v0-easy", "game:Minesweeper-v0-easy"]
+    "env_id",
+    [
+        "game:GuessTheNumber-v0-easy",
+        "game:TowerofHanoi-v0-easy",
+        "game:Game2048-v0-easy",
+        "game:Minesweeper-v0-easy",
+    ],
 )
 def test_valid_actions_are_exactly_the_accepted_ones(env_id):
     """Every listed move is taken, every bare move GEM takes is listed, and the valid flag says which."""
@@ -157,7 +177,10 @@ def test_envs_on_threads_play_as_they_do_alone():
     "env_id, message",
     [
         ("game:NotAGame-v0", "is not a GEM env id"),
-        ("game:FifteenPuzzle-v0-random", "cannot be built here: TypeError"),  # a fault in gem-llm 0.1.0 itself
+        (
+            "game:FifteenPuzzle-v0-random",
+            "cannot be built here: TypeError",
+        ),  # a fault in gem-llm 0.1.0 itself
     ],
 )
 def test_an_id_that_cannot_run_fails_in_one_line(env_id, message):
@@ -170,13 +193,17 @@ def test_a_gem_task_instance_plays_through_the_agent():
     from grl.agents import make_agent
     from grl.config import load_config, task_instance
 
-    agent = make_agent("gemAgent_TowerofHanoi_easy", task_instance(load_config([]), "gemAgent_TowerofHanoi_easy"))
+    agent = make_agent(
+        "gemAgent_TowerofHanoi_easy", task_instance(load_config([]), "gemAgent_TowerofHanoi_easy")
+    )
     messages = agent.reset(0)
     assert "Tower of Hanoi" in messages[-1]["content"]
     step = agent.step(r"<answer>\boxed{A C}</answer>")
     assert step.info["actions"] == [r"\boxed{A C}"] and step.info["format_ok"] and not step.done
     step = agent.step(r"I move \boxed{A B}")  # no tags: passed whole, as GEM's trainers pass a reply
-    assert step.info["actions"] == [r"I move \boxed{A B}"] and not step.info["format_ok"] and step.reward == 0.0
+    assert (
+        step.info["actions"] == [r"I move \boxed{A B}"] and not step.info["format_ok"] and step.reward == 0.0
+    )
 
 
 def test_importing_the_adapter_imports_neither_gem_nor_torch():

@@ -146,7 +146,11 @@ def test_installed_layout_loads_and_a_missing_file_names_the_install_command(tmp
     with pytest.raises(FileNotFoundError) as err:
         GSM8KEnv(data_path=str(tmp_path / "nothere" / "{split}.jsonl"))
     message = str(err.value)
-    assert "nothere/train.jsonl" in message and "scripts/install_dataset.sh --gsm8k" in message and "\n" not in message
+    assert (
+        "nothere/train.jsonl" in message
+        and "scripts/install_dataset.sh --gsm8k" in message
+        and "\n" not in message
+    )
 
 
 @pytest.mark.shared_data("gsm8k/test.jsonl")

@@ -109,7 +109,9 @@ LAYOUTS = {
     ],
     "aime25": [{"problem": "Find the sum of all integer bases ...", "answer": "70", "id": "0"}],
     "amc23": [{"id": 0, "question": "How many positive perfect squares ...", "answer": 12.0, "url": "..."}],
-    "minervamath": [{"question": "Compute the wavelength in meters ...", "answer": "4.5e-7", "type": "Physics"}],
+    "minervamath": [
+        {"question": "Compute the wavelength in meters ...", "answer": "4.5e-7", "type": "Physics"}
+    ],
 }
 
 
@@ -124,7 +126,13 @@ def sets(tmp_path_factory):
 
 @pytest.mark.parametrize(
     "name, gold_reply",
-    [("math500", "70"), ("aime24", "204"), ("aime25", "70"), ("amc23", "12"), ("minervamath", "4.5 \\times 10^{-7}")],
+    [
+        ("math500", "70"),
+        ("aime24", "204"),
+        ("aime25", "70"),
+        ("amc23", "12"),
+        ("minervamath", "4.5 \\times 10^{-7}"),
+    ],
 )
 def test_every_layout_loads_and_grades(sets, name, gold_reply):
     env = grl.envs.make("math", data_path=str(sets / name / "{split}.jsonl"))

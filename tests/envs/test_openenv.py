@@ -18,7 +18,9 @@ import grl.envs  # noqa: E402
 from grl.agents import make_agent  # noqa: E402
 from grl.envs.openenv.servers import SERVER_MODULE, OpenEnvError  # noqa: E402
 
-AGENTS = yaml.safe_load((Path(__file__).resolve().parents[2] / "configs" / "agents.yaml").read_text(encoding="utf-8"))
+AGENTS = yaml.safe_load(
+    (Path(__file__).resolve().parents[2] / "configs" / "agents.yaml").read_text(encoding="utf-8")
+)
 NATIVE = AGENTS["tetrisAgent_gap_dim_4"]
 TETRIS = NATIVE["env_config"]
 SERVED = {"app": "grl.envs.openenv.serve:make_app", "app_kwargs": {"env": "tetris", "env_config": TETRIS}}
@@ -46,14 +48,18 @@ def local_servers() -> list[int]:
     return [
         child.pid
         for child in psutil.Process().children(recursive=True)
-        if child.is_running() and child.status() != psutil.STATUS_ZOMBIE and SERVER_MODULE in " ".join(child.cmdline())
+        if child.is_running()
+        and child.status() != psutil.STATUS_ZOMBIE
+        and SERVER_MODULE in " ".join(child.cmdline())
     ]
 
 
 @pytest.fixture(scope="module")
 def served():
     """One server for the module, taking two sessions at once (the second plays it by URL)."""
-    env = grl.envs.make("openenv", app=SERVED["app"], app_kwargs={**SERVED["app_kwargs"], "max_concurrent_envs": 2})
+    env = grl.envs.make(
+        "openenv", app=SERVED["app"], app_kwargs={**SERVED["app_kwargs"], "max_concurrent_envs": 2}
+    )
     env.reset(0)
     yield env
     env.close()
@@ -85,12 +91,20 @@ def test_a_grl_agent_plays_the_served_game_as_it_plays_the_native_one():
     block = AGENTS["tetrisOpenEnv"]
     assert block["agent_type"] == "openenv" and block["env_config"]["app_kwargs"]["env_config"] == TETRIS
     assert block["agent_config"] == NATIVE["agent_config"]
-    agent, native = make_agent("tetrisOpenEnv", copy.deepcopy(block)), make_agent("tetrisAgent_gap_dim_4", copy.deepcopy(NATIVE))
+    agent, native = (
+        make_agent("tetrisOpenEnv", copy.deepcopy(block)),
+        make_agent("tetrisAgent_gap_dim_4", copy.deepcopy(NATIVE)),
+    )
     try:
         for seed in (3, 4):
             assert agent.reset(seed) == native.reset(seed)  # the same prompt: legend, action help, board
             assert agent.answer_choices() == native.answer_choices() == ["Left", "Right", "Down"]
-            for reply in ("<answer>Left</answer>", "no answer", "<answer>Down</answer>", "<answer>Right</answer>"):
+            for reply in (
+                "<answer>Left</answer>",
+                "no answer",
+                "<answer>Down</answer>",
+                "<answer>Right</answer>",
+            ):
                 got, want = agent.step(reply), native.step(reply)
                 assert (got.reward, got.done) == (want.reward, want.done)
                 assert agent.messages == native.messages
@@ -178,16 +192,24 @@ def test_the_envs_of_one_app_share_its_server_until_the_last_closes():
 def test_observation_fields_are_configurable(served):
     """By URL, a second session of the same server; without the text, action and info fields the observation
     is shown as compact JSON, actions are free text and validity falls back to the reward."""
-    env = grl.envs.make("openenv", base_url=served.base_url, text_field=None, actions_field=None, info_field=None)
+    env = grl.envs.make(
+        "openenv", base_url=served.base_url, text_field=None, actions_field=None, info_field=None
+    )
     try:
         text = env.reset(7)
         assert text.startswith("{") and '"text":"' in text and "\n" not in text
         assert env.valid_actions() is None
         _, reward, done, info = env.step("jump")
-        assert (reward, done) == (0.0, False) and info == {"success": False, "action_is_valid": True, "action_is_effective": True}
+        assert (reward, done) == (0.0, False) and info == {
+            "success": False,
+            "action_is_valid": True,
+            "action_is_effective": True,
+        }
     finally:
         env.close()
-    assert served.reset(7) == grl.envs.make("tetris", **TETRIS).reset(7)  # the first session was not disturbed
+    assert served.reset(7) == grl.envs.make("tetris", **TETRIS).reset(
+        7
+    )  # the first session was not disturbed
 
 
 def test_config_errors_are_caught_when_the_env_is_built():

@@ -21,9 +21,15 @@ from grl.envs.openenv import servers
 from grl.envs.openenv.actions import ActionCodec, ActionError
 
 TETRIS = {"dim_x": 4, "dim_y": 3, "box_type": 1, "max_steps": 5, "gap_rows": 1, "max_pieces": 1}
-TYPED = {"app": "grl.envs.openenv.serve_typed:make_typed_app", "app_kwargs": {"env": "tetris", "env_config": TETRIS}}
+TYPED = {
+    "app": "grl.envs.openenv.serve_typed:make_typed_app",
+    "app_kwargs": {"env": "tetris", "env_config": TETRIS},
+}
 GUESS = {"max_number": 20, "max_guesses": 6}
-MCP = {"app": "grl.envs.openenv.serve_typed:make_mcp_app", "app_kwargs": {"env": "guess_number", "env_config": GUESS}}
+MCP = {
+    "app": "grl.envs.openenv.serve_typed:make_mcp_app",
+    "app_kwargs": {"env": "guess_number", "env_config": GUESS},
+}
 
 
 def test_integer_moves_are_offered_as_text_and_sent_back_as_the_ids_of_the_native_game():
@@ -33,13 +39,26 @@ def test_integer_moves_are_offered_as_text_and_sent_back_as_the_ids_of_the_nativ
             assert env.reset(seed) == native.reset(seed)
             moves = native.valid_actions()
             assert env.valid_actions() == [str(i) for i in range(len(moves))]
-            assert "Write the action as a whole number." in env.action_help() and "1 = Right" in env.action_help()
-            for reply in ("1", "Left", " 0 ", "7", "2"):  # junk and an id past the list are invalid, not sent on
+            assert (
+                "Write the action as a whole number." in env.action_help()
+                and "1 = Right" in env.action_help()
+            )
+            for reply in (
+                "1",
+                "Left",
+                " 0 ",
+                "7",
+                "2",
+            ):  # junk and an id past the list are invalid, not sent on
                 text, reward, done, info = env.step(reply)
                 if reply.strip().isdigit() and int(reply) < len(moves):
-                    assert (text, reward, done, info["action_is_valid"]) == native.step(moves[int(reply)])[:3] + (True,)
+                    assert (text, reward, done, info["action_is_valid"]) == native.step(moves[int(reply)])[
+                        :3
+                    ] + (True,)
                 else:
-                    assert not info["action_is_valid"] and reward == 0.0 and not done and text == native.render()
+                    assert (
+                        not info["action_is_valid"] and reward == 0.0 and not done and text == native.render()
+                    )
                 if done:
                     break
     finally:
@@ -50,7 +69,12 @@ def test_integer_moves_pass_the_valid_action_check_and_compile_into_the_reply_gr
     """What broke on integer actions before: the agent's legal-action check and the constrained grammar."""
     task = {
         "agent_type": "openenv",
-        "agent_config": {"enable_think": False, "action_decoding": "constrained", "max_turns": 5, "max_actions_all_turns": 5},
+        "agent_config": {
+            "enable_think": False,
+            "action_decoding": "constrained",
+            "max_turns": 5,
+            "max_actions_all_turns": 5,
+        },
         "env_config": TYPED,
     }
     agent = make_agent("tetrisTyped", task)
@@ -74,7 +98,9 @@ def test_a_structured_action_is_a_json_object_of_the_schema_fields():
     call = {"tool_name": "act", "arguments": {"action": "3"}}
     assert codec.encode(json.dumps(call)) == call
     legal = {'{"arguments":{},"tool_name":"a"}': {"tool_name": "a", "arguments": {}}}
-    assert codec.encode('{"arguments":{},"tool_name":"a"}', legal) is legal['{"arguments":{},"tool_name":"a"}']
+    assert (
+        codec.encode('{"arguments":{},"tool_name":"a"}', legal) is legal['{"arguments":{},"tool_name":"a"}']
+    )
     for bad in ("act", '{"arguments": {}}', '{"tool_name": "a", "colour": 1}', "[1]"):
         with pytest.raises(ActionError):
             codec.encode(bad)
@@ -116,14 +142,18 @@ def test_a_tool_calling_agent_plays_an_mcp_env_by_its_tools_and_binary_search_al
     try:
         first = agent.reset(0)
         prompt = json.dumps(first)
-        assert "<tools>" in prompt and '\\"name\\": \\"act\\"' in prompt and "legal_actions" in prompt  # the env's own tools
+        assert (
+            "<tools>" in prompt and '\\"name\\": \\"act\\"' in prompt and "legal_actions" in prompt
+        )  # the env's own tools
         bound = math.ceil(math.log2(GUESS["max_number"] + 1))
         for seed in range(12):
             agent.reset(seed)
             turns = binary_search_replies(agent, native=seed % 2 == 0)
             assert 1 <= turns <= bound, (seed, turns)
         agent.reset(3)
-        step = agent.step('<answer><tool_call>{"name": "legal_actions", "arguments": {}}</tool_call></answer>')
+        step = agent.step(
+            '<answer><tool_call>{"name": "legal_actions", "arguments": {}}</tool_call></answer>'
+        )
         listed = json.dumps([str(n) for n in range(1, 21)], separators=(",", ":"))
         assert listed in agent.messages[-1]["content"] and not step.done
         step = agent.step('<answer>{"name": "shout", "arguments": {}}</answer>')  # not one of the env's tools
@@ -169,12 +199,16 @@ def test_an_env_package_is_played_by_name_one_session_per_server_and_its_servers
         "agent_config": {"enable_think": False, "max_turns": 3, "max_actions_all_turns": 3},
         "env_config": {"package": echo_package},
     }
-    agent = make_agent("echoPackage", {**task, "env_config": {**task["env_config"], "text_field": "echoed_message"}})
+    agent = make_agent(
+        "echoPackage", {**task, "env_config": {**task["env_config"], "text_field": "echoed_message"}}
+    )
     try:
         agent.reset(2)
         assert agent.env.server_pid in pids  # the next episode reuses an idle server: no start
         step = agent.step("<answer>echo me</answer>")
-        assert step.reward == pytest.approx(0.7) and not step.done and "echo me" in agent.messages[-1]["content"]
+        assert (
+            step.reward == pytest.approx(0.7) and not step.done and "echo me" in agent.messages[-1]["content"]
+        )
     finally:
         agent.close()
     servers.stop_idle()

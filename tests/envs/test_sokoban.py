@@ -71,7 +71,11 @@ def test_matches_reference_model_on_random_actions():
             solved = not any(ch == "X" for row in grid for ch in row)
             assert obs == "\n".join("".join(row) for row in grid)
             assert got_reward == pytest.approx(reward)
-            assert (info["action_is_valid"], info["action_is_effective"], info["success"]) == (valid, effective, solved)
+            assert (info["action_is_valid"], info["action_is_effective"], info["success"]) == (
+                valid,
+                effective,
+                solved,
+            )
             assert done == (solved or t == 59)
             if done:
                 break
@@ -80,7 +84,9 @@ def test_matches_reference_model_on_random_actions():
 # ------------------------------------------------------------- generation
 
 
-@pytest.mark.parametrize("dim_room,num_boxes,seeds", [((6, 6), 1, 150), ((8, 8), 1, 100), ((7, 7), 2, 40), ((8, 8), 2, 15)])
+@pytest.mark.parametrize(
+    "dim_room,num_boxes,seeds", [((6, 6), 1, 150), ((8, 8), 1, 100), ((7, 7), 2, 40), ((8, 8), 2, 15)]
+)
 def test_generated_levels_are_solved_by_bfs_through_step(dim_room, num_boxes, seeds):
     env = grl.envs.make("sokoban", dim_room=list(dim_room), num_boxes=num_boxes, max_steps=500)
     for seed in range(seeds):
@@ -272,10 +278,14 @@ def test_described_positions_say_what_the_grid_shows():
             boxes = sorted(cell for cell, ch in cells.items() if ch in "X√")
             loose = [cell for cell, ch in cells.items() if ch == "X"]
             free_targets = sorted(cell for cell, ch in cells.items() if ch in "OS")
-            said = re.fullmatch(r"You are at row (\d+), column (\d+)\.((?: Box at [^.]*\.)*)((?: Target at [^.]*\.)*)", words)
+            said = re.fullmatch(
+                r"You are at row (\d+), column (\d+)\.((?: Box at [^.]*\.)*)((?: Target at [^.]*\.)*)", words
+            )
             assert said, words
             assert (int(said[1]) - 1, int(said[2]) - 1) == player
-            said_boxes = re.findall(r"Box at row (\d+), column (\d+): (on a target, )?([^.]*) of you\.", said[3])
+            said_boxes = re.findall(
+                r"Box at row (\d+), column (\d+): (on a target, )?([^.]*) of you\.", said[3]
+            )
             assert [(int(r) - 1, int(c) - 1) for r, c, _, _ in said_boxes] == boxes
             for (r, c, on_target, offset), box in zip(said_boxes, boxes):
                 assert bool(on_target) == (cells[box] == "√")
@@ -343,7 +353,8 @@ def test_same_seed_same_level_across_processes():
 
 
 def reference_distance(observation):
-    """Box-to-nearest-target plus player-to-nearest-loose-box Manhattan distances, read off the rendered grid."""
+    """Box-to-nearest-target plus player-to-nearest-loose-box Manhattan distances, read off the rendered
+    grid."""
     cells = {(r, c): ch for r, row in enumerate(observation.split("\n")) for c, ch in enumerate(row)}
     targets = [cell for cell, ch in cells.items() if ch in "OS√"]
     loose = [cell for cell, ch in cells.items() if ch == "X"]
@@ -384,7 +395,11 @@ def test_shaping_is_gamma_phi_next_minus_phi_and_telescopes(gamma, with_player):
         while not done:
             action = plan[t] if t < len(plan) else rng.choice(["Up", "Down", "Left", "Right", "jump"])
             after, reward, done, _ = plain.step(action)
-            assert shaped.step(action)[:3] == (after, pytest.approx(reward + gamma * phi(after) - phi(obs)), done)
+            assert shaped.step(action)[:3] == (
+                after,
+                pytest.approx(reward + gamma * phi(after) - phi(obs)),
+                done,
+            )
             discounted += gamma**t * (gamma * phi(after) - phi(obs))
             obs, t = after, t + 1
         assert discounted == pytest.approx(gamma**t * phi(obs) - phi(first))

@@ -13,7 +13,8 @@ MOVES = [(-1, 0), (1, 0), (0, -1), (0, 1)]
 
 
 def optimal_moves(level, boxes=None, player=None):
-    """Fewest moves that put every box on a target (walking counts), by forward BFS over (player, boxes); None if never."""
+    """Fewest moves that put every box on a target (walking counts), by forward BFS over (player, boxes); None
+    if never."""
     start = (level.player if player is None else player, frozenset(level.boxes if boxes is None else boxes))
     depth, frontier = {start: 0}, deque([start])
     while frontier:
@@ -48,7 +49,9 @@ def every_state_distance(level):
 @pytest.mark.parametrize("dim_room,num_boxes,seeds", [((6, 6), 1, 25), ((7, 7), 2, 6)])
 @pytest.mark.parametrize("moves", [1, 2, 3, 5, 8, 13])
 def test_levels_take_exactly_the_asked_moves(dim_room, num_boxes, seeds, moves):
-    env = grl.envs.make("sokoban", dim_room=list(dim_room), num_boxes=num_boxes, solution_moves=moves, max_steps=100)
+    env = grl.envs.make(
+        "sokoban", dim_room=list(dim_room), num_boxes=num_boxes, solution_moves=moves, max_steps=100
+    )
     for seed in range(seeds):
         env.reset(seed)
         assert optimal_moves(env.level) == moves, f"seed {seed}\n{env.render()}"

@@ -148,7 +148,9 @@ def test_same_seed_same_pieces():
         runs.append(obs)
     assert runs[0] == runs[1]
     env = grl.envs.make("tetris", dim_x=5, dim_y=5, box_type=3)
-    sequences = {tuple(env.reset(seed) if i == 0 else env.step("Down")[0] for i in range(4)) for seed in range(30)}
+    sequences = {
+        tuple(env.reset(seed) if i == 0 else env.step("Down")[0] for i in range(4)) for seed in range(30)
+    }
     assert len(sequences) >= 20
 
 
@@ -197,7 +199,12 @@ def test_invalid_actions_and_max_steps():
         obs, reward, done, info = env.step(action)
         assert obs == start and reward == pytest.approx(-0.1) and done == (t == 3)
         assert info == {"success": False, "action_is_valid": False, "action_is_effective": False}
-    assert env.step("Down") == (start, 0.0, True, {"success": False, "action_is_valid": True, "action_is_effective": False})
+    assert env.step("Down") == (
+        start,
+        0.0,
+        True,
+        {"success": False, "action_is_valid": True, "action_is_effective": False},
+    )
 
 
 def test_bad_config_raises_clear_errors():
@@ -225,7 +232,9 @@ def grid_of(obs):
 
 
 def gap_env(**kw):
-    return grl.envs.make("tetris", dim_x=4, dim_y=3, box_type=1, max_steps=5, gap_rows=1, max_pieces=1, coordinates=True, **kw)
+    return grl.envs.make(
+        "tetris", dim_x=4, dim_y=3, box_type=1, max_steps=5, gap_rows=1, max_pieces=1, coordinates=True, **kw
+    )
 
 
 def test_gap_board_defeats_dropping_at_once_and_rewards_reading():
@@ -277,7 +286,10 @@ def test_relative_line_points_from_the_piece_to_the_gap_the_grid_shows():
             height, width, filled, piece = parse(grid_of(obs))
             words = obs.split("\n")[-1]
             open_row = max(r for r in range(height) if not all((r, c) in filled for c in range(width)))
-            offset = min((c - piece[0][1] for c in range(width) if (open_row, c) not in filled), key=lambda d: (abs(d), d))
+            offset = min(
+                (c - piece[0][1] for c in range(width) if (open_row, c) not in filled),
+                key=lambda d: (abs(d), d),
+            )
             side = "right" if offset > 0 else "left"
             expected = (
                 "The piece is right above the gap."

@@ -264,5 +264,12 @@ def test_first_resets_of_a_process_on_threads_at_once(envs):
     """A rollout's first resets load TextWorld's rules on several threads at once (its parser is shared)."""
     for seed in range(8):
         envs["easy"].reset(seed)  # the games are built, so the child only loads them
-    out = subprocess.run([sys.executable, "-c", COLD_THREADS], cwd=ROOT, capture_output=True, text=True, timeout=120, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", COLD_THREADS],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout + out.stderr

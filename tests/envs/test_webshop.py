@@ -85,7 +85,11 @@ def test_wrong_or_missing_options_give_less(make_env):
         product = env.catalog.by_asin[env.goal["asin"]]
         # one option gets a value that does not match the goal's, the others get the goal's
         name, wanted = next(iter(env.goal["goal_options"].items()))
-        wrong = [v for v in product.options[name] if not rw.fuzzy_match(rw.normalize_color(v), rw.normalize_color(wanted))]
+        wrong = [
+            v
+            for v in product.options[name]
+            if not rw.fuzzy_match(rw.normalize_color(v), rw.normalize_color(wanted))
+        ]
         if not wrong:
             continue
         goal = open_goal_product(env, seed)
@@ -109,7 +113,9 @@ def test_price_above_limit_costs_the_price_share(make_env):
     env.reset(3)
     product = env.catalog.by_asin[env.goal["asin"]]
     full, _ = rw.purchase_reward(product, product.price, env.goal["goal_options"], env.goal)
-    over, parts = rw.purchase_reward(product, env.goal["price_upper"] + 0.01, env.goal["goal_options"], env.goal)
+    over, parts = rw.purchase_reward(
+        product, env.goal["price_upper"] + 0.01, env.goal["goal_options"], env.goal
+    )
     n = len(env.goal["attributes"]) + len(env.goal["goal_options"]) + 1
     assert full == 1.0 and over == pytest.approx(1.0 - 1.0 / n) and parts["r_price"] == 0.0
 
@@ -131,8 +137,12 @@ def test_goals_are_seeded_and_follow_webshop_rules(make_env):
         assert set(goal["goal_options"]) == set(product.options)
         assert all(v in product.options[k] for k, v in goal["goal_options"].items())
         above = [p for p in cat.PRICE_RANGE if p > product.price][:4]
-        assert goal["price_upper"] in above[1:] if len(above) >= 2 else goal["price_upper"] == cat.NO_PRICE_LIMIT
-        assert goal["instruction"].startswith(next(s.instruction for s in env_a.catalog.goal_specs if s.product is product))
+        assert (
+            goal["price_upper"] in above[1:] if len(above) >= 2 else goal["price_upper"] == cat.NO_PRICE_LIMIT
+        )
+        assert goal["instruction"].startswith(
+            next(s.instruction for s in env_a.catalog.goal_specs if s.product is product)
+        )
         for k, v in goal["goal_options"].items():
             assert f"{k}: {v}" in goal["instruction"]
         if goal["price_upper"] != cat.NO_PRICE_LIMIT:
@@ -201,7 +211,12 @@ def test_pages_list_their_actions_and_invalid_actions_change_nothing(make_env):
     for bad in ["click[buy now]", "search[]", "buy it", "", "click[", "search[a]]x", "\x00[]"]:
         page = env.render()
         obs, reward, done, info = env.step(bad)
-        assert (reward, done, info["action_is_valid"], info["action_is_effective"]) == (0.0, False, False, False)
+        assert (reward, done, info["action_is_valid"], info["action_is_effective"]) == (
+            0.0,
+            False,
+            False,
+            False,
+        )
         assert obs.startswith("Invalid action") and obs.endswith(page.splitlines()[-1])
     obs, *_, info = env.step("SEARCH[ Pink   Desk Pad ]")
     assert info["action_is_valid"] and 'results for "pink desk pad"' in obs
@@ -388,7 +403,9 @@ def _slow_bm25(query_tokens, docs, k1=cat.BM25_K1, b=cat.BM25_B):
 
 
 @needs_data
-@pytest.mark.parametrize("query", ["pink desk pad leather", "women's running shoes size 8", "the of and", "zzzqqq"])
+@pytest.mark.parametrize(
+    "query", ["pink desk pad leather", "women's running shoes size 8", "the of and", "zzzqqq"]
+)
 def test_search_matches_a_slow_bm25_reference(query):
     searcher, docs = _slow_bm25_setup()
     expected = _slow_bm25(searcher.tokenize(query), docs)
@@ -437,10 +454,42 @@ def test_normalize_color_takes_the_first_base_colour():
 
 def test_type_reward_with_the_plain_title_parser():
     shoe = cat.Product(
-        "A", "Trail Running Shoe", "running shoes", "fashion", "Clothing › Men › Shoes", "", (), (), "", "$1", 1.0, {}, (), ""
+        "A",
+        "Trail Running Shoe",
+        "running shoes",
+        "fashion",
+        "Clothing › Men › Shoes",
+        "",
+        (),
+        (),
+        "",
+        "$1",
+        1.0,
+        {},
+        (),
+        "",
     )
-    mug = cat.Product("B", "Ceramic Coffee Mug", "mugs", "garden", "Home › Kitchen › Mugs", "", (), (), "", "$1", 1.0, {}, (), "")
-    goal = {"name": "Trail Running Shoe", "query": "running shoes", "product_category": "Clothing › Men › Shoes"}
+    mug = cat.Product(
+        "B",
+        "Ceramic Coffee Mug",
+        "mugs",
+        "garden",
+        "Home › Kitchen › Mugs",
+        "",
+        (),
+        (),
+        "",
+        "$1",
+        1.0,
+        {},
+        (),
+        "",
+    )
+    goal = {
+        "name": "Trail Running Shoe",
+        "query": "running shoes",
+        "product_category": "Clothing › Men › Shoes",
+    }
     assert rw.type_reward(shoe, goal, rw.plain_nouns)["r_type"] == 1.0
     assert rw.type_reward(mug, goal, rw.plain_nouns)["r_type"] == 0.0
     assert rw.plain_nouns("The Shoe for a Man") == ["shoe", "man"]
@@ -466,7 +515,12 @@ def run_script(*args, env=None):
     import subprocess
 
     return subprocess.run(
-        ["bash", str(SCRIPT), *args], check=False, capture_output=True, text=True, timeout=60, env={**os.environ, **(env or {})}
+        ["bash", str(SCRIPT), *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **(env or {})},
     )
 
 
@@ -486,7 +540,10 @@ def test_install_script_says_what_it_could_not_fetch(tmp_path):
         "--small",
         "--data-dir",
         str(tmp_path / "data"),
-        env={"GRL_WEBSHOP_SMALL_ITEMS_URL": "file:///nonexistent/items.json", "GRL_WEBSHOP_SMALL_ATTRS_URL": page.as_uri()},
+        env={
+            "GRL_WEBSHOP_SMALL_ITEMS_URL": "file:///nonexistent/items.json",
+            "GRL_WEBSHOP_SMALL_ATTRS_URL": page.as_uri(),
+        },
     )
     assert done.returncode == 1
     assert "Could not fetch 2 item(s)" in done.stderr
@@ -503,10 +560,15 @@ def test_install_script_webshop_layout_feeds_the_env(tmp_path):
         "--small",
         "--data-dir",
         str(data),
-        env={"GRL_WEBSHOP_SMALL_ITEMS_URL": Path(items).as_uri(), "GRL_WEBSHOP_SMALL_ATTRS_URL": Path(goals).as_uri()},
+        env={
+            "GRL_WEBSHOP_SMALL_ITEMS_URL": Path(items).as_uri(),
+            "GRL_WEBSHOP_SMALL_ATTRS_URL": Path(goals).as_uri(),
+        },
     )
     assert done.returncode == 0, done.stderr
-    env = WebShopEnv(str(data / "webshop" / "items_shuffle_1000.json"), str(data / "webshop" / "items_ins_v2_1000.json"))
+    env = WebShopEnv(
+        str(data / "webshop" / "items_shuffle_1000.json"), str(data / "webshop" / "items_ins_v2_1000.json")
+    )
     env.reset(0)
     assert env.goal["asin"] == "B000SHOE01"
 
@@ -527,7 +589,9 @@ def test_webshop_task_instance_buys_with_several_actions_per_reply():
     agent.reset(0)
     goal = agent.env.goal
     options = " || ".join(f"click[{v}]" for v in goal["goal_options"].values())
-    first = agent.step(f"<think>t</think><answer>search[{goal['name']}] || click[{goal['asin']}] || {options}</answer>")
+    first = agent.step(
+        f"<think>t</think><answer>search[{goal['name']}] || click[{goal['asin']}] || {options}</answer>"
+    )
     assert not first.done and "(chosen)" in agent.messages[-1]["content"]
     last = agent.step("<think>t</think><answer>click[buy now]</answer>")
     assert (last.reward, last.done) == (1.0, True)

@@ -1,4 +1,5 @@
-"""An agent written with the OpenAI Agents SDK (`openai-agents` on PyPI) as its users write one: an `Agent` with
+"""An agent written with the OpenAI Agents SDK (`openai-agents` on PyPI) as its users write one: an `Agent`
+with
 instructions, a Responses-API model over the client the gateway hands in, `Runner.run` once a round with the
 conversation so far. Nothing of GRL is imported; the SDK is unmodified. tests/test_learning.py trains it."""
 
@@ -25,10 +26,15 @@ async def fruit_picker(client, task):
         model=OpenAIResponsesModel(model=task.model, openai_client=client),
         model_settings=ModelSettings(max_tokens=12, extra_body={"allowed_replies": list(FRUITS)}),
     )
-    conversation = [{"role": "user", "content": "Pick the right fruit each round. Round 1 of 3. Pick a fruit."}]
+    conversation = [
+        {"role": "user", "content": "Pick the right fruit each round. Round 1 of 3. Pick a fruit."}
+    ]
     right = 0
     for round_ in range(3):
         result = await Runner.run(picker, conversation)
         right += re.sub(r"</?answer>", "", result.final_output or "").strip() == wanted
-        conversation = [*result.to_input_list(), {"role": "user", "content": f"Round {round_ + 2} of 3. Pick a fruit."}]
+        conversation = [
+            *result.to_input_list(),
+            {"role": "user", "content": f"Round {round_ + 2} of 3. Pick a fruit."},
+        ]
     return {"reward": float(right), "success": float(right == 3)}

@@ -9,7 +9,9 @@ from grl.envs import InfraFault, PolicyFault
 
 
 def _ask(client, task, text: str = "Hello.") -> str:
-    reply = client.chat.completions.create(model=task.model, messages=[{"role": "user", "content": text}], max_tokens=2)
+    reply = client.chat.completions.create(
+        model=task.model, messages=[{"role": "user", "content": text}], max_tokens=2
+    )
     return reply.choices[0].message.content or ""
 
 
@@ -28,7 +30,9 @@ def keeps_asking(client, task):
     asked = 0
     while True:
         asked += 1
-        _ask(client, task, f"Question {asked}: hello?")  # a repeated request would be answered from the record
+        _ask(
+            client, task, f"Question {asked}: hello?"
+        )  # a repeated request would be answered from the record
 
 
 def hangs_after_a_call(client, task):

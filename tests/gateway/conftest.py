@@ -17,7 +17,8 @@ def tiny():
 
 @pytest.fixture(scope="module")
 def served(tiny):
-    """(gateway, its base URL): the tiny model behind the Qwen2.5 template, served over HTTP for the module."""
+    """(gateway, its base URL): the tiny model behind the Qwen2.5 template, served over HTTP for the
+    module."""
     tokenizer, engine = tiny
     gateway = Gateway(engine, tokenizer, "tiny", max_tokens=16, context=2048, chat_template=QWEN25)
     with serve(gateway) as base:

@@ -23,7 +23,9 @@ class SeenAnswers:
     """(task, seed, attempt) -> the `grl` field of each answer that episode's program received."""
 
     def __init__(self):
-        self.folder = Path(os.environ.setdefault("GRL_TEST_SEEN_ANSWERS", tempfile.mkdtemp(prefix="grl-seen-")))
+        self.folder = Path(
+            os.environ.setdefault("GRL_TEST_SEEN_ANSWERS", tempfile.mkdtemp(prefix="grl-seen-"))
+        )
 
     def add(self, key: tuple[str, int, int], grl: dict) -> None:
         with open(self._file(key), "a") as f:
@@ -89,12 +91,17 @@ def gsm8k_with_python(client, task):
 
     problem = load_problems(task.config["data_path"], "test", None)[task.seed % 20]
     a, b = re.findall(r"\d+", problem.question)[:2]
-    candidates = [f'<tool_call>{{"name": "python", "arguments": {{"code": "print({a} {op} {b})"}}}}</tool_call>' for op in "+-*"]
+    candidates = [
+        f'<tool_call>{{"name": "python", "arguments": {{"code": "print({a} {op} {b})"}}}}</tool_call>'
+        for op in "+-*"
+    ]
     messages = [
         {"role": "system", "content": "Solve the problem. You may run Python."},
         {"role": "user", "content": problem.question},
     ]
-    call = _ask(client, task, messages, tools=[PYTHON_TOOL], max_tokens=48, extra_body={"allowed_replies": candidates})
+    call = _ask(
+        client, task, messages, tools=[PYTHON_TOOL], max_tokens=48, extra_body={"allowed_replies": candidates}
+    )
     messages.append(_as_dict(call))
     python = make_tool("python")
     for tool_call in call.tool_calls or []:
@@ -112,7 +119,11 @@ def rewrites_history(client, task):
     _ask(
         client,
         task,
-        [*messages, {"role": "assistant", "content": (first.content or "") + " (edited)"}, {"role": "user", "content": "Again."}],
+        [
+            *messages,
+            {"role": "assistant", "content": (first.content or "") + " (edited)"},
+            {"role": "user", "content": "Again."},
+        ],
         max_tokens=4,
     )
     return 0.5
@@ -154,7 +165,9 @@ def floods(client, task):
     async def all_at_once():
         async with openai.AsyncOpenAI(base_url=str(client.base_url), api_key="grl", max_retries=0) as flood:
             calls = [
-                flood.chat.completions.create(model=task.model, messages=[{"role": "user", "content": str(i)}], max_tokens=1)
+                flood.chat.completions.create(
+                    model=task.model, messages=[{"role": "user", "content": str(i)}], max_tokens=1
+                )
                 for i in range(1000)
             ]
             return await asyncio.gather(*calls, return_exceptions=True)
@@ -167,7 +180,10 @@ async def one_call_async(client, task):
     """`one_call` as an `async def`: given an `openai.AsyncOpenAI`."""
     messages = [{"role": "user", "content": "Hello."}]
     response = await client.chat.completions.create(model=task.model, messages=messages, max_tokens=2)
-    return {"reward": 1.0, "answered_tokens": float(len(response.model_extra["grl"]["completion_token_ids"][0]))}
+    return {
+        "reward": 1.0,
+        "answered_tokens": float(len(response.model_extra["grl"]["completion_token_ids"][0])),
+    }
 
 
 # Faults only a process can have: each must end its own episode and worker, never the trainer. Each writes

@@ -23,7 +23,9 @@ def serve(gateway):
     import uvicorn
 
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(build_app(gateway), host="127.0.0.1", port=port, log_level="warning"))
+    server = uvicorn.Server(
+        uvicorn.Config(build_app(gateway), host="127.0.0.1", port=port, log_level="warning")
+    )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30

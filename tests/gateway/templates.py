@@ -132,4 +132,6 @@ LLAMA31 = (
 )
 
 # Qwen3-Coder's tool-call markup, as its template describes it to the model (only what family_of reads).
-QWEN3_CODER_MARKERS = "<tool_call>\n<function=example_function_name>\n<parameter=example_parameter_1>\nvalue_1\n</parameter>"
+QWEN3_CODER_MARKERS = (
+    "<tool_call>\n<function=example_function_name>\n<parameter=example_parameter_1>\nvalue_1\n</parameter>"
+)

@@ -35,11 +35,16 @@ def test_an_agents_sdk_function_tool_runs_streamed_and_not(served):
     async def both():
         plain = await Runner.run(agent("sdk-plain"), "What time is it?")
         streamed = Runner.run_streamed(agent("sdk-streamed"), "What time is it?")
-        kinds = [event.data.type async for event in streamed.stream_events() if event.type == "raw_response_event"]
+        kinds = [
+            event.data.type async for event in streamed.stream_events() if event.type == "raw_response_event"
+        ]
         return plain, streamed, kinds
 
     plain, streamed, kinds = asyncio.run(both())
     assert plain.final_output == streamed.final_output == "12:00" and ran == ["clock", "clock"]
     assert "response.function_call_arguments.delta" in kinds and kinds[-1] == "response.completed"
     [first], [again] = gateway.episodes["sdk-plain"].calls, gateway.episodes["sdk-streamed"].calls
-    assert first.completion_ids == again.completion_ids and first.returned["tool_calls"][0]["function"]["name"] == "clock"
+    assert (
+        first.completion_ids == again.completion_ids
+        and first.returned["tool_calls"][0]["function"]["name"] == "clock"
+    )

@@ -32,7 +32,9 @@ def greedy(max_new: int) -> SamplingParams:
     return SamplingParams(greedy=True, max_new_tokens=max_new)
 
 
-def queue_call(batching: BatchingEngine, prompt: list[int], sampling: SamplingParams, answers: dict) -> threading.Thread:
+def queue_call(
+    batching: BatchingEngine, prompt: list[int], sampling: SamplingParams, answers: dict
+) -> threading.Thread:
     """A handler's thread calling `batching.generate`; returns once the call is queued."""
     queued = batching._queue.qsize() + 1
 
@@ -54,10 +56,13 @@ PROMPTS = {"a": [1, 5, 9, 14], "b": [2, 7, 3], "c": [4, 4, 8, 10, 11], "d": [3, 
 
 def test_a_call_arriving_during_a_generate_joins_the_waiting_calls_of_its_kind(tiny):
     """A (2 tokens) and B (3 tokens) wait; A's kind goes first, and C (3 tokens) arrives during A's generate:
-    the next engine call serves B and C together, where waves served A, then B, then C in a wave of its own."""
+    the next engine call serves B and C together, where waves served A, then B, then C in a wave of its
+    own."""
     engine = tiny[1]
     answers, threads = {}, []
-    hooked = HookedEngine(engine, during=lambda: threads.append(queue_call(batching, PROMPTS["c"], greedy(3), answers)))
+    hooked = HookedEngine(
+        engine, during=lambda: threads.append(queue_call(batching, PROMPTS["c"], greedy(3), answers))
+    )
     batching = BatchingEngine(hooked)
     batching.serving(True)
     try:
@@ -81,7 +86,10 @@ def test_a_call_left_waiting_when_the_rollout_ends_is_refused(tiny):
     batching = BatchingEngine(hooked)
     batching.serving(True)
     answers = {}
-    threads = [queue_call(batching, PROMPTS["a"], greedy(2), answers), queue_call(batching, PROMPTS["b"], greedy(3), answers)]
+    threads = [
+        queue_call(batching, PROMPTS["a"], greedy(2), answers),
+        queue_call(batching, PROMPTS["b"], greedy(3), answers),
+    ]
     assert batching.serve(wait=0.1) == 1
     batching.serving(False)
     for thread in threads:
@@ -93,8 +101,10 @@ def test_a_call_left_waiting_when_the_rollout_ends_is_refused(tiny):
 
 
 def test_callers_of_a_serial_engine_share_the_next_generate(tiny):
-    """During A's generate, B (seeded), C (unseeded) and D (seeded) call: B and D share the next generate and C
-    has one of its own (an engine call seeds all its requests or none), where a lock served one call a generate."""
+    """During A's generate, B (seeded), C (unseeded) and D (seeded) call: B and D share the next generate and
+    C
+    has one of its own (an engine call seeds all its requests or none), where a lock served one call a
+    generate."""
     engine = tiny[1]
     sampled = SamplingParams(temperature=1.0, max_new_tokens=4)
     later = {"b": replace(sampled, seed=7), "c": sampled, "d": replace(sampled, seed=8)}

@@ -23,7 +23,10 @@ from tests.gateway.served import client, free_port, serve
 from tests.gateway.templates import QWEN25
 
 ROOT = Path(__file__).resolve().parents[2]
-QUESTION = [{"role": "system", "content": "You answer briefly."}, {"role": "user", "content": "What is 2 + 3?"}]
+QUESTION = [
+    {"role": "system", "content": "You answer briefly."},
+    {"role": "user", "content": "What is 2 + 3?"},
+]
 
 
 @pytest.fixture(scope="module")
@@ -50,30 +53,45 @@ def test_models_names_the_served_model(served):
 
 def test_a_reply_is_the_engines_own_sampled_tokens(served):
     gateway, base = served
-    response = client(base).chat.completions.create(model="tiny", messages=QUESTION, max_tokens=8, temperature=0)
+    response = client(base).chat.completions.create(
+        model="tiny", messages=QUESTION, max_tokens=8, temperature=0
+    )
     ids = grl_ids(response)
     prompt = ChatTokens(gateway.tokenizer).first_prompt(QUESTION)
-    direct = gateway.engine.generate([prompt], SamplingParams(temperature=0, greedy=True, max_new_tokens=8))[0]
+    direct = gateway.engine.generate([prompt], SamplingParams(temperature=0, greedy=True, max_new_tokens=8))[
+        0
+    ]
     assert ids["prompt_token_ids"] == prompt and ids["completion_token_ids"] == [direct.token_ids]
-    assert response.choices[0].message.content == gateway.tokenizer.decode(direct.token_ids, skip_special_tokens=True)
-    assert response.usage.prompt_tokens == len(prompt) and response.usage.completion_tokens == len(direct.token_ids)
+    assert response.choices[0].message.content == gateway.tokenizer.decode(
+        direct.token_ids, skip_special_tokens=True
+    )
+    assert response.usage.prompt_tokens == len(prompt) and response.usage.completion_tokens == len(
+        direct.token_ids
+    )
 
 
 def test_a_program_that_continues_its_conversation_trains_on_one_row_of_the_sampled_ids(served):
     gateway, base = served
     talk = client(base, "/episodes/continued/v1")
-    first = talk.chat.completions.create(model="tiny", messages=QUESTION, max_tokens=6, temperature=1.0, seed=3)
+    first = talk.chat.completions.create(
+        model="tiny", messages=QUESTION, max_tokens=6, temperature=1.0, seed=3
+    )
     history = QUESTION + [
         {"role": "assistant", "content": first.choices[0].message.content},
         {"role": "user", "content": "And 3 + 4?"},
     ]
-    second = talk.chat.completions.create(model="tiny", messages=history, max_tokens=6, temperature=1.0, seed=4)
+    second = talk.chat.completions.create(
+        model="tiny", messages=history, max_tokens=6, temperature=1.0, seed=4
+    )
     log = gateway.episodes["continued"]
     one, two = grl_ids(first), grl_ids(second)
     assert [c.continues for c in log.calls] == [False, True] and log.prefix_breaks == 0
     # The second prompt holds the first reply as sampled, then only what the template puts after it.
     sampled_first = one["completion_token_ids"][0]
-    assert two["prompt_token_ids"][: len(one["prompt_token_ids"]) + len(sampled_first)] == one["prompt_token_ids"] + sampled_first
+    assert (
+        two["prompt_token_ids"][: len(one["prompt_token_ids"]) + len(sampled_first)]
+        == one["prompt_token_ids"] + sampled_first
+    )
     between = two["prompt_token_ids"][len(one["prompt_token_ids"]) + len(sampled_first) :]
     assert "And 3 + 4?" in gateway.tokenizer.decode(between)
     row = trained_row(log)
@@ -109,7 +127,13 @@ def test_allowed_replies_decode_with_the_agents_grammar(served):
     _, base = served
     moves = ["Left", "Right", "Down"]
     response = client(base).chat.completions.create(
-        model="tiny", messages=QUESTION, max_tokens=16, temperature=1.0, n=6, seed=0, extra_body={"allowed_replies": moves}
+        model="tiny",
+        messages=QUESTION,
+        max_tokens=16,
+        temperature=1.0,
+        n=6,
+        seed=0,
+        extra_body={"allowed_replies": moves},
     )
     assert {c.message.content for c in response.choices} <= {f"<answer>{m}</answer>" for m in moves}
     assert all(c.finish_reason == "stop" for c in response.choices)
@@ -124,7 +148,8 @@ def test_hermes_tool_calls_become_openai_tool_calls():
 
 
 def test_tools_reach_the_chat_template(tiny):
-    """Qwen2.5's template writes the tools into the system turn: the prompt is that rendering, not the tool-less one."""
+    """Qwen2.5's template writes the tools into the system turn: the prompt is that rendering, not the
+    tool-less one."""
     tokenizer, engine = tiny
     gateway = Gateway(engine, tokenizer, "tiny", max_tokens=4, context=2048, chat_template=QWEN25)
     tools = [
@@ -138,7 +163,9 @@ def test_tools_reach_the_chat_template(tiny):
         }
     ]
     with serve(gateway) as base:
-        response = client(base).chat.completions.create(model="tiny", messages=QUESTION, tools=tools, max_tokens=4, temperature=0)
+        response = client(base).chat.completions.create(
+            model="tiny", messages=QUESTION, tools=tools, max_tokens=4, temperature=0
+        )
     rendered = tokenizer.apply_chat_template(
         QUESTION, tools=tools, chat_template=QWEN25, tokenize=False, add_generation_prompt=True
     )
@@ -203,7 +230,10 @@ def test_concurrent_callers_share_generates_one_at_a_time(served, monkeypatch):
         replies = list(
             pool.map(
                 lambda i: talk.chat.completions.create(
-                    model="tiny", messages=[{"role": "user", "content": f"count {i}"}], max_tokens=4, temperature=0
+                    model="tiny",
+                    messages=[{"role": "user", "content": f"count {i}"}],
+                    max_tokens=4,
+                    temperature=0,
                 ),
                 range(32),
             )
@@ -235,4 +265,6 @@ def test_grl_serve_answers_on_loopback_and_stops_on_sigterm():
         proc.terminate()
         out, _ = proc.communicate(timeout=30)
     # uvicorn shuts down gracefully, then lets the signal end the process as it would have
-    assert proc.returncode in (0, -signal.SIGTERM) and f"grl serve: tiny at http://127.0.0.1:{port}/v1" in out, out
+    assert (
+        proc.returncode in (0, -signal.SIGTERM) and f"grl serve: tiny at http://127.0.0.1:{port}/v1" in out
+    ), out

@@ -1,4 +1,5 @@
-"""What agent programs send, through the real `openai` client to the served gateway and the tiny model: streamed
+"""What agent programs send, through the real `openai` client to the served gateway and the tiny model:
+streamed
 calls, log-probs, stop strings, retries, a changed tool list, interleaved sub-agents, an episode longer than
 the context, a reply cut at max_tokens continued under Qwen3's template, an episode read back; and the fields
 the gateway cannot honour refused in one line."""
@@ -13,11 +14,17 @@ from grl.rollout.types import Episode
 from tests.gateway.served import client, serve
 from tests.gateway.templates import QWEN3, QWEN25
 
-QUESTION = [{"role": "system", "content": "You answer briefly."}, {"role": "user", "content": "What is 2 + 3?"}]
+QUESTION = [
+    {"role": "system", "content": "You answer briefly."},
+    {"role": "user", "content": "What is 2 + 3?"},
+]
 TOOLS = [
     {
         "type": "function",
-        "function": {"name": "python", "parameters": {"type": "object", "properties": {"code": {"type": "string"}}}},
+        "function": {
+            "name": "python",
+            "parameters": {"type": "object", "properties": {"code": {"type": "string"}}},
+        },
     }
 ]
 
@@ -30,19 +37,30 @@ def test_a_streamed_reply_is_the_unstreamed_one_and_records_the_same_ids(served)
     gateway, base = served
     plain = client(base).chat.completions.create(model="tiny", messages=QUESTION, max_tokens=8, temperature=0)
     stream = client(base, "/episodes/streamed/v1").chat.completions.create(
-        model="tiny", messages=QUESTION, max_tokens=8, temperature=0, stream=True, stream_options={"include_usage": True}
+        model="tiny",
+        messages=QUESTION,
+        max_tokens=8,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
     )
     events = list(stream)
     pieces = [e.choices[0].delta.content for e in events if e.choices and e.choices[0].delta.content]
     assert "".join(pieces) == plain.choices[0].message.content
     ids = grl_ids(plain)["completion_token_ids"][0]
     assert len(pieces) > 1 and "".join(pieces) == gateway.tokenizer.decode(ids, skip_special_tokens=True)
-    assert pieces[0] == gateway.tokenizer.decode(ids[:1], skip_special_tokens=True)  # the first sampled token's text
+    assert pieces[0] == gateway.tokenizer.decode(
+        ids[:1], skip_special_tokens=True
+    )  # the first sampled token's text
     assert [e.choices[0].finish_reason for e in events if e.choices][-1] == plain.choices[0].finish_reason
     last = events[-1]
     assert last.usage.completion_tokens == plain.usage.completion_tokens
     recorded = gateway.episodes["streamed"].calls[0]
-    assert grl_ids(last)["completion_token_ids"] == [recorded.completion_ids] == grl_ids(plain)["completion_token_ids"]
+    assert (
+        grl_ids(last)["completion_token_ids"]
+        == [recorded.completion_ids]
+        == grl_ids(plain)["completion_token_ids"]
+    )
 
 
 def test_logprobs_are_the_sampled_tokens_own(served):
@@ -53,19 +71,36 @@ def test_logprobs_are_the_sampled_tokens_own(served):
     entries = response.choices[0].logprobs.content
     assert [e.logprob for e in entries] == pytest.approx(grl_ids(response)["log_probs"][0])
     assert len(entries) == len(grl_ids(response)["completion_token_ids"][0])
-    assert client(base).chat.completions.create(model="tiny", messages=QUESTION, max_tokens=2).choices[0].logprobs is None
+    assert (
+        client(base)
+        .chat.completions.create(model="tiny", messages=QUESTION, max_tokens=2)
+        .choices[0]
+        .logprobs
+        is None
+    )
 
 
 def test_a_stop_string_ends_the_reply_and_is_not_returned(served):
     gateway, base = served
     talk = client(base)
-    ask = {"model": "tiny", "messages": QUESTION, "max_tokens": 16, "temperature": 1.0, "seed": 7}  # seeded: the same tokens
+    ask = {
+        "model": "tiny",
+        "messages": QUESTION,
+        "max_tokens": 16,
+        "temperature": 1.0,
+        "seed": 7,
+    }  # seeded: the same tokens
     whole = talk.chat.completions.create(**ask).choices[0].message.content
     stop = whole[len(whole) // 2 : len(whole) // 2 + 3]
     assert len(stop) == 3 and stop.strip()
     cut = talk.chat.completions.create(**ask, stop=[stop])
-    assert cut.choices[0].message.content == whole[: whole.index(stop)] and cut.choices[0].finish_reason == "stop"
-    assert stop in gateway.tokenizer.decode(grl_ids(cut)["completion_token_ids"][0])  # the record keeps what was sampled
+    assert (
+        cut.choices[0].message.content == whole[: whole.index(stop)]
+        and cut.choices[0].finish_reason == "stop"
+    )
+    assert stop in gateway.tokenizer.decode(
+        grl_ids(cut)["completion_token_ids"][0]
+    )  # the record keeps what was sampled
 
 
 def test_a_retried_request_gets_the_recorded_reply_and_records_nothing(served):
@@ -77,36 +112,50 @@ def test_a_retried_request_gets_the_recorded_reply_and_records_nothing(served):
     assert again.choices[0].message.content == first.choices[0].message.content
     assert grl_ids(again)["completion_token_ids"] == grl_ids(first)["completion_token_ids"]
     assert len(log.calls) == 1 and log.retries == 1 and log.prefix_breaks == 0
-    talk.chat.completions.create(model="tiny", messages=QUESTION, max_tokens=8, temperature=1.0, seed=2)  # another sample
+    talk.chat.completions.create(
+        model="tiny", messages=QUESTION, max_tokens=8, temperature=1.0, seed=2
+    )  # another sample
     assert len(log.calls) == 2 and log.retries == 1 and log.prefix_breaks == 1
 
 
 def test_a_changed_tool_list_is_rendered_whole_and_counted(served):
     gateway, base = served
     talk = client(base, "/episodes/tools-changed/v1")
-    first = talk.chat.completions.create(model="tiny", messages=QUESTION, tools=TOOLS, max_tokens=6, temperature=0)
+    first = talk.chat.completions.create(
+        model="tiny", messages=QUESTION, tools=TOOLS, max_tokens=6, temperature=0
+    )
     history = [
         *QUESTION,
         {"role": "assistant", "content": first.choices[0].message.content},
         {"role": "user", "content": "More?"},
     ]
-    second = talk.chat.completions.create(model="tiny", messages=history, max_tokens=6, temperature=0)  # tools dropped
+    second = talk.chat.completions.create(
+        model="tiny", messages=history, max_tokens=6, temperature=0
+    )  # tools dropped
     log = gateway.episodes["tools-changed"]
     assert log.prefix_breaks == 1
-    assert grl_ids(second)["prompt_token_ids"] == ChatTokens(gateway.tokenizer, {"chat_template": QWEN25}).first_prompt(history)
+    assert grl_ids(second)["prompt_token_ids"] == ChatTokens(
+        gateway.tokenizer, {"chat_template": QWEN25}
+    ).first_prompt(history)
     history = [
         *history,
         {"role": "assistant", "content": second.choices[0].message.content},
         {"role": "user", "content": "Go on."},
     ]
-    talk.chat.completions.create(model="tiny", messages=history, tools=TOOLS, tool_choice="none", max_tokens=6)
-    assert log.calls[-1].parent == 1 and log.prefix_breaks == 1  # tools not shown, as in the second call: it continues
+    talk.chat.completions.create(
+        model="tiny", messages=history, tools=TOOLS, tool_choice="none", max_tokens=6
+    )
+    assert (
+        log.calls[-1].parent == 1 and log.prefix_breaks == 1
+    )  # tools not shown, as in the second call: it continues
     history = [
         *history,
         {"role": "assistant", "content": log.calls[-1].returned["content"]},
         {"role": "user", "content": "Use it."},
     ]
-    talk.chat.completions.create(model="tiny", messages=history, tools=TOOLS, tool_choice="auto", max_tokens=6)
+    talk.chat.completions.create(
+        model="tiny", messages=history, tools=TOOLS, tool_choice="auto", max_tokens=6
+    )
     assert log.calls[-1].parent is None and log.prefix_breaks == 2  # the tools are back in the system turn
 
 
@@ -126,12 +175,19 @@ def test_interleaved_sub_agents_each_continue_their_own_lineage(served):
             histories[name] = [*histories[name], reply, {"role": "user", "content": f"Go on ({turn})."}]
     log = gateway.episodes["sub-agents"]
     assert [c.parent for c in log.calls] == [None, None, 0, 1, 2, 3]
-    assert log.prefix_breaks == 1 and log.branches == 4  # the solver's first call starts a sequence; each later call branches
+    assert (
+        log.prefix_breaks == 1 and log.branches == 4
+    )  # the solver's first call starts a sequence; each later call branches
     for call, before in zip(log.calls[2:], log.calls):  # each continues its own lineage's ids, untouched
-        assert call.prompt_ids[: len(before.prompt_ids) + len(before.completion_ids)] == before.prompt_ids + before.completion_ids
+        assert (
+            call.prompt_ids[: len(before.prompt_ids) + len(before.completion_ids)]
+            == before.prompt_ids + before.completion_ids
+        )
     row = episode_tokens(Episode("program", 0, 0, log.turns(), score=0.0), use_turn_scores=False)
     trained = [t for t, m in zip(row.input_ids, row.loss_mask) if m]
-    assert trained == [t for call in log.calls for t in call.completion_ids]  # each sampled token trained once
+    assert trained == [
+        t for call in log.calls for t in call.completion_ids
+    ]  # each sampled token trained once
 
 
 def test_a_conversation_longer_than_the_context_is_cut_from_the_left(tiny):
@@ -143,7 +199,9 @@ def test_a_conversation_longer_than_the_context_is_cut_from_the_left(tiny):
             model="tiny", messages=long, max_tokens=8, temperature=0
         )
         refused = httpx.post(
-            f"{base}/v1/chat/completions", json={"messages": long, "max_tokens": 96, "model": "tiny"}, timeout=60
+            f"{base}/v1/chat/completions",
+            json={"messages": long, "max_tokens": 96, "model": "tiny"},
+            timeout=60,
         )
     prompt = grl_ids(response)["prompt_token_ids"]
     whole = ChatTokens(tokenizer).first_prompt(long)
@@ -156,7 +214,9 @@ def test_a_conversation_longer_than_the_context_is_cut_from_the_left(tiny):
     strict = Gateway(engine, tokenizer, "tiny", max_tokens=8, context=96, truncation="error")
     with serve(strict) as base:
         response = httpx.post(
-            f"{base}/v1/chat/completions", json={"messages": long, "max_tokens": 8, "model": "tiny"}, timeout=60
+            f"{base}/v1/chat/completions",
+            json={"messages": long, "max_tokens": 8, "model": "tiny"},
+            timeout=60,
         )
     assert response.status_code == 400
 
@@ -167,16 +227,22 @@ def test_a_reply_cut_at_max_tokens_is_closed_before_the_next_turn_under_qwen3(ti
     gateway.template_kwargs["enable_thinking"] = False
     with serve(gateway) as base:
         talk = client(base, "/episodes/cut/v1")
-        first = talk.chat.completions.create(model="tiny", messages=QUESTION, max_tokens=3, temperature=1.0, seed=5)
+        first = talk.chat.completions.create(
+            model="tiny", messages=QUESTION, max_tokens=3, temperature=1.0, seed=5
+        )
         history = [
             *QUESTION,
             {"role": "assistant", "content": first.choices[0].message.content},
             {"role": "user", "content": "And?"},
         ]
-        second = talk.chat.completions.create(model="tiny", messages=history, max_tokens=3, temperature=1.0, seed=6)
+        second = talk.chat.completions.create(
+            model="tiny", messages=history, max_tokens=3, temperature=1.0, seed=6
+        )
     assert first.choices[0].finish_reason == "length"
     one, two = grl_ids(first), grl_ids(second)
-    assert tokenizer.decode(one["prompt_token_ids"]).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert tokenizer.decode(one["prompt_token_ids"]).endswith(
+        "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    )
     seen = one["prompt_token_ids"] + one["completion_token_ids"][0]
     assert two["prompt_token_ids"][: len(seen)] == seen
     between = "<|im_end|>\n<|im_start|>user\nAnd?<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
@@ -186,8 +252,16 @@ def test_a_reply_cut_at_max_tokens_is_closed_before_the_next_turn_under_qwen3(ti
 @pytest.mark.parametrize(
     "change, status, says",
     [
-        ({"tools": TOOLS, "tool_choice": "required"}, 400, "tool_choice: no tool call fits in 2 reply tokens"),
-        ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "python"}}}, 400, "tool_choice: no tool"),
+        (
+            {"tools": TOOLS, "tool_choice": "required"},
+            400,
+            "tool_choice: no tool call fits in 2 reply tokens",
+        ),
+        (
+            {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "python"}}},
+            400,
+            "tool_choice: no tool",
+        ),
         ({"tool_choice": "required"}, 400, "tool_choice: 'required' needs a non-empty tools list"),
         (
             {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "bash"}}},
@@ -202,7 +276,9 @@ def test_a_reply_cut_at_max_tokens_is_closed_before_the_next_turn_under_qwen3(ti
 def test_tool_choice_and_response_format_are_honoured_or_refused(served, change, status, says):
     _, base = served
     response = httpx.post(
-        f"{base}/v1/chat/completions", json={"model": "tiny", "messages": QUESTION, "max_tokens": 2, **change}, timeout=60
+        f"{base}/v1/chat/completions",
+        json={"model": "tiny", "messages": QUESTION, "max_tokens": 2, **change},
+        timeout=60,
     )
     assert response.status_code == status, response.text
     if says is not None:
@@ -213,14 +289,23 @@ def test_grl_serve_reads_an_episode_back_frees_it_and_keeps_a_bounded_record(tin
     tokenizer, engine = tiny
     gateway = Gateway(engine, tokenizer, "tiny", max_tokens=4, context=2048, max_open_episodes=2)
     with serve(gateway) as base:
-        reply = client(base, "/episodes/kept/v1").chat.completions.create(model="tiny", messages=QUESTION, max_tokens=4)
+        reply = client(base, "/episodes/kept/v1").chat.completions.create(
+            model="tiny", messages=QUESTION, max_tokens=4
+        )
         record = httpx.get(f"{base}/episodes/kept", timeout=60).json()
         assert len(record["calls"]) == 1 and record["calls"][0]["messages"] == QUESTION
         assert record["calls"][0]["completion_token_ids"] == grl_ids(reply)["completion_token_ids"][0]
         assert record["calls"][0]["prompt_token_ids"] == grl_ids(reply)["prompt_token_ids"]
-        assert httpx.delete(f"{base}/episodes/kept", timeout=60).json() == record and "kept" not in gateway.episodes
+        assert (
+            httpx.delete(f"{base}/episodes/kept", timeout=60).json() == record
+            and "kept" not in gateway.episodes
+        )
         for name in ("one", "two", "three"):
-            client(base, f"/episodes/{name}/v1").chat.completions.create(model="tiny", messages=QUESTION, max_tokens=2)
+            client(base, f"/episodes/{name}/v1").chat.completions.create(
+                model="tiny", messages=QUESTION, max_tokens=2
+            )
         assert list(gateway.episodes) == ["two", "three"] and gateway.evicted_episodes == 1
         gone = httpx.get(f"{base}/episodes/one", timeout=60)
-    assert gone.status_code == 400 and gone.json()["error"]["message"].startswith("episode 'one': not recorded")
+    assert gone.status_code == 400 and gone.json()["error"]["message"].startswith(
+        "episode 'one': not recorded"
+    )

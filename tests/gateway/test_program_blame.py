@@ -33,7 +33,12 @@ def runner():
     engine = make_engine("hf", "tiny", dtype="float32", device="cpu")
     tokenizer = load_tokenizer("tiny")
     runner = ProgramRunner(
-        SlowEngine(engine), tokenizer, context=4096, max_response_length=8, env_error_penalty=-5.0, max_failed_agent_ratio=1.0
+        SlowEngine(engine),
+        tokenizer,
+        context=4096,
+        max_response_length=8,
+        env_error_penalty=-5.0,
+        max_failed_agent_ratio=1.0,
     )
     yield runner
     runner.close()
@@ -56,8 +61,11 @@ def test_a_program_s_faults_and_timeouts_are_blamed(runner):
         task("asking", "keeps_asking", program_timeout=3),
     ]
     episodes, _ = runner.run(tasks, 0, 0, SamplingParams(temperature=1.0, seed=0))
-    # Alone, so that its one call waits for no other episode's: a call queued behind others' waits for the model too.
-    episodes += runner.run([task("hanging", "hangs_after_a_call", program_timeout=6)], 0, 3, SamplingParams(temperature=1.0))[0]
+    # Alone, so that its one call waits for no other episode's: a call queued behind others' waits for the
+    # model too.
+    episodes += runner.run(
+        [task("hanging", "hangs_after_a_call", program_timeout=6)], 0, 3, SamplingParams(temperature=1.0)
+    )[0]
     ended = {e.task: (e.blame, e.error_kind, e.score) for e in episodes}
     assert ended == {
         "policy": (POLICY, "policy", -0.1),  # the task's format penalty, trained on

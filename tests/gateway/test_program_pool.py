@@ -25,7 +25,9 @@ from tests.gateway.test_programs import PROGRAMS, task
 @pytest.fixture(scope="module")
 def runner():
     engine = make_engine("hf", "tiny", dtype="float32", device="cpu")
-    runner = ProgramRunner(engine, load_tokenizer("tiny"), context=4096, max_response_length=16, max_failed_agent_ratio=1.0)
+    runner = ProgramRunner(
+        engine, load_tokenizer("tiny"), context=4096, max_response_length=16, max_failed_agent_ratio=1.0
+    )
     yield runner
     runner.close()
     engine.shutdown()
@@ -49,7 +51,9 @@ def test_each_fault_ends_only_its_episode_and_leaves_no_process(runner, tmp_path
     episodes, metrics = runner.run(tasks, 0, 0, SamplingParams(temperature=1.0, seed=0))
     by_task = {e.task: e for e in episodes}
     assert [e.score for e in episodes if e.task == "sound"] == [1.0, 1.0]
-    assert by_task["by_messages"].error is None and by_task["by_messages"].score == 2.0  # scored in the worker
+    assert (
+        by_task["by_messages"].error is None and by_task["by_messages"].score == 2.0
+    )  # scored in the worker
     kinds = {name: (e.error_kind, e.error) for name, e in by_task.items() if e.error is not None}
     assert set(kinds) == {"exits", "segfaults", "grows", "hangs", "leaves"}, kinds
     assert kinds["exits"][0] == "crash" and "exit code 3" in kinds["exits"][1]
@@ -57,10 +61,16 @@ def test_each_fault_ends_only_its_episode_and_leaves_no_process(runner, tmp_path
     assert kinds["grows"][0] == "memory" and "program_max_rss_mb 384" in kinds["grows"][1]
     assert kinds["hangs"][0] == "timeout" and "program_timeout" in kinds["hangs"][1]
     assert kinds["leaves"][0] == "leftover_process"
-    assert all(by_task[name].score == -0.1 and len(by_task[name].turns) == 1 for name in kinds)  # the call it made
+    assert all(
+        by_task[name].score == -0.1 and len(by_task[name].turns) == 1 for name in kinds
+    )  # the call it made
     faults = {"program_crashes": 2, "program_memory_kills": 1, "program_leftover_processes": 1}
     assert {name: metrics[f"gateway/{name}"] for name in faults} == faults
-    assert (metrics["gateway/program_errors"], metrics["gateway/program_timeouts"], metrics["gateway/bad_rewards"]) == (0, 1, 0)
+    assert (
+        metrics["gateway/program_errors"],
+        metrics["gateway/program_timeouts"],
+        metrics["gateway/bad_rewards"],
+    ) == (0, 1, 0)
 
     faulty = [pid for name in kinds for pid in noted_pids(tmp_path, name)]
     assert len(faulty) == 6  # a worker each, and the process left behind
@@ -68,7 +78,12 @@ def test_each_fault_ends_only_its_episode_and_leaves_no_process(runner, tmp_path
     workers = runner.worker_pids()
     assert workers and not set(workers) & set(faulty)
     # The sound workers are kept: the next rollout is played by them, and by fresh ones for the faulty tasks.
-    again, _ = runner.run([task("sound", "one_call", groups=2), task("exits", "exits", env_config=noted)], 1, 0, SamplingParams())
+    again, _ = runner.run(
+        [task("sound", "one_call", groups=2), task("exits", "exits", env_config=noted)],
+        1,
+        0,
+        SamplingParams(),
+    )
     assert [e.error_kind for e in again] == [None, None, "crash"]
     assert set(workers) & set(runner.worker_pids())
     everything = [pid for worker in runner.worker_pids() for pid in (worker, *descendants(worker))]
@@ -77,7 +92,9 @@ def test_each_fault_ends_only_its_episode_and_leaves_no_process(runner, tmp_path
 
 
 def test_an_async_program_is_given_an_async_client_and_scores(runner):
-    episodes, metrics = runner.run([task("async", "one_call_async", groups=2)], 0, 0, SamplingParams(temperature=1.0, seed=0))
+    episodes, metrics = runner.run(
+        [task("async", "one_call_async", groups=2)], 0, 0, SamplingParams(temperature=1.0, seed=0)
+    )
     assert [e.error for e in episodes] == [None, None], episodes[0].error
     assert all(e.score == 1.0 and e.metrics["answered_tokens"] >= 1 and len(e.turns) == 1 for e in episodes)
     assert metrics["gateway/calls"] == 2
@@ -94,7 +111,9 @@ def test_workers_started_ahead_play_the_rollout(runner):
 
 
 def test_a_path_that_names_no_program_stops_the_rollout_in_one_line(runner):
-    with pytest.raises(ValueError, match=r"^program 'tests.gateway.programs:missing': .* has no callable missing$"):
+    with pytest.raises(
+        ValueError, match=r"^program 'tests.gateway.programs:missing': .* has no callable missing$"
+    ):
         runner.run([task("missing", "missing", groups=2)], 0, 0, SamplingParams())
     episodes, _ = runner.run([task("sound", "one_call")], 0, 0, SamplingParams())
     assert episodes[0].score == 1.0
@@ -124,8 +143,12 @@ def test_workers_are_forked_from_a_template_that_imported_the_program_once():
         outcomes = play(pool, program, [{}] * 4)
         assert all(o.ok for o in outcomes), outcomes
         template = psutil.Process(workers[0]).ppid()
-        assert {o.value[1]["pid"] for o in outcomes} == set(workers) and len(workers) == 4  # each worker played once
-        assert {o.value[1]["imported_by"] for o in outcomes} == {template}  # ... and none imported the program
+        assert {o.value[1]["pid"] for o in outcomes} == set(workers) and len(
+            workers
+        ) == 4  # each worker played once
+        assert {o.value[1]["imported_by"] for o in outcomes} == {
+            template
+        }  # ... and none imported the program
         assert all(psutil.Process(worker).ppid() == template for worker in workers)
         # A worker that dies is replaced by a fresh fork of the same template.
         (crashed,) = play(pool, program, [{"exit": True}])
@@ -141,7 +164,9 @@ def test_workers_are_forked_from_a_template_that_imported_the_program_once():
 
 def test_a_program_whose_import_fails_crashes_or_hangs_fails_as_in_a_fresh_interpreter(tmp_path, monkeypatch):
     pool = ProgramPool(2, 60.0, program="no_such_module:f")
-    with pytest.raises(ValueError, match=r"^program 'no_such_module:f': cannot import no_such_module: ModuleNotFoundError"):
+    with pytest.raises(
+        ValueError, match=r"^program 'no_such_module:f': cannot import no_such_module: ModuleNotFoundError"
+    ):
         play(pool, "no_such_module:f", [{}])
     pool.close()
     # One that ends its process at import ends its template: workers then import it themselves, and crash.
@@ -172,7 +197,9 @@ def test_the_template_and_its_workers_end_with_the_pools_process():
         "print(*pool.pids(), flush=True)\n"
         "input()\n"
     )
-    owner = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    owner = subprocess.Popen(
+        [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     workers = [int(pid) for pid in owner.stdout.readline().split()]
     template = psutil.Process(workers[0]).ppid()
     assert len(workers) == 2 and psutil.Process(template).ppid() == owner.pid

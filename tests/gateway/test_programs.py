@@ -19,7 +19,9 @@ from grl.rollout import MultiTurnRollout, TaskSpec
 from grl.rollout.batch import episode_tokens
 from tests.gateway import programs
 
-GSM8K = str(Path(__file__).resolve().parents[3] / "shared" / "data" / "gsm8k" / "{split}.jsonl")  # ../shared/data
+GSM8K = str(
+    Path(__file__).resolve().parents[3] / "shared" / "data" / "gsm8k" / "{split}.jsonl"
+)  # ../shared/data
 
 
 class CountingEngine:
@@ -42,7 +44,9 @@ def engine():
 
 @pytest.fixture(scope="module")
 def runner(engine):
-    runner = ProgramRunner(engine, load_tokenizer("tiny"), context=4096, max_response_length=64, max_failed_agent_ratio=1.0)
+    runner = ProgramRunner(
+        engine, load_tokenizer("tiny"), context=4096, max_response_length=64, max_failed_agent_ratio=1.0
+    )
     yield runner
     runner.close()
 
@@ -50,7 +54,9 @@ def runner(engine):
 PROGRAMS = "tests.gateway.programs"
 
 
-def task(name: str, program: str, groups: int = 1, size: int = 1, env_config: dict | None = None, **agent) -> TaskSpec:
+def task(
+    name: str, program: str, groups: int = 1, size: int = 1, env_config: dict | None = None, **agent
+) -> TaskSpec:
     block = {
         "agent_type": "program",
         "agent_config": {"program": f"{PROGRAMS}:{program}", "max_turns": 4, **agent},
@@ -87,13 +93,17 @@ def test_gsm8k_through_the_gateway_trains_on_exactly_the_ids_the_program_receive
         assert set(row.context_ids) == {1}
         assert episode.turns[0].response_allowed is not None and episode.turns[1].response_allowed is None
         tool = [m for m in episode.messages if m["role"] == "tool"]
-        assert len(tool) == 1 and tool[0]["content"].strip().lstrip("-").isdigit()  # the sandbox printed a number
+        assert (
+            len(tool) == 1 and tool[0]["content"].strip().lstrip("-").isdigit()
+        )  # the sandbox printed a number
     assert [e.group_id for e in episodes] == [0, 0, 1, 1] and episodes[0].seed == episodes[1].seed == 7
 
 
 def test_a_program_that_rewrites_its_history_gives_a_sequence_per_call_and_is_counted(runner):
     programs.SEEN.clear()
-    [episode], metrics = runner.run([task("edits", "rewrites_history")], 0, 0, SamplingParams(temperature=1.0, seed=1))
+    [episode], metrics = runner.run(
+        [task("edits", "rewrites_history")], 0, 0, SamplingParams(temperature=1.0, seed=1)
+    )
     assert metrics["gateway/prefix_breaks"] == 1
     seen = programs.SEEN[("edits", 0, 0)]
     ids, _, row = trained(episode)
@@ -105,7 +115,9 @@ def test_a_program_that_rewrites_its_history_gives_a_sequence_per_call_and_is_co
 
 def test_calls_of_concurrent_programs_share_engine_calls(runner, engine):
     engine.batches.clear()
-    episodes, _ = runner.run([task("one", "one_call", groups=8, size=2)], 0, 0, SamplingParams(temperature=1.0))
+    episodes, _ = runner.run(
+        [task("one", "one_call", groups=8, size=2)], 0, 0, SamplingParams(temperature=1.0)
+    )
     assert len(episodes) == 16 and all(e.score == 1.0 for e in episodes)
     assert sum(engine.batches) == 16 and max(engine.batches) > 1, engine.batches
 
@@ -126,7 +138,9 @@ def test_bad_programs_end_their_own_episodes_and_are_counted(runner):
     by_task = {e.task: e for e in episodes}
     assert time.monotonic() - start < 120
     assert by_task["good"].error is None and by_task["good"].score == 1.0
-    assert by_task["raising"].error_kind == "exception" and "the program's own bug" in by_task["raising"].error
+    assert (
+        by_task["raising"].error_kind == "exception" and "the program's own bug" in by_task["raising"].error
+    )
     assert by_task["hanging"].error_kind == "timeout" and "program_timeout" in by_task["hanging"].error
     assert by_task["text"].error_kind == "bad_reward" and by_task["nan"].error_kind == "bad_reward"
     assert by_task["by_messages"].score == 2.0  # the user message and the reply
@@ -135,7 +149,11 @@ def test_bad_programs_end_their_own_episodes_and_are_counted(runner):
     flood = by_task["floods"]
     assert flood.error is None and flood.metrics["answered"] == 4 and len(flood.turns) == 4
     assert metrics["gateway/refused_calls"] == 996
-    assert (metrics["gateway/program_errors"], metrics["gateway/program_timeouts"], metrics["gateway/bad_rewards"]) == (1, 1, 2)
+    assert (
+        metrics["gateway/program_errors"],
+        metrics["gateway/program_timeouts"],
+        metrics["gateway/bad_rewards"],
+    ) == (1, 1, 2)
     assert metrics["gateway/episodes_without_calls"] == 1  # returns_nan never called
     # The rollout goes on: the next one is served as before, and a late call of the hung program is refused.
     again, _ = runner.run([task("good", "one_call", groups=2)], 1, 0, SamplingParams(temperature=1.0))
@@ -150,10 +168,14 @@ def test_the_rollout_plays_program_and_native_tasks_side_by_side(runner):
     grl.envs.register("fruit", FruitEnv)
     grl.agents.register("fruitAgent", "fruit")
     native = runner.engine.engine
-    rollout = MultiTurnRollout(native, load_tokenizer("tiny"), max_prompt_length=1024, max_response_length=12, programs=runner)
+    rollout = MultiTurnRollout(
+        native, load_tokenizer("tiny"), max_prompt_length=1024, max_response_length=12, programs=runner
+    )
     program = task("fruitProgram", "fruit_picker", 2, 2, {"wanted": "plum"}, max_turns=3, max_tokens=12)
     result = rollout.run(
-        [TaskSpec("fruit", task_from_block("fruit", FRUIT_TASK), 2, 2), program], 100, SamplingParams(temperature=1.0, seed=3)
+        [TaskSpec("fruit", task_from_block("fruit", FRUIT_TASK), 2, 2), program],
+        100,
+        SamplingParams(temperature=1.0, seed=3),
     )
     assert sorted({e.group_id for e in result.episodes if e.task == "fruit"}) == [0, 1]
     assert sorted({e.group_id for e in result.episodes if e.task == "fruitProgram"}) == [2, 3]
@@ -207,7 +229,9 @@ def test_validation_controls_leave_program_tasks_out(runner):
     grl.envs.register("fruit", FruitEnv)
     grl.agents.register("fruitAgent", "fruit")
     engine, tokenizer = runner.engine.engine, load_tokenizer("tiny")
-    rollout = MultiTurnRollout(engine, tokenizer, max_prompt_length=1024, max_response_length=12, programs=runner)
+    rollout = MultiTurnRollout(
+        engine, tokenizer, max_prompt_length=1024, max_response_length=12, programs=runner
+    )
     swap = MultiTurnRollout(
         engine,
         tokenizer,
@@ -234,6 +258,11 @@ def test_too_many_failed_programs_stop_the_rollout_in_one_line(runner):
             match=r"^2 of 3 programs failed, more than max_failed_agent_ratio 0.5; "
             r"first: task raising seed 0: RuntimeError: the program's own bug$",
         ):
-            runner.run([task("raising", "raises", groups=2), task("good", "one_call")], 0, 0, SamplingParams(temperature=1.0))
+            runner.run(
+                [task("raising", "raises", groups=2), task("good", "one_call")],
+                0,
+                0,
+                SamplingParams(temperature=1.0),
+            )
     finally:
         runner.max_failed_agent_ratio = 1.0

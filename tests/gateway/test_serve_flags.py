@@ -1,4 +1,5 @@
-"""`grl serve`'s flags: a bad port, model name, `--tool-parser` or `--chat-template` stops it with one line before
+"""`grl serve`'s flags: a bad port, model name, `--tool-parser` or `--chat-template` stops it with one line
+before
 the model loads; its context is the engine's; a template file is the one the served prompts are rendered with,
 its calls parsed in the named family."""
 
@@ -17,14 +18,22 @@ from tests.gateway.templates import LLAMA31
 
 ROOT = Path(__file__).resolve().parents[2]
 QUESTION = [{"role": "user", "content": "What is the weather in Paris?"}]
-TOOLS = [{"type": "function", "function": {"name": "weather", "parameters": {"type": "object", "properties": {}}}}]
+TOOLS = [
+    {"type": "function", "function": {"name": "weather", "parameters": {"type": "object", "properties": {}}}}
+]
 
 
 @pytest.mark.parametrize(
     "flags, says",
     [
-        (["--tool-parser", "xml"], "grl serve: --tool-parser: 'xml' is not one of hermes, llama3_json, mistral, qwen3_coder"),
-        (["--chat-template", "/nonexistent/t.jinja"], "grl serve: --chat-template: cannot read /nonexistent/t.jinja"),
+        (
+            ["--tool-parser", "xml"],
+            "grl serve: --tool-parser: 'xml' is not one of hermes, llama3_json, mistral, qwen3_coder",
+        ),
+        (
+            ["--chat-template", "/nonexistent/t.jinja"],
+            "grl serve: --chat-template: cannot read /nonexistent/t.jinja",
+        ),
         (["--chat-template", "BROKEN"], "grl serve: --chat-template: BROKEN does not render a user message"),
     ],
 )
@@ -40,17 +49,26 @@ def test_a_template_file_and_a_tool_parser_are_served(tiny, tmp_path):
     tokenizer, engine = tiny
     path = tmp_path / "llama31.jinja"
     path.write_text(LLAMA31)
-    args = serve_args(["tiny", "--chat-template", str(path), "--tool-parser", "mistral", "--max-tokens", "40"])
+    args = serve_args(
+        ["tiny", "--chat-template", str(path), "--tool-parser", "mistral", "--max-tokens", "40"]
+    )
     gateway = serve_gateway(args, engine=engine.engine)
     named = {"type": "function", "function": {"name": "weather"}}
     with serve(gateway) as base:
-        reply = client(base).chat.completions.create(model="tiny", messages=QUESTION, tools=TOOLS, tool_choice=named)
+        reply = client(base).chat.completions.create(
+            model="tiny", messages=QUESTION, tools=TOOLS, tool_choice=named
+        )
     expected = tokenizer.apply_chat_template(
         QUESTION, tools=TOOLS, chat_template=LLAMA31, add_generation_prompt=True, tokenize=False
     )
-    assert reply.model_extra["grl"]["prompt_token_ids"] == tokenizer(expected, add_special_tokens=False)["input_ids"]
+    assert (
+        reply.model_extra["grl"]["prompt_token_ids"]
+        == tokenizer(expected, add_special_tokens=False)["input_ids"]
+    )
     ids = reply.model_extra["grl"]["completion_token_ids"][0]
-    assert tokenizer.decode(ids).startswith('[TOOL_CALLS][{"name": "weather"')  # the named family, not the template's
+    assert tokenizer.decode(ids).startswith(
+        '[TOOL_CALLS][{"name": "weather"'
+    )  # the named family, not the template's
     assert reply.choices[0].message.tool_calls[0].function.name == "weather"
 
 
@@ -76,10 +94,22 @@ def taken_port():
     "argv, says",
     [
         (["tiny", "--port", "99999"], "grl serve: --port: 99999 is not a port; give one in 1-65535"),
-        (["tiny", "--port", "TAKEN"], "grl serve: --host/--port: cannot listen on 127.0.0.1:TAKEN: it is taken"),
-        (["/nonexistent", "--port", "0"], "grl serve: model: model path '/nonexistent' does not exist; give a local folder"),
-        (["Qwen/Qwen2.5-0.5B-Instrct", "--port", "0"], "grl serve: model: 'Qwen/Qwen2.5-0.5B-Instrct' is not in the Hugging"),
-        (["tiny", "--port", "0", "--engine", "vlm"], "grl serve: --engine: 'vlm' is not one of auto, hf, vllm"),
+        (
+            ["tiny", "--port", "TAKEN"],
+            "grl serve: --host/--port: cannot listen on 127.0.0.1:TAKEN: it is taken",
+        ),
+        (
+            ["/nonexistent", "--port", "0"],
+            "grl serve: model: model path '/nonexistent' does not exist; give a local folder",
+        ),
+        (
+            ["Qwen/Qwen2.5-0.5B-Instrct", "--port", "0"],
+            "grl serve: model: 'Qwen/Qwen2.5-0.5B-Instrct' is not in the Hugging",
+        ),
+        (
+            ["tiny", "--port", "0", "--engine", "vlm"],
+            "grl serve: --engine: 'vlm' is not one of auto, hf, vllm",
+        ),
     ],
     ids=["port-range", "port-taken", "no-folder", "hub-id-offline", "engine"],
 )
@@ -95,13 +125,19 @@ def test_a_bad_port_or_model_stops_grl_serve_in_one_line_before_anything_loads(a
         env={**os.environ, "HF_HUB_OFFLINE": "1"},
     )
     says = says.replace("TAKEN", str(taken_port))
-    assert child.returncode == 2 and child.stderr.startswith(says) and child.stderr.count("\n") == 1, child.stderr
+    assert child.returncode == 2 and child.stderr.startswith(says) and child.stderr.count("\n") == 1, (
+        child.stderr
+    )
     assert child.stdout == "loaded: []\n", child.stdout
 
 
 def test_grl_serve_takes_the_context_of_the_engine_that_serves(tiny):
     _, engine = tiny
     gateway = serve_gateway(serve_args(["tiny"]), engine=engine.engine)
-    assert gateway.context == engine.context_length() == 4096  # the model's, not 32768 for its tokenizer's "no limit"
-    with pytest.raises(ValueError, match="--max-tokens: 4096 leaves no room for a prompt in the model's 4096-token context"):
+    assert (
+        gateway.context == engine.context_length() == 4096
+    )  # the model's, not 32768 for its tokenizer's "no limit"
+    with pytest.raises(
+        ValueError, match="--max-tokens: 4096 leaves no room for a prompt in the model's 4096-token context"
+    ):
         serve_gateway(serve_args(["tiny", "--max-tokens", "4096"]), engine=engine.engine)

@@ -1,4 +1,5 @@
-"""`tool_choice` `"required"` and a named function, enforced by a grammar on the reply: the untrained tiny model,
+"""`tool_choice` `"required"` and a named function, enforced by a grammar on the reply: the untrained tiny
+model,
 which never writes a tool call of its own, answers with a call the real `openai` client reads, in the family's
 format of the real Qwen2.5 and Llama 3.1 templates; the recorded ids are those sampled, under the grammar's
 allowed sets. The JSON object grammar itself is checked against `json.loads` over every token it allows."""
@@ -17,11 +18,17 @@ from grl.toolcalls import FAMILIES, call_frames, split_tool_calls
 from tests.gateway.served import client, serve
 from tests.gateway.templates import LLAMA31
 
-QUESTION = [{"role": "system", "content": "You answer briefly."}, {"role": "user", "content": "What is the weather in Paris?"}]
+QUESTION = [
+    {"role": "system", "content": "You answer briefly."},
+    {"role": "user", "content": "What is the weather in Paris?"},
+]
 TOOLS = [
     {
         "type": "function",
-        "function": {"name": "weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}},
+        "function": {
+            "name": "weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
     },
     {"type": "function", "function": {"name": "search", "parameters": {"type": "object", "properties": {}}}},
 ]
@@ -29,7 +36,14 @@ NAMED = {"type": "function", "function": {"name": "search"}}
 
 
 def ask(base: str, path: str = "/v1", **change):
-    body = {"model": "tiny", "messages": QUESTION, "tools": TOOLS, "max_tokens": 40, "temperature": 0, **change}
+    body = {
+        "model": "tiny",
+        "messages": QUESTION,
+        "tools": TOOLS,
+        "max_tokens": 40,
+        "temperature": 0,
+        **change,
+    }
     return client(base, path).chat.completions.create(**body)
 
 
@@ -52,7 +66,9 @@ def test_a_sampled_forced_call_is_recorded_with_its_grammar(served):
     assert call.function.name == "search"
     recorded = gateway.episodes["forced"].calls[0]
     assert reply.model_extra["grl"]["completion_token_ids"] == [recorded.completion_ids]
-    assert len(recorded.allowed) == len(recorded.completion_ids) and any(size > 0 for size, _ in recorded.allowed)
+    assert len(recorded.allowed) == len(recorded.completion_ids) and any(
+        size > 0 for size, _ in recorded.allowed
+    )
 
 
 def test_llama_3_1_gets_its_own_call_format(tiny):
@@ -63,7 +79,9 @@ def test_llama_3_1_gets_its_own_call_format(tiny):
         reply = ask(base, tool_choice=NAMED)
     [call] = reply.choices[0].message.tool_calls
     ids = reply.model_extra["grl"]["completion_token_ids"][0]
-    assert call.function.name == "search" and tokenizer.decode(ids).startswith('{"name": "search", "parameters": {')
+    assert call.function.name == "search" and tokenizer.decode(ids).startswith(
+        '{"name": "search", "parameters": {'
+    )
 
 
 def test_a_call_that_cannot_fit_is_refused_in_one_line(served):

@@ -1,5 +1,7 @@
-"""Tool calls and reasoning per model family, against the families' real chat templates (tests/gateway/templates.py)
-on the tiny model's tokenizer: a tool call a template writes for an assistant turn parses back to the same call,
+"""Tool calls and reasoning per model family, against the families' real chat templates
+(tests/gateway/templates.py)
+on the tiny model's tokenizer: a tool call a template writes for an assistant turn parses back to the same
+call,
 a conversation continued after a tool call or a thinking reply is the recorded ids plus exactly what the
 template puts after them, and the parsers read every family's format."""
 
@@ -24,10 +26,16 @@ TOOLS = [
     },
     {
         "type": "function",
-        "function": {"name": "search", "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}},
+        "function": {
+            "name": "search",
+            "parameters": {"type": "object", "properties": {"q": {"type": "string"}}},
+        },
     },
 ]
-QUESTION = [{"role": "system", "content": "You answer briefly."}, {"role": "user", "content": "What is 2 + 3?"}]
+QUESTION = [
+    {"role": "system", "content": "You answer briefly."},
+    {"role": "user", "content": "What is 2 + 3?"},
+]
 CALLS = [("python", {"code": "print(2 + 3)"}), ("search", {"q": "sum of 2 and 3"})]
 
 
@@ -40,7 +48,9 @@ def openai_calls(calls) -> list[dict]:
 
 
 def gateway_for(tokenizer, template: str) -> Gateway:
-    return Gateway(None, tokenizer, "tiny", max_tokens=64, context=4096, chat_template=template)  # replies only: no engine
+    return Gateway(
+        None, tokenizer, "tiny", max_tokens=64, context=4096, chat_template=template
+    )  # replies only: no engine
 
 
 def request(**fields):
@@ -53,7 +63,8 @@ def sampled(gateway: Gateway, text: str) -> list[int]:
 
 
 def assistant_text(tokenizer, template: str, calls, end: str, **kwargs) -> str:
-    """What `template` writes for an assistant turn holding `calls`, between the generation prompt and `end`."""
+    """What `template` writes for an assistant turn holding `calls`, between the generation prompt and
+    `end`."""
     head = tokenizer.apply_chat_template(
         QUESTION, tools=TOOLS, chat_template=template, tokenize=False, add_generation_prompt=True, **kwargs
     )
@@ -63,7 +74,9 @@ def assistant_text(tokenizer, template: str, calls, end: str, **kwargs) -> str:
             {
                 "role": "assistant",
                 "content": "",
-                "tool_calls": [{"type": "function", "function": {"name": n, "arguments": a}} for n, a in calls],
+                "tool_calls": [
+                    {"type": "function", "function": {"name": n, "arguments": a}} for n, a in calls
+                ],
             },
         ],
         tools=TOOLS,
@@ -78,7 +91,15 @@ def assistant_text(tokenizer, template: str, calls, end: str, **kwargs) -> str:
 def test_the_family_is_read_from_the_chat_template(tiny):
     tokenizer, _ = tiny
     assert [
-        family_of(t) for t in (QWEN25, QWEN3, LLAMA31, QWEN3_CODER_MARKERS, "{{ '[TOOL_CALLS]' }}", tokenizer.chat_template)
+        family_of(t)
+        for t in (
+            QWEN25,
+            QWEN3,
+            LLAMA31,
+            QWEN3_CODER_MARKERS,
+            "{{ '[TOOL_CALLS]' }}",
+            tokenizer.chat_template,
+        )
     ] == [
         "hermes",
         "hermes",
@@ -107,19 +128,32 @@ def test_a_tool_call_the_template_writes_parses_back_to_the_same_call(tiny, temp
     gateway = gateway_for(tokenizer, template)
     text = assistant_text(tokenizer, template, calls, end, **kwargs)
     reply = gateway.reply(sampled(gateway, text), request())
-    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in reply["tool_calls"]] == calls
-    assert not (reply["content"] or "").strip() and all(c["id"].startswith("call_") for c in reply["tool_calls"])
+    assert [
+        (c["function"]["name"], json.loads(c["function"]["arguments"])) for c in reply["tool_calls"]
+    ] == calls
+    assert not (reply["content"] or "").strip() and all(
+        c["id"].startswith("call_") for c in reply["tool_calls"]
+    )
     assert (
-        gateway.reply(sampled(gateway, text), request(parallel_tool_calls=False))["tool_calls"][0]["function"]["name"] == "python"
+        gateway.reply(sampled(gateway, text), request(parallel_tool_calls=False))["tool_calls"][0][
+            "function"
+        ]["name"]
+        == "python"
     )
     assert len(gateway.reply(sampled(gateway, text), request(parallel_tool_calls=False))["tool_calls"]) == 1
-    assert "tool_calls" not in gateway.reply(sampled(gateway, text), request(tool_choice="none"))  # no tools shown: plain text
+    assert "tool_calls" not in gateway.reply(
+        sampled(gateway, text), request(tool_choice="none")
+    )  # no tools shown: plain text
 
 
 @pytest.mark.parametrize(
     "template, kwargs, expected_tail",
     [
-        (QWEN25, {}, "\n<|im_start|>user\n<tool_response>\n5\n</tool_response><|im_end|>\n<|im_start|>assistant\n"),
+        (
+            QWEN25,
+            {},
+            "\n<|im_start|>user\n<tool_response>\n5\n</tool_response><|im_end|>\n<|im_start|>assistant\n",
+        ),
         (
             QWEN3,
             {"enable_thinking": False},
@@ -141,16 +175,25 @@ def test_a_tool_result_continues_the_recorded_ids_with_what_the_template_writes_
     gateway.template_kwargs.update(kwargs)
     chat = gateway.chat(request())
     first = chat.first_prompt(QUESTION)
-    text = assistant_text(tokenizer, template, CALLS[:1], "<|eot_id|>" if template is LLAMA31 else "<|im_end|>", **kwargs)
+    text = assistant_text(
+        tokenizer, template, CALLS[:1], "<|eot_id|>" if template is LLAMA31 else "<|im_end|>", **kwargs
+    )
     ids = chat.encode(text) + [tokenizer.eos_token_id]
     returned = gateway.reply(ids, request())
-    log = EpisodeLog([Call(QUESTION, returned, first, ids, [0.0] * len(ids), False, tools=tools_key(TOOLS, None))])
-    history = [*QUESTION, {"role": "assistant", "content": returned["content"], "tool_calls": openai_calls(CALLS[:1])}]
+    log = EpisodeLog(
+        [Call(QUESTION, returned, first, ids, [0.0] * len(ids), False, tools=tools_key(TOOLS, None))]
+    )
+    history = [
+        *QUESTION,
+        {"role": "assistant", "content": returned["content"], "tool_calls": openai_calls(CALLS[:1])},
+    ]
     history.append({"role": "tool", "tool_call_id": "call_0", "content": "5"})
     prompt, parent = log.prompt_for(history, chat, tools_key(TOOLS, None))
     assert parent == 0 and prompt[: len(first) + len(ids)] == first + ids
     assert tokenizer.decode(prompt[len(first) + len(ids) :]) == expected_tail
-    if template is QWEN25:  # it renders the call in history as the model wrote it: the whole rendering is the same ids
+    if (
+        template is QWEN25
+    ):  # it renders the call in history as the model wrote it: the whole rendering is the same ids
         assert prompt == chat.first_prompt(history)
     # a different tool list is another prompt: the call is rendered whole
     assert log.prompt_for(history, chat, tools_key(TOOLS[:1], None))[1] is None
@@ -189,7 +232,9 @@ def test_a_reply_cut_while_thinking_is_all_reasoning(tiny):
     plain = chat_request({"messages": QUESTION}, 64, 4096)
     cut = gateway.reply(gateway.chat(plain).encode("<think>\nFirst I add"), plain)
     assert cut == {"role": "assistant", "content": "", "reasoning_content": "First I add"}
-    assert "reasoning_content" not in gateway_for(tokenizer, QWEN25).reply(gateway.chat(plain).encode("5"), plain)
+    assert "reasoning_content" not in gateway_for(tokenizer, QWEN25).reply(
+        gateway.chat(plain).encode("5"), plain
+    )
 
 
 @pytest.mark.parametrize(
@@ -197,7 +242,8 @@ def test_a_reply_cut_while_thinking_is_all_reasoning(tiny):
     [
         (
             "hermes",
-            'Run both.\n<tool_call>\n{"name": "python", "parameters": {"code": "print(2 + 3)"}}\n</tool_call>\n'
+            'Run both.\n<tool_call>\n{"name": "python", "parameters": {"code": "print(2 + 3)"}}\n'
+            "</tool_call>\n"
             '<tool_call>\n{"name": "search", "arguments": {"q": "sum of 2 and 3"}}\n</tool_call>',
             "Run both.",
         ),
@@ -221,7 +267,8 @@ def test_a_reply_cut_while_thinking_is_all_reasoning(tiny):
         ),
         (
             "qwen3_coder",
-            "I will run it.\n<tool_call>\n<function=python>\n<parameter=code>\nprint(2 + 3)\n</parameter>\n</function>\n"
+            "I will run it.\n<tool_call>\n<function=python>\n<parameter=code>\nprint(2 + "
+            "3)\n</parameter>\n</function>\n"
             "</tool_call>\n<tool_call>\n<function=search>\n<parameter=q>\nsum of 2 and 3\n</parameter>\n"
             "</function>\n</tool_call>",
             "I will run it.",

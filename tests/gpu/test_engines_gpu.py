@@ -7,7 +7,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
 needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vllm")
 
 QUESTIONS = [
@@ -51,7 +54,9 @@ def vllm_engine(model_path):
     # process-wide singleton whose pool must be empty when an engine loads its weights
     # (vllm/v1/worker/gpu_worker.py, "one instance per process"), and shutdown does not promise to empty
     # it. Every test that sleeps shares this engine; test_vllm_grammar_gpu.py builds its own without.
-    engine = make_engine("vllm", model_path, dtype="float32", device="cuda", gpu_memory_utilization=0.3, free_cache_engine=True)
+    engine = make_engine(
+        "vllm", model_path, dtype="float32", device="cuda", gpu_memory_utilization=0.3, free_cache_engine=True
+    )
     yield engine
     engine.shutdown()
 
@@ -139,7 +144,9 @@ def test_vllm_level_2_sleep_and_reload_give_the_same_replies(vllm_engine, prompt
     with pytest.raises(RuntimeError, match="discard_weights=True"):
         vllm_engine.wake()  # the memory holds no weights until update_weights
     # Lazily, one tensor at a time, as the trainer's sync streams them (grl/workers/streaming.py).
-    vllm_engine.update_weights(TensorStream({name: tuple(t.shape) for name, t in weights.items()}, weights.items()))
+    vllm_engine.update_weights(
+        TensorStream({name: tuple(t.shape) for name, t in weights.items()}, weights.items())
+    )
     after = vllm_engine.generate(prompts, greedy())
     # Same engine, weights, batch and kernels: greedy decoding repeats itself exactly, and fp32
     # log-probs agree far below what a wrong weight or buffer would move them.

@@ -68,7 +68,13 @@ def vllm_engine(model_path, grammar):
     # be used for one instance per process", vllm/v1/worker/gpu_worker.py). These two engines live at
     # once, and after test_engines_gpu.py's sleep-mode engine in the same pytest process.
     return make_engine(
-        "vllm", model_path, dtype="float32", device="cuda", gpu_memory_utilization=0.25, free_cache_engine=False, grammar=grammar
+        "vllm",
+        model_path,
+        dtype="float32",
+        device="cuda",
+        gpu_memory_utilization=0.25,
+        free_cache_engine=False,
+        grammar=grammar,
     )
 
 
@@ -124,7 +130,9 @@ def test_sampled_replies_carry_the_masked_log_probs(with_grammar, cpu_model, pro
     from tests.engines.prompts import teacher_forced_log_probs
 
     params = sampling(temperature=0.7, seed=4)
-    for prompt, out, grammar in list(zip(prompts, with_grammar.generate(prompts, params, grammars), grammars))[:4]:
+    for prompt, out, grammar in list(
+        zip(prompts, with_grammar.generate(prompts, params, grammars), grammars)
+    )[:4]:
         allowed = grammar.trace(out.token_ids)
         want = teacher_forced_log_probs(cpu_model, prompt, out.token_ids, params, allowed)
         assert torch.allclose(torch.tensor(out.log_probs), want, atol=2e-3)
@@ -142,7 +150,9 @@ def parting(a: list[int], b: list[int]) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
-def test_free_requests_beside_grammar_requests_are_left_alone(with_grammar, without_grammar, prompts, grammars):
+def test_free_requests_beside_grammar_requests_are_left_alone(
+    with_grammar, without_grammar, prompts, grammars
+):
     """Exact: every grammar reply stays inside its grammar and the grammar changed some reply. Within the
     kernels' noise: each free reply has the log-probs an engine without grammars gives it, up to and at
     the token where the two may part, so a parting is a near-tie (both engines' choices equally likely)."""
@@ -155,7 +165,9 @@ def test_free_requests_beside_grammar_requests_are_left_alone(with_grammar, with
     for i in (i for i, grammar in enumerate(mixed) if grammar is None):
         a, b = ours[i], plain[i]
         checked = min(parting(a.token_ids, b.token_ids) + 1, len(a.token_ids), len(b.token_ids))
-        assert torch.allclose(torch.tensor(a.log_probs[:checked]), torch.tensor(b.log_probs[:checked]), atol=KERNEL_NOISE), i
+        assert torch.allclose(
+            torch.tensor(a.log_probs[:checked]), torch.tensor(b.log_probs[:checked]), atol=KERNEL_NOISE
+        ), i
     assert any(ours[i].token_ids != plain[i].token_ids for i in range(N) if mixed[i] is not None)
     with pytest.raises(ValueError, match="grammar=False"):
         without_grammar.generate(prompts[:1], sampling(greedy=True), grammars[:1])

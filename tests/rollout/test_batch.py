@@ -1,4 +1,5 @@
-"""Episode -> Batch: token layout, masks, reward placement, drops; and the packed layout the workers' boundary makes of it."""
+"""Episode -> Batch: token layout, masks, reward placement, drops; and the packed layout the workers' boundary
+makes of it."""
 
 import pytest
 import torch
@@ -81,7 +82,9 @@ def replied(episode, first_reply):
     """`episode` with another first reply: a group member that saw the same prompt."""
     first, *rest = episode.turns
     turns = [Turn(first.prompt_ids, first_reply, None, first.reward), *rest]
-    return Episode(episode.task, episode.group_id, episode.seed, turns, episode.score, member=episode.member + 1)
+    return Episode(
+        episode.task, episode.group_id, episode.seed, turns, episode.score, member=episode.member + 1
+    )
 
 
 def test_episodes_that_share_a_prompt_hold_it_once():
@@ -90,7 +93,29 @@ def test_episodes_that_share_a_prompt_hold_it_once():
     padded, _ = build_batch(eps)
     packed, where = pack(padded.tensors, capacity=21, share_prompts=True)
     # row 0: the prompt (3 tokens) once, then the rests of episodes 0, 2, 3 (6, 5, 7); row 1: episode 1
-    assert packed["input_ids"][0].tolist() == [10, 11, 12, 20, 21, 13, 22, 23, 24, 25, 13, 22, 23, 24, 26, 27, 28, 13, 22, 23, 24]
+    assert packed["input_ids"][0].tolist() == [
+        10,
+        11,
+        12,
+        20,
+        21,
+        13,
+        22,
+        23,
+        24,
+        25,
+        13,
+        22,
+        23,
+        24,
+        26,
+        27,
+        28,
+        13,
+        22,
+        23,
+        24,
+    ]
     assert packed["segment_ids"][0].tolist() == [1] * 3 + [2] * 6 + [3] * 5 + [4] * 7
     assert packed["parent_ids"].tolist() == [[0] * 3 + [1] * 18, [0] * 21]
     assert where == [[(0, 0, 3), (0, 3, 6)], [(1, 0, 3)], [(0, 0, 3), (0, 9, 5)], [(0, 0, 3), (0, 14, 7)]]
@@ -132,7 +157,9 @@ def test_packed_forward_matches_separate_forwards(hf_engine):
     packed, _ = pack(padded.tensors, capacity=16)
     with torch.no_grad():
         mask = packed_attention_mask(packed["segment_ids"])
-        joint = model(input_ids=packed["input_ids"], attention_mask=mask, position_ids=packed["position_ids"]).logits
+        joint = model(
+            input_ids=packed["input_ids"], attention_mask=mask, position_ids=packed["position_ids"]
+        ).logits
         for k, ep in enumerate(eps):
             where = packed["segment_ids"][0] == k + 1
             ids = packed["input_ids"][0][where][None]
@@ -174,14 +201,20 @@ def test_windowed_rows_score_each_turn_prompt_as_if_alone(hf_engine, packing):
     tensors, place = pack(batch.tensors, capacity=32) if packing else (batch.tensors, None)
     if packing:  # the windowed episode shares its row, and keeps its context ids
         assert tensors["segment_ids"][place[0][0][0]].max() > 1
-        assert torch.equal(unpack(tensors["context_ids"], place, batch["context_ids"].shape[1]), batch["context_ids"])
+        assert torch.equal(
+            unpack(tensors["context_ids"], place, batch["context_ids"].shape[1]), batch["context_ids"]
+        )
     spans = attention_spans(tensors)
     with torch.no_grad():
         scored, _ = TokenScorer(model, POLICY)(
             tensors["input_ids"], tensors["attention_mask"], tensors["position_ids"], spans, chunk_size=4
         )
         blind, _ = TokenScorer(model, POLICY)(
-            tensors["input_ids"], tensors["attention_mask"], tensors["position_ids"], tensors.get("segment_ids"), chunk_size=4
+            tensors["input_ids"],
+            tensors["attention_mask"],
+            tensors["position_ids"],
+            tensors.get("segment_ids"),
+            chunk_size=4,
         )
     if packing:
         scored, blind = (unpack(x, place, batch["input_ids"].shape[1]) for x in (scored, blind))
@@ -209,14 +242,23 @@ def constrained_episodes(seed=0, huge=5000):
     rng = random.Random(seed)
 
     def sets(n):
-        kinds = [(0, ())] + [(sign * k, tuple(rng.sample(range(1, 3000), k))) for sign in (1, -1) for k in (1, 3)]
+        kinds = [(0, ())] + [
+            (sign * k, tuple(rng.sample(range(1, 3000), k))) for sign in (1, -1) for k in (1, 3)
+        ]
         return [rng.choice(kinds) for _ in range(n)]
 
     def episode(g, member, prompt, replies):
-        turns = [Turn(prompt if k == 0 else [13, 14], r, None, 0.0, response_allowed=sets(len(r))) for k, r in enumerate(replies)]
+        turns = [
+            Turn(prompt if k == 0 else [13, 14], r, None, 0.0, response_allowed=sets(len(r)))
+            for k, r in enumerate(replies)
+        ]
         return Episode("t", g, g, turns, 1.0, member=member)
 
-    eps = [episode(g, m, [10 + g, 11, 12], [[20 + m, 21, 22][: 1 + (g + m) % 3], [23, 24]]) for g in range(3) for m in range(3)]
+    eps = [
+        episode(g, m, [10 + g, 11, 12], [[20 + m, 21, 22][: 1 + (g + m) % 3], [23, 24]])
+        for g in range(3)
+        for m in range(3)
+    ]
     eps[4].turns[1].response_allowed[0] = (huge, tuple(range(1, huge + 1)))
     return eps
 
@@ -239,8 +281,16 @@ def test_a_huge_set_costs_its_own_ids_only():
     batch, _ = build_batch(eps)
     total = sum(abs(size) for ep in eps for turn in ep.turns for size, _ in turn.response_allowed)
     assert batch["constraint_ids"].shape == (total,) and batch["constraint_ids"].dtype == torch.int32
-    assert padded_sets(batch["constraint_size"], batch["constraint_ids"], 5000).numel() == batch["input_ids"].numel() * 5000
-    flat = [allowed for ep in eps for turn in ep.turns for allowed in [(0, ())] * len(turn.prompt_ids) + turn.response_allowed]
+    assert (
+        padded_sets(batch["constraint_size"], batch["constraint_ids"], 5000).numel()
+        == batch["input_ids"].numel() * 5000
+    )
+    flat = [
+        allowed
+        for ep in eps
+        for turn in ep.turns
+        for allowed in [(0, ())] * len(turn.prompt_ids) + turn.response_allowed
+    ]
     listed = [s for s in batch["constraint_size"].flatten().tolist() if s]
     assert listed == [size for size, _ in flat if size]
     assert batch["constraint_ids"].tolist() == [i for _, members in flat for i in members]
@@ -258,12 +308,17 @@ def test_every_row_and_token_move_takes_the_sets_along(share_prompts):
     batch["reference_sets"] = padded_sets(batch["constraint_size"], batch["constraint_ids"], width)
 
     def check(tensors):
-        assert torch.equal(padded_sets(tensors["constraint_size"], tensors["constraint_ids"], width), tensors["reference_sets"])
+        assert torch.equal(
+            padded_sets(tensors["constraint_size"], tensors["constraint_ids"], width),
+            tensors["reference_sets"],
+        )
         return tensors
 
     check(batch.tensors)
     check(batch.select(torch.tensor([True, False, True, True, False, True, False, True, True])).tensors)
-    packed, _ = pack(check(batch.select([8, 3, 4, 0, 5, 1]).tensors), capacity=24, share_prompts=share_prompts)
+    packed, _ = pack(
+        check(batch.select([8, 3, 4, 0, 5, 1]).tensors), capacity=24, share_prompts=share_prompts
+    )
     assert ("parent_ids" in packed) == share_prompts
     padded, _ = pad_rows(check(packed), 4)
     assert padded["input_ids"].shape[0] == 4

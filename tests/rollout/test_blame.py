@@ -76,14 +76,22 @@ def test_a_policy_fault_keeps_the_format_penalty_and_is_trained_on(hf_engine, to
     result = ro.run([blaming(fault="policy", fault_seeds=[1])], base_seed=0, sampling=GREEDY)
     failed = result.episodes[2:]
     assert all(e.blame == POLICY and e.error_kind == "policy" and "no move" in e.error for e in failed)
-    assert [[t.reward for t in e.turns] for e in failed] == [[1.0, -0.1]] * 2  # the task's format penalty, not -5
-    assert result.metrics["rollout/policy_failed_episodes"] == 2 and result.metrics["rollout/infra_failed_episodes"] == 0
+    assert [[t.reward for t in e.turns] for e in failed] == [
+        [1.0, -0.1]
+    ] * 2  # the task's format penalty, not -5
+    assert (
+        result.metrics["rollout/policy_failed_episodes"] == 2
+        and result.metrics["rollout/infra_failed_episodes"] == 0
+    )
     assert trained_uids(result.episodes) == ["0-0", "0-1", "1-0", "1-1"]
 
 
 def test_infra_faults_are_counted_by_kind_and_left_out_of_the_batch(hf_engine, tokenizer):
     ro = rollout(hf_engine, tokenizer, env_error_penalty=-5.0)
-    tasks = [blaming("db", fault="infra", fault_seeds=[1]), blaming("svc", fault="reset_infra", fault_seeds=[2])]
+    tasks = [
+        blaming("db", fault="infra", fault_seeds=[1]),
+        blaming("svc", fault="reset_infra", fault_seeds=[2]),
+    ]
     result = ro.run(tasks, base_seed=0, sampling=GREEDY)
     assert [(e.task, e.group_id, e.blame, e.error_kind) for e in result.episodes if e.error] == [
         ("db", 1, INFRA, "database"),
@@ -92,7 +100,11 @@ def test_infra_faults_are_counted_by_kind_and_left_out_of_the_batch(hf_engine, t
         ("svc", 2, INFRA, "service"),
     ]
     m = result.metrics
-    assert (m["rollout/infra_failed_episodes"], m["rollout/infra_failed/database"], m["rollout/infra_failed/service"]) == (
+    assert (
+        m["rollout/infra_failed_episodes"],
+        m["rollout/infra_failed/database"],
+        m["rollout/infra_failed/service"],
+    ) == (
         4,
         2,
         2,
@@ -107,7 +119,9 @@ def test_past_max_infra_failed_ratio_the_run_stops_with_one_line(hf_engine, toke
         ro.run([blaming(fault="infra", fault_seeds=[1])], base_seed=0, sampling=GREEDY)
     message = str(stopped.value)
     assert "\n" not in message
-    assert message.startswith("2 of 4 episodes failed in the infrastructure, more than rollout.max_infra_failed_ratio 0.25")
+    assert message.startswith(
+        "2 of 4 episodes failed in the infrastructure, more than rollout.max_infra_failed_ratio 0.25"
+    )
     assert "(2 of kind database)" in message and message.endswith(
         "task blaming seed 1 (database): grl.envs.base.InfraFault: db down"
     )
@@ -117,12 +131,20 @@ def test_past_max_infra_failed_ratio_the_run_stops_with_one_line(hf_engine, toke
 
 def test_infra_retries_play_the_failed_seeds_again(hf_engine, tokenizer):
     BlamingEnv.failures_left = {1: 2}  # both attempts of group 1 fail once
-    once = rollout(hf_engine, tokenizer).run([blaming(fault="transient", fault_seeds=[1])], base_seed=0, sampling=GREEDY)
-    assert once.metrics["rollout/infra_failed_episodes"] == 2 and once.metrics["rollout/infra_retried_episodes"] == 0
+    once = rollout(hf_engine, tokenizer).run(
+        [blaming(fault="transient", fault_seeds=[1])], base_seed=0, sampling=GREEDY
+    )
+    assert (
+        once.metrics["rollout/infra_failed_episodes"] == 2
+        and once.metrics["rollout/infra_retried_episodes"] == 0
+    )
     BlamingEnv.failures_left = {1: 2}
     ro = rollout(hf_engine, tokenizer, infra_retries=1)
     again = ro.run([blaming(fault="transient", fault_seeds=[1])], base_seed=0, sampling=GREEDY)
-    assert again.metrics["rollout/infra_retried_episodes"] == 2 and again.metrics["rollout/infra_failed_episodes"] == 0
+    assert (
+        again.metrics["rollout/infra_retried_episodes"] == 2
+        and again.metrics["rollout/infra_failed_episodes"] == 0
+    )
     assert [(e.group_id, e.member, e.seed, e.error, len(e.turns)) for e in again.episodes] == [
         (g, m, g, None, 3) for g in range(2) for m in range(2)
     ]

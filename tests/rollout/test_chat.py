@@ -17,7 +17,9 @@ def test_first_prompt_is_the_rendered_template(chat):
     ids = chat.first_prompt(MESSAGES)
     text = "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nGo.<|im_end|>\n<|im_start|>assistant\n"
     assert chat.tokenizer.decode(ids) == text
-    assert chat.system_prefix_length(MESSAGES, ids) == len(chat.encode("<|im_start|>system\nBe brief.<|im_end|>\n"))
+    assert chat.system_prefix_length(MESSAGES, ids) == len(
+        chat.encode("<|im_start|>system\nBe brief.<|im_end|>\n")
+    )
     assert chat.system_prefix_length(MESSAGES[1:], chat.first_prompt(MESSAGES[1:])) == 0
 
 

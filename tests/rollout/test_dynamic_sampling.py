@@ -39,7 +39,12 @@ def flat_count(result):
 def reference(rounds):
     """Group by group of the first round: kept if it has spread, else the first group with spread of the
     later rounds not yet taken, in round then group order (or kept flat when none is left)."""
-    spare = [members for _, result in rounds[1:] for members in groups_of(result.episodes).values() if has_spread(members)]
+    spare = [
+        members
+        for _, result in rounds[1:]
+        for members in groups_of(result.episodes).values()
+        if has_spread(members)
+    ]
     out = []
     for members in groups_of(rounds[0][1].episodes).values():
         chosen = members if has_spread(members) or not spare else spare.pop(0)
@@ -53,7 +58,9 @@ def test_flat_groups_are_replaced_by_fresh_groups_with_spread_as_the_reference_d
     got = [rows(members) for members in groups_of(result.episodes).values()]
     assert got == reference(rounds)
     assert len(got) == GROUPS and all(len(members) == SIZE for members in got)
-    assert flat_count(result) == 0 or len(rounds) == 4, "rounds stop only when no flat group is left or all were drawn"
+    assert flat_count(result) == 0 or len(rounds) == 4, (
+        "rounds stop only when no flat group is left or all were drawn"
+    )
     assert result.metrics["rollout/top_up_rounds"] == len(rounds) - 1
     assert result.metrics["rollout/top_up_groups"] == sum(a != b for a, b in zip(got, reference(rounds[:1])))
 
@@ -78,4 +85,6 @@ def test_no_top_up_plays_once_and_changes_nothing(played):
     calls = []
     result = with_top_up(lambda seed: calls.append(seed) or run(seed), BASE_SEED, rounds=0)
     assert calls == [BASE_SEED] and result.metrics["rollout/top_up_rounds"] == 0
-    assert [(ep.seed, ep.score) for ep in result.episodes] == [(ep.seed, ep.score) for ep in rounds[0][1].episodes]
+    assert [(ep.seed, ep.score) for ep in result.episodes] == [
+        (ep.seed, ep.score) for ep in rounds[0][1].episodes
+    ]

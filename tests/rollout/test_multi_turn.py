@@ -30,7 +30,8 @@ DECODINGS = ("free", "constrained")
 
 class ScriptedEnv(Env):
     """An episode of `length` steps (default `seed % 3 + 1`), reward 1 per step.
-    The seeds in `slow_seeds` take `delay` seconds a step. With `fault`, the seeds in `fault_seeds` (all when empty) fail: `reset`
+    The seeds in `slow_seeds` take `delay` seconds a step. With `fault`, the seeds in `fault_seeds` (all when
+    empty) fail: `reset`
     raises at reset, `raise` raises, `hang` blocks and `nan` returns a NaN reward
     on step `fault_step`."""
 
@@ -46,7 +47,12 @@ class ScriptedEnv(Env):
         slow_seeds: list | None = None,
         delay: float = 0.0,
     ):
-        self.fault, self.fault_step, self.fault_seeds, self.length = fault, fault_step, fault_seeds or [], length
+        self.fault, self.fault_step, self.fault_seeds, self.length = (
+            fault,
+            fault_step,
+            fault_seeds or [],
+            length,
+        )
         self.slow_seeds, self.delay = slow_seeds or [], delay
         self.resets = self.steps = 0
         ScriptedEnv.instances.append(self)
@@ -131,7 +137,12 @@ class RecordingEngine(Engine):
 
 
 def rollout(engine, tokenizer, **kw):
-    options = {"max_prompt_length": 4096, "max_response_length": CONSTRAINED_TOKENS, "env_workers": 4, "env_step_timeout": 30}
+    options = {
+        "max_prompt_length": 4096,
+        "max_response_length": CONSTRAINED_TOKENS,
+        "env_workers": 4,
+        "env_step_timeout": 30,
+    }
     options.update(kw)
     return MultiTurnRollout(engine, tokenizer, **options)
 
@@ -174,8 +185,12 @@ def test_loss_mask_tokens_are_exactly_the_sampled_replies(hf_engine, tokenizer):
     ]
     # Every prompt the engine saw is an episode's ids so far, and each of its
     # outputs is the reply recorded for that turn: nothing else reached it.
-    seen = sorted((tuple(p), tuple(o.token_ids)) for prompts, outs in engine.calls for p, o in zip(prompts, outs))
-    expected = sorted((tuple(p), tuple(t.response_ids)) for e in episodes for p, t in zip(prompts_before(e), e.turns))
+    seen = sorted(
+        (tuple(p), tuple(o.token_ids)) for prompts, outs in engine.calls for p, o in zip(prompts, outs)
+    )
+    expected = sorted(
+        (tuple(p), tuple(t.response_ids)) for e in episodes for p, t in zip(prompts_before(e), e.turns)
+    )
     assert seen == expected
 
     batch, _ = build_batch(episodes)
@@ -230,7 +245,9 @@ def test_greedy_rollout_is_deterministic(hf_engine, tokenizer):
 
     def signature():
         episodes = rollout(hf_engine, tokenizer).run(tasks, base_seed=40, sampling=GREEDY).episodes
-        return [(e.group_id, e.seed, e.score, [(t.prompt_ids, t.response_ids) for t in e.turns]) for e in episodes]
+        return [
+            (e.group_id, e.seed, e.score, [(t.prompt_ids, t.response_ids) for t in e.turns]) for e in episodes
+        ]
 
     first, second = signature(), signature()
     assert first == second
@@ -241,7 +258,9 @@ def test_finished_agents_leave_the_batch_and_prompts_keep_the_system(hf_engine, 
     engine = RecordingEngine(hf_engine)
     limit = 90
     ro = rollout(engine, tokenizer, max_prompt_length=limit)
-    result = ro.run([scripted(groups=3, size=2)], base_seed=0, sampling=GREEDY)  # seeds 0, 1, 2: 1, 2, 3 turns
+    result = ro.run(
+        [scripted(groups=3, size=2)], base_seed=0, sampling=GREEDY
+    )  # seeds 0, 1, 2: 1, 2, 3 turns
     episodes = result.episodes
     assert [len(e.turns) for e in episodes] == [1, 1, 2, 2, 3, 3]
     assert [len(prompts) for prompts, _ in engine.calls] == [6, 4, 2]
@@ -253,7 +272,9 @@ def test_finished_agents_leave_the_batch_and_prompts_keep_the_system(hf_engine, 
     full = [p for e in episodes for p in prompts_before(e)]
     assert sorted(map(tuple, sent)) == sorted(tuple(truncate_prompt(p, limit, len(system_ids))) for p in full)
     assert any(len(p) > limit for p in full)  # truncation happened ...
-    assert all(len(p) <= limit and p[: len(system_ids)] == system_ids for p in sent)  # ... and kept the system prompt
+    assert all(
+        len(p) <= limit and p[: len(system_ids)] == system_ids for p in sent
+    )  # ... and kept the system prompt
     assert result.metrics["rollout/truncated_prompts"] == sum(len(p) > limit for p in full)
 
     lengths = sorted(e.num_tokens for e in episodes)
@@ -266,7 +287,10 @@ def test_finished_agents_leave_the_batch_and_prompts_keep_the_system(hf_engine, 
 
 
 def episode_signature(episodes):
-    return [(e.seed, e.score, e.error, [(t.prompt_ids, t.response_ids, t.reward) for t in e.turns]) for e in episodes]
+    return [
+        (e.seed, e.score, e.error, [(t.prompt_ids, t.response_ids, t.reward) for t in e.turns])
+        for e in episodes
+    ]
 
 
 @pytest.mark.slow
@@ -282,7 +306,9 @@ def test_without_the_turn_barrier_a_slow_env_holds_only_its_own_agent(hf_engine,
     assert [len(prompts) for prompts, _ in engine.calls] == [3, 2, 2, 1, 1]
 
 
-def test_without_the_turn_barrier_a_reply_depends_on_its_agent_and_turn_not_on_who_waited_with_it(hf_engine, tokenizer):
+def test_without_the_turn_barrier_a_reply_depends_on_its_agent_and_turn_not_on_who_waited_with_it(
+    hf_engine, tokenizer
+):
     tasks = [scripted(groups=2, size=2, length=3, slow_seeds=[5], delay=0.5)]
     uneven = rollout(hf_engine, tokenizer).run(tasks, base_seed=5, sampling=SAMPLED, turn_barrier=False)
     even = rollout(hf_engine, tokenizer).run(
@@ -312,10 +338,15 @@ def test_the_rollout_time_splits_into_engine_env_and_other_per_task(hf_engine, t
     """The slow task's env sleeps 0.25 s a step (2 agents x 2 steps): its env seconds are at least the 1 s
     slept, the fast task's far less; the engine's part is what the engine's own calls took; the parts and
     the rest add up to the rollout's wall time."""
-    slow, fast = scripted("slow", groups=1, length=2, slow_seeds=[0], delay=0.25), scripted("fast", groups=1, length=2)
+    slow, fast = (
+        scripted("slow", groups=1, length=2, slow_seeds=[0], delay=0.25),
+        scripted("fast", groups=1, length=2),
+    )
     engine = TimedEngine(hf_engine)
     start = time.perf_counter()
-    result = rollout(engine, tokenizer).run([slow, fast], base_seed=0, sampling=GREEDY, turn_barrier=turn_barrier)
+    result = rollout(engine, tokenizer).run(
+        [slow, fast], base_seed=0, sampling=GREEDY, turn_barrier=turn_barrier
+    )
     wall = time.perf_counter() - start
     times = gen_times(wall, result.times)
     assert times["gen_engine"] == pytest.approx(engine.seconds, abs=0.01)
@@ -340,18 +371,25 @@ def format_penalty(decoding):
 @pytest.mark.parametrize("decoding", DECODINGS)
 def test_env_raising_on_third_step_ends_only_that_episode(hf_engine, tokenizer, caplog, decoding):
     ro = rollout(hf_engine, tokenizer, env_error_penalty=-5.0)
-    task = scripted(groups=2, size=2, fault="raise", fault_step=3, fault_seeds=[101], length=4, decoding=decoding)
+    task = scripted(
+        groups=2, size=2, fault="raise", fault_step=3, fault_seeds=[101], length=4, decoding=decoding
+    )
     with caplog.at_level(logging.ERROR, logger="grl.rollout"):
         result = ro.run([task], base_seed=100, sampling=GREEDY)
     healthy, failed = result.episodes[:2], result.episodes[2:]
     turn = 1.0 + format_penalty(decoding)
-    assert [len(e.turns) for e in healthy] == [4, 4] and [e.score for e in healthy] == pytest.approx([4 * turn] * 2)
+    assert [len(e.turns) for e in healthy] == [4, 4] and [e.score for e in healthy] == pytest.approx(
+        [4 * turn] * 2
+    )
     assert all(e.error is None for e in healthy)
     assert [len(e.turns) for e in failed] == [3, 3]
     assert [[t.reward for t in e.turns] for e in failed] == [pytest.approx([turn, turn, -5.0])] * 2
     assert all("scripted step failure" in e.error and e.error_kind == "exception" for e in failed)
     assert result.metrics["scripted/env_errors"] == 2 and result.metrics["scripted/nonfinite_rewards"] == 0
-    assert result.metrics["rollout/infra_failed_episodes"] == 2 and result.metrics["rollout/infra_failed/exception"] == 2
+    assert (
+        result.metrics["rollout/infra_failed_episodes"] == 2
+        and result.metrics["rollout/infra_failed/exception"] == 2
+    )
     assert trained_seeds(result.episodes) == [100, 100]  # the infrastructure's failures are not trained on
     if decoding == "constrained":
         assert result.metrics["scripted/format_ok"] == 1.0
@@ -360,7 +398,9 @@ def test_env_raising_on_third_step_ends_only_that_episode(hf_engine, tokenizer, 
 
 
 @pytest.mark.parametrize("decoding", DECODINGS)
-def test_env_failing_at_reset_is_logged_with_traceback_and_default_penalty(hf_engine, tokenizer, caplog, decoding):
+def test_env_failing_at_reset_is_logged_with_traceback_and_default_penalty(
+    hf_engine, tokenizer, caplog, decoding
+):
     ro = rollout(hf_engine, tokenizer)
     task = scripted(groups=2, size=2, fault="reset", fault_seeds=[0], decoding=decoding)
     with caplog.at_level(logging.ERROR, logger="grl.rollout"):
@@ -378,13 +418,20 @@ def test_hung_env_times_out_is_abandoned_and_never_reused(hf_engine, tokenizer, 
     ScriptedEnv.instances.clear()
     # One env worker: a pool starved by the hung step would never run the other agents' steps.
     ro = rollout(hf_engine, tokenizer, env_workers=1, env_step_timeout=0.5)
-    task = scripted(groups=2, size=2, fault="hang", fault_step=2, fault_seeds=[201], length=3, decoding=decoding)
+    task = scripted(
+        groups=2, size=2, fault="hang", fault_step=2, fault_seeds=[201], length=3, decoding=decoding
+    )
     try:
         result = ro.run([task], base_seed=200, sampling=GREEDY)
         assert [len(e.turns) for e in result.episodes] == [3, 3, 2, 2]
         assert all("timed out" in e.error and e.error_kind == "timeout" for e in result.episodes[2:])
-        assert result.episodes[2].turns[-1].reward == -0.1  # the task's format penalty, recorded, not trained on
-        assert result.metrics["rollout/infra_failed/timeout"] == 2 and trained_seeds(result.episodes) == [200, 200]
+        assert (
+            result.episodes[2].turns[-1].reward == -0.1
+        )  # the task's format penalty, recorded, not trained on
+        assert result.metrics["rollout/infra_failed/timeout"] == 2 and trained_seeds(result.episodes) == [
+            200,
+            200,
+        ]
         hung = [env for env in ScriptedEnv.instances if env.seed == 201]
         assert len(hung) == 2
         ro.run([task], base_seed=300, sampling=GREEDY)  # seeds 300, 301: no fault
@@ -399,14 +446,28 @@ def test_too_many_failures_stop_the_step(hf_engine, tokenizer, decoding):
     ro = rollout(hf_engine, tokenizer, max_failed_agent_ratio=0.25)
     with pytest.raises(RolloutError, match="2 of 4 agents failed.*max_failed_agent_ratio"):
         ro.run(
-            [scripted(groups=2, size=2, fault="raise", fault_step=1, fault_seeds=[1], length=3, decoding=decoding)],
+            [
+                scripted(
+                    groups=2,
+                    size=2,
+                    fault="raise",
+                    fault_step=1,
+                    fault_seeds=[1],
+                    length=3,
+                    decoding=decoding,
+                )
+            ],
             base_seed=0,
             sampling=GREEDY,
         )
     # At the default 50%, the same half-failed step goes on; all failing stops it at reset.
     ro = rollout(hf_engine, tokenizer)
     result = ro.run(
-        [scripted(groups=2, size=2, fault="raise", fault_step=1, fault_seeds=[1], length=3, decoding=decoding)],
+        [
+            scripted(
+                groups=2, size=2, fault="raise", fault_step=1, fault_seeds=[1], length=3, decoding=decoding
+            )
+        ],
         base_seed=0,
         sampling=GREEDY,
     )
@@ -416,7 +477,17 @@ def test_too_many_failures_stop_the_step(hf_engine, tokenizer, decoding):
     # Bad values count as failures too: a mostly broken step still stops.
     with pytest.raises(RolloutError, match="3 of 4 agents failed.*non-finite reward"):
         ro.run(
-            [scripted(groups=4, size=1, fault="nan", fault_step=1, fault_seeds=[0, 1, 2], length=3, decoding=decoding)],
+            [
+                scripted(
+                    groups=4,
+                    size=1,
+                    fault="nan",
+                    fault_step=1,
+                    fault_seeds=[0, 1, 2],
+                    length=3,
+                    decoding=decoding,
+                )
+            ],
             base_seed=0,
             sampling=GREEDY,
         )
@@ -425,7 +496,9 @@ def test_too_many_failures_stop_the_step(hf_engine, tokenizer, decoding):
 @pytest.mark.parametrize("decoding", DECODINGS)
 def test_nan_reward_ends_the_episode_is_counted_and_logged_once(hf_engine, tokenizer, caplog, decoding):
     ro = rollout(hf_engine, tokenizer, env_error_penalty=-5.0)
-    task = scripted(groups=2, size=2, fault="nan", fault_step=2, fault_seeds=[11], length=3, decoding=decoding)
+    task = scripted(
+        groups=2, size=2, fault="nan", fault_step=2, fault_seeds=[11], length=3, decoding=decoding
+    )
     with caplog.at_level(logging.WARNING, logger="grl.rollout"):
         result = ro.run([task], base_seed=10, sampling=GREEDY)
         ro.run([task], base_seed=10, sampling=GREEDY)  # the same faults again: counted, not logged
@@ -441,7 +514,9 @@ def test_nan_reward_ends_the_episode_is_counted_and_logged_once(hf_engine, token
     assert "nonfinite_reward" in records[0] and "seed 11" in records[0] and "float nan" in records[0]
     batch, _ = build_batch(result.episodes, use_turn_scores=True)
     assert len(batch) == 4 and bool(batch["token_rewards"].isfinite().all())
-    assert result.metrics["rollout/infra_failed/nonfinite_reward"] == 2 and trained_seeds(result.episodes) == [10, 10]
+    assert result.metrics["rollout/infra_failed/nonfinite_reward"] == 2 and trained_seeds(
+        result.episodes
+    ) == [10, 10]
 
 
 def trained_seeds(episodes):

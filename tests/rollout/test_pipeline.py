@@ -41,12 +41,16 @@ def test_config_rollout_to_shaped_batch(hf_engine, tokenizer):
     assert ro.max_response_length == 4 and ro.env_step_timeout == 60
     base = training_base_seed(cfg.rollout.seed, step=3)
     assert base == 7 + 3 * 100003
-    episodes = ro.run(task_specs(run.rollout, run.tasks), base, SamplingParams(temperature=1.0, seed=0)).episodes
+    episodes = ro.run(
+        task_specs(run.rollout, run.tasks), base, SamplingParams(temperature=1.0, seed=0)
+    ).episodes
     assert [(e.group_id, e.seed) for e in episodes] == [
         (g, base + g) for g, n in ((0, 2), (1, 2), (2, 3), (3, 3)) for _ in range(n)
     ]
     r = cfg.rollout
-    scores = normalize_episode_scores(episodes, r.reward_normalization.grouping, r.reward_normalization.method)
+    scores = normalize_episode_scores(
+        episodes, r.reward_normalization.grouping, r.reward_normalization.method
+    )
     kept, metrics = filter_groups(episodes, r.rollout_filter_ratio, r.rollout_filter_type)
     # Half of each task's two groups survive: one sokoban group of 2, one gsm8k group of 3.
     assert metrics["simpleSokobanAgent/kept_groups"] == 1 and metrics["gsm8kAgent_5_turn/kept_groups"] == 1
@@ -114,12 +118,21 @@ def test_gigpo_through_the_real_rollout(hf_engine, tokenizer):
         scores = [e.score for e in mates]
         episode_adv = (ep.score - statistics.mean(scores)) / (statistics.stdev(scores) + 1e-6)
         for k, turn in enumerate(ep.turns):
-            anchor = [returns[e.uid, j] for e in mates for j, t in enumerate(e.turns) if t.state_key == turn.state_key]
+            anchor = [
+                returns[e.uid, j]
+                for e in mates
+                for j, t in enumerate(e.turns)
+                if t.state_key == turn.state_key
+            ]
             step_adv = (
-                0.0 if len(anchor) == 1 else (returns[ep.uid, k] - statistics.mean(anchor)) / (statistics.stdev(anchor) + 1e-6)
+                0.0
+                if len(anchor) == 1
+                else (returns[ep.uid, k] - statistics.mean(anchor)) / (statistics.stdev(anchor) + 1e-6)
             )
             step_advs.append(step_adv)
             on_turn = (batch["turn_ids"][row] == k) & (batch["loss_mask"][row] > 0)
             expected = torch.full((int(on_turn.sum()),), episode_adv + 0.5 * step_adv)
-            torch.testing.assert_close(batch["advantages"][row][on_turn].double(), expected.double(), atol=1e-5, rtol=0)
+            torch.testing.assert_close(
+                batch["advantages"][row][on_turn].double(), expected.double(), atol=1e-5, rtol=0
+            )
     assert any(abs(a) > 0.1 for a in step_advs)  # some anchor group had returns to compare

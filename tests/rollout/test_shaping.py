@@ -15,7 +15,11 @@ from grl.rollout.types import Episode
 
 def episodes(spec):
     """spec: list of (task, group_id, [scores])."""
-    return [Episode(task, gid, 100 + gid, [], s, member=m) for task, gid, scores in spec for m, s in enumerate(scores)]
+    return [
+        Episode(task, gid, 100 + gid, [], s, member=m)
+        for task, gid, scores in spec
+        for m, s in enumerate(scores)
+    ]
 
 
 def test_sample_std_uses_n_minus_one():
@@ -47,7 +51,9 @@ def test_batch_and_inductive_grouping():
     eps = episodes([("a", 0, [0, 2]), ("b", 1, [4, 6]), ("a", 2, [1, 1])])
     scores = [0, 2, 4, 6, 1, 1]
     mean, std = sum(scores) / 6, sample_std(scores)
-    assert normalize_episode_scores(eps, "batch", "mean_std") == pytest.approx([(x - mean) / std for x in scores], rel=1e-5)
+    assert normalize_episode_scores(eps, "batch", "mean_std") == pytest.approx(
+        [(x - mean) / std for x in scores], rel=1e-5
+    )
     a = [0, 2, 1, 1]  # task a: mean 1, std sqrt(2/3)
     sa = math.sqrt(2 / 3)
     got = normalize_episode_scores(eps, "inductive", "mean_std")

@@ -65,7 +65,8 @@ HOSTILE = {
     ),
     "write_outside": (
         "import os\nfor path in {outside!r}:\n    try:\n        open(path, 'w').write('x')\n"
-        "        print('WROTE', path)\n    except OSError as err:\n        print('refused', path, err.errno)\n"
+        "        print('WROTE', path)\n    except OSError as err:\n        print('refused', path, "
+        "err.errno)\n"
         "open('inside.txt', 'w').write('ok')\nprint('inside', open('inside.txt').read())\n"
     ),
     "read_parent_env": (
@@ -99,7 +100,8 @@ def listener():
 @pytest.fixture
 def own_temp_folder(monkeypatch):
     """The sandbox's folders go to a temp folder of this test's own, where another pytest-xdist worker's
-    sandboxes do not write; like /tmp, the sandbox's user may pass through it (pytest's tmp_path it may not)."""
+    sandboxes do not write; like /tmp, the sandbox's user may pass through it (pytest's tmp_path it may
+    not)."""
     folder = tempfile.mkdtemp(prefix="grl-sandbox-test-")
     os.chmod(folder, 0o755)
     monkeypatch.setattr(tempfile, "tempdir", folder)
@@ -112,14 +114,18 @@ def own_temp_folder(monkeypatch):
 def test_hostile_code_is_contained(case, listener, monkeypatch):
     monkeypatch.setenv("GRL_TEST_SECRET", SECRET)
     code = HOSTILE[case].format(
-        parent=os.getpid(), outside=OUTSIDE, port=listener.getsockname()[1], host_ip=socket.gethostbyname(socket.gethostname())
+        parent=os.getpid(),
+        outside=OUTSIDE,
+        port=listener.getsockname()[1],
+        host_ip=socket.gethostbyname(socket.gethostname()),
     )
     folders_before = tool_folders()
     started = time.monotonic()
     result = run_python(code, LIMITS)
     elapsed = time.monotonic() - started
     print(
-        f"{case}: {elapsed:.2f} s, exit {result.exit_code}, signal {result.signal}, timed out {result.timed_out}, "
+        f"{case}: {elapsed:.2f} s, exit {result.exit_code}, signal {result.signal}, timed out "
+        f"{result.timed_out}, "
         f"{len(result.output)} chars"
     )
     assert elapsed < LIMITS.wall_s + 1.0
@@ -153,7 +159,9 @@ def test_hostile_code_is_contained(case, listener, monkeypatch):
 
 def test_a_clean_environment_and_a_private_folder():
     result = run_python(
-        "import os, sys\nprint(sorted(os.environ))\nprint(os.getuid() != 0, os.getcwd())\nprint(os.listdir('.'))", LIMITS
+        "import os, sys\nprint(sorted(os.environ))\nprint(os.getuid() != 0, "
+        "os.getcwd())\nprint(os.listdir('.'))",
+        LIMITS,
     )
     names, user, listing = result.output.splitlines()
     assert "GRL_TEST_SECRET" not in names and "PATH" in names

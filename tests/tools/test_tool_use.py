@@ -23,7 +23,12 @@ class CountEnv(Env):
     def step(self, action: str):
         self.steps += 1
         right = action.strip() == str(len(self.word))
-        return "done", float(right), True, step_info(success=right, action_is_valid=True, action_is_effective=True)
+        return (
+            "done",
+            float(right),
+            True,
+            step_info(success=right, action_is_valid=True, action_is_effective=True),
+        )
 
 
 def task(**agent_config):
@@ -52,10 +57,19 @@ def count_agent():
     "reply, expected",
     [
         ("<python>print(1)</python>", [("python", "print(1)")]),
-        ("a <PYTHON >x = 2\nprint(x)</ python> b <python>print(3)", [("python", "x = 2\nprint(x)"), ("python", "print(3)")]),
+        (
+            "a <PYTHON >x = 2\nprint(x)</ python> b <python>print(3)",
+            [("python", "x = 2\nprint(x)"), ("python", "print(3)")],
+        ),
         ("<python>print(1)</pyt", [("python", "print(1)")]),
-        ('<tool_call>{"name": "python", "arguments": {"code": "print(4)"}}</tool_call>', [("python", "print(4)")]),
-        ('<tool_call>{"name": "python", "arguments": "{\\"code\\": \\"print(5)\\"}"}</tool_call>', [("python", "print(5)")]),
+        (
+            '<tool_call>{"name": "python", "arguments": {"code": "print(4)"}}</tool_call>',
+            [("python", "print(4)")],
+        ),
+        (
+            '<tool_call>{"name": "python", "arguments": "{\\"code\\": \\"print(5)\\"}"}</tool_call>',
+            [("python", "print(5)")],
+        ),
         ("<tool_call>not json</tool_call>", [("", "")]),
         ('<tool_call>{"name": "python"}</tool_call>', [("", "")]),
         ("<answer>5</answer>", []),
@@ -85,7 +99,11 @@ def test_limits_errors_and_truncation_come_back_as_text():
     agent.step("<python>print('x' * 500)</python><python>print(2)</python>")
     output = agent.messages[-1]["content"]
     assert (
-        "[call 1]\n" + "x" * 25 + "\n...\n" + "x" * 24 + "\n[output truncated: 501 characters, the first 25 and "
+        "[call 1]\n"
+        + "x" * 25
+        + "\n...\n"
+        + "x" * 24
+        + "\n[output truncated: 501 characters, the first 25 and "
         "last 25 shown]" in output
     )
     assert "[call 2]\n[not run: 1 call(s) a reply, 2 an episode]" in output
@@ -100,7 +118,8 @@ def test_limits_errors_and_truncation_come_back_as_text():
     agent.reset(2)
     agent.step("<python>1/0</python>")
     assert agent.messages[-1]["content"].endswith(
-        "Error: division by zero\n[output truncated: 148 characters, the first 25 and last 25 shown]\n[exit code 1]"
+        "Error: division by zero\n[output truncated: 148 characters, the first 25 and last 25 shown]\n[exit "
+        "code 1]"
     )
     agent.step('<tool_call>{"name": "bash", "arguments": {"code": "ls"}}</tool_call>')
     assert "[tool call not run: unknown tool 'bash' (tools: python)]" in agent.messages[-1]["content"]
@@ -141,7 +160,11 @@ def test_tool_output_is_rendered_in_the_template_tool_role_or_as_user():
     from grl.rollout.chat import ChatTokens
 
     tokenizer = load_tokenizer("tiny")
-    messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}, {"role": "tool", "content": "42"}]
+    messages = [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": "a"},
+        {"role": "tool", "content": "42"},
+    ]
     assert "<|im_start|>tool\n42<|im_end|>" in ChatTokens(tokenizer).render(messages, True)
 
     class NoToolRole:  # a template that knows only user and assistant turns, as many do
@@ -192,7 +215,9 @@ def test_tool_output_is_environment_tokens_in_the_rollout_batch():
 
     grl.envs.register("tool_only", ToolOnlyEnv)
     grl.agents.register("toolOnlyAgent", "tool_only")
-    block = task(action_decoding="constrained", max_turns=2, max_tokens=40, max_tool_calls=1) | {"agent_type": "toolOnlyAgent"}
+    block = task(action_decoding="constrained", max_turns=2, max_tokens=40, max_tool_calls=1) | {
+        "agent_type": "toolOnlyAgent"
+    }
     engine = make_engine("hf", "tiny", device="cpu")
     rollout = MultiTurnRollout(
         engine,
@@ -202,7 +227,9 @@ def test_tool_output_is_environment_tokens_in_the_rollout_batch():
         agent_factory=lambda name, cfg: make_agent(name, cfg, LIMITS),
     )
     episode = rollout.run(
-        [TaskSpec("tool_only", grl.agents.task_from_block("tool_only", block), 1, 1)], 0, SamplingParams(greedy=True)
+        [TaskSpec("tool_only", grl.agents.task_from_block("tool_only", block), 1, 1)],
+        0,
+        SamplingParams(greedy=True),
     ).episodes[0]
     engine.shutdown()
     assert [turn.info.get("tool_output") for turn in episode.turns] == [

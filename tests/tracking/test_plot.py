@@ -57,7 +57,9 @@ def test_panels_name_every_quantity(tmp_path, monkeypatch):
     def keep_titles(fig, *args, **kwargs):
         titles.extend(ax.get_title() for ax in fig.axes if ax.get_visible())
         for ax in fig.axes:
-            lines[ax.get_title()] = [line.get_label() for line in ax.get_lines() if not line.get_label().startswith("_")]
+            lines[ax.get_title()] = [
+                line.get_label() for line in ax.get_lines() if not line.get_label().startswith("_")
+            ]
         return real_savefig(fig, *args, **kwargs)
 
     monkeypatch.setattr(plt.Figure, "savefig", keep_titles)
@@ -82,7 +84,13 @@ def test_a_critic_free_run_with_a_decoy_control_draws_the_proof_in_place_of_the_
     import matplotlib.pyplot as plt
 
     rows = [
-        {"step": step, "actor/pg_loss": 0.1, "actor/entropy": 1.0, "train/tetris/success": step / 4, "timing_s/rollout": 3.0}
+        {
+            "step": step,
+            "actor/pg_loss": 0.1,
+            "actor/entropy": 1.0,
+            "train/tetris/success": step / 4,
+            "timing_s/rollout": 3.0,
+        }
         for step in range(5)
     ]
     for row in rows[::2]:
@@ -98,12 +106,24 @@ def test_a_critic_free_run_with_a_decoy_control_draws_the_proof_in_place_of_the_
     real_savefig = plt.Figure.savefig
 
     def keep_panels(fig, *args, **kwargs):
-        panels.update({ax.get_title(): [line.get_label() for line in ax.get_lines()] for ax in fig.axes if ax.get_visible()})
+        panels.update(
+            {
+                ax.get_title(): [line.get_label() for line in ax.get_lines()]
+                for ax in fig.axes
+                if ax.get_visible()
+            }
+        )
         return real_savefig(fig, *args, **kwargs)
 
     monkeypatch.setattr(plt.Figure, "savefig", keep_panels)
     plot_run(tmp_path)
-    assert list(panels) == ["success per task", "input_mi (nats, validation)", "actor loss", "entropy", "time per phase (s)"]
+    assert list(panels) == [
+        "success per task",
+        "input_mi (nats, validation)",
+        "actor loss",
+        "entropy",
+        "time per phase (s)",
+    ]
     assert {"val-env/tetris", "val-env/tetris decoy board", "train/tetris"} <= set(panels["success per task"])
     assert "val-env/tetris" in panels["input_mi (nats, validation)"]
 
@@ -139,23 +159,34 @@ def test_cli(tmp_path):
     write_run(tmp_path)
     out = tmp_path / "x.pdf"
     result = subprocess.run(
-        [sys.executable, "-m", "grl.cli", "plot", str(tmp_path), "--out", str(out)], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "grl.cli", "plot", str(tmp_path), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 0, result.stderr
     assert out.read_bytes().startswith(b"%PDF")
     missing = subprocess.run(
-        [sys.executable, "-m", "grl.cli", "plot", str(tmp_path / "nope")], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "grl.cli", "plot", str(tmp_path / "nope")],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert missing.returncode == 2 and "metrics.jsonl" in missing.stderr
     (tmp_path / "empty").mkdir()
     (tmp_path / "empty" / "metrics.jsonl").write_text("")
     empty = subprocess.run(
-        [sys.executable, "-m", "grl.cli", "plot", str(tmp_path / "empty")], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "grl.cli", "plot", str(tmp_path / "empty")],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert empty.returncode == 2 and "no logged step" in empty.stderr
 
 
-def test_tracker_draws_the_curves_after_the_first_step_then_once_a_minute_and_at_the_end(tmp_path, monkeypatch):
+def test_tracker_draws_the_curves_after_the_first_step_then_once_a_minute_and_at_the_end(
+    tmp_path, monkeypatch
+):
     import grl.tracking
     from grl.tracking import Tracker
 
@@ -168,7 +199,9 @@ def test_tracker_draws_the_curves_after_the_first_step_then_once_a_minute_and_at
 
     monkeypatch.setattr(grl.tracking.Tracker, "plot", counted_plot)
     tracker = Tracker(["jsonl"], tmp_path, "p", "e")
-    tracker.log({"reward/mean": 0.5, "env/simpleSokobanAgent/success": 0.25}, step=1)  # the first point: drawn
+    tracker.log(
+        {"reward/mean": 0.5, "env/simpleSokobanAgent/success": 0.25}, step=1
+    )  # the first point: drawn
     assert drawn == [1] and (tmp_path / "curves.png").exists()
     tracker.log({"reward/mean": 0.6}, step=2)  # within REPLOT_S of the last drawing: not drawn
     assert drawn == [1]

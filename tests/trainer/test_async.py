@@ -51,7 +51,8 @@ def config(tmp_path, name, **over):
         "trainer.export_hf": False,
         "trainer.validation_controls": "[]",
         "actor_rollout_ref.actor.optim.lr": 1e-3,
-        "actor_rollout_ref.actor.recompute_old_log_probs": True,  # the corrected path; the bypass test turns it off
+        # the corrected path; the bypass test turns it off
+        "actor_rollout_ref.actor.recompute_old_log_probs": True,
         "trainer.run_dir": str(tmp_path / name / "run"),
         "trainer.default_local_dir": str(tmp_path / name / "ckpt"),
     }
@@ -77,7 +78,9 @@ def recorded_run(cfg, before_fit=None) -> tuple[dict, dict]:
 @pytest.mark.slow
 def test_the_engine_apart_at_staleness_0_trains_as_the_engine_in_the_rank(tmp_path, ray_runtime):
     together, together_batches = recorded_run(config(tmp_path, "together"))
-    apart, apart_batches = recorded_run(config(tmp_path, "apart", **{"actor_rollout_ref.hybrid_engine": False}))
+    apart, apart_batches = recorded_run(
+        config(tmp_path, "apart", **{"actor_rollout_ref.hybrid_engine": False})
+    )
     assert apart_batches == together_batches and len(together_batches) == 3
     for step in (1, 2, 3):
         compared = [k for k in DETERMINISTIC if k in together[step]]
@@ -114,7 +117,8 @@ def test_one_step_off_trains_on_episodes_at_most_one_version_old(tmp_path, ray_r
         def timed_update(batch, step):
             start = time.monotonic()
             result = update(batch, step)
-            # The tiny model's update (0.2 s) is shorter than the rollout worker's load of the previous version
+            # The tiny model's update (0.2 s) is shorter than the rollout worker's load of the previous
+            # version
             # with its weights check; a real update outlasts it, and the order below is about that case.
             time.sleep(UPDATE_AT_LEAST_S)
             updates[step] = (start, time.monotonic())
@@ -137,8 +141,15 @@ def test_one_step_off_trains_on_episodes_at_most_one_version_old(tmp_path, ray_r
         # The trainer's wait for the rollout is a part of its step.
         assert 0 < m["timing_s/wait_prev_gen"] <= m["timing_s/step"] and m["timing_s/gen"] > 0
     # Step 1 is on-policy: only the engine/trainer numerics separate the two; later steps are a version apart.
-    assert metrics[1]["training/rollout_logprob_diff_max"] < 1e-2 < metrics[3]["training/rollout_logprob_diff_max"]
-    assert "val-env/tetrisAgent_gap_dim_4/success" in metrics[2] and "val-env/tetrisAgent_gap_dim_4/success" in metrics[4]
+    assert (
+        metrics[1]["training/rollout_logprob_diff_max"]
+        < 1e-2
+        < metrics[3]["training/rollout_logprob_diff_max"]
+    )
+    assert (
+        "val-env/tetrisAgent_gap_dim_4/success" in metrics[2]
+        and "val-env/tetrisAgent_gap_dim_4/success" in metrics[4]
+    )
 
 
 @pytest.mark.slow
@@ -157,7 +168,11 @@ def test_one_step_off_without_the_old_pass_clips_around_the_engines_log_probs(tm
     trained = {}
 
     def record(trainer, step, step_metrics, batch):
-        trained[step] = (dict(step_metrics), batch["old_log_probs"].clone(), batch["rollout_log_probs"].clone())
+        trained[step] = (
+            dict(step_metrics),
+            batch["old_log_probs"].clone(),
+            batch["rollout_log_probs"].clone(),
+        )
 
     AgentTrainer.from_config(cfg, hooks=[record]).fit()
     assert [trained[s][0]["async/staleness_max"] for s in (1, 2, 3)] == [0, 1, 1]
@@ -212,7 +227,15 @@ def test_a_weight_transfer_that_hangs_ends_the_run_with_one_line(tmp_path, ray_r
 
 def test_an_episode_older_than_max_staleness_is_never_trained_on():
     episodes = [
-        Episode(task="t", group_id=0, seed=1, turns=[Turn([1], [2], None, 0.0)], score=0.0, policy_version=v, member=i)
+        Episode(
+            task="t",
+            group_id=0,
+            seed=1,
+            turns=[Turn([1], [2], None, 0.0)],
+            score=0.0,
+            policy_version=v,
+            member=i,
+        )
         for i, v in enumerate([5, 4, 3, 2])
     ]
     kept, dropped = drop_stale_episodes(episodes, trained_version=5, max_staleness=1)

@@ -24,8 +24,13 @@ CORRUPTED = "model.layers.1.mlp.down_proj.weight"
 
 
 def _episode(member: int, version: int, replies: list[int], new_context_at: int | None = None) -> Episode:
-    turns = [Turn([1, 2], [3] * n, [-0.5] * n, 0.0, new_context=(i == new_context_at)) for i, n in enumerate(replies)]
-    return Episode(task="t", group_id=0, seed=7, turns=turns, score=float(member), member=member, policy_version=version)
+    turns = [
+        Turn([1, 2], [3] * n, [-0.5] * n, 0.0, new_context=(i == new_context_at))
+        for i, n in enumerate(replies)
+    ]
+    return Episode(
+        task="t", group_id=0, seed=7, turns=turns, score=float(member), member=member, policy_version=version
+    )
 
 
 def test_the_figures_are_the_counts_by_hand_and_each_limit_stops_with_one_line():
@@ -39,9 +44,17 @@ def test_the_figures_are_the_counts_by_hand_and_each_limit_stops_with_one_line()
     batch, _ = build_batch(episodes[:2])  # the update trains on the first two (filtering dropped the others)
     certificate = StepCertificate(Certificate(), max_staleness=2)
     certificate.sampled(episodes)
-    rollout = {"rollout/infra_failed_episodes": 1.0, "gateway/prefix_breaks": 2.0, "rollout/truncated_prompts": 1.0}
-    values = certificate.measure(4, {**rollout, "training/rollout_logprob_diff_mean": 0.25}, batch, weights=None)
-    assert values[PREFIX + "staleness_max"] == 1.0 and values[PREFIX + "staleness_mean"] == 0.5  # versions 3 and 2
+    rollout = {
+        "rollout/infra_failed_episodes": 1.0,
+        "gateway/prefix_breaks": 2.0,
+        "rollout/truncated_prompts": 1.0,
+    }
+    values = certificate.measure(
+        4, {**rollout, "training/rollout_logprob_diff_mean": 0.25}, batch, weights=None
+    )
+    assert (
+        values[PREFIX + "staleness_max"] == 1.0 and values[PREFIX + "staleness_mean"] == 0.5
+    )  # versions 3 and 2
     assert values[PREFIX + "trained_token_share"] == (5 + 4) / (5 + 4 + 3 + 0)
     assert values[PREFIX + "prefix_breaks"] == 1 + 2 + 1  # a windowed turn, the gateway's, a truncated prompt
     assert values[PREFIX + "infra_failed_fraction"] == 1 / 4
@@ -67,7 +80,9 @@ def test_the_figures_are_the_counts_by_hand_and_each_limit_stops_with_one_line()
         assert why in str(info.value) and "\n" not in str(info.value), key
     stale = StepCertificate(Certificate(), max_staleness=0)
     stale.sampled(episodes)
-    assert "an episode 1 policy versions old was trained on, over rollout.max_staleness=0" in stale.broken(values)
+    assert "an episode 1 policy versions old was trained on, over rollout.max_staleness=0" in stale.broken(
+        values
+    )
 
 
 def config(tmp_path, name, **over):
@@ -97,7 +112,9 @@ def test_every_step_prints_and_logs_its_certificate(tmp_path, ray_runtime, capsy
     records = {r["step"]: r for r in read_jsonl(tmp_path / "good" / "run" / METRICS_FILE)}
     for step in (1, 2):
         record = records[step]
-        assert record[PREFIX + "weights_tensors_checked"] > 10  # every tensor of the tiny model, the tied head once
+        assert (
+            record[PREFIX + "weights_tensors_checked"] > 10
+        )  # every tensor of the tiny model, the tied head once
         assert record[PREFIX + "logprob_gap_tokens"] > 0
         assert record[PREFIX + "logprob_gap_mean"] < 1e-4, record[PREFIX + "logprob_gap_mean"]
         assert record[PREFIX + "staleness_max"] == 0 and record[PREFIX + "infra_failed_fraction"] == 0
@@ -107,12 +124,15 @@ def test_every_step_prints_and_logs_its_certificate(tmp_path, ray_runtime, capsy
 
 @pytest.mark.slow
 @pytest.mark.parametrize("apart", [False, True], ids=["engine in the rank", "engine in a rollout worker"])
-def test_a_tensor_corrupted_on_its_way_to_the_engine_stops_the_run_with_one_line(tmp_path, ray_runtime, apart):
+def test_a_tensor_corrupted_on_its_way_to_the_engine_stops_the_run_with_one_line(
+    tmp_path, ray_runtime, apart
+):
     over = {"actor_rollout_ref.hybrid_engine": False, "rollout.max_staleness": 0} if apart else {}
     cfg = config(tmp_path, "broken", **over)
 
     def corrupt_on_the_way(worker, corrupted_name):
-        """In the process that holds the engine: one tensor changes by one value between the trainer and the engine."""
+        """In the process that holds the engine: one tensor changes by one value between the trainer and the
+        engine."""
         if worker.engine is None:  # an actor rank without an engine
             return
         load = worker.engine.update_weights

@@ -1,5 +1,6 @@
 """Valid-action decoding end to end: a constrained rollout of the real games through the actor
-group's engine, the token batch, and the trainer's log-probs (the ranks scoring padded or packed rows) of the same tokens.
+group's engine, the token batch, and the trainer's log-probs (the ranks scoring padded or packed rows) of the
+same tokens.
 The policy that is trained must be the policy that acted: same mask, same temperature."""
 
 from dataclasses import replace
@@ -61,7 +62,8 @@ def actor(cfg):
 
 @pytest.fixture(params=[False, True], ids=["padded", "packed"])
 def packing(request, actor, cfg):
-    """`rollout.packing` of the actor group (its plan's packing capacity): whether the ranks score packed rows."""
+    """`rollout.packing` of the actor group (its plan's packing capacity): whether the ranks score packed
+    rows."""
     planned = actor.plan
     actor.plan = replace(planned, packing_capacity=cfg.rollout.max_episode_length if request.param else None)
     yield request.param
@@ -131,7 +133,10 @@ def test_left_truncation_shows_in_the_mismatch_metrics(cfg, actor):
     from grl.models import load_tokenizer
 
     rollout = MultiTurnRollout(
-        actor.engine, load_tokenizer(cfg.actor_rollout_ref.model.path), max_prompt_length=128, max_response_length=48
+        actor.engine,
+        load_tokenizer(cfg.actor_rollout_ref.model.path),
+        max_prompt_length=128,
+        max_response_length=48,
     )
     sampling = sampling_from_config(cfg.actor_rollout_ref.rollout, validate=False, max_new_tokens=48)
     run = run_sections(cfg)

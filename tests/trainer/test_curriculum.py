@@ -12,7 +12,9 @@ from grl.trainer.curriculum import Curriculum
 
 
 def played(successes: list[float]) -> list[Episode]:
-    return [Episode(task="t", group_id=0, seed=0, turns=[], score=s, metrics={"success": s}) for s in successes]
+    return [
+        Episode(task="t", group_id=0, seed=0, turns=[], score=s, metrics={"success": s}) for s in successes
+    ]
 
 
 def test_it_moves_on_when_the_window_mean_reaches_the_bar_and_stays_at_the_last_level():
@@ -54,11 +56,19 @@ def test_a_stage_sets_the_env_key_of_every_training_task_and_the_env_plays_it():
             "rollout.curriculum.env_key: env tetris of tetrisAgent_gap_dim_4 has no key 'width'",
         ),
         (
-            ["rollout.curriculum.env_key=dim_x", "rollout.curriculum.levels=[3,4]", "rollout.curriculum.max_turns=[3]"],
+            [
+                "rollout.curriculum.env_key=dim_x",
+                "rollout.curriculum.levels=[3,4]",
+                "rollout.curriculum.max_turns=[3]",
+            ],
             "rollout.curriculum.max_turns: has 1 entries but rollout.curriculum.levels has 2",
         ),
         (
-            ["rollout.curriculum.env_key=dim_x", "rollout.curriculum.levels=[3,4]", "rollout.curriculum.max_turns=[0,3]"],
+            [
+                "rollout.curriculum.env_key=dim_x",
+                "rollout.curriculum.levels=[3,4]",
+                "rollout.curriculum.max_turns=[0,3]",
+            ],
             "rollout.curriculum.max_turns",
         ),
     ],
@@ -84,7 +94,9 @@ def unsolving_move(observation: str) -> str:
 
 
 def test_each_stage_ends_a_failing_training_episode_at_its_own_turn_budget():
-    cfg = load_config(["preset=sokoban_cpu", "rollout.curriculum.levels=[1,1]", "rollout.curriculum.max_turns=[3,5]"])
+    cfg = load_config(
+        ["preset=sokoban_cpu", "rollout.curriculum.levels=[1,1]", "rollout.curriculum.max_turns=[3,5]"]
+    )
     c = Curriculum.from_config(cfg.rollout.curriculum)
     run = run_sections(cfg)
     specs = task_specs(run.rollout, run.tasks)

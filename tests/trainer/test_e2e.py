@@ -82,14 +82,25 @@ def test_train_checkpoint_kill_and_resume(tmp_path, ray_runtime, capsys):
     a_dir = tmp_path / "a"
     report = capsys.readouterr().out
     assert f"run folder   {a_dir / 'run'}" in report and f"checkpoints  {a_dir / 'ckpt'}" in report
-    assert "device       cpu x 2 rank(s), engine hf" in report and "training     simpleSokobanAgent (2x2)" in report
+    assert (
+        "device       cpu x 2 rank(s), engine hf" in report
+        and "training     simpleSokobanAgent (2x2)" in report
+    )
     finished = [line for line in report.splitlines() if line.startswith("finished simpleSokobanAgent:")]
-    assert len(finished) == 1 and "at step 0" in finished[0] and "last" in finished[0] and "at step 2" in finished[0]
+    assert (
+        len(finished) == 1
+        and "at step 0" in finished[0]
+        and "last" in finished[0]
+        and "at step 2" in finished[0]
+    )
     assert f"HF export    {a_dir / 'ckpt' / 'hf_actor'}" in report
     assert f"checkpoint   {a_dir / 'ckpt' / 'global_step_2'}" in report
     history = by_step(a_dir / "run")
     assert sorted(history) == [0, 1, 2]
-    assert "val-env/simpleSokobanAgent/success" in history[0] and "val-env/simpleSokobanAgent/success" in history[2]
+    assert (
+        "val-env/simpleSokobanAgent/success" in history[0]
+        and "val-env/simpleSokobanAgent/success" in history[2]
+    )
     assert history[1]["actor/grad_norm"] > 0 and history[1]["critic/vf_loss"] > 0
     grl_names = [
         "train/simpleSokobanAgent/success",
@@ -116,8 +127,15 @@ def test_train_checkpoint_kill_and_resume(tmp_path, ray_runtime, capsys):
     assert [n for n in grl_names if n not in history[2]] == []
     assert 0 < history[2]["perf/mfu/actor"] < float("inf")
     split = sum(history[2][f"timing_s/gen_{part}"] for part in ("engine", "env", "other"))
-    assert split == pytest.approx(history[2]["timing_s/gen"], rel=1e-6) and history[2]["timing_s/gen_engine"] > 0
-    assert {p.name for p in (a_dir / "ckpt").iterdir()} >= {"global_step_1", "global_step_2", "latest", "hf_actor"}
+    assert (
+        split == pytest.approx(history[2]["timing_s/gen"], rel=1e-6) and history[2]["timing_s/gen_engine"] > 0
+    )
+    assert {p.name for p in (a_dir / "ckpt").iterdir()} >= {
+        "global_step_1",
+        "global_step_2",
+        "latest",
+        "hf_actor",
+    }
     assert (a_dir / "ckpt" / "latest").read_text().strip() == "global_step_2"
     assert OmegaConf.load(a_dir / "run" / "config.yaml").model_path == "tiny"
     assert "git_sha" in json.loads((a_dir / "run" / "run_info.json").read_text())
@@ -127,10 +145,17 @@ def test_train_checkpoint_kill_and_resume(tmp_path, ray_runtime, capsys):
     assert exported.config.num_hidden_layers == 2
 
     # val_only: resume A's last checkpoint, validate once, exit without training
-    cfg_val = config(tmp_path, "a", resume_mode="auto", **{"trainer.val_only": True, "trainer.run_dir": str(a_dir / "val_only")})
+    cfg_val = config(
+        tmp_path,
+        "a",
+        resume_mode="auto",
+        **{"trainer.val_only": True, "trainer.run_dir": str(a_dir / "val_only")},
+    )
     AgentTrainer.from_config(cfg_val).fit()
     val_report = capsys.readouterr().out
-    assert f"grl-train: resumed from {a_dir / 'ckpt' / 'global_step_2'} (step 2); trainer.val_only" in val_report
+    assert (
+        f"grl-train: resumed from {a_dir / 'ckpt' / 'global_step_2'} (step 2); trainer.val_only" in val_report
+    )
     only = by_step(a_dir / "val_only")
     assert sorted(only) == [2] and "val-env/simpleSokobanAgent/success" in only[2]
     assert not any(k.startswith("actor/") for k in only[2])
@@ -153,7 +178,10 @@ def test_train_checkpoint_kill_and_resume(tmp_path, ray_runtime, capsys):
     capsys.readouterr()
     AgentTrainer.from_config(cfg_b).fit()
     first_line = capsys.readouterr().out.splitlines()[0]
-    assert first_line == f"grl-train: resumed from {b_dir / 'ckpt' / 'global_step_1'} (step 1): 1 of 2 steps left"
+    assert (
+        first_line
+        == f"grl-train: resumed from {b_dir / 'ckpt' / 'global_step_1'} (step 1): 1 of 2 steps left"
+    )
     resumed = by_step(b_dir / "run")
     assert sorted(resumed) == [0, 1, 2]
     assert (b_dir / "ckpt" / "latest").read_text().strip() == "global_step_2"
@@ -164,7 +192,9 @@ def test_train_checkpoint_kill_and_resume(tmp_path, ray_runtime, capsys):
 
     # C again: nothing is left to train; one line, and neither the metrics nor the checkpoint change
     AgentTrainer.from_config(cfg_b).fit()
-    assert capsys.readouterr().out.startswith(f"grl-train: nothing left to train: {b_dir / 'ckpt' / 'global_step_2'} is step 2")
+    assert capsys.readouterr().out.startswith(
+        f"grl-train: nothing left to train: {b_dir / 'ckpt' / 'global_step_2'} is step 2"
+    )
     assert by_step(b_dir / "run") == resumed
 
 

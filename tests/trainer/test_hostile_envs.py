@@ -17,7 +17,13 @@ import grl.agents
 import grl.envs
 from grl.config import compose, validate
 from grl.envs.base import Env, step_info
-from grl.rollout import build_batch, filter_groups, normalize_episode_scores, rollout_metrics, training_base_seed
+from grl.rollout import (
+    build_batch,
+    filter_groups,
+    normalize_episode_scores,
+    rollout_metrics,
+    training_base_seed,
+)
 from grl.rollout.types import Episode, Turn
 from grl.tracking import METRICS_FILE, read_jsonl
 
@@ -67,7 +73,10 @@ LOGGED = {
     "bytes_observation": ("observation", "bytes b'Turn 2"),
     "int_observation": ("observation", "int 7"),
     "none_observation": ("observation", "NoneType None"),
-    "huge_observation": ("observation_cut", f"{len('Turn 2 of 2. Pick left or right.') + 10 * 2**20} characters"),
+    "huge_observation": (
+        "observation_cut",
+        f"{len('Turn 2 of 2. Pick left or right.') + 10 * 2**20} characters",
+    ),
     "two_tuple": ("result", "a 2-tuple"),
     "five_tuple": ("result", "a 5-tuple"),
     "int_done": ("done", "int 0"),
@@ -109,7 +118,12 @@ class HostileEnv(Env):
     def step(self, action: str):
         self.t += 1
         done = self.t == 2
-        result = (self._state(), float(action == "left"), done, step_info(done and action == "left", True, True))
+        result = (
+            self._state(),
+            float(action == "left"),
+            done,
+            step_info(done and action == "left", True, True),
+        )
         if self.seed >= ALL_BROKEN_FROM:
             return STEP_FAULTS["nan_reward"](*result)
         if self.kind in STEP_FAULTS and self._bad():
@@ -189,7 +203,9 @@ def run(tmp_path_factory):
     def record_batch(trainer, step, metrics, b):
         if "actor/pg_loss" in metrics:
             rows = (b["loss_mask"] > 0).any(-1).tolist()
-            trained[step] = {(t, s) for t, s, r in zip(b.meta["task"], b.meta["seed"], rows) if r}  # padded rows
+            trained[step] = {
+                (t, s) for t, s, r in zip(b.meta["task"], b.meta["seed"], rows) if r
+            }  # padded rows
 
     records = []
     handler = logging.Handler()
@@ -220,7 +236,11 @@ def test_each_malformed_kind_is_counted_and_the_healthy_episodes_train(run, kind
         else:
             assert (errors, warnings) == (2, 0), (step, m)
         assert nonfinite == (2 if kind in NONFINITE else 0)
-        assert math.isfinite(m["reward/mean"]) and math.isfinite(m["reward/std"]) and math.isfinite(m["actor/pg_loss"])
+        assert (
+            math.isfinite(m["reward/mean"])
+            and math.isfinite(m["reward/std"])
+            and math.isfinite(m["actor/pg_loss"])
+        )
         assert m[f"train/{kind}/format_ok"] == 1.0  # every agent acted
         # The update trained on this task's healthy (even-seeded) episodes, and on a failed one never.
         seeds = {s for t, s in trained[step] if t == kind}
@@ -244,10 +264,14 @@ def test_each_malformed_kind_is_counted_and_the_healthy_episodes_train(run, kind
 @pytest.mark.slow
 def test_a_step_where_every_episode_failed_is_skipped(run):
     history, trained, log = run
-    assert history[3]["rollout/env_errors"] == 4 * len(KINDS) and history[3]["rollout/nonfinite_rewards"] == 4 * len(KINDS)
+    assert history[3]["rollout/env_errors"] == 4 * len(KINDS) and history[3][
+        "rollout/nonfinite_rewards"
+    ] == 4 * len(KINDS)
     assert "actor/pg_loss" not in history[3] and 3 not in trained
     skipped = [line for line in log if "update skipped" in line]
-    assert skipped == [f"step 3: no episode left to train on ({4 * len(KINDS)} infra failures left out); update skipped"]
+    assert skipped == [
+        f"step 3: no episode left to train on ({4 * len(KINDS)} infra failures left out); update skipped"
+    ]
 
 
 # ---------------------------------------------------------------- metrics and shaping past the boundary
@@ -273,7 +297,12 @@ def test_metrics_and_shaping_skip_a_nonfinite_score_that_got_through():
     from grl.trainer.metrics import reward_metrics
 
     eps = episodes_with([1.0, math.nan, 0.0, math.inf])
-    assert reward_metrics(eps) == {"reward/mean": 0.5, "reward/std": 0.5, "reward/max": 1.0, "reward/min": 0.0}
+    assert reward_metrics(eps) == {
+        "reward/mean": 0.5,
+        "reward/std": 0.5,
+        "reward/max": 1.0,
+        "reward/min": 0.0,
+    }
     metrics = rollout_metrics(eps)
     assert metrics["t/score"] == 0.5 and metrics["t/success"] == 0.5
     for method in ("identity", "mean_std", "asym_clip"):

@@ -50,7 +50,9 @@ def test_probability_gap_and_log_gap_tell_different_tokens_apart():
     got = mismatch_stats(engine, trainer)
     assert got["rollout_logprob_diff_max"] == pytest.approx(1.0)
     assert got["rollout_probs_diff_max"] == pytest.approx(math.exp(-0.1) - math.exp(-0.2))
-    assert got["rollout_probs_diff_mean"] == pytest.approx((math.exp(-8) - math.exp(-9) + math.exp(-0.1) - math.exp(-0.2)) / 2)
+    assert got["rollout_probs_diff_mean"] == pytest.approx(
+        (math.exp(-8) - math.exp(-9) + math.exp(-0.1) - math.exp(-0.2)) / 2
+    )
 
 
 def test_one_token_has_no_spread_and_no_token_has_no_stats():
@@ -63,7 +65,9 @@ def test_the_batch_metrics_read_the_sampled_tokens_only():
     old = torch.log(torch.tensor([[0.5, 0.25, 0.9, 0.1], [0.2, 0.7, 0.3, 0.6]]))
     rollout = old + torch.tensor([[5.0, 0.1, -0.2, 5.0], [0.3, -5.0, 0.05, 0.0]])  # 5: prompt tokens
     mask = torch.tensor([[0, 1, 1, 0], [1, 0, 1, 1]])
-    got = rollout_mismatch_metrics(Batch({"old_log_probs": old, "rollout_log_probs": rollout, "loss_mask": mask}))
+    got = rollout_mismatch_metrics(
+        Batch({"old_log_probs": old, "rollout_log_probs": rollout, "loss_mask": mask})
+    )
     sampled = mask > 0
     want = slow_stats(rollout[sampled].tolist(), old[sampled].tolist())
     assert got == pytest.approx({f"training/{k}": v for k, v in want.items()})

@@ -133,7 +133,9 @@ def test_packing_at_the_workers_scores_and_trains_as_padded_rows(tmp_path, monke
         for packing in (False, True):
             for group in (actor, critic):
                 group.plan = replace(group.plan, packing_capacity=40 if packing else None)
-            batch, _ = shape_batch(episodes(shared_prompts=True), rollout_cfg(max_episode_length=40), pad_token_id=0)
+            batch, _ = shape_batch(
+                episodes(shared_prompts=True), rollout_cfg(max_episode_length=40), pad_token_id=0
+            )
             batch["old_log_probs"], batch["entropy"] = actor.compute_log_probs(batch)
             batch["ref_log_probs"] = actor.compute_ref_log_probs(batch)
             batch["values"] = critic.compute_values(batch)
@@ -150,7 +152,14 @@ def test_packing_at_the_workers_scores_and_trains_as_padded_rows(tmp_path, monke
         for key in ("old_log_probs", "entropy", "ref_log_probs", "values", "advantages", "returns"):
             torch.testing.assert_close(packed[key], padded[key], atol=1e-5, rtol=0, msg=key)
         assert padded["old_log_probs"].abs().max() > 0
-        for key in ("actor/pg_loss", "actor/entropy", "actor/kl_loss", "actor/grad_norm", "critic/vf_loss", "critic/grad_norm"):
+        for key in (
+            "actor/pg_loss",
+            "actor/entropy",
+            "actor/kl_loss",
+            "actor/grad_norm",
+            "critic/vf_loss",
+            "critic/grad_norm",
+        ):
             assert packed_m[key] == pytest.approx(padded_m[key], abs=1e-5), key
         for key, value in padded_after.items():  # the same steps: the same weights after them
             torch.testing.assert_close(packed_after[key], value, atol=1e-5, rtol=0)
@@ -230,7 +239,9 @@ def test_normalisation_and_filtering_shape_the_batch():
     eps = episodes(num_groups=4, group_size=4, seed=3)
     batch, metrics = shape_batch(
         eps,
-        rollout_cfg(rollout_filter_ratio=0.5, reward_normalization={"grouping": "state", "method": "mean_std"}),
+        rollout_cfg(
+            rollout_filter_ratio=0.5, reward_normalization={"grouping": "state", "method": "mean_std"}
+        ),
         pad_token_id=0,
     )
     assert metrics["train/t/kept_groups"] == 2 and len(batch) == 8
@@ -270,7 +281,9 @@ def test_metrics_of_a_step():
     assert rewards["reward/max"] == max(scores)
     batch, _ = shape_batch(eps, rollout_cfg(), pad_token_id=0)
     m = batch_metrics(batch)
-    assert m["response_length/mean"] == pytest.approx(sum(len(t.response_ids) for e in eps for t in e.turns) / len(eps))
+    assert m["response_length/mean"] == pytest.approx(
+        sum(len(t.response_ids) for e in eps for t in e.turns) / len(eps)
+    )
     assert 0 <= m["perf/padding_ratio"] < 1
     assert task_metrics({"t/success": 0.5, "rollout/env_errors": 1.0}, "val-env") == {
         "val-env/t/success": 0.5,
@@ -304,15 +317,18 @@ def test_finish_report_names_first_best_and_last_validation(tmp_path):
     from grl.trainer.report import finish_report
 
     text = finish_report(
-        {"gsm8k": [(0, 0.25), (2, 0.5), (4, 0.5), (6, 0.375)]}, tmp_path / "global_step_6", tmp_path / "hf_actor"
+        {"gsm8k": [(0, 0.25), (2, 0.5), (4, 0.5), (6, 0.375)]},
+        tmp_path / "global_step_6",
+        tmp_path / "hf_actor",
     )
     assert text.splitlines()[0] == (
         "finished gsm8k: validation success 0.250 at step 0, best 0.500 at step 2, last 0.375 at step 6"
     )
     assert str(tmp_path / "hf_actor") in text and str(tmp_path / "global_step_6") in text
     assert "no validation ran" in finish_report({}, None, None)
-    assert "(the actor of step 2, the best validation; the checkpoint holds the last step's)" in finish_report(
-        {"gsm8k": [(2, 0.5)]}, None, tmp_path / "hf_actor", export_step=2
+    assert (
+        "(the actor of step 2, the best validation; the checkpoint holds the last step's)"
+        in finish_report({"gsm8k": [(2, 0.5)]}, None, tmp_path / "hf_actor", export_step=2)
     )
 
 
@@ -329,7 +345,11 @@ def test_best_validation_is_the_highest_mean_success_after_training_a_tie_to_the
     ]
     best, chosen = BestValidation(), []
     for step, success in history:
-        if best.offer(step, {f"val-env/{t}/success": v for t, v in success.items()} | {"val-env/a/reward": 9.0}, ["a", "b"]):
+        if best.offer(
+            step,
+            {f"val-env/{t}/success": v for t, v in success.items()} | {"val-env/a/reward": 9.0},
+            ["a", "b"],
+        ):
             chosen.append(step)
     # reference: the running maximum of the mean over the tasks present, steps >= 1, ties to the later step
     means = {step: sum(s.values()) / len(s) for step, s in history if step >= 1}

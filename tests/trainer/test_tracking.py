@@ -30,7 +30,12 @@ def test_resume_drops_steps_after_the_checkpoint(tmp_path):
     tracker = Tracker(["jsonl"], tmp_path, "p", "e", resume_step=2)
     tracker.log({"x": 30}, 3)
     tracker.close()
-    assert [(r["step"], r["x"]) for r in read_jsonl(tmp_path / METRICS_FILE)] == [(0, 0), (1, 1), (2, 2), (3, 30)]
+    assert [(r["step"], r["x"]) for r in read_jsonl(tmp_path / METRICS_FILE)] == [
+        (0, 0),
+        (1, 1),
+        (2, 2),
+        (3, 30),
+    ]
     # a fresh run (no resume) starts a new history
     Tracker(["jsonl"], tmp_path, "p", "e").close()
     assert read_jsonl(tmp_path / METRICS_FILE) == []
@@ -52,7 +57,12 @@ def test_console_line_is_one_readable_line():
     assert "pg -0.0100" in line and "step_s 3.2" in line and "val-env/simpleSokobanAgent success 0.50" in line
     assert "vf" not in line  # infinite -> None -> not shown
     assert "gen_s" not in line  # no rollout time logged
-    split = {"timing_s/gen": 11.25, "timing_s/gen_engine": 8.0, "timing_s/gen_env": 1.125, "timing_s/gen_other": 2.125}
+    split = {
+        "timing_s/gen": 11.25,
+        "timing_s/gen_engine": 8.0,
+        "timing_s/gen_env": 1.125,
+        "timing_s/gen_other": 2.125,
+    }
     assert " | gen_s 11.2 (engine 8.0 env 1.1 other 2.1) | " in console_line({**metrics, **split}, 3, 10)
     out = io.StringIO()
     ConsoleLogger(10, out).log(metrics, 3)

@@ -53,7 +53,9 @@ def _stream_in(worker, dtype):
 
 
 def _engine_weights(worker):
-    return None if worker.engine is None else {k: v.clone() for k, v in worker.engine.model.state_dict().items()}
+    return (
+        None if worker.engine is None else {k: v.clone() for k, v in worker.engine.model.state_dict().items()}
+    )
 
 
 def _break_engine_spec(worker, broken):
@@ -89,7 +91,12 @@ def test_each_rank_writes_and_reads_only_its_shards_and_resumes_exactly(actor, b
     full += sum(v.numel() * v.element_size() for s in moments.values() for v in s.values())
     shards = tmp_path / "ckpt" / SHARDS_DIR
     assert sorted(p.name for p in shards.iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
-    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == [SHARDS_DIR, "rng_rank0.pt", "rng_rank1.pt", "state.pt"]
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == [
+        SHARDS_DIR,
+        "rng_rank0.pt",
+        "rng_rank1.pt",
+        "state.pt",
+    ]
     sizes = [(shards / f"__{rank}_0.distcp").stat().st_size for rank in (0, 1)]
     assert all(size < 0.6 * full for size in sizes), (sizes, full)  # neither rank wrote the whole state
     assert full <= sum(sizes) < 1.02 * full
@@ -124,4 +131,7 @@ def test_an_engine_error_leaves_no_rank_waiting_in_a_gather(actor, batch):
         actor.execute(_break_engine_spec, False)
     actor.update(batch, step=1)
     actor.sync_weights()  # the next collectives line up: rank 1 ran every gather of the failed sync
-    assert all(torch.equal(actor.execute(_engine_weights)[0][k], v) for k, v in actor.execute(_full_weights)[0].items())
+    assert all(
+        torch.equal(actor.execute(_engine_weights)[0][k], v)
+        for k, v in actor.execute(_full_weights)[0].items()
+    )

@@ -89,7 +89,9 @@ def run_two_ranks(fn, *args, ports: int = 1) -> tuple[list, list[str]]:
             if error is not None:
                 break  # its peer may now wait forever in a collective
     except queue.Empty:
-        pytest.fail(f"the ranks did not finish within {RANKS_TIME_LIMIT_S} s (a collective that never matched?)")
+        pytest.fail(
+            f"the ranks did not finish within {RANKS_TIME_LIMIT_S} s (a collective that never matched?)"
+        )
     finally:
         for p in procs:
             p.join(timeout=10)
@@ -182,7 +184,10 @@ def layout(rows: list[list[int]], per_token: dict[str, list[torch.Tensor]]) -> d
     """Rows of episodes side by side, positions restarting (grl.rollout's packed layout);
     segment ids where a row holds several."""
     width = max(sum(LENGTHS[i] for i in row) for row in rows)
-    out = {k: torch.zeros(len(rows), width, dtype=torch.long) for k in ("attention_mask", "position_ids", "segment_ids")}
+    out = {
+        k: torch.zeros(len(rows), width, dtype=torch.long)
+        for k in ("attention_mask", "position_ids", "segment_ids")
+    }
     out.update({k: torch.zeros(len(rows), width, dtype=v[0].dtype) for k, v in per_token.items()})
     for r, row in enumerate(rows):
         start = 0
@@ -244,7 +249,13 @@ def group_timeout_s() -> float:
 
 
 def _build_score_and_train(rank, ports, cfg):
-    from grl.workers.fsdp import full_optimizer_state, full_state_dict, load_full_state, make_optimizer, make_scheduler
+    from grl.workers.fsdp import (
+        full_optimizer_state,
+        full_state_dict,
+        load_full_state,
+        make_optimizer,
+        make_scheduler,
+    )
     from grl.workers.worker import hf_names
 
     seen = _spy_on_loading()
@@ -285,7 +296,9 @@ def _build_score_and_train(rank, ports, cfg):
     critic = CriticWorker(rank, RunPlan.from_config(cfg), typed_section(cfg, "critic"), "cpu")
     critic.setup("127.0.0.1", ports[1])
     out["timeouts_s"].append(group_timeout_s())
-    critic.update([layout(PADDED[rank], {k: data[k] for k in ("input_ids", "loss_mask", "returns", "values")})])
+    critic.update(
+        [layout(PADDED[rank], {k: data[k] for k in ("input_ids", "loss_mask", "returns", "values")})]
+    )
     # (The value head starts at 0; after one step it scores something.)
     out["padded_values"] = critic.compute_values(layout(PADDED[rank], {"input_ids": data["input_ids"]}))
     out["packed_values"] = critic.compute_values(layout(PACKED[rank], {"input_ids": data["input_ids"]}))
@@ -295,13 +308,20 @@ def _build_score_and_train(rank, ports, cfg):
 
 
 def test_split_rows_reaches_the_busiest_ranks_count_in_order():
-    packed = layout(PACKED[1], {"input_ids": episodes()["input_ids"]})  # 2 one-episode rows: 1 micro-batch of 2
+    packed = layout(
+        PACKED[1], {"input_ids": episodes()["input_ids"]}
+    )  # 2 one-episode rows: 1 micro-batch of 2
     assert [len(p["input_ids"]) for p in split_rows(packed, 2)] == [2]
     parts = split_rows(packed, 2, count=2)
     assert [len(p["input_ids"]) for p in parts] == [1, 1]
     assert all(torch.equal(torch.cat([p[k] for p in parts]), v) for k, v in packed.items())
     padded = layout([[i] for i in range(5)], {"input_ids": episodes()["input_ids"]})
-    assert [len(p["input_ids"]) for p in split_rows(padded, 4, count=4)] == [1, 1, 2, 1]  # the widest halved first
+    assert [len(p["input_ids"]) for p in split_rows(padded, 4, count=4)] == [
+        1,
+        1,
+        2,
+        1,
+    ]  # the widest halved first
     with pytest.raises(ValueError, match="5 rows cannot make 6 micro-batches"):
         split_rows(padded, 4, count=6)
 
@@ -316,7 +336,11 @@ def ranks():
 
 @pytest.mark.slow
 def test_only_rank0_reads_the_weights_and_every_rank_shards_an_empty_model(ranks):
-    assert ranks[0]["built"]["loads"] == ["LlamaForCausalLM", "LlamaForCausalLM", "LlamaForTokenClassification"]
+    assert ranks[0]["built"]["loads"] == [
+        "LlamaForCausalLM",
+        "LlamaForCausalLM",
+        "LlamaForTokenClassification",
+    ]
     assert ranks[1]["built"]["loads"] == []
     for rank in ranks:
         assert rank["built"]["sharded_devices"] == {"meta"}

@@ -85,7 +85,9 @@ def test_sync_gives_the_engine_the_merged_model(actor, batch, tmp_path, vllm_cpu
     synced = actor.engine.generate(prompts, greedy)
     actor.export_hf(tmp_path / "hf")
     merged = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32)
-    with_adapter = peft.PeftModel.from_pretrained(load_causal_lm("tiny", dtype="float32"), tmp_path / "hf" / "adapter")
+    with_adapter = peft.PeftModel.from_pretrained(
+        load_causal_lm("tiny", dtype="float32"), tmp_path / "hf" / "adapter"
+    )
     ids = torch.tensor([prompts[1]])
     with torch.no_grad():
         assert (merged(ids).logits - with_adapter(ids).logits).abs().max() < 1e-4
@@ -116,7 +118,11 @@ def test_the_sync_check_covers_the_merged_adapter(actor, batch):
         from grl.workers import lora
         from grl.workers.worker import hf_names
 
-        adapted = sorted(lora.plain_name(n) for n in hf_names(worker.module.state_dict()) if n.endswith(lora.BASE + "weight"))
+        adapted = sorted(
+            lora.plain_name(n)
+            for n in hf_names(worker.module.state_dict())
+            if n.endswith(lora.BASE + "weight")
+        )
         if worker.engine is None:
             return adapted
         engine = worker.engine
@@ -126,7 +132,12 @@ def test_the_sync_check_covers_the_merged_adapter(actor, batch):
         load, current = engine.update_weights, engine.model.state_dict()
 
         def without_adapter(named_tensors):
-            load([(name, current[name].clone() if name in adapted else tensor) for name, tensor in named_tensors])
+            load(
+                [
+                    (name, current[name].clone() if name in adapted else tensor)
+                    for name, tensor in named_tensors
+                ]
+            )
 
         engine.update_weights = without_adapter
         return adapted
@@ -151,7 +162,9 @@ def test_checkpoint_holds_the_adapter_and_resumes_exactly(lora_cfg, actor, batch
     log_probs, _ = actor.compute_log_probs(batch)
     metrics = actor.update(batch, step=1)
     after = actor.execute(_full_weights)[0]
-    fresh = ActorRolloutRefGroup.from_config(lora_cfg, replace(RunPlan.from_config(lora_cfg), use_reference=False))
+    fresh = ActorRolloutRefGroup.from_config(
+        lora_cfg, replace(RunPlan.from_config(lora_cfg), use_reference=False)
+    )
     try:
         fresh.load_checkpoint(tmp_path / "ckpt")
         assert torch.equal(fresh.compute_log_probs(batch)[0], log_probs)

@@ -66,9 +66,13 @@ def test_on_gpu_the_engines_come_last_by_default(monkeypatch):
             return [{"loaded": 0.0}]
 
     monkeypatch.setattr(workers, "init_ray", lambda address: None)
-    monkeypatch.setattr(workers, "ActorRolloutRefGroup", lambda section, plan, timeout, in_setup: Group("actor", in_setup))
+    monkeypatch.setattr(
+        workers, "ActorRolloutRefGroup", lambda section, plan, timeout, in_setup: Group("actor", in_setup)
+    )
     monkeypatch.setattr(workers, "CriticGroup", lambda section, plan: Group("critic"))
     cfg = compose(OVERRIDES)
-    start_groups(run_sections(cfg), replace(RunPlan.from_config(cfg), device="cuda"))  # a plan resolved on a GPU host
+    start_groups(
+        run_sections(cfg), replace(RunPlan.from_config(cfg), device="cuda")
+    )  # a plan resolved on a GPU host
     assert events[-1] == ("actor", "engines")
     assert sorted(events[:-1]) == [("actor", "loaded", False), ("critic", "loaded", True)]

@@ -32,7 +32,13 @@ from grl.workers import ActorRolloutRefGroup, WorkerDiedError, init_ray
 from grl.workers.runtime import node_death_wait_s
 from grl.workers.sharded import SHARDS_DIR
 from tests.workers.test_checkpoint_sharded import _full_optimizer_state
-from tests.workers.test_worker_groups import _full_weights, make_batch, max_diff, policy_with, reference_scores
+from tests.workers.test_worker_groups import (
+    _full_weights,
+    make_batch,
+    max_diff,
+    policy_with,
+    reference_scores,
+)
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -150,16 +156,21 @@ def cluster():
     env.pop("RAY_ADDRESS", None)
     nodes: list[Node] = []
     try:
-        nodes.append(_start_node("head", ["--head", f"--port={port}", "--include-dashboard=false"], temp / "head", env))
+        nodes.append(
+            _start_node("head", ["--head", f"--port={port}", "--include-dashboard=false"], temp / "head", env)
+        )
         nodes.append(_start_node("second", [f"--address=127.0.0.1:{port}"], temp / "second", env))
         # The driver holds the cluster's token like its nodes; Ray reads the mode when first imported.
         os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=env["RAY_AUTH_TOKEN"])
         ray._raylet.Config.initialize("")
-        ray._raylet.AuthenticationTokenLoader.instance().reset_cache()  # an earlier runtime's token was cached
+        # an earlier runtime's token was cached
+        ray._raylet.AuthenticationTokenLoader.instance().reset_cache()
         address = f"127.0.0.1:{port}"
         init_ray(address, log_to_driver=False)
         head_id = ray.get_runtime_context().get_node_id()
-        alive = _wait_for(lambda: len(_alive_nodes()) == 2 and _alive_nodes(), START_TIMEOUT_S, "two live nodes")
+        alive = _wait_for(
+            lambda: len(_alive_nodes()) == 2 and _alive_nodes(), START_TIMEOUT_S, "two live nodes"
+        )
         yield Cluster(address, *nodes, head_id, next(n for n in alive if n != head_id))
     finally:
         if ray.is_initialized():
@@ -233,7 +244,9 @@ def batch(group):
 def test_one_rank_per_node_scores_and_trains_over_gloo(cluster, group, batch):
     assert group.nodes == [cluster.head_id, cluster.second_id]  # rank = node index x 1 + local rank 0
     head_ip = _alive_nodes()[cluster.head_id]["NodeManagerAddress"]
-    assert group.execute(_master_addr) == [head_ip] * 2  # the rendezvous is on the node's address, not loopback
+    assert (
+        group.execute(_master_addr) == [head_ip] * 2
+    )  # the rendezvous is on the node's address, not loopback
     weights = group.execute(_full_weights)[0]
     with torch.no_grad():
         want, _ = reference_scores(policy_with(weights), batch)
@@ -329,7 +342,8 @@ def test_a_run_joining_through_ray_address_leaves_the_cluster_running_and_clean(
     assert "device       cpu x 2 rank(s)" in out.stdout
     assert (tmp_path / "ckpt" / "global_step_3").is_dir()
     steps = sorted(
-        json.loads(line)["perf/time_per_step"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+        json.loads(line)["perf/time_per_step"]
+        for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     )
     print(f"\n[two nodes] grl-train, 3 steps: {wall:.1f} s in all, perf/time_per_step {steps}")
     _wait_for(lambda: _clean(nodes=2), 30, "the cluster clean after the run")
@@ -339,7 +353,12 @@ def test_a_run_stopped_with_sigterm_leaves_the_cluster_running_and_clean(cluster
     env = {**os.environ, "RAY_ADDRESS": cluster.address}
     with open(tmp_path / "stderr", "w") as err:
         run = subprocess.Popen(
-            [GRL_TRAIN, *_run_overrides(tmp_path, steps=1000)], env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=err, text=True
+            [GRL_TRAIN, *_run_overrides(tmp_path, steps=1000)],
+            env=env,
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
         )
     try:
         for line in run.stdout:  # the start report: both groups are up and the first step begins
@@ -381,7 +400,9 @@ def test_a_node_dying_mid_call_ends_it_with_one_line_naming_the_node(cluster, cf
     message = str(err.value)
     assert "\n" not in message and err.value.worker == "actor rank 1"
     assert err.value.node == (_alive_nodes()[cluster.head_id]["NodeManagerAddress"], cluster.second_id)
-    assert message.startswith(f"actor rank 1 died: its node {err.value.node[0]} (node id {cluster.second_id}) died")
+    assert message.startswith(
+        f"actor rank 1 died: its node {err.value.node[0]} (node id {cluster.second_id}) died"
+    )
     assert died < node_death_wait_s() + 10, died
     print(f"\n[two nodes] {message!r} {died:.1f} s after the kill ({calls} calls before it)")
     _wait_for(lambda: _clean(nodes=1), 30, "the head node clean after the failed call")

@@ -93,7 +93,11 @@ def _listening(worker):
     import psutil
 
     return sorted(
-        {(c.laddr.ip, c.laddr.port) for c in psutil.Process().net_connections("inet") if c.status == psutil.CONN_LISTEN}
+        {
+            (c.laddr.ip, c.laddr.port)
+            for c in psutil.Process().net_connections("inet")
+            if c.status == psutil.CONN_LISTEN
+        }
     )
 
 
@@ -164,7 +168,9 @@ def make_batch(seed=0):
 def batch(actor):
     b = make_batch()
     old, _ = actor.compute_log_probs(b)
-    b["old_log_probs"] = old + 0.3 * torch.randn(old.shape, generator=torch.Generator().manual_seed(1)) * b["loss_mask"]
+    b["old_log_probs"] = (
+        old + 0.3 * torch.randn(old.shape, generator=torch.Generator().manual_seed(1)) * b["loss_mask"]
+    )
     b["ref_log_probs"] = actor.compute_ref_log_probs(b)
     return b
 
@@ -198,7 +204,9 @@ def policy_with(weights):
 
 def reference_scores(model, b):
     """Plain forward -> (log-probs, entropy), [B, T], t scored from < t."""
-    logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"]).logits.float()
+    logits = model(
+        input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"]
+    ).logits.float()
     logp = torch.log_softmax(logits[:, :-1], -1)
     picked = logp.gather(-1, b["input_ids"][:, 1:, None]).squeeze(-1)
     entropy = -(logp.exp() * logp).sum(-1)
@@ -319,7 +327,9 @@ def test_the_local_runtime_starts_no_idle_workers():
         "import time, psutil; from grl.workers import init_ray; init_ray(None, num_cpus=4); time.sleep(3); "
         "print(sorted(p.name() for p in psutil.Process().children(recursive=True)))"
     )
-    names = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True).stdout
+    names = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True
+    ).stdout
     assert "raylet" in names and "ray::IDLE" not in names, names
 
 
@@ -378,7 +388,9 @@ def test_values_match_single_process_critic(critic, batch):
     model.load_state_dict(critic.execute(_full_weights)[0])
     with torch.no_grad():
         hidden = model.model(
-            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], position_ids=batch["position_ids"]
+            input_ids=batch["input_ids"],
+            attention_mask=batch["attention_mask"],
+            position_ids=batch["position_ids"],
         ).last_hidden_state
         want = torch.cat([torch.zeros(len(batch), 1), model.score(hidden).squeeze(-1)[:, :-1]], 1)
     valid = (batch["attention_mask"] * batch["attention_mask"].roll(1, 1)).bool()
@@ -388,7 +400,9 @@ def test_values_match_single_process_critic(critic, batch):
     assert (got - want.where(valid, 0.0)).abs().max() < 1e-5
 
 
-def test_an_episode_dropped_on_the_driver_trains_as_if_absent_and_inf_gradient_skips_the_step(actor, batch, tmp_path):
+def test_an_episode_dropped_on_the_driver_trains_as_if_absent_and_inf_gradient_skips_the_step(
+    actor, batch, tmp_path
+):
     """The trainer drops non-finite episodes once; the ranks, on packed rows, train as if the
     episode had never been there."""
     from grl.trainer.transforms import drop_nonfinite_rows
@@ -454,7 +468,10 @@ def test_sync_weights_matches_exported_model(actor, batch, tmp_path):
     assert [o.token_ids for o in synced] == [o.token_ids for o in want]
     for got, ref, old in zip(synced, want, stale):
         assert max(abs(a - b) for a, b in zip(got.log_probs, ref.log_probs)) < 1e-5
-        assert got.token_ids != old.token_ids or max(abs(a - b) for a, b in zip(got.log_probs, old.log_probs)) > 1e-5
+        assert (
+            got.token_ids != old.token_ids
+            or max(abs(a - b) for a, b in zip(got.log_probs, old.log_probs)) > 1e-5
+        )
 
 
 def test_killed_rank_raises_worker_died_error(critic, batch):
@@ -494,7 +511,9 @@ def test_packed_and_padded_batches_train_alike(actor, batch, tmp_path, mode):
             assert max(episodes_per_row(sent)) == 2
         else:
             metrics = actor.update(batch, step=1)
-        results.append((metrics, actor.execute(_optimizer_steps)[0] - steps, actor.execute(_first_moments)[0]))
+        results.append(
+            (metrics, actor.execute(_optimizer_steps)[0] - steps, actor.execute(_first_moments)[0])
+        )
     actor.execute(_set_loss_agg_mode, "token-mean")
     section.ppo_mini_batch_size = 6
     (padded_m, padded_steps, padded_g), (packed_m, packed_steps, packed_g) = results

@@ -28,7 +28,10 @@ def reference_log_probs(model, ids, mask, pos):
     entropy = -(logp.exp() * logp).sum(-1)
     valid = (mask[:, 1:] * mask[:, :-1]).bool()
     zero = torch.zeros(ids.shape[0], 1, dtype=torch.float64)
-    return (torch.cat([zero, torch.where(valid, picked, 0.0)], 1), torch.cat([zero, torch.where(valid, entropy, 0.0)], 1))
+    return (
+        torch.cat([zero, torch.where(valid, picked, 0.0)], 1),
+        torch.cat([zero, torch.where(valid, entropy, 0.0)], 1),
+    )
 
 
 def right_padded(lengths, width, seed=0):
@@ -72,8 +75,12 @@ def test_packed_row_scores_each_episode_as_if_alone(policy):
     seg = torch.tensor([[1] * 6 + [2] * 5 + [0, 0]])  # as grl.rollout.build_batch numbers them
     with torch.no_grad():
         lp, _ = TokenScorer(policy, POLICY)(packed, mask, pos, segment_ids=seg, chunk_size=4)
-    alone_a, _ = reference_log_probs(policy, a[None], torch.ones(1, 6, dtype=torch.long), torch.arange(6)[None])
-    alone_b, _ = reference_log_probs(policy, b[None], torch.ones(1, 5, dtype=torch.long), torch.arange(5)[None])
+    alone_a, _ = reference_log_probs(
+        policy, a[None], torch.ones(1, 6, dtype=torch.long), torch.arange(6)[None]
+    )
+    alone_b, _ = reference_log_probs(
+        policy, b[None], torch.ones(1, 5, dtype=torch.long), torch.arange(5)[None]
+    )
     assert torch.allclose(lp[0, :6].double(), alone_a[0], atol=1e-5)
     assert torch.allclose(lp[0, 6:11].double(), alone_b[0], atol=1e-5)
     assert lp[0, 6] == 0 and lp[0, 11:].abs().sum() == 0  # episode start and padding are not scored
@@ -87,7 +94,10 @@ def group_rows(prompt_lengths=(7, 4), replies=((3, 5, 2), (6, 1)), seed=5):
         prompt = torch.randint(0, 2000, (p,), generator=g)
         rows += [(prompt, torch.randint(0, 2000, (n,), generator=g)) for n in reply_lengths]
     width = max(len(a) + len(b) for a, b in rows)
-    tensors = {k: torch.zeros(len(rows), width, dtype=torch.long) for k in ("input_ids", "attention_mask", "position_ids")}
+    tensors = {
+        k: torch.zeros(len(rows), width, dtype=torch.long)
+        for k in ("input_ids", "attention_mask", "position_ids")
+    }
     tensors["loss_mask"] = torch.zeros(len(rows), width)
     for i, (prompt, reply) in enumerate(rows):
         n = len(prompt) + len(reply)
@@ -133,7 +143,9 @@ def test_a_shared_prompt_scores_and_trains_as_padded_rows(policy, head):
         out = out[0] if head is POLICY else out
         (out * tensors["loss_mask"]).sum().backward()
         grad = model.model.layers[0].self_attn.q_proj.weight.grad.clone()
-        scores = out.detach() if tensors is padded else unpack(out.detach(), where, padded["input_ids"].shape[1])
+        scores = (
+            out.detach() if tensors is padded else unpack(out.detach(), where, padded["input_ids"].shape[1])
+        )
         results.append((scores * padded["loss_mask"], grad))
     model.zero_grad()
     (want, want_grad), (got, got_grad) = results
@@ -182,12 +194,16 @@ def test_a_heads_empty_model_has_the_tensors_its_loader_fills(head):
     empty = empty_model(head, "tiny", torch.float32)
     loaded = head.load("tiny", dtype="float32")
     assert type(empty) is type(loaded)
-    assert {k: v.shape for k, v in empty.state_dict().items()} == {k: v.shape for k, v in loaded.state_dict().items()}
+    assert {k: v.shape for k, v in empty.state_dict().items()} == {
+        k: v.shape for k, v in loaded.state_dict().items()
+    }
     assert head.module(empty) is not None and head.module(empty).weight.is_meta
 
 
 def test_a_head_given_by_name_is_refused_in_one_line(policy):
-    with pytest.raises(TypeError, match=r"^head must be grl.workers.heads.POLICY or VALUE \(a Head\), got 'policy'$"):
+    with pytest.raises(
+        TypeError, match=r"^head must be grl.workers.heads.POLICY or VALUE \(a Head\), got 'policy'$"
+    ):
         TokenScorer(policy, "policy")
 
 
@@ -202,7 +218,8 @@ def test_micro_batch_shares_add_up_to_the_mini_batch_loss(mode):
     whole = agg_loss(loss, mask, mode)
     total_units = loss_units(mask, mode)
     shares = sum(
-        agg_loss(loss[i : i + 2], mask[i : i + 2], mode) * loss_units(mask[i : i + 2], mode) / total_units for i in range(0, 7, 2)
+        agg_loss(loss[i : i + 2], mask[i : i + 2], mode) * loss_units(mask[i : i + 2], mode) / total_units
+        for i in range(0, 7, 2)
     )
     assert torch.allclose(shares, whole, atol=1e-6)
 
@@ -256,7 +273,9 @@ def test_padding_rows_never_carry_loss():
     tensors = {"loss_mask": torch.ones(5, 3), "input_ids": torch.arange(15).reshape(5, 3)}
     padded, rows = pad_rows(tensors, 4)
     assert rows == 5 and padded["loss_mask"].shape[0] == 8
-    assert padded["loss_mask"][5:].sum() == 0 and torch.equal(padded["input_ids"][5:], tensors["input_ids"][[0, 0, 0]])
+    assert padded["loss_mask"][5:].sum() == 0 and torch.equal(
+        padded["input_ids"][5:], tensors["input_ids"][[0, 0, 0]]
+    )
     shards = equal_shards(padded, 4)
     assert all(s["input_ids"].shape[0] == 2 for s in shards)
 
@@ -270,7 +289,11 @@ def test_rows_are_counted_whatever_order_the_sets_ids_come_in():
         "loss_mask": torch.ones(3, 2),
     }
     padded, rows = pad_rows(tensors, 2)
-    assert rows == 3 and padded["constraint_size"].shape[0] == 4 and padded["constraint_ids"].tolist() == [7, 8, 9, 4, 7]
+    assert (
+        rows == 3
+        and padded["constraint_size"].shape[0] == 4
+        and padded["constraint_ids"].tolist() == [7, 8, 9, 4, 7]
+    )
     assert [s["constraint_ids"].tolist() for s in equal_shards(padded, 2)] == [[7, 8, 9], [4, 7]]
 
 
@@ -283,7 +306,9 @@ def test_warmup_is_linear_over_optimizer_steps():
         opt.step()
         sched.step()
     assert seen == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
-    assert make_scheduler(torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=0.5), 0).get_last_lr() == [0.5]
+    assert make_scheduler(
+        torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=0.5), 0
+    ).get_last_lr() == [0.5]
 
 
 def test_non_finite_entries_names_the_bad_tensors():
@@ -333,7 +358,9 @@ def scored_as_before(policy, tensors, padded_ids, chunk, temperature):
     from grl.workers.scoring import predecessors
 
     ids, mask, sizes = tensors["input_ids"], tensors["attention_mask"], tensors["constraint_size"]
-    hidden = policy.base_model(input_ids=ids, attention_mask=mask, position_ids=tensors["position_ids"], use_cache=False)
+    hidden = policy.base_model(
+        input_ids=ids, attention_mask=mask, position_ids=tensors["position_ids"], use_cache=False
+    )
     hidden = hidden.last_hidden_state
     prev = predecessors(mask, None)
     rows, columns = ((prev >= 0) & (tensors["loss_mask"] > 0)).nonzero(as_tuple=True)
@@ -346,7 +373,10 @@ def scored_as_before(policy, tensors, padded_ids, chunk, temperature):
         logits = constrain_logits(logits, flat_sizes[part], flat_ids[part])
         outputs.append((log_probs_from_logits(logits, labels[part]), entropy_from_logits(logits)))
     return tuple(
-        torch.zeros(ids.shape, dtype=torch.float32).index_put((rows, columns), torch.cat([o[j] for o in outputs])) for j in (0, 1)
+        torch.zeros(ids.shape, dtype=torch.float32).index_put(
+            (rows, columns), torch.cat([o[j] for o in outputs])
+        )
+        for j in (0, 1)
     )
 
 
@@ -357,7 +387,9 @@ def test_compact_sets_score_bit_for_bit_as_the_padded_ones(policy, chunk):
 
     batch, _ = build_batch(constrained_episodes(huge=900))
     tensors = batch.tensors
-    padded = padded_sets(tensors["constraint_size"], tensors["constraint_ids"], int(tensors["constraint_size"].abs().max()))
+    padded = padded_sets(
+        tensors["constraint_size"], tensors["constraint_ids"], int(tensors["constraint_size"].abs().max())
+    )
     args = (tensors["input_ids"], tensors["attention_mask"], tensors["position_ids"])
     sets = {"constraint_size": tensors["constraint_size"], "constraint_ids": tensors["constraint_ids"]}
 
@@ -402,7 +434,9 @@ def test_a_small_allowed_set_scores_on_its_own_ids_as_the_masked_vocabulary(poli
     hidden = torch.randn(len(labels), head.weight.shape[1], generator=g, requires_grad=True)
 
     rows_through_the_head = []
-    hook = head.register_forward_hook(lambda module, args, out: rows_through_the_head.append(args[0].shape[0]))
+    hook = head.register_forward_hook(
+        lambda module, args, out: rows_through_the_head.append(args[0].shape[0])
+    )
     try:
         log_prob, entropy = POLICY.score(head, hidden, labels, 0.7, sizes, ids)
     finally:

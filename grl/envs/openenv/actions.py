@@ -45,14 +45,21 @@ class ActionCodec:
     """Reply text to the action mapping an env's schema asks for, and legal action values to text."""
 
     def __init__(self, schema: dict[str, Any] | None, field: str | None, where: str):
-        properties = {key: value for key, value in ((schema or {}).get("properties") or {}).items() if key not in _OPENENV_FIELDS}
+        properties = {
+            key: value
+            for key, value in ((schema or {}).get("properties") or {}).items()
+            if key not in _OPENENV_FIELDS
+        }
         if field is None:
             if not properties:  # no schema to read (an older server): OpenEnv's usual text action
                 field = "message"
             elif len(properties) == 1:
                 field = next(iter(properties))
         elif properties and field not in properties:
-            raise ValueError(f"{where}: action_field {field!r} is not a field of the env's action ({', '.join(properties)})")
+            raise ValueError(
+                f"{where}: action_field {field!r} is not a field of the env's action "
+                f"({', '.join(properties)})"
+            )
         self.field = field  # None: structured, the reply is a JSON object of the action's fields
         self.kind = _kind(properties.get(field) or {"type": "string"}) if field else "object"
         self.fields = sorted(properties)
@@ -62,7 +69,10 @@ class ActionCodec:
         """How a reply is read, for the first prompt; "" for plain text."""
         if self.field is None:
             return f"Write the action as a JSON object with the fields {', '.join(self.fields)}."
-        return {"integer": "Write the action as a whole number.", "number": "Write the action as a number."}.get(self.kind, "")
+        return {
+            "integer": "Write the action as a whole number.",
+            "number": "Write the action as a number.",
+        }.get(self.kind, "")
 
     def encode(self, text: str, legal: dict[str, Any] | None = None) -> dict[str, Any]:
         """The action for reply text; ActionError when the text is not one."""

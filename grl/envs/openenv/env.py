@@ -1,6 +1,7 @@
 """OpenEnv environments (github.com/meta-pytorch/OpenEnv, PyPI `openenv-core`) behind GRL's env contract.
 
-Played through OpenEnv's own clients (`GenericEnvClient`; `MCPToolClient` for MCP envs), synchronous: one WebSocket session per
+Played through OpenEnv's own clients (`GenericEnvClient`; `MCPToolClient` for MCP envs), synchronous: one
+WebSocket session per
 GRL env, which the server backs with its own environment instance. `env_config`:
 - `base_url`: a running OpenEnv server (`http://host:port`); or
 - `package`: an installed OpenEnv env package, by module (`echo_env`) or distribution (`openenv-echo_env`):
@@ -30,7 +31,8 @@ GRL env, which the server backs with its own environment instance. `env_config`:
 - `info_field` ("info"): an observation mapping merged into `info` (GRL's served envs put success and
   validity there). Without it: success is a positive reward at the end; an action is valid when the last
   list of legal actions holds it (or when there is none).
-- `timeout_s` (30): the limit of each request (connect, reset, step); `start_timeout_s` (60): of a local start.
+- `timeout_s` (30): the limit of each request (connect, reset, step); `start_timeout_s` (60): of a local
+start.
 Seeds: `reset(seed)` is OpenEnv's `reset(seed=seed)`, which the server hands to its environment's `reset`.
 A connection error, a server error, a timeout or a malformed response raises `OpenEnvError`, one line
 naming the env and the URL; the rollout ends that episode as an env error.
@@ -62,7 +64,8 @@ _CONTRACT_KEYS = ("success", "action_is_valid", "action_is_effective")
 
 class _Client(GenericEnvClient):
     def _parse_result(self, payload: Any):
-        # OpenEnv's generic client reads a missing observation as {}: a malformed answer would pass as a state.
+        # OpenEnv's generic client reads a missing observation as {}: a malformed answer would pass as a
+        # state.
         if not isinstance(payload, dict) or not isinstance(payload.get("observation"), dict):
             raise ValueError(f"malformed response (no observation object): {describe(payload)}")
         return super()._parse_result(payload)
@@ -109,9 +112,16 @@ class OpenEnvEnv(Env):
         start_timeout_s: float = 60.0,
         share_server: bool = True,
     ):
-        given = [key for key, value in (("base_url", base_url), ("app", app), ("package", package)) if value is not None]
+        given = [
+            key
+            for key, value in (("base_url", base_url), ("app", app), ("package", package))
+            if value is not None
+        ]
         if len(given) > 1:
-            raise ValueError(f"openenv: give one of base_url (a running server), app or package (one to start), not {given}")
+            raise ValueError(
+                "openenv: give one of base_url (a running server), app or package (one to start), not "
+                f"{given}"
+            )
         if package is not None:
             if app_kwargs is not None:
                 raise ValueError(f"openenv: app_kwargs come with app, not package: {app_kwargs!r}")
@@ -119,7 +129,9 @@ class OpenEnvEnv(Env):
         if base_url is None and app is None:
             app, app_kwargs = SERVE_GRL, {"env": "tetris"} if app_kwargs is None else app_kwargs
         if base_url is not None and (not isinstance(base_url, str) or "://" not in base_url):
-            raise ValueError(f"openenv: base_url must be a URL such as http://127.0.0.1:8000, got {base_url!r}")
+            raise ValueError(
+                f"openenv: base_url must be a URL such as http://127.0.0.1:8000, got {base_url!r}"
+            )
         if app is not None and (not isinstance(app, str) or ":" not in app):
             raise ValueError(f"openenv: app must be a 'package.module:attribute' path, got {app!r}")
         if app_kwargs is not None and (app is None or not isinstance(app_kwargs, dict)):
@@ -128,7 +140,9 @@ class OpenEnvEnv(Env):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise ValueError(f"openenv: {key} must be a number of seconds > 0, got {value!r}")
         if action_field is not None and (not isinstance(action_field, str) or not action_field):
-            raise ValueError(f"openenv: action_field must name a field of the action (or be null), got {action_field!r}")
+            raise ValueError(
+                f"openenv: action_field must name a field of the action (or be null), got {action_field!r}"
+            )
         if interface not in INTERFACES:
             raise ValueError(f"openenv: interface must be one of {', '.join(INTERFACES)}, got {interface!r}")
         if isinstance(actions_field, str):
@@ -160,12 +174,16 @@ class OpenEnvEnv(Env):
     def _session(self):
         if self._client is None:
             if self._started_url and self._server is None:
-                self._server = acquire(self.app, self.app_kwargs, shared=self._share_server, start_timeout_s=self.start_timeout_s)
+                self._server = acquire(
+                    self.app, self.app_kwargs, shared=self._share_server, start_timeout_s=self.start_timeout_s
+                )
                 self.base_url = self._server.url
             if self._codec is None:
                 schema = _action_schema(self.base_url, self.timeout_s)
                 self._mcp = self.interface == "mcp" or (self.interface == "auto" and _is_mcp(schema))
-                self._codec = ActionCodec(None if self._mcp else schema, self.action_field, f"openenv ({self._label})")
+                self._codec = ActionCodec(
+                    None if self._mcp else schema, self.action_field, f"openenv ({self._label})"
+                )
             client_class = mcp.MCPClient if self._mcp else _Client
             self._client = client_class(
                 base_url=self.base_url, connect_timeout_s=self.timeout_s, message_timeout_s=self.timeout_s
@@ -183,7 +201,9 @@ class OpenEnvEnv(Env):
                 raise ValueError(f"malformed response: done {describe(done)}")
             text = observation.get(self.text_field) if self.text_field else None
             if text is not None and not isinstance(text, str):
-                raise ValueError(f"malformed response: observation field {self.text_field!r} is {describe(text)}")
+                raise ValueError(
+                    f"malformed response: observation field {self.text_field!r} is {describe(text)}"
+                )
             if self._mcp and isinstance(args[0] if args else None, ListToolsAction):
                 self._tools = mcp.read_tools(observation)
                 return observation, 0.0, False
@@ -194,7 +214,8 @@ class OpenEnvEnv(Env):
                 self._retired.append(self._client)
                 self._client = None
             raise OpenEnvError(
-                f"openenv ({self._label}): {what} failed at {self.base_url}: {first_line(err, with_type=True)}"
+                f"openenv ({self._label}): {what} failed at {self.base_url}: "
+                f"{first_line(err, with_type=True)}"
             ) from None
         self._observation = observation
         return observation, float(reward or 0.0), done
@@ -252,7 +273,9 @@ class OpenEnvEnv(Env):
             call = f"unknown tool {call[0]!r} (tools: {', '.join(names)})"
         if isinstance(call, str):  # no call the env could run: it is not stepped
             return f"[tool call not run: {call}]", 0.0, False, step_info(False, False, False, tool_error=call)
-        observation, reward, done = self._exchange("step", CallToolAction(tool_name=call[0], arguments=call[1]))
+        observation, reward, done = self._exchange(
+            "step", CallToolAction(tool_name=call[0], arguments=call[1])
+        )
         text, failure = mcp.result_text(observation)
         info = step_info(done and reward > 0, not failure, not failure, tool=call[0])
         if failure:
@@ -263,7 +286,8 @@ class OpenEnvEnv(Env):
         legal = None if self._mcp else self._legal()
         return None if legal is None else list(legal)
 
-    # An env that says what its symbols and actions are (GRL's served envs do, at reset) feeds the first prompt.
+    # An env that says what its symbols and actions are (GRL's served envs do, at reset) feeds the first
+    # prompt.
     def legend(self) -> str:
         text = self._intro.get("legend")
         return text if isinstance(text, str) else ""
@@ -278,7 +302,8 @@ class OpenEnvEnv(Env):
         return "\n".join(part for part in parts if part)
 
     def close(self) -> None:
-        # A healthy session says goodbye while its server is up; failed ones may wait on a hung server, so after it.
+        # A healthy session says goodbye while its server is up; failed ones may wait on a hung server, so
+        # after it.
         if self._client is not None:
             _close_quietly(self._client)
         if self._server is not None:

@@ -34,13 +34,17 @@ class MCPClient(MCPToolClient):
     def _parse_result(self, payload: Any) -> StepResult:
         if not isinstance(payload, dict) or not isinstance(payload.get("observation"), dict):
             raise ValueError(f"malformed response (no observation object): {describe(payload)}")
-        return StepResult(observation=payload["observation"], reward=payload.get("reward"), done=payload.get("done", False))
+        return StepResult(
+            observation=payload["observation"], reward=payload.get("reward"), done=payload.get("done", False)
+        )
 
 
 def read_tools(observation: dict[str, Any]) -> list[dict[str, Any]]:
     """The tools of a list_tools observation, as OpenAI function specs; ValueError when malformed."""
     tools = observation.get("tools")
-    if not isinstance(tools, list) or not all(isinstance(tool, dict) and isinstance(tool.get("name"), str) for tool in tools):
+    if not isinstance(tools, list) or not all(
+        isinstance(tool, dict) and isinstance(tool.get("name"), str) for tool in tools
+    ):
         raise ValueError(f"malformed response: tools {describe(tools)}")
     return [
         {
@@ -58,7 +62,10 @@ def read_tools(observation: dict[str, Any]) -> list[dict[str, Any]]:
 def tools_prompt(tools: list[dict[str, Any]]) -> str:
     """The tools offered to the model, as the Hermes/Qwen templates list them."""
     listed = "\n".join(json.dumps(tool, sort_keys=True) for tool in tools)
-    return f"Act by calling one of these tools, one call a reply, written as {CALL_FORMAT}:\n<tools>\n{listed}\n</tools>"
+    return (
+        "Act by calling one of these tools, one call a reply, written as "
+        f"{CALL_FORMAT}:\n<tools>\n{listed}\n</tools>"
+    )
 
 
 def decode_call(text: str) -> tuple[str, dict[str, Any]] | str:
@@ -86,7 +93,11 @@ def result_text(observation: dict[str, Any]) -> tuple[str, str]:
     result = observation.get("result")
     if isinstance(result, dict):
         content = result.get("content")
-        texts = [part.get("text") for part in content if isinstance(part, dict)] if isinstance(content, list) else []
+        texts = (
+            [part.get("text") for part in content if isinstance(part, dict)]
+            if isinstance(content, list)
+            else []
+        )
         text = "\n".join(t for t in texts if isinstance(t, str))
         failed = bool(result.get("is_error") or result.get("isError"))
         if not text:

@@ -65,7 +65,10 @@ def resolve(package: str) -> str:
         raise ValueError(f"openenv: package must name an installed OpenEnv env package, got {package!r}")
     module = _module_of(package)
     if not _MODULE.fullmatch(module) or importlib.util.find_spec(module.split(".")[0]) is None:
-        raise ValueError(f"{where}: not installed here (pip install openenv-{module.replace('_', '-')}, or put it on PYTHONPATH)")
+        raise ValueError(
+            f"{where}: not installed here (pip install openenv-{module.replace('_', '-')}, or put it on "
+            "PYTHONPATH)"
+        )
     manifest = importlib.resources.files(module) / "openenv.yaml"
     app = DEFAULT_APP
     if manifest.is_file():
@@ -80,7 +83,9 @@ def resolve(package: str) -> str:
     except ImportError:  # a parent of the app's module is missing too
         found = False
     if not found:
-        raise ValueError(f"{where}: has no server app {target} to run here (an env published as a Docker image only)")
+        raise ValueError(
+            f"{where}: has no server app {target} to run here (an env published as a Docker image only)"
+        )
     distribution = _distribution_of(module)
     missing = _missing_requirement(distribution) if distribution else None
     if missing:

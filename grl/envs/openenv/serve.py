@@ -33,8 +33,12 @@ class GRLAction(Action):
 
 class GRLObservation(Observation):
     text: str = Field(default="", description="The GRL env's observation")
-    valid_actions: list[str] | None = Field(default=None, description="The actions the env accepts now; None: free text")
-    info: dict[str, Any] = Field(default_factory=dict, description="The step's info: success, action_is_valid, ...")
+    valid_actions: list[str] | None = Field(
+        default=None, description="The actions the env accepts now; None: free text"
+    )
+    info: dict[str, Any] = Field(
+        default_factory=dict, description="The step's info: success, action_is_valid, ..."
+    )
     legend: str = Field(default="", description="What the symbols mean (set at reset)")
     action_help: str = Field(default="", description="The actions, as a sentence (set at reset)")
 
@@ -51,17 +55,23 @@ class GRLEnvironment(Environment):
     def reset(self, seed: int | None = None, episode_id: str | None = None, **kwargs: Any) -> GRLObservation:
         text = self._env.reset(seed)
         self._state = State(episode_id=episode_id or str(uuid.uuid4()), step_count=0)
-        return self._observe(text, None, False, {}, legend=self._env.legend(), action_help=self._env.action_help())
+        return self._observe(
+            text, None, False, {}, legend=self._env.legend(), action_help=self._env.action_help()
+        )
 
     def step(self, action: GRLAction, timeout_s: float | None = None, **kwargs: Any) -> GRLObservation:
         text, reward, done, info = self._env.step(action.message)
         self._state.step_count += 1
         return self._observe(text, reward, done, info)
 
-    def _observe(self, text: str, reward: Any, done: Any, info: dict[str, Any], **extra: str) -> GRLObservation:
+    def _observe(
+        self, text: str, reward: Any, done: Any, info: dict[str, Any], **extra: str
+    ) -> GRLObservation:
         # An info holding numpy values or objects must still go out as JSON; str() is what a log would show.
         info = json.loads(json.dumps(dict(info), default=str))
-        return GRLObservation(text=text, reward=reward, done=done, info=info, valid_actions=self._env.valid_actions(), **extra)
+        return GRLObservation(
+            text=text, reward=reward, done=done, info=info, valid_actions=self._env.valid_actions(), **extra
+        )
 
     @property
     def state(self) -> State:
@@ -71,15 +81,23 @@ class GRLEnvironment(Environment):
         self._env.close()
 
 
-def make_app(env: str | None = None, env_config: dict[str, Any] | None = None, max_concurrent_envs: int = 1024):
+def make_app(
+    env: str | None = None, env_config: dict[str, Any] | None = None, max_concurrent_envs: int = 1024
+):
     """OpenEnv's FastAPI app serving the GRL env `env` (default: $GRL_OPENENV_ENV) built with `env_config`
     (default: the JSON object in $GRL_OPENENV_CONFIG). `max_concurrent_envs`: WebSocket sessions at once
     (each holds one GRL env; a rollout's agents share one server)."""
     env = env or os.environ.get("GRL_OPENENV_ENV")
     if not env:
-        raise ValueError("grl.envs.openenv.serve: name a GRL env (make_app(env=...) or GRL_OPENENV_ENV), e.g. tetris")
+        raise ValueError(
+            "grl.envs.openenv.serve: name a GRL env (make_app(env=...) or GRL_OPENENV_ENV), e.g. tetris"
+        )
     if env_config is None:
         env_config = json.loads(os.environ.get("GRL_OPENENV_CONFIG") or "{}")
-    grl.envs.make(env, **env_config).close()  # a bad name or config fails at start-up, not in the first session
+    grl.envs.make(
+        env, **env_config
+    ).close()  # a bad name or config fails at start-up, not in the first session
     factory = functools.partial(GRLEnvironment, env, dict(env_config))
-    return create_app(factory, GRLAction, GRLObservation, env_name=env, max_concurrent_envs=max_concurrent_envs)
+    return create_app(
+        factory, GRLAction, GRLObservation, env_name=env, max_concurrent_envs=max_concurrent_envs
+    )

@@ -34,7 +34,9 @@ class GRLMove(Action):
 
 
 class GRLBoard(GRLObservation):
-    legal_actions: list[int] = Field(default_factory=list, description="The ids of the moves the env accepts now")
+    legal_actions: list[int] = Field(
+        default_factory=list, description="The ids of the moves the env accepts now"
+    )
 
 
 def _json_safe(info: dict[str, Any]) -> dict[str, Any]:
@@ -61,14 +63,18 @@ class TypedEnvironment(Environment):
     def step(self, action: GRLMove, timeout_s: float | None = None, **kwargs: Any) -> GRLBoard:
         self._state.step_count += 1
         if not 0 <= action.action_id < len(self._moves):
-            return self._board(self._env.render(), 0.0, False, {"action_is_valid": False, "action_is_effective": False})
+            return self._board(
+                self._env.render(), 0.0, False, {"action_is_valid": False, "action_is_effective": False}
+            )
         text, reward, done, info = self._env.step(self._moves[action.action_id])
         return self._board(text, reward, done, info)
 
     def _board(self, text: str, reward: Any, done: bool, info: dict[str, Any], **extra: str) -> GRLBoard:
         legal = self._env.valid_actions() or []
         ids = [i for i, move in enumerate(self._moves) if move in legal]
-        return GRLBoard(text=text, reward=reward, done=done, info=_json_safe(info), legal_actions=ids, **extra)
+        return GRLBoard(
+            text=text, reward=reward, done=done, info=_json_safe(info), legal_actions=ids, **extra
+        )
 
     @property
     def state(self) -> State:
@@ -103,7 +109,9 @@ class ToolsEnvironment(MCPEnvironment):
     def reset(self, seed: int | None = None, episode_id: str | None = None, **kwargs: Any) -> GRLObservation:
         text = self._env.reset(seed)
         self._state = State(episode_id=episode_id, step_count=0)
-        return GRLObservation(text=text, legend=self._env.legend(), action_help=self._env.action_help(), done=False, reward=None)
+        return GRLObservation(
+            text=text, legend=self._env.legend(), action_help=self._env.action_help(), done=False, reward=None
+        )
 
     async def step_async(self, action: Action, timeout_s: float | None = None, **kwargs: Any):
         return self._scored(action, await super().step_async(action, timeout_s=timeout_s, **kwargs))
@@ -112,7 +120,11 @@ class ToolsEnvironment(MCPEnvironment):
         return self._scored(action, super().step(action, timeout_s=timeout_s, **kwargs))
 
     def _scored(self, action: Action, observation):
-        if isinstance(action, CallToolAction) and action.tool_name == "act" and isinstance(observation, CallToolObservation):
+        if (
+            isinstance(action, CallToolAction)
+            and action.tool_name == "act"
+            and isinstance(observation, CallToolObservation)
+        ):
             self._state.step_count += 1
             observation.reward, observation.done = self._outcome
             self._outcome = (0.0, False)
@@ -141,4 +153,6 @@ def make_mcp_app(env: str, env_config: dict[str, Any] | None = None, max_concurr
     """OpenEnv's app over the GRL env `env` as an MCP environment (tools `act` and `legal_actions`)."""
     grl.envs.make(env, **(env_config or {})).close()
     factory = functools.partial(ToolsEnvironment, env, dict(env_config or {}))
-    return create_app(factory, CallToolAction, CallToolObservation, env_name=env, max_concurrent_envs=max_concurrent_envs)
+    return create_app(
+        factory, CallToolAction, CallToolObservation, env_name=env, max_concurrent_envs=max_concurrent_envs
+    )

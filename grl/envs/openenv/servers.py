@@ -24,8 +24,12 @@ import time
 import urllib.request
 import weakref
 
-SERVER_MODULE = "grl.envs.openenv.servers"  # what the child runs (`python -m`), and how to find it among processes
-POOL_IDLE = 64  # idle servers of one app kept for the next episodes (a rollout's worth of one-session servers)
+SERVER_MODULE = (
+    "grl.envs.openenv.servers"  # what the child runs (`python -m`), and how to find it among processes
+)
+POOL_IDLE = (
+    64  # idle servers of one app kept for the next episodes (a rollout's worth of one-session servers)
+)
 
 
 class OpenEnvError(RuntimeError):
@@ -79,7 +83,9 @@ def acquire(app: str, app_kwargs: dict | None, *, shared: bool, start_timeout_s:
             return server
         server = LocalServer(key)
         server.users = 1
-        if key not in _CAPACITY:  # the first server says how many sessions a server takes: the others wait for it
+        if (
+            key not in _CAPACITY
+        ):  # the first server says how many sessions a server takes: the others wait for it
             _start(server, app, app_kwargs, start_timeout_s)
             _CAPACITY[key] = server.capacity
             servers.append(server)

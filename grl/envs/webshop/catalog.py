@@ -93,7 +93,9 @@ def _options_from_processed(record: dict) -> dict[str, tuple[str, ...]]:
     options = _literal(record.get("options"), {})
     if not isinstance(options, dict):
         return {}
-    return {str(k): tuple(str(v) for v in values) for k, values in options.items() if isinstance(values, list)}
+    return {
+        str(k): tuple(str(v) for v in values) for k, values in options.items() if isinstance(values, list)
+    }
 
 
 def _options_from_raw(record: dict) -> dict[str, tuple[str, ...]]:
@@ -276,7 +278,9 @@ class Catalog:
         """A goal drawn as WebShop draws synthetic goals: a (product, option combination) pair with
         probability proportional to its attribute-rarity weight, then a price limit."""
         position = rng.random() * self._cum_weights[-1]
-        spec = self.goal_specs[min(bisect.bisect_right(self._cum_weights, position), len(self.goal_specs) - 1)]
+        spec = self.goal_specs[
+            min(bisect.bisect_right(self._cum_weights, position), len(self.goal_specs) - 1)
+        ]
         product = spec.product
         goal_options = {name: rng.choice(product.options[name]) for name in sorted(product.options)}
         above = [p for p in PRICE_RANGE if p > product.price][:4]
@@ -361,7 +365,9 @@ def load_catalog(products_path: str | os.PathLike, goals_path: str | os.PathLike
     for key, path in (("products_path", products_path), ("goals_path", goals_path)):
         path = Path(path)
         if not path.is_file():
-            raise FileNotFoundError(f"webshop: {key} {str(path)!r} not found (run scripts/install_dataset.sh --webshop)")
+            raise FileNotFoundError(
+                f"webshop: {key} {str(path)!r} not found (run scripts/install_dataset.sh --webshop)"
+            )
         paths.append(path.resolve())
     key = tuple((str(p), p.stat().st_mtime_ns) for p in paths)
     with _CACHE_LOCK:

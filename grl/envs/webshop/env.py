@@ -101,7 +101,10 @@ class WebShopEnv(Env):
         done = self._session.page == DONE
         observation = self.render()
         if not valid:
-            observation = f"Invalid action: {action.strip()[:200] if isinstance(action, str) else action!r}\n{observation}"
+            observation = (
+                "Invalid action: "
+                f"{action.strip()[:200] if isinstance(action, str) else action!r}\n{observation}"
+            )
         extra = {"purchased": self.purchased}
         if parts is not None:
             extra["reward_parts"] = parts
@@ -223,14 +226,22 @@ class WebShopEnv(Env):
         s = self._session
         if not s.results:
             return f'Page: results for "{s.query}". No product matches.'
-        head = f'Page: results for "{s.query}", page {s.page_no} of {self._num_pages()} ({len(s.results)} products).'
+        head = (
+            f'Page: results for "{s.query}", page {s.page_no} of {self._num_pages()} '
+            f"({len(s.results)} products)."
+        )
         rows = [f"[{p.asin}] {p.name} | {p.price_tag}" for p in self._page_results()]
         return "\n".join([head, *rows])
 
     def _render_item(self) -> str:
         s = self._session
         p = s.product
-        lines = [f"Page: product {p.asin}.", f"Title: {p.name}", f"Price: {p.price_tag}", f"Rating: {p.rating}"]
+        lines = [
+            f"Page: product {p.asin}.",
+            f"Title: {p.name}",
+            f"Price: {p.price_tag}",
+            f"Rating: {p.rating}",
+        ]
         if p.options:
             lines.append("Options (click a value to choose it):")
             for name, values in p.options.items():

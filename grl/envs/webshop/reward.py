@@ -272,7 +272,12 @@ def type_reward(bought, goal: Mapping, nouns: Callable[[str], list[str]]) -> dic
         r_type = 0.1
     if title_score == 0.0:
         r_type = 0.0
-    return {"r_type": r_type, "query_match": query_match, "category_match": category_match, "title_score": title_score}
+    return {
+        "r_type": r_type,
+        "query_match": query_match,
+        "category_match": category_match,
+        "title_score": title_score,
+    }
 
 
 def count_attribute_matches(bought, goal_attributes: Sequence[str]) -> int:
@@ -283,7 +288,9 @@ def count_attribute_matches(bought, goal_attributes: Sequence[str]) -> int:
     )
     matches = 0
     for wanted in goal_attributes:
-        if any(fuzzy_match(have, wanted) for have in bought.attributes) or any(wanted in t for t in text_fields):
+        if any(fuzzy_match(have, wanted) for have in bought.attributes) or any(
+            wanted in t for t in text_fields
+        ):
             matches += 1
     return matches
 
