@@ -2,7 +2,8 @@
 
 `timing_s/gen` is one number; a user whose env is slow (a search, an SQL database, a program) needs to see
 that it is the env and not the model. The rollout adds up the wall time it spends waiting on each part:
-- `gen_engine`: the engine's generate calls (prefill and decode, and the transfer to an engine process);
+- `gen_engine`: the engine's generate calls (prefill and decode, and the transfer to an engine process), and
+  its sleep after the rollout where it frees the device (`free_cache_engine`, counted by the trainer);
 - `gen_env`: the env calls it waits on (resets, steps with their tools, closes); without the turn barrier
   the time it waits for an env step to come back while no engine call runs;
 - `gen_programs`: the agent programs' episodes (their model calls included: the gateway serves them);

@@ -88,11 +88,14 @@ class SynchronousRollout:
     def take(self, step: int) -> Sampled:
         start = time.perf_counter()
         result = self._produce(step)
-        if self._free:
+        parts = dict(result.times)
+        if self._free:  # the engine's sleep is the engine's time, not the rollout's bookkeeping
+            slept = time.perf_counter()
             self._engine.sleep(discard_weights=self._updates_actor(step))
+            parts["gen_engine"] = parts.get("gen_engine", 0.0) + time.perf_counter() - slept
         for episode in result.episodes:
             episode.policy_version = step - 1
-        return Sampled(result, step - 1, gen_times(time.perf_counter() - start, result.times))
+        return Sampled(result, step - 1, gen_times(time.perf_counter() - start, parts))
 
     def publish(self, step: int) -> None:
         if self._updates_actor(step):
