@@ -34,11 +34,13 @@ from grl.schema import (
     GRLConfig,
     Rollout,
     TaskInstance,
+    Teacher,
     Tools,
     Trainer,
     check_values,
     leaves,
     merge_typed,
+    teacher_problem,
 )
 from grl.schema.keys import did_you_mean, one_line
 
@@ -174,6 +176,9 @@ def _check_rules(cfg: DictConfig) -> None:
         )
     if ESTIMATORS[cfg.algorithm.adv_estimator].needs_critic and not cfg.critic.enable:
         raise ConfigError(f"critic.enable: estimator {cfg.algorithm.adv_estimator} needs the critic")
+    problem = teacher_problem(cfg.teacher, ESTIMATORS[cfg.algorithm.adv_estimator].needs_teacher)
+    if problem:
+        raise ConfigError(problem)
     if cfg.rollout.max_staleness > 0 and cfg.actor_rollout_ref.hybrid_engine:
         raise ConfigError(
             f"rollout.max_staleness={cfg.rollout.max_staleness}: rollout then runs beside the update, "
@@ -341,6 +346,7 @@ class RunSections:
     algorithm: Algorithm
     actor_rollout_ref: ActorRolloutRef
     critic: Critic
+    teacher: Teacher
     data: Data  # max_prompt_length and max_response_length, resolved
     tools: Tools
     tasks: dict[str, Task]  # the task instances rollout.training and rollout.validation name, typed
@@ -353,7 +359,16 @@ def run_sections(cfg: DictConfig) -> RunSections:
     return RunSections(
         **{
             name: typed_section(cfg, name)
-            for name in ("trainer", "rollout", "algorithm", "actor_rollout_ref", "critic", "data", "tools")
+            for name in (
+                "trainer",
+                "rollout",
+                "algorithm",
+                "actor_rollout_ref",
+                "critic",
+                "teacher",
+                "data",
+                "tools",
+            )
         },
         tasks={name: _task(cfg, name) for name in names},
         record=OmegaConf.to_container(cfg, resolve=True),

@@ -18,19 +18,18 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
-import shutil
 import sys
-import sysconfig
 import tempfile
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
 from grl.algo.estimators import ESTIMATORS
-from grl.config import NO_EFFECT, ConfigError, run_sections, task_instance
+from grl.config import NO_EFFECT, ConfigError, run_sections, task_instance, typed_section
 from grl.errors import first_line
 from grl.machine import ray_address
 from grl.run_plan import RunPlan
+from grl.toolchain import toolchain_problem
 
 
 class PreflightError(ConfigError):
@@ -50,6 +49,7 @@ def check(
     check_folders(cfg)
     check_resume(cfg)
     check_model(cfg, environ)
+    check_teacher(cfg, environ, run)
     check_vllm(cfg, environ, run)
     check_toolchain(cfg, environ, run)
     notes += check_memory(cfg, run)
@@ -202,27 +202,17 @@ def _unwritable(path: Path) -> str | None:
 def check_model(cfg: DictConfig, environ) -> None:
     """The model resolves, its tokenizer has a chat template, and prompt +
     response fit in its context."""
-    from grl.models import ModelLoadError, check_model_name, config_context
+    from grl.models import config_context
 
-    key = "actor_rollout_ref.model.path"
     name = cfg.actor_rollout_ref.model.path
-    try:
-        resolved = check_model_name(name, environ)
-    except ModelLoadError as err:
-        raise PreflightError(f"{key}: {err}") from None
-    from transformers import AutoConfig, AutoTokenizer
-
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(resolved)
-        model_config = AutoConfig.from_pretrained(resolved)
-    except (OSError, ValueError) as err:
-        raise PreflightError(f"{key}: cannot load {name!r}: {first_line(err)}") from None
+    tokenizer, model_config = _tokenizer_and_config("actor_rollout_ref.model.path", name, environ)
     if not getattr(tokenizer, "chat_template", None):
         raise PreflightError(
-            f"{key}: the tokenizer of {name!r} has no chat template; use an instruct/chat model"
+            f"actor_rollout_ref.model.path: the tokenizer of {name!r} has no chat template; use an "
+            "instruct/chat model"
         )
     context = config_context(model_config)
-    wanted = cfg.actor_rollout_ref.rollout.max_model_len or cfg.max_prompt_length + cfg.max_response_length
+    wanted = _context_wanted(cfg)
     if context and wanted > context:
         raise PreflightError(
             f"max_prompt_length + max_response_length: {cfg.max_prompt_length} + "
@@ -234,6 +224,69 @@ def check_model(cfg: DictConfig, environ) -> None:
         raise PreflightError(
             f"actor_rollout_ref.rollout.max_model_len: {max_model_len} is shorter than "
             f"max_prompt_length + max_response_length ({cfg.max_prompt_length + cfg.max_response_length})"
+        )
+
+
+def _context_wanted(cfg: DictConfig) -> int:
+    return cfg.actor_rollout_ref.rollout.max_model_len or cfg.max_prompt_length + cfg.max_response_length
+
+
+def _tokenizer_and_config(key: str, name: str, environ):
+    from transformers import AutoConfig, AutoTokenizer
+
+    from grl.models import ModelLoadError, check_model_name
+
+    try:
+        resolved = check_model_name(name, environ)
+        return AutoTokenizer.from_pretrained(resolved), AutoConfig.from_pretrained(resolved)
+    except ModelLoadError as err:
+        raise PreflightError(f"{key}: {err}") from None
+    except (OSError, ValueError) as err:
+        raise PreflightError(f"{key}: cannot load {name!r}: {first_line(err)}") from None
+
+
+def check_teacher(cfg: DictConfig, environ, run: RunPlan) -> None:
+    """A teacher loads or answers, scores with the student's tokenizer, and holds the run's context; a
+    served one is asked only for the distribution it returns (the plain softmax at temperature 1)."""
+    if run.teacher is None:
+        return
+    from grl.models import config_context
+
+    student, _ = _tokenizer_and_config(
+        "actor_rollout_ref.model.path", cfg.actor_rollout_ref.model.path, environ
+    )
+    wanted, teacher = _context_wanted(cfg), cfg.teacher
+    if run.teacher == "served":
+        from grl.workers.teacher import TeacherError, check_served
+
+        if run.score_temperature != 1.0 or run.reply_grammars:
+            raise PreflightError(
+                "teacher.url: a served teacher returns log-probs of its plain softmax at temperature 1, but "
+                "this run samples at another temperature, with top-p/top-k or under a grammar; use "
+                "teacher.model_path (a local teacher scores under the student's own sampling distribution)"
+            )
+        probe = student.apply_chat_template(
+            [{"role": "user", "content": "Tokenize me: 12 + 30 = 42, naïve café"}],
+            tokenize=False,
+            add_generation_prompt=True,
+        )
+        try:
+            check_served(typed_section(cfg, "teacher"), student, wanted, probe)
+        except TeacherError as err:
+            raise PreflightError(f"teacher.url: {err}") from None
+        return
+    tokenizer, model_config = _tokenizer_and_config("teacher.model_path", teacher.model_path, environ)
+    if tokenizer.get_vocab() != student.get_vocab() or tokenizer.all_special_ids != student.all_special_ids:
+        raise PreflightError(
+            f"teacher.model_path: {teacher.model_path!r} has another tokenizer than the student "
+            f"{cfg.actor_rollout_ref.model.path!r}; distillation scores the student's own token ids, so the "
+            "two must share one (across tokenizers it is not supported)"
+        )
+    context = config_context(model_config)
+    if context and wanted > context:
+        raise PreflightError(
+            f"teacher.model_path: {teacher.model_path!r} holds {context} tokens, fewer than the run's "
+            f"{wanted} (max_prompt_length + max_response_length)"
         )
 
 
@@ -287,40 +340,6 @@ def check_toolchain(cfg: DictConfig, environ, run: RunPlan) -> None:
     problem = toolchain_problem(environ)
     if problem:
         raise PreflightError(problem)
-
-
-def python_include_dir() -> str:
-    """Where Triton looks for Python.h: the include folder of this interpreter's default install scheme,
-    with Debian's posix_local read as posix_prefix (triton/runtime/build.py, _build)."""
-    scheme = sysconfig.get_default_scheme()
-    return sysconfig.get_paths(scheme="posix_prefix" if scheme == "posix_local" else scheme)["include"]
-
-
-def toolchain_problem(environ=None) -> str | None:
-    """What Triton lacks here to compile the launcher it builds for each kernel at run time
-    (triton/runtime/build.py): a C compiler, $CC when set, else gcc or clang on PATH; and Python.h in
-    `python_include_dir()`. One line naming what is missing and the fix, or None."""
-    environ = os.environ if environ is None else environ
-    path = environ.get("PATH", os.defpath)
-    missing, fixes, packages = [], [], []
-    compiler = environ.get("CC")
-    if compiler is not None and shutil.which(compiler, path=path) is None:
-        missing.append(f"CC={compiler!r}, which names no program")
-        fixes.append("set CC to a C compiler or unset it")
-    elif compiler is None and not (shutil.which("gcc", path=path) or shutil.which("clang", path=path)):
-        missing.append("no C compiler (gcc or clang on PATH)")
-        packages.append("gcc")
-    header = Path(python_include_dir()) / "Python.h"
-    if not header.is_file():
-        missing.append(f"no Python headers ({header} is missing)")
-        packages.append(f"python{sys.version_info.major}.{sys.version_info.minor}-dev")
-    if not missing:
-        return None
-    fixes += [f"apt-get install {' '.join(packages)}"] if packages else []
-    return (
-        "toolchain: Triton compiles a launcher for each kernel at run time (vLLM's engine uses it on CUDA), "
-        f"and this machine has {' and '.join(missing)}; {'; '.join(fixes)}"
-    )
 
 
 # ---------------------------------------------------------------- tasks

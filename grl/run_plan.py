@@ -2,10 +2,10 @@
 
 The config says what a user asked for; the plan says what the run therefore does wherever more
 than one place needs the answer: how many ranks on how many nodes, where the engine lives and how far
-its rollouts run ahead, whether old log-probs need a pass of their own, whether a critic and a reference model
-are built, how a CPU node's cores are split, and the phases of a step under their one name each. The
-trainer, the worker groups and their ranks (the plan is pickled to each), the memory planner and
-preflight read it; none of them works these out again. `auto` device and engine are resolved here,
+its rollouts run ahead, whether old log-probs need a pass of their own, whether a critic, a reference
+model and a teacher are built, how a CPU node's cores are split, and the phases of a step under their
+one name each. The trainer, the worker groups and their ranks (the plan is pickled to each), the memory
+planner and preflight read it; none of them works these out again. `auto` device and engine are resolved here,
 once (grl/machine.py), and every reader takes that answer. It holds decisions, not copies of keys: a
 value one section sets is read from that section.
 """
@@ -24,7 +24,17 @@ if TYPE_CHECKING:
 
 # A training step's phases in order, by the one name the progress bar shows, `timing_s/<name>` times
 # (verl's timer names) and the memory planner places memory in.
-PHASES = ("gen", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor", "sync_weights")
+PHASES = (
+    "gen",
+    "old_log_prob",
+    "ref",
+    "teacher",
+    "values",
+    "adv",
+    "update_critic",
+    "update_actor",
+    "sync_weights",
+)
 
 
 @dataclass(frozen=True)
@@ -43,6 +53,9 @@ class RunPlan:
     use_critic: bool  # the estimator reads values
     use_reference: bool  # a KL loss or a KL penalty in the reward needs reference log-probs
     reference_model: bool  # a model of its own; a LoRA run's reference is its base with the adapter off
+    # on-policy distillation: "local" (a frozen model on the actor's ranks, beside the reference), "served"
+    # (teacher.url), None: no teacher
+    teacher: str | None
     seed: int
     # some task decodes from valid actions or is a program (allowed_replies), or the rollout samples with
     # top-k/top-p: the engine takes grammars and filters in its own logits processor
@@ -98,6 +111,7 @@ class RunPlan:
             use_critic=ESTIMATORS[run.algorithm.adv_estimator].needs_critic,
             use_reference=use_reference,
             reference_model=use_reference and run.actor_rollout_ref.model.lora_rank == 0,
+            teacher="local" if run.teacher.model_path else "served" if run.teacher.url else None,
             seed=trainer.seed,
             reply_grammars=decodes_constrained(
                 [
@@ -132,6 +146,7 @@ class RunPlan:
         """The phases this run's steps go through, in order."""
         skipped = {
             *(() if self.use_reference else ("ref",)),
+            *(() if self.teacher else ("teacher",)),
             *(() if self.use_critic else ("values", "update_critic")),
         }
         return tuple(phase for phase in PHASES if phase not in skipped)

@@ -26,6 +26,7 @@ _EXPORTS = {
         "compute_rloo",
         "group_index",
     ),
+    "grl.algo.distill": ("compute_opd", "distill_metrics", "teacher_advantage"),
     "grl.algo.kl": (
         "KL_ESTIMATORS",
         "AdaptiveKLController",

@@ -27,6 +27,8 @@ BATCH_INPUTS = {
     "turn_states": (
         "`[batch, turns]` ids of the env state each turn acted on: reading them collects the states"
     ),
+    "teacher_log_probs": "`[batch, tokens]` a teacher's log-probs of the sampled tokens: it needs a teacher",
+    "student_log_probs": "`[batch, tokens]` the sampling policy's log-probs of the sampled tokens",
 }
 
 
@@ -45,6 +47,10 @@ class Estimator:
     @property
     def group_based(self) -> bool:  # compares the agents of a group
         return "group_ids" in self.inputs
+
+    @property
+    def needs_teacher(self) -> bool:  # on-policy distillation: a teacher scores the sampled tokens
+        return "teacher_log_probs" in self.inputs
 
     @property
     def needs_step_keys(self) -> bool:  # groups turns by the env state they acted on

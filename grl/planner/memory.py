@@ -198,6 +198,15 @@ def plan(
         ["old_log_prob", "ref", "update_actor"],
         cached=True,
     )
+    teacher = (
+        model_shape(sections.teacher.model_path, "teacher.model_path") if run.teacher == "local" else None
+    )
+    if (
+        teacher is not None
+    ):  # frozen beside the reference, in the student's dtype, sharded and offloaded like it
+        ref_offload = fsdp_rules.offloaded(arr.ref.fsdp_config)
+        state("teacher weights", teacher.params * e / world, ref_offload, fix="teacher: a smaller model")
+        p.add("device", "gathered weights", gathered_bytes(teacher, e), ["teacher"], cached=True)
 
     # Activations and the vocabulary-sized log-prob chunk of each pass.
     b_train, b_score = arr.actor.ppo_micro_batch_size_per_gpu, arr.rollout.log_prob_micro_batch_size_per_gpu
@@ -217,6 +226,8 @@ def plan(
         cached=True,
     )
     p.add("device", "activations", forward_activations(shape, b_ref, s, e), ["ref"], cached=True)
+    if teacher is not None:
+        p.add("device", "activations", forward_activations(teacher, b_ref, s, e), ["teacher"], cached=True)
     p.add(
         "device",
         "activations",
@@ -235,15 +246,18 @@ def plan(
             )
     chunk = run.logits_chunk_size
     chunk_fix = f"actor_rollout_ref.actor.logits_chunk_size={max(chunk // 2, 1)}"
-    for phase, b, copies in (
-        ("old_log_prob", b_score, SCORE_LOGIT_COPIES),
-        ("ref", b_ref, SCORE_LOGIT_COPIES),
-        ("update_actor", b_train, TRAIN_LOGIT_COPIES),
+    for phase, b, copies, scorer in (
+        ("old_log_prob", b_score, SCORE_LOGIT_COPIES, shape),
+        ("ref", b_ref, SCORE_LOGIT_COPIES, shape),
+        ("teacher", b_ref, SCORE_LOGIT_COPIES, teacher),
+        ("update_actor", b_train, TRAIN_LOGIT_COPIES, shape),
     ):
+        if scorer is None:
+            continue
         p.add(
             "device",
             "log-prob chunk",
-            logit_bytes(shape, min(chunk, b * sampled), copies),
+            logit_bytes(scorer, min(chunk, b * sampled), copies),
             [phase],
             chunk_fix,
             cached=True,
@@ -266,7 +280,9 @@ def plan(
         # the hf engine's sleep); a process without an engine keeps the sync's blocks too.
         emptied = arr.rollout.free_cache_engine and not separate
         passes = [
-            x for x in ("old_log_prob", "ref", *(() if emptied else ("sync_weights",))) if x in p.phases
+            x
+            for x in ("old_log_prob", "ref", "teacher", *(() if emptied else ("sync_weights",)))
+            if x in p.phases
         ]
         held = max(sum(p.device.get(name, {}).get(x, 0.0) for name in p.cached) for x in passes)
         p.add("device", "cached by the actor's process", held, ["values", "update_critic"])

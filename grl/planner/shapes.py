@@ -111,22 +111,22 @@ def shape_from_config(config: dict) -> ModelShape:
     )
 
 
-def model_shape(name: str) -> ModelShape:
+def model_shape(name: str, key: str = "actor_rollout_ref.model.path") -> ModelShape:
     """From the model's config.json (a folder, `embedded`, `tiny`, or the Hugging Face cache), else
-    from KNOWN_MODELS by the hub id's last part."""
+    from KNOWN_MODELS by the hub id's last part; `key` names the model in errors."""
     from grl.models import ModelLoadError, resolve_model_path
 
     try:
         resolved = Path(resolve_model_path(name))
     except ModelLoadError as err:
-        raise PlanError(f"actor_rollout_ref.model.path: {err}") from None
+        raise PlanError(f"{key}: {err}") from None
     config_file = resolved / "config.json" if resolved.is_dir() else _cached_config(name)
     if config_file is not None:
         return shape_from_config(json.loads(Path(config_file).read_text()))
     known = KNOWN_MODELS.get(str(name).rstrip("/").split("/")[-1])
     if known is None:
         raise PlanError(
-            f"actor_rollout_ref.model.path: no config.json for {name!r} here and it is not one of "
+            f"{key}: no config.json for {name!r} here and it is not one of "
             f"{', '.join(KNOWN_MODELS)}; download it or give a local folder"
         )
     return ModelShape(**known)

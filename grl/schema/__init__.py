@@ -20,6 +20,7 @@ from grl.schema.run import (
     Trainer,
 )
 from grl.schema.tasks import PROGRAM, AgentConfig, TaskInstance
+from grl.schema.teacher import Teacher, teacher_problem
 from grl.schema.workers import (
     Actor,
     ActorRolloutRef,
@@ -55,6 +56,7 @@ __all__ = [
     "Rule",
     "SamplingOverrides",
     "System",
+    "Teacher",
     "TaskInstance",
     "Tools",
     "Trainer",
@@ -64,4 +66,5 @@ __all__ = [
     "leaves",
     "merge_typed",
     "section",
+    "teacher_problem",
 ]

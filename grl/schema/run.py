@@ -9,6 +9,7 @@ from omegaconf import II
 
 from grl.schema.certificate import Certificate
 from grl.schema.keys import key, section
+from grl.schema.teacher import Teacher
 from grl.schema.workers import KL_ESTIMATORS, ActorRolloutRef, Critic
 
 
@@ -315,5 +316,6 @@ class GRLConfig:
     rollout: Rollout = section(Rollout)
     actor_rollout_ref: ActorRolloutRef = section(ActorRolloutRef)
     critic: Critic = section(Critic)
+    teacher: Teacher = section(Teacher)
     algorithm: Algorithm = section(Algorithm)
     trainer: Trainer = section(Trainer)

@@ -52,6 +52,7 @@ from grl.trainer.resume import export_hf, nothing_left_line, resume, resume_line
 from grl.trainer.validation import Validation
 from grl.workers import WeightSyncTimeout, WorkerDiedError
 from grl.workers.group import TEARDOWN_TIMEOUT_S
+from grl.workers.teacher import score_batch, teacher_from
 
 log = logging.getLogger("grl.trainer")
 
@@ -95,6 +96,7 @@ class AgentTrainer:
         self.certificate, self.old_log_probs = certified(
             run, plan, actor, old_log_probs_from(plan, self.policy.actor, actor)
         )
+        self.teacher = teacher_from(run.teacher, plan, actor)  # None without on-policy distillation
 
     @classmethod
     def from_config(
@@ -220,12 +222,20 @@ class AgentTrainer:
             if self.plan.use_reference:
                 with phase("ref"), timer("ref"):
                     batch["ref_log_probs"] = self.actor.compute_ref_log_probs(batch)
+            if self.teacher is not None:
+                with phase("teacher"), timer("teacher"):
+                    batch, scored = score_batch(
+                        self.teacher, batch, self.sections.rollout.max_infra_failed_ratio
+                    )
+                metrics.update(scored)
             if self.critic is not None:
                 with phase("values"), timer("values"):
                     batch["values"] = self.critic.compute_values(batch)
 
             with phase("adv"), timer("adv"):
-                metrics.update(add_advantages(batch, self.algorithm, self.kl_ctrl))
+                metrics.update(
+                    add_advantages(batch, self.algorithm, self.kl_ctrl, self.sections.teacher.advantage_coef)
+                )
                 batch, dropped = drop_nonfinite_rows(batch)
                 metrics["training/dropped_nonfinite_episodes"] = float(dropped)
 
@@ -367,6 +377,8 @@ class AgentTrainer:
             self._source.close()  # a rollout ahead in flight ends when the engine's worker is shut down below
         self.progress.close()
         self.validation.close()
+        if self.teacher is not None:
+            self.teacher.close()
         if self.rollout is not None:
             self.rollout.close()
         if self.tracker is not None:

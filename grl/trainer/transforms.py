@@ -7,7 +7,14 @@ from __future__ import annotations
 import torch
 from omegaconf import DictConfig
 
-from grl.algo import ESTIMATORS, apply_kl_penalty, compute_advantage, finite_rows
+from grl.algo import (
+    ESTIMATORS,
+    apply_kl_penalty,
+    compute_advantage,
+    distill_metrics,
+    finite_rows,
+    teacher_advantage,
+)
 from grl.rollout import Batch, Episode, build_batch, filter_groups, normalize_episode_scores
 from grl.rollout.blame import without_infra_failures
 from grl.schema import Algorithm
@@ -40,9 +47,11 @@ def shape_batch(episodes: list[Episode], r: DictConfig, pad_token_id: int) -> tu
     }
 
 
-def add_advantages(batch: Batch, algo: Algorithm, kl_ctrl) -> dict[str, float]:
+def add_advantages(batch: Batch, algo: Algorithm, kl_ctrl, teacher_coef: float = 0.0) -> dict[str, float]:
     """KL-in-reward (if enabled, updating `kl_ctrl`), then the estimator `algo` (the typed `algorithm`
-    section) names: writes `token_rewards`, `advantages` and `returns` into the batch."""
+    section) names, plus `teacher_coef` times the teacher's per-token advantage where a teacher scored
+    the batch (an estimator that reads the teacher, opd, is that term alone): writes `token_rewards`,
+    `advantages` and `returns` into the batch."""
     metrics = {}
     if algo.use_kl_in_reward:
         batch["token_rewards"], mean_kl = apply_kl_penalty(
@@ -58,10 +67,34 @@ def add_advantages(batch: Batch, algo: Algorithm, kl_ctrl) -> dict[str, float]:
         kl_ctrl.update(mean_kl.item(), n_steps=len(batch))
     inputs = {key: batch[key] for key in ("token_rewards", "loss_mask", "turn_ids", "values") if key in batch}
     inputs["group_ids"] = batch.meta["group_id"]
-    if ESTIMATORS[algo.adv_estimator].needs_step_keys:  # only an estimator that reads them pays for the ids
+    estimator = ESTIMATORS[algo.adv_estimator]
+    if estimator.needs_step_keys:  # only an estimator that reads them pays for the ids
         inputs["turn_states"] = turn_states(batch.meta["state_keys"])
+    if "teacher_log_probs" in batch:
+        inputs["teacher_log_probs"] = batch["teacher_log_probs"]
+        inputs["student_log_probs"] = student_log_probs(batch)
     batch["advantages"], batch["returns"] = compute_advantage(inputs, algo)
+    if "teacher_log_probs" in batch:
+        if not estimator.needs_teacher:
+            batch["advantages"] = batch["advantages"] + teacher_coef * teacher_advantage(
+                inputs["teacher_log_probs"], inputs["student_log_probs"], batch["loss_mask"]
+            )
+        metrics.update(
+            distill_metrics(
+                inputs["teacher_log_probs"],
+                inputs["student_log_probs"],
+                batch["loss_mask"],
+                batch["turn_ids"],
+            )
+        )
     return metrics
+
+
+def student_log_probs(batch: Batch) -> torch.Tensor:
+    """The sampling policy's log-probs of the sampled tokens: PPO's old ones where a pass scored them, else
+    the engine's (the same policy: the step samples with the weights it trains, and every step logs how
+    far the two are apart)."""
+    return batch["old_log_probs"] if "old_log_probs" in batch else batch["rollout_log_probs"]
 
 
 def turn_states(state_keys: list[list]) -> torch.Tensor:
@@ -91,7 +124,15 @@ def staleness_metrics(episodes: list[Episode], trained_version: int) -> dict[str
 
 # What the updates read on a trained token: an episode with NaN/inf in any of them is trained on by
 # neither the actor nor the critic. The workers trust the batch they get, so this is the one drop.
-UPDATE_INPUTS = ("token_rewards", "advantages", "returns", "old_log_probs", "ref_log_probs", "values")
+UPDATE_INPUTS = (
+    "token_rewards",
+    "advantages",
+    "returns",
+    "old_log_probs",
+    "ref_log_probs",
+    "teacher_log_probs",
+    "values",
+)
 
 
 def drop_nonfinite_rows(batch: Batch) -> tuple[Batch, int]:

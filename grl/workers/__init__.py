@@ -74,6 +74,7 @@ def start_groups(
             plan,
             run.rollout.weight_sync_timeout,
             not engines_last,
+            run.teacher.model_path,
         ),
         *([pool.submit(CriticGroup, run.critic, plan)] if plan.use_critic else []),
     ]

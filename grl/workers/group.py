@@ -221,7 +221,11 @@ class ActorRolloutRefGroup(_WorkerGroup):
     def from_config(cls, cfg, plan: RunPlan, engines_in_setup: bool = True) -> ActorRolloutRefGroup:
         """The group of a checked config's `actor_rollout_ref` section."""
         return cls(
-            typed_section(cfg, "actor_rollout_ref"), plan, cfg.rollout.weight_sync_timeout, engines_in_setup
+            typed_section(cfg, "actor_rollout_ref"),
+            plan,
+            cfg.rollout.weight_sync_timeout,
+            engines_in_setup,
+            teacher_path=cfg.teacher.model_path,
         )
 
     def __init__(
@@ -230,7 +234,10 @@ class ActorRolloutRefGroup(_WorkerGroup):
         plan: RunPlan,
         weight_sync_timeout: float,
         engines_in_setup: bool = True,
+        teacher_path: str | None = None,
     ):
+        """`teacher_path`: the frozen teacher each rank loads beside the reference (the plan's local teacher:
+        on-policy distillation), sharded like it."""
         from grl.workers.policy import PolicyWorker
         from grl.workers.rollout_worker import SeparateEngine
 
@@ -244,7 +251,7 @@ class ActorRolloutRefGroup(_WorkerGroup):
             PolicyWorker,
             plan,
             section,
-            lambda rank: (self.engine_name if rank in engine_ranks else None, engines_in_setup),
+            lambda rank: (self.engine_name if rank in engine_ranks else None, engines_in_setup, teacher_path),
         )
         try:
             self.engine: Engine = (
@@ -256,12 +263,13 @@ class ActorRolloutRefGroup(_WorkerGroup):
             self.shutdown()
             raise
         log.info(
-            "actor group: %d ranks on %s, rollout engine %s %s%s",
+            "actor group: %d ranks on %s, rollout engine %s %s%s%s",
             plan.world_size,
             self.device,
             self.engine_name,
             "in a worker of its own" if self.separate else f"in rank(s) {list(engine_ranks)}",
             ", with reference model" if self.use_ref else "",
+            f", with teacher {teacher_path}" if teacher_path else "",
         )
 
     def build_engines(self) -> None:
@@ -272,7 +280,7 @@ class ActorRolloutRefGroup(_WorkerGroup):
 
     def compute_log_probs(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """(old_log_probs, entropy), `[B, T]`, aligned with `loss_mask`."""
-        log_probs, entropy = self._score("compute_log_probs", pick(batch, POLICY_SCORE_KEYS), False)
+        log_probs, entropy = self._score("compute_log_probs", pick(batch, POLICY_SCORE_KEYS), "policy")
         return log_probs, entropy
 
     def compute_ref_log_probs(self, batch: Batch) -> torch.Tensor:
@@ -280,7 +288,16 @@ class ActorRolloutRefGroup(_WorkerGroup):
             raise RuntimeError(
                 "compute_ref_log_probs: the run's plan has no reference (no KL loss or KL in reward)"
             )
-        return self._score("compute_log_probs", pick(batch, POLICY_SCORE_KEYS), True)[0]
+        return self._score("compute_log_probs", pick(batch, POLICY_SCORE_KEYS), "ref")[0]
+
+    def compute_teacher_log_probs(self, batch: Batch) -> torch.Tensor:
+        """The local teacher's log-probs of the batch's tokens, `[B, T]`, scored as the reference's are: the
+        student's sampling temperature and allowed sets, packing and context windows alike."""
+        if self.plan.teacher != "local":
+            raise RuntimeError(
+                "compute_teacher_log_probs: the run's plan has no local teacher (teacher.model_path)"
+            )
+        return self._score("compute_log_probs", pick(batch, POLICY_SCORE_KEYS), "teacher")[0]
 
     def update(self, batch: Batch, step: int) -> dict[str, float]:
         """PPO epochs over mini-batches (shuffled by the run's seed and `step`); needs advantages and

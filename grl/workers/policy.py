@@ -4,6 +4,7 @@ updates) and, where the group places it, the rollout engine; and the policy's lo
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -97,16 +98,19 @@ class PolicyWorker(Worker):
         device: str,
         engine_name: str | None = None,
         engine_in_setup: bool = True,
+        teacher_path: str | None = None,
     ):
         """`engine_name`: this rank holds the rollout engine; `engine_in_setup`: it is built once the models
-        are, in `setup`, else when the driver calls `build_engine` (grl.workers.start_groups)."""
+        are, in `setup`, else when the driver calls `build_engine` (grl.workers.start_groups);
+        `teacher_path`: a frozen teacher to load beside the reference (on-policy distillation)."""
         super().__init__(rank, plan, section, device)
         self.use_ref, self.engine_name, self.engine_in_setup = (
             plan.use_reference,
             engine_name,
             engine_in_setup,
         )
-        self.ref = None
+        self.teacher_path = teacher_path
+        self.ref = self.teacher = None
         self.engine = None
 
     def build(self) -> None:
@@ -117,6 +121,12 @@ class PolicyWorker(Worker):
             self.ref = self._build(section.model, section.ref.fsdp_config, trainable=False)
         elif self.use_ref:  # the plan's LoRA reference: the trained model with its adapter off
             self.ref = lora.AdapterOff(self.module, self.peft_model)
+        if self.teacher_path is not None:  # frozen, in the student's dtype, sharded and offloaded as the ref
+            from grl.models import fetch_model
+
+            fetch_model(self.teacher_path)
+            teacher_model = replace(section.model, path=self.teacher_path, lora_rank=0)
+            self.teacher = self._build(teacher_model, section.ref.fsdp_config, trainable=False)
         if self.engine_name is not None and self.engine_in_setup:
             self.build_engine()
         self.objective = PolicyObjective(self.train_cfg)
@@ -150,16 +160,17 @@ class PolicyWorker(Worker):
             metrics.update({f"actor/{k}": v for k, v in mismatch_stats(engine, trainer).items()})
         return metrics
 
-    def compute_log_probs(self, tensors: dict, ref: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        """(log_probs, entropy) of this rank's shard under the policy (or ref)."""
-        scorer = self.ref if ref else self.module
+    def compute_log_probs(self, tensors: dict, model: str = "policy") -> tuple[torch.Tensor, torch.Tensor]:
+        """(log_probs, entropy) of this rank's shard under `model`: the policy, the ref or the teacher (the
+        frozen ones in the reference's micro-batches)."""
+        scorer = {"policy": self.module, "ref": self.ref, "teacher": self.teacher}[model]
         if scorer is None:
-            raise RuntimeError("this actor group was built without a reference model (use_ref=False)")
+            raise RuntimeError(f"this actor group was built without a {model} model")
         section = self.section
         size = (
-            section.ref.log_prob_micro_batch_size_per_gpu
-            if ref
-            else section.rollout.log_prob_micro_batch_size_per_gpu
+            section.rollout.log_prob_micro_batch_size_per_gpu
+            if model == "policy"
+            else section.ref.log_prob_micro_batch_size_per_gpu
         )
         parts = [
             self._score(scorer, self._to_device(m), grad=False) for m in self._micro_batches(tensors, size)
