@@ -231,7 +231,7 @@ def _context_wanted(cfg: DictConfig) -> int:
     return cfg.actor_rollout_ref.rollout.max_model_len or cfg.max_prompt_length + cfg.max_response_length
 
 
-def _tokenizer_and_config(key: str, name: str, environ):
+def _tokenizer_and_config(key: str, name: str, environ, hint: str = ""):
     from transformers import AutoConfig, AutoTokenizer
 
     from grl.models import ModelLoadError, check_model_name
@@ -240,7 +240,7 @@ def _tokenizer_and_config(key: str, name: str, environ):
         resolved = check_model_name(name, environ)
         return AutoTokenizer.from_pretrained(resolved), AutoConfig.from_pretrained(resolved)
     except ModelLoadError as err:
-        raise PreflightError(f"{key}: {err}") from None
+        raise PreflightError(f"{key}: {err}{hint}") from None
     except (OSError, ValueError) as err:
         raise PreflightError(f"{key}: cannot load {name!r}: {first_line(err)}") from None
 
@@ -275,7 +275,13 @@ def check_teacher(cfg: DictConfig, environ, run: RunPlan) -> None:
         except TeacherError as err:
             raise PreflightError(f"teacher.url: {err}") from None
         return
-    tokenizer, model_config = _tokenizer_and_config("teacher.model_path", teacher.model_path, environ)
+    tokenizer, model_config = _tokenizer_and_config(
+        "teacher.model_path",
+        teacher.model_path,
+        environ,
+        "; a teacher is any model with the student's tokenizer, such as the hf_actor folder a finished run "
+        "exports (`grl-train preset=cpu` writes checkpoints/grl/tetris_gap_cpu/hf_actor)",
+    )
     if tokenizer.get_vocab() != student.get_vocab() or tokenizer.all_special_ids != student.all_special_ids:
         raise PreflightError(
             f"teacher.model_path: {teacher.model_path!r} has another tokenizer than the student "

@@ -31,6 +31,28 @@ def blocked(tmp_path):
     return tmp_path
 
 
+@pytest.fixture(scope="module")
+def teachers(tmp_path_factory):
+    """Teachers the tiny student cannot learn from: one with another tokenizer, one whose context is
+    shorter than the run's."""
+    import shutil
+
+    from transformers import AutoConfig, AutoTokenizer
+
+    from grl.models import tiny_model_path
+
+    folder = tmp_path_factory.mktemp("teachers")
+    for name in ("other_tokenizer", "short_context"):
+        shutil.copytree(tiny_model_path(), folder / name)
+    tokenizer = AutoTokenizer.from_pretrained(folder / "other_tokenizer")
+    tokenizer.add_tokens(["<grl-not-the-student-s>"])
+    tokenizer.save_pretrained(folder / "other_tokenizer")
+    short = AutoConfig.from_pretrained(folder / "short_context")
+    short.max_position_embeddings = 64
+    short.save_pretrained(folder / "short_context")
+    return folder
+
+
 BAD = [  # (override, the key the message must name)
     ("total_training_steps=-5", "trainer.total_training_steps"),
     ("total_training_steps=0", "trainer.total_training_steps"),
@@ -61,6 +83,21 @@ BAD = [  # (override, the key the message must name)
         "actor_rollout_ref.rollout.tensor_model_parallel_size",
     ),
     ("model_path=/nonexistent/model", "actor_rollout_ref.model.path"),
+    ("teacher.model_path=/nonexistent/teacher", "teacher.model_path: model path '/nonexistent/teacher'"),
+    ("algorithm.adv_estimator=opd", "algorithm.adv_estimator=opd distils a teacher; set teacher.model_path"),
+    ("teacher.url=http://127.0.0.1:9", "teacher.url: cannot reach http://127.0.0.1:9/v1/models"),
+    (
+        "teacher.url=http://127.0.0.1:9 actor_rollout_ref.rollout.temperature=0.7",
+        "teacher.url: a served teacher returns log-probs of its plain softmax at temperature 1",
+    ),
+    (
+        "teacher.model_path={teachers}/other_tokenizer",
+        "teacher.model_path: '{teachers}/other_tokenizer' has another tokenizer",
+    ),
+    (
+        "teacher.model_path={teachers}/short_context",
+        "teacher.model_path: '{teachers}/short_context' holds 64 tokens",
+    ),
     ("model_path={tmp}", "actor_rollout_ref.model.path"),  # a folder without config.json
     ("trainer.run_dir=/proc/grl/run", "trainer.run_dir"),  # unwritable even for root
     ("trainer.default_local_dir={tmp}/afile/ckpt", "trainer.default_local_dir"),
@@ -89,12 +126,12 @@ def no_ray_in_this_process():
 
 
 @pytest.mark.parametrize("override, key", BAD, ids=[b[0][:60] for b in BAD])
-def test_bad_input_fails_in_preflight(override, key, blocked, capsys):
+def test_bad_input_fails_in_preflight(override, key, blocked, teachers, capsys):
     before = sorted(p.relative_to(blocked) for p in blocked.rglob("*"))
-    code = train.main([*base(blocked), *override.format(tmp=blocked).split()])
+    code = train.main([*base(blocked), *override.format(tmp=blocked, teachers=teachers).split()])
     err = capsys.readouterr().err.strip()
     assert code == 2, err
-    assert len(err.splitlines()) == 1 and key in err, err
+    assert len(err.splitlines()) == 1 and key.format(tmp=blocked, teachers=teachers) in err, err
     assert sorted(p.relative_to(blocked) for p in blocked.rglob("*")) == before
     assert "ray" not in sys.modules or not sys.modules["ray"].is_initialized()
 

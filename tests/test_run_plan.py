@@ -32,9 +32,23 @@ def test_what_the_config_asks_for_is_what_the_plan_decides():
     assert not grpo.use_critic and not grpo.use_reference and not grpo.reference_model
     assert grpo.phases == ("gen", "old_log_prob", "adv", "update_actor", "sync_weights")
 
-    gae_kl = plan_of("algorithm.adv_estimator=gae", "actor_rollout_ref.actor.use_kl_loss=true")
+    gae_kl = plan_of(
+        "algorithm.adv_estimator=gae", "actor_rollout_ref.actor.use_kl_loss=true", "teacher.model_path=tiny"
+    )
     assert gae_kl.use_critic and gae_kl.use_reference and gae_kl.reference_model
+    assert gae_kl.teacher == "local" and plan_of().teacher is None
     assert gae_kl.phases == PHASES  # every phase, in the order a step runs them
+    served = plan_of(
+        "algorithm.adv_estimator=opd", "teacher.url=http://127.0.0.1:8000", "critic.enable=false"
+    )
+    assert served.teacher == "served" and served.phases == (
+        "gen",
+        "old_log_prob",
+        "teacher",
+        "adv",
+        "update_actor",
+        "sync_weights",
+    )
 
     lora = plan_of("algorithm.use_kl_in_reward=true", "actor_rollout_ref.model.lora_rank=4")
     assert lora.use_reference and not lora.reference_model  # the base, adapter off

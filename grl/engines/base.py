@@ -49,10 +49,10 @@ class GenerationOutput:
     kept_sets: list[tuple[int, tuple[int, ...]]] | None = None
 
 
-def check_prompts(prompt_token_ids) -> None:
+def check_prompts(prompt_token_ids, caller: str = "generate") -> None:
     for i, prompt in enumerate(prompt_token_ids):
         if len(prompt) == 0:
-            raise ValueError(f"generate: prompt {i} is empty")
+            raise ValueError(f"{caller}: prompt {i} is empty")
 
 
 def check_constraints(constraints, count: int) -> list:
@@ -77,6 +77,13 @@ class Engine:
         prompt. Log-probs are those of the distribution each token was drawn from: temperature,
         top-k/top-p and the grammar's mask applied; with top-k/top-p each token's kept set comes too."""
         raise NotImplementedError
+
+    def prompt_log_probs(self, prompt_token_ids: list[list[int]]) -> list[list[float]]:
+        """Each prompt scored by the model as it stands: for prompt p, log p(p[t] | p[:t]) for t = 1 ..
+        len(p) - 1 (one float fewer than the prompt's tokens), under the plain softmax of the logits in fp32:
+        temperature 1, no top-k/top-p, no grammar. A served teacher's scores of a student's episode
+        (OpenAI completions with `echo` and `max_tokens: 0`, grl/gateway/scoring.py)."""
+        raise NotImplementedError(f"{type(self).__name__} does not score prompts (prompt_log_probs)")
 
     def context_length(self) -> int | None:
         """The most tokens one sequence (prompt and reply) may hold here: the model's context, or the

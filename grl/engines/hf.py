@@ -37,6 +37,7 @@ from grl.engines.base import (
 )
 from grl.engines.constraint import ReplyGrammar
 from grl.engines.hf_decoding import choose, constrain, replies, take_forced
+from grl.engines.hf_scoring import prompt_log_probs
 from grl.engines.kept_sets import filters
 from grl.engines.kv_slab import prefix_slab
 from grl.engines.weights import check_named_tensors, module_digests, weight_spec
@@ -135,6 +136,13 @@ class HFEngine(Engine):
                 outputs[i] = result
         self._carry_unextended()
         return outputs
+
+    def prompt_log_probs(self, prompt_token_ids: list[list[int]]) -> list[list[float]]:
+        """A forward pass of its own (grl/engines/hf_scoring.py): generate's prefix cache is left as it is."""
+        check_prompts(prompt_token_ids, "prompt_log_probs")
+        if self.asleep:
+            self.wake()
+        return prompt_log_probs(self, prompt_token_ids)
 
     def _chunks(self, prompt_token_ids: list[list[int]]) -> list[list[int]]:
         """Row indices in chunks of at most `max_batch_size`, similar lengths together so that little compute

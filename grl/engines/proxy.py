@@ -165,6 +165,9 @@ class SubprocessEngine(Engine):
     ) -> list[GenerationOutput]:
         return self._call("generate", [list(p) for p in prompt_token_ids], sampling, constraints)
 
+    def prompt_log_probs(self, prompt_token_ids: list[list[int]]) -> list[list[float]]:
+        return self._call("prompt_log_probs", [list(p) for p in prompt_token_ids])
+
     def context_length(self) -> int | None:
         return self._call("context_length")
 

@@ -259,6 +259,25 @@ class VLLMEngine(Engine):
             for result, p in zip(results, params)
         ]
 
+    def prompt_log_probs(self, prompt_token_ids: list[list[int]]) -> list[list[float]]:
+        """vLLM's prompt log-probs, as its server's `echo` with `max_tokens: 0` gets them: computed from the
+        raw logits whatever `logprobs_mode` (prompt tokens skip the sampler's processors), the prefix cache
+        not read. vLLM generates at least one token; it is dropped."""
+        from vllm import SamplingParams as VllmSamplingParams
+        from vllm.inputs import TokensPrompt
+
+        check_prompts(prompt_token_ids, "prompt_log_probs")
+        self.wake()
+        params = VllmSamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0)
+        prompts = [TokensPrompt(prompt_token_ids=list(p)) for p in prompt_token_ids]
+        results = self.llm.generate(prompts, params, use_tqdm=False)
+        # prompt_logprobs[0] is None (the first token has no context); entry t maps token ids to Logprobs,
+        # the prompt's own token t among them.
+        return [
+            [float(step[token].logprob) for token, step in zip(prompt[1:], result.prompt_logprobs[1:])]
+            for prompt, result in zip(prompt_token_ids, results)
+        ]
+
     @staticmethod
     def _output(completion, want_log_probs: bool, extra_args: dict | None) -> GenerationOutput:
         token_ids = list(completion.token_ids)

@@ -41,6 +41,17 @@ class _Request:
         return repr((replace(self.sampling, seed=None, request_seeds=None), self.sampling.seed_of(0) is None))
 
 
+@dataclass
+class _Scoring:
+    """A `prompt_log_probs` call: the waiting ones share one engine call, as a kind of their own."""
+
+    prompts: list[list[int]]
+    done: threading.Event = field(default_factory=threading.Event)
+    outputs: list | None = None
+    error: str | None = None
+    kind = "prompt_log_probs"
+
+
 def of_one_kind(waiting: list[_Request]) -> tuple[list[_Request], list[_Request]]:
     """(the longest-waiting call and the waiting calls of its kind, the others) of `waiting`, in arrival
     order."""
@@ -48,17 +59,20 @@ def of_one_kind(waiting: list[_Request]) -> tuple[list[_Request], list[_Request]
     return [r for r in waiting if r.kind == kind], [r for r in waiting if r.kind != kind]
 
 
-def answer(engine, group: list[_Request]) -> None:
+def answer(engine, group: list) -> None:
     """Answer `group` (calls of one kind) in one engine call: each call gets the outputs of its own prompts,
-    sampled with its own seeds."""
+    sampled with its own seeds (or, `_Scoring` calls, their prompts' log-probs)."""
     prompts = [p for r in group for p in r.prompts]
-    seeds = [r.sampling.seed_of(i) for r in group for i in range(len(r.prompts))]
-    constraints = [c for r in group for c in (r.constraints or [None] * len(r.prompts))]
-    sampling = replace(group[0].sampling, seed=None, request_seeds=seeds)
     try:
-        outputs = engine.generate(
-            prompts, sampling, constraints if any(c is not None for c in constraints) else None
-        )
+        if isinstance(group[0], _Scoring):
+            outputs = engine.prompt_log_probs(prompts)
+        else:
+            seeds = [r.sampling.seed_of(i) for r in group for i in range(len(r.prompts))]
+            constraints = [c for r in group for c in (r.constraints or [None] * len(r.prompts))]
+            sampling = replace(group[0].sampling, seed=None, request_seeds=seeds)
+            outputs = engine.generate(
+                prompts, sampling, constraints if any(c is not None for c in constraints) else None
+            )
     except BaseException:
         for request in group:
             request.error = "the engine failed on this call"
@@ -136,13 +150,13 @@ class BatchingEngine:
 
 
 class SerialEngine:
-    """An engine that runs one `generate` at a time, whichever thread calls: the calls that wait meanwhile
-    share the next one (a kind of sampling at a time, the longest-waiting first), served by a caller that
-    finds the engine free."""
+    """An engine that runs one `generate` or `prompt_log_probs` at a time, whichever thread calls: the calls
+    that wait meanwhile share the next one (a kind of sampling, or scoring, at a time, the longest-waiting
+    first), served by a caller that finds the engine free."""
 
     def __init__(self, engine):
         self.engine = engine
-        self._changed = threading.Condition()  # guards `_waiting` and `_busy`; notified when a generate ends
+        self._changed = threading.Condition()  # guards `_waiting` and `_busy`; notified when a call ends
         self._waiting: list[_Request] = []
         self._busy = False
 
@@ -150,7 +164,13 @@ class SerialEngine:
         return self.engine.context_length()
 
     def generate(self, prompts, sampling, constraints=None):
-        request = _Request(list(prompts), sampling, constraints)
+        return self._served(_Request(list(prompts), sampling, constraints))
+
+    def prompt_log_probs(self, prompts):
+        """Prompt log-probs, in turn with the generates (the engine runs one call at a time)."""
+        return self._served(_Scoring(list(prompts)))
+
+    def _served(self, request):
         with self._changed:
             self._waiting.append(request)
         while True:

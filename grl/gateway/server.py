@@ -2,7 +2,8 @@
 
 `GET /v1/models`, `POST /v1/chat/completions` (messages, tools, tool_choice, temperature, top_p,
 max_tokens / max_completion_tokens, n, seed, stop, logprobs, parallel_tool_calls, stream; what it cannot
-honour it refuses: grl/gateway/requests.py) and `POST /v1/responses` (grl/gateway/responses.py).
+honour it refuses: grl/gateway/requests.py), `POST /v1/responses` (grl/gateway/responses.py), and vLLM's
+prompt scoring, `POST /v1/completions` with `echo` and `max_tokens: 0`, and `POST /tokenize` (scoring.py).
 Requests are rendered with the model's chat template and the tokens the engine sampled are returned
 beside the text (`grl` field: prompt and completion ids, log-probs). A reply's reasoning and tool calls
 are parsed in the model family's format (grl/toolcalls.py: the family is `tool_parser`, or read
@@ -312,6 +313,7 @@ def build_app(gateway: Gateway):
 
     from grl.gateway.bodies import read_body
     from grl.gateway.responses import chat_body, response_of
+    from grl.gateway.scoring import add_scoring_routes
     from grl.gateway.streaming import chunks, response_events
 
     app = FastAPI(title="GRL gateway")
@@ -340,18 +342,17 @@ def build_app(gateway: Gateway):
         except BadRequest as err:
             return refused(err)
 
-    async def _answer(body, episode: str | None) -> dict:
+    async def off_loop(call, *args):  # on a thread, off the event loop: generation blocks for seconds
         import anyio
 
         if not threads:  # anyio's default of 40 would cap how many programs' calls share an engine batch
             threads.append(anyio.CapacityLimiter(MAX_WAITING_CALLS))
-        # off the event loop: generation blocks for seconds
-        return await anyio.to_thread.run_sync(gateway.complete, body, episode, limiter=threads[0])
+        return await anyio.to_thread.run_sync(call, *args, limiter=threads[0])
 
     async def completions(request: Request):
         try:
             body = await read_body(request)
-            response = await _answer(body, request.path_params.get("episode"))
+            response = await off_loop(gateway.complete, body, request.path_params.get("episode"))
         except BadRequest as err:
             return refused(err)
         if body.get("stream"):
@@ -361,7 +362,8 @@ def build_app(gateway: Gateway):
     async def responses(request: Request):
         try:
             body = await read_body(request)
-            response = response_of(await _answer(chat_body(body), request.path_params.get("episode")), body)
+            answered = await off_loop(gateway.complete, chat_body(body), request.path_params.get("episode"))
+            response = response_of(answered, body)
         except BadRequest as err:
             return refused(err)
         if body.get("stream"):
@@ -375,4 +377,5 @@ def build_app(gateway: Gateway):
         app.add_api_route(f"{root}/v1/models", models, methods=["GET"])
         app.add_api_route(f"{root}/v1/chat/completions", completions, methods=["POST"])
         app.add_api_route(f"{root}/v1/responses", responses, methods=["POST"])
+    add_scoring_routes(app, gateway, refused, off_loop)  # /v1/completions and /tokenize: not an episode's
     return app

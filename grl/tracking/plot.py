@@ -8,6 +8,10 @@ average, the raw
 values drawn faintly behind); validation points are few and drawn as they are. Every point is marked
 while a series is short, so a run is readable from its first step (a line of one point draws nothing).
 The trainer draws `curves.png` after its first logged step, then once a minute and at the end.
+
+`grl plot RUN RUN ... --out compare.png` draws several runs on one figure instead (`compare_runs`): each
+validation task's success (and its decoy arm) by step and by the run's minutes, one colour per run, to set
+two methods from the same start side by side (RL and on-policy distillation, docs/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ PANELS: dict[str, tuple[str, ...]] = {
     "actor loss": ("actor/pg_loss", "actor/kl_loss"),
     "critic loss": ("critic/vf_loss",),
     "KL": ("actor/ppo_kl", "actor/reward_kl_penalty", "kl/in_reward"),
+    "KL to the teacher (nats)": ("teacher/reverse_kl_per_token", "teacher/reverse_kl_per_turn"),
     "entropy": ("actor/entropy",),
     "grad norm": ("actor/grad_norm", "critic/grad_norm"),
     "response length (tokens)": ("response_length/mean",),
@@ -177,11 +182,68 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None, smoothing: floa
     return out
 
 
+def minutes(rows: list[dict]) -> list[float]:
+    """Each row's minutes into the run: its steps' and validations' times summed (start-up left out)."""
+    total, out = 0.0, []
+    for row in rows:
+        total += row.get("timing_s/step", 0.0) + row.get("timing_s/testing", 0.0)
+        out.append(total / 60)
+    return out
+
+
+def compare_runs(run_dirs: list[str | Path], out: str | Path, labels: list[str] | None = None) -> Path:
+    """Validation success of several runs, by step and by minutes, into `out`; `labels` name the runs
+    (default: their folders' names)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = [load_rows(Path(d) / METRICS_FILE) for d in run_dirs]
+    labels = labels or [Path(d).name for d in run_dirs]
+    if len(labels) != len(runs):
+        raise ValueError(f"--labels: {len(labels)} labels for {len(runs)} runs")
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), squeeze=False)
+    for k, (rows, label) in enumerate(zip(runs, labels)):
+        clock = dict(zip((row["step"] for row in rows), minutes(rows)))
+        for task_names in task_metrics(rows, "success").values():
+            for name in task_names:
+                if not name.startswith(VAL_PREFIX):
+                    continue
+                for metric, style, suffix in ((name, "-", ""), (f"{name}_swapped", ":", ", decoy board")):
+                    steps, values = _series(rows, metric)
+                    for ax, xs in ((axes[0][0], steps), (axes[0][1], [clock[s] for s in steps])):
+                        ax.plot(
+                            xs,
+                            values,
+                            style,
+                            marker="o",
+                            markersize=3,
+                            color=colours[k % len(colours)],
+                            label=f"{label}{suffix}",
+                        )
+    for ax, xlabel in zip(axes[0], ("step", "minutes (steps and validations)")):
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("validation success")
+        ax.set_ylim(-0.02, 1.02)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    out = Path(out)
+    fig.savefig(out, dpi=110, format=out.suffix.lstrip(".") or "png")
+    plt.close(fig)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="grl plot", description="Plot a run's curves from its metrics.jsonl."
+        prog="grl plot", description="Plot a run's curves from its metrics.jsonl, or compare several runs."
     )
-    parser.add_argument("run_dir", help="the run folder (trainer.run_dir), holding metrics.jsonl")
+    parser.add_argument(
+        "run_dir", nargs="+", help="the run folder (trainer.run_dir), holding metrics.jsonl; several: compare"
+    )
+    parser.add_argument("--labels", nargs="+", default=None, help="the compared runs' names, in order")
     parser.add_argument(
         "--out",
         default=None,
@@ -194,8 +256,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not 0 <= args.smooth < 1:
         parser.error(f"--smooth: {args.smooth} is not in [0, 1)")
+    if len(args.run_dir) > 1 and not args.out:
+        parser.error("several runs: name the picture with --out")
     try:
-        path = plot_run(args.run_dir, args.out, args.smooth)
+        if len(args.run_dir) > 1:
+            path = compare_runs(args.run_dir, args.out, args.labels)
+        else:
+            path = plot_run(args.run_dir[0], args.out, args.smooth)
     except (EmptyMetrics, ValueError) as err:
         print(f"grl plot: {err}", file=sys.stderr)
         return 2

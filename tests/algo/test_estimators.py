@@ -168,6 +168,8 @@ def test_an_estimator_runs_on_the_inputs_it_declares(name):
             spec.needs_step_keys,
             torch.zeros(6, int(batch["turn_ids"].max()) + 1, dtype=torch.long),
         ),
+        "teacher_log_probs": (spec.needs_teacher, -torch.rand(batch["loss_mask"].shape)),
+        "student_log_probs": (spec.needs_teacher, -torch.rand(batch["loss_mask"].shape)),
     }
     given = {key: value for key, (declared, value) in optional.items() if declared}
     advantages, returns = compute_advantage({**batch, **given}, Algorithm(adv_estimator=name))

@@ -256,3 +256,23 @@ def test_a_long_run_draws_lines_without_markers(tmp_path, monkeypatch):
     write_run(tmp_path, steps=MARKED_POINTS + 1)
     lines = drawn_panels(tmp_path, monkeypatch)["entropy"].get_lines()
     assert lines and all(line.get_marker() in (None, "None", "") for line in lines)
+
+
+def test_several_runs_compare_on_one_figure_by_step_and_by_minutes(tmp_path):
+    from grl.tracking.plot import compare_runs, minutes
+
+    for name in ("rl", "opd"):
+        (tmp_path / name).mkdir()
+        write_run(tmp_path / name)
+    rows = read_jsonl(tmp_path / "rl" / METRICS_FILE)
+    rows[1]["timing_s/step"], rows[3]["timing_s/testing"] = 30.0, 90.0
+    assert minutes(rows) == [0.0, 0.5, 0.5, 2.0, 2.0, 2.0]  # steps and validations summed, in minutes
+    out = compare_runs([tmp_path / "rl", tmp_path / "opd"], tmp_path / "compare.png", ["RL", "OPD"])
+    assert matplotlib.image.imread(out).shape[1] > 800
+    cli = [sys.executable, "-m", "grl.cli", "plot", str(tmp_path / "rl"), str(tmp_path / "opd")]
+    unnamed = subprocess.run(cli, capture_output=True, text=True, timeout=120)
+    assert unnamed.returncode == 2 and "--out" in unnamed.stderr
+    named = subprocess.run(
+        [*cli, "--out", str(tmp_path / "c.pdf")], capture_output=True, text=True, timeout=120
+    )
+    assert named.returncode == 0 and (tmp_path / "c.pdf").read_bytes().startswith(b"%PDF")

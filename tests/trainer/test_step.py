@@ -8,7 +8,7 @@ import torch
 from omegaconf import OmegaConf
 
 from grl.algo import make_kl_controller
-from grl.rollout.types import Episode, Turn
+from grl.rollout.types import Batch, Episode, Turn
 from grl.run_plan import RunPlan
 from grl.trainer.transforms import add_advantages, drop_nonfinite_rows, shape_batch
 from grl.trainer.metrics import batch_metrics, reward_metrics, task_metrics
@@ -355,3 +355,31 @@ def test_best_validation_is_the_highest_mean_success_after_training_a_tie_to_the
     means = {step: sum(s.values()) / len(s) for step, s in history if step >= 1}
     running = [s for s in means if all(means[s] >= means[t] for t in means if t < s)]
     assert chosen == running == [1, 2, 3, 5] and (best.step, best.score) == (5, 0.625)
+
+
+def test_a_teacher_s_term_is_added_to_any_estimator_s_advantages_with_its_coefficient():
+    """GRPO plus the teacher: the group advantages plus coef x (log p_teacher - log p_student); opd alone is
+    that term, unweighted; the student's log-probs are the engine's where no pass scored old ones."""
+    batch, _ = shape_batch(episodes(), rollout_cfg(), pad_token_id=0)
+    score(batch)
+    gen = torch.Generator().manual_seed(5)
+    batch["teacher_log_probs"] = -torch.rand(batch["loss_mask"].shape, generator=gen) * batch["loss_mask"]
+    batch["rollout_log_probs"] = batch["old_log_probs"] + 0.01 * batch["loss_mask"]
+    mask = batch["loss_mask"]
+    term = (batch["teacher_log_probs"] - batch["old_log_probs"]) * mask
+
+    plain = Batch(dict(batch.tensors), batch.meta)
+    del plain.tensors["teacher_log_probs"]
+    add_advantages(plain, algo_cfg("grpo"), make_kl_controller("fixed", 0.0))
+    metrics = add_advantages(batch, algo_cfg("grpo"), make_kl_controller("fixed", 0.0), teacher_coef=0.5)
+    torch.testing.assert_close(batch["advantages"], plain["advantages"] + 0.5 * term)
+    assert metrics["teacher/reverse_kl_per_token"] == pytest.approx(float(-term.sum() / mask.sum()), abs=1e-6)
+
+    alone = Batch(dict(batch.tensors), batch.meta)
+    add_advantages(alone, algo_cfg("opd"), make_kl_controller("fixed", 0.0), teacher_coef=0.5)
+    torch.testing.assert_close(alone["advantages"], term)
+    del alone.tensors["old_log_probs"]  # an on-policy step skipped their pass: the engine's stand in
+    add_advantages(alone, algo_cfg("opd"), make_kl_controller("fixed", 0.0))
+    torch.testing.assert_close(
+        alone["advantages"], (batch["teacher_log_probs"] - batch["rollout_log_probs"]) * mask
+    )
