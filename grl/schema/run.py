@@ -14,6 +14,7 @@ from grl.schema.workers import KL_ESTIMATORS, ActorRolloutRef, Critic
 
 
 VALIDATION_CONTROLS = ("swap",)  # grl.agents.controls.VALIDATION_CONTROLS
+OPD_DIVERGENCES = ("reverse", "forward")  # grl/algo/distill.py: on-policy distillation's two advantages
 
 
 @dataclass
@@ -185,6 +186,13 @@ class Algorithm:
     )
     norm_adv_by_std_in_grpo: bool = key(True, "divide GRPO advantages by the group's standard deviation")
     kl_penalty: str = key("kl", "KL estimator of the KL-in-reward penalty", choices=KL_ESTIMATORS)
+    opd_divergence: str = key(
+        "reverse",
+        "on-policy distillation's divergence to the teacher (adv_estimator=opd, or its term with teacher.*): "
+        "reverse, advantage log p_teacher - log p_student (mode-seeking); forward, p_teacher / p_student - 1 "
+        "(KL(teacher || student): mass-covering)",
+        choices=OPD_DIVERGENCES,
+    )
     use_kl_in_reward: bool = key(False, "subtract a KL penalty against the reference from the reward")
     kl_ctrl: KLControl = section(KLControl)
 

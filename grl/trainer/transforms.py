@@ -77,7 +77,10 @@ def add_advantages(batch: Batch, algo: Algorithm, kl_ctrl, teacher_coef: float =
     if "teacher_log_probs" in batch:
         if not estimator.needs_teacher:
             batch["advantages"] = batch["advantages"] + teacher_coef * teacher_advantage(
-                inputs["teacher_log_probs"], inputs["student_log_probs"], batch["loss_mask"]
+                inputs["teacher_log_probs"],
+                inputs["student_log_probs"],
+                batch["loss_mask"],
+                algo.opd_divergence,
             )
         metrics.update(
             distill_metrics(

@@ -85,3 +85,23 @@ def test_a_teacher_the_run_cannot_use_is_one_line_before_anything_starts(overrid
     with pytest.raises(ConfigError) as err:
         load_config(["model_path=tiny", *overrides])
     assert str(err.value).startswith(message) and "\n" not in str(err.value)
+
+
+def test_the_forward_advantage_moves_the_student_by_teacher_minus_student_in_expectation():
+    """Over the student's own samples at one state, the forward advantage's policy gradient on the logits
+    is exactly teacher - student (the cross-entropy's), where the reverse one's is minus the reverse KL's."""
+    logits = torch.tensor([0.3, -0.2, 0.5, 0.0], requires_grad=True)
+    teacher = torch.log_softmax(torch.tensor([2.0, -1.0, 0.0, -3.0]), -1)
+    mask = torch.ones(4)
+    for divergence, objective in (
+        ("forward", lambda s: -(teacher.exp() * s).sum()),  # cross-entropy to the teacher
+        ("reverse", lambda s: (s.exp() * (s - teacher)).sum()),  # KL(student || teacher)
+    ):
+        student = torch.log_softmax(logits, -1)
+        advantage = teacher_advantage(teacher, student.detach(), mask, divergence)
+        # the expected policy gradient, sum over tokens of p_student * A * grad log p_student
+        (expected,) = torch.autograd.grad(-(student.exp().detach() * advantage * student).sum(), logits)
+        (exact,) = torch.autograd.grad(objective(torch.log_softmax(logits, -1)), logits)
+        torch.testing.assert_close(expected, exact, atol=1e-6, rtol=0)
+    with pytest.raises(ValueError, match="divergence: 'js' is not one of reverse, forward"):
+        teacher_advantage(teacher, teacher, mask, "js")

@@ -70,6 +70,7 @@ def algo_cfg(estimator, **over):
         "norm_adv_by_std_in_grpo": True,
         "kl_penalty": "kl",
         "use_kl_in_reward": False,
+        "opd_divergence": "reverse",
     }
     cfg.update(over)
     return OmegaConf.create(cfg)
