@@ -22,17 +22,9 @@ import tempfile
 import threading
 import time
 
-PHASES = (
-    "gen",
-    "old_log_prob",
-    "ref",
-    "values",
-    "adv",
-    "update_critic",
-    "update_actor",
-    "sync_weights",
-    "step",
-)
+from grl.run_plan import PHASES as STEP_PHASES
+
+PHASES = (*STEP_PHASES, "step")  # a step's phases (grl/run_plan.py), then the whole step
 
 
 class PeakRSS:
