@@ -213,6 +213,8 @@ def compare_runs(run_dirs: list[str | Path], out: str | Path, labels: list[str] 
                     continue
                 for metric, style, suffix in ((name, "-", ""), (f"{name}_swapped", ":", ", decoy board")):
                     steps, values = _series(rows, metric)
+                    if not steps:  # a run without the decoy control
+                        continue
                     for ax, xs in ((axes[0][0], steps), (axes[0][1], [clock[s] for s in steps])):
                         ax.plot(
                             xs,
