@@ -28,7 +28,15 @@ SEEDS = range(6)
 
 def estimate(name, inputs, whiten=True, **keys):
     """`compute_advantage` as the trainer calls it: the batch inputs by name and a typed `algorithm`
-    section."""
+    section; an estimator that reads a teacher gets teacher and student log-probs that depend on the
+    rewards (a fixed function of them, so what the tests change off the mask reaches them too)."""
+    if ESTIMATORS[name].needs_teacher if name in ESTIMATORS else False:
+        rewards = inputs["token_rewards"]
+        inputs = {
+            "teacher_log_probs": -torch.sigmoid(rewards),
+            "student_log_probs": -0.5 + 0 * rewards,
+            **inputs,
+        }
     return compute_advantage(inputs, Algorithm(adv_estimator=name, **keys), whiten=whiten)
 
 

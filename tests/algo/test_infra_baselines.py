@@ -77,6 +77,9 @@ def scored(episodes, name, method="identity"):
     batch["values"] = (
         torch.sin(0.37 * batch["input_ids"].float() + 0.11 * positions) * batch["attention_mask"]
     )
+    # a teacher's log-probs, a fixed function of each token and its position too (opd reads them)
+    batch["teacher_log_probs"] = -torch.sigmoid(batch["input_ids"].float() - positions) * batch["loss_mask"]
+    batch["rollout_log_probs"] = -0.5 * batch["loss_mask"]
     add_advantages(batch, algorithm(name), make_kl_controller("fixed", 0.0))
     trained = batch["loss_mask"] > 0
     rows = {

@@ -277,7 +277,7 @@ def _build_score_and_train(rank, ports, cfg):
     # Scoring: the packed rows make 2 micro-batches on rank 0 and 1 on rank 1.
     out["padded_log_probs"] = actor.compute_log_probs(padded)[0]
     out["packed_log_probs"] = actor.compute_log_probs(packed)[0]
-    out["packed_ref_log_probs"] = actor.compute_log_probs(packed, ref=True)[0]
+    out["packed_ref_log_probs"] = actor.compute_log_probs(packed, model="ref")[0]
 
     # One optimizer step on all six episodes, padded then packed, from the same weights.
     g = torch.Generator().manual_seed(1)

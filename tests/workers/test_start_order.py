@@ -67,7 +67,9 @@ def test_on_gpu_the_engines_come_last_by_default(monkeypatch):
 
     monkeypatch.setattr(workers, "init_ray", lambda address: None)
     monkeypatch.setattr(
-        workers, "ActorRolloutRefGroup", lambda section, plan, timeout, in_setup: Group("actor", in_setup)
+        workers,
+        "ActorRolloutRefGroup",
+        lambda section, plan, timeout, in_setup, teacher_path: Group("actor", in_setup),
     )
     monkeypatch.setattr(workers, "CriticGroup", lambda section, plan: Group("critic"))
     cfg = compose(OVERRIDES)
