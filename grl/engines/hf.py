@@ -72,7 +72,7 @@ class HFEngine(Engine):
         self._reusable = self._prefixes
         self._extended: set[tuple[int, ...]] = set()
         self._prefix_ages: dict[tuple[int, ...], int] = {}  # calls a carried sequence has waited unextended
-        # off: every prompt is prefilled whole (the benchmark's baseline)
+        # Off: every prompt is prefilled whole (the benchmark's baseline).
         self.reuse_prefixes = reuse_prefixes
 
     def context_length(self) -> int | None:
