@@ -54,13 +54,14 @@ def sokoban_setup(description: str, dtype: str, describe_positions: bool = False
 
 
 def main() -> None:
+    from grl.engines import EngineOptions
     from grl.engines.hf import HFEngine
     from grl.rollout import MultiTurnRollout
 
     args, task, greedy = sokoban_setup(__doc__.splitlines()[0], "bfloat16")
     results = {}
     for reuse in (False, True):
-        engine = HFEngine(args.model, dtype=args.dtype, device="cpu", reuse_prefixes=reuse)
+        engine = HFEngine(args.model, EngineOptions(dtype=args.dtype, device="cpu"), reuse_prefixes=reuse)
         rollout = MultiTurnRollout(engine, engine.tokenizer, max_prompt_length=4096, max_response_length=16)
         start = time.perf_counter()
         result = rollout.run([task], base_seed=0, sampling=greedy)

@@ -51,13 +51,14 @@ def main() -> None:
     import torch
     from bench_constrained_rollout import sokoban_setup
 
+    from grl.engines import EngineOptions
     from grl.engines.hf import HFEngine
     from grl.rollout import MultiTurnRollout
 
     args, task, greedy = sokoban_setup(__doc__.splitlines()[0], "float32", describe_positions=True)
     results = {}
     for kind in ("stock", "grl"):
-        engine = HFEngine(args.model, dtype=args.dtype, device="cpu")
+        engine = HFEngine(args.model, EngineOptions(dtype=args.dtype, device="cpu"))
         if kind == "stock":
             engine.model.set_attn_implementation("sdpa")
             engine._prefill_cache = stock_prefill_cache(engine)

@@ -39,6 +39,7 @@ def main() -> None:
     from grl.agents import task_from_block
     from grl.config import CONFIG_DIR
     from grl.engines.base import SamplingParams
+    from grl.engines import EngineOptions
     from grl.engines.hf import HFEngine
     from grl.rollout import MultiTurnRollout, TaskSpec
 
@@ -50,7 +51,7 @@ def main() -> None:
     task = TaskSpec(
         "simpleSokobanAgent", task_from_block("simpleSokobanAgent", block), args.groups, args.group_size
     )
-    engine = HFEngine(args.model, dtype="float32", device="cpu")
+    engine = HFEngine(args.model, EngineOptions(dtype="float32", device="cpu"))
     rollout = MultiTurnRollout(
         engine,
         engine.tokenizer,

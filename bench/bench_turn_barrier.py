@@ -44,6 +44,7 @@ def main() -> None:
 
     from grl.config import load_config, run_sections
     from grl.engines.base import SamplingParams
+    from grl.engines import EngineOptions
     from grl.engines.hf import HFEngine
     from grl.rollout import MultiTurnRollout, task_specs
 
@@ -62,7 +63,7 @@ def main() -> None:
             "rollout.env_workers=16",
         ]
     )
-    engine = HFEngine(args.model, dtype="bfloat16", device="cpu")
+    engine = HFEngine(args.model, EngineOptions(dtype="bfloat16", device="cpu"))
     timed = TimedEngine(engine)
     run = run_sections(cfg)
     rollout = MultiTurnRollout.from_config(run.rollout, run.data, run.tools, timed, engine.tokenizer)

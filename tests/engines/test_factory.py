@@ -160,3 +160,29 @@ def test_the_engine_takes_grammars_when_a_task_of_the_run_decodes_constrained(ov
     run = run_sections(load_config(overrides))
     specs = [spec for validation in (False, True) for spec in task_specs(run.rollout, run.tasks, validation)]
     assert decodes_constrained(specs) is constrained
+
+
+def test_a_run_s_engine_options_come_from_the_rollout_section_the_model_dtype_and_the_plan():
+    from types import SimpleNamespace
+
+    from grl.engines import EngineOptions
+    from grl.workers.rollout_worker import engine_options
+
+    rollout = load_config(
+        [
+            "actor_rollout_ref.rollout.gpu_memory_utilization=0.3",
+            "actor_rollout_ref.rollout.free_cache_engine=false",
+        ]
+    ).actor_rollout_ref.rollout
+    plan = SimpleNamespace(seed=7, reply_grammars=True)
+    assert engine_options(rollout, "bfloat16", plan, "cuda:1", rank=2) == EngineOptions(
+        dtype="bfloat16",
+        device="cuda:1",
+        seed=9,
+        grammar=True,
+        max_model_len=rollout.max_model_len or rollout.prompt_length + rollout.response_length,
+        gpu_memory_utilization=0.3,
+        enforce_eager=rollout.enforce_eager,
+        tensor_model_parallel_size=rollout.tensor_model_parallel_size,
+        free_cache_engine=False,
+    )

@@ -1,20 +1,29 @@
-"""The engine registry: a new engine is its module (here, this file) and one `register` line; the
+"""The engine registry: a new engine is one class (here, in this file) and one `register` line; the
 name is then a choice of `make_engine` and `pick_engine_name`, and what it builds really generates."""
 
 import pytest
 import torch
 
-from grl.engines import ENGINES, Engine, GenerationOutput, SamplingParams, engine_names, make_engine, register
+from grl.engines import (
+    ENGINES,
+    Engine,
+    EngineOptions,
+    GenerationOutput,
+    SamplingParams,
+    engine_names,
+    make_engine,
+    register,
+)
 
 
 class GreedyLoopEngine(Engine):
     """The plainest engine there is: the whole sequence through the model for every new token,
     greedy only, no cache and no batching."""
 
-    def __init__(self, model_path: str, dtype: str):
+    def __init__(self, model_path: str, options: EngineOptions):
         from grl.models import load_causal_lm, load_tokenizer
 
-        self.model = load_causal_lm(model_path, dtype, "cpu").eval()
+        self.model = load_causal_lm(model_path, options.dtype, "cpu").eval()
         self.eos = load_tokenizer(model_path).eos_token_id
 
     def generate(self, prompt_token_ids, sampling, constraints=None):
@@ -38,13 +47,9 @@ class GreedyLoopEngine(Engine):
         self.model.load_state_dict(dict(named_tensors), strict=False)
 
 
-def build_greedy_loop(model_path, *, dtype, **_options):
-    return GreedyLoopEngine(model_path, dtype)
-
-
 @pytest.fixture
 def greedy_loop():
-    register("greedy_loop", build_greedy_loop)
+    register("greedy_loop", GreedyLoopEngine)
     yield
     del ENGINES["greedy_loop"]
 
@@ -74,3 +79,8 @@ def test_an_unregistered_engine_name_is_refused_by_the_config_naming_the_choices
     assert "greedy_loop" not in engine_names()
     with pytest.raises(ConfigError, match=r"actor_rollout_ref.rollout.name: .*greedy_loop.*auto, hf, vllm"):
         load_config(["actor_rollout_ref.rollout.name=greedy_loop"])
+
+
+def test_an_option_no_engine_has_is_refused_before_an_engine_is_built():
+    with pytest.raises(TypeError, match="max_batch"):
+        make_engine("hf", "tiny", max_batch=8)

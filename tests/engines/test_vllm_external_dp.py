@@ -16,11 +16,12 @@ pytestmark = [pytest.mark.slow, pytest.mark.cpu_only, pytest.mark.usefixtures("v
 def _engine_in_the_ranks_group(rank, ports, model_path):
     from vllm.distributed import parallel_state
 
-    from grl.engines.base import SamplingParams
+    from grl.engines.base import EngineOptions, SamplingParams
     from grl.engines.vllm_engine import VLLMEngine
 
     _join(rank, ports[0], "gloo", timeout_s=240)
-    engine = VLLMEngine(model_path, dtype="float32", device="cpu", seed=rank)  # in this process, as on GPU
+    # In this process, as on GPU.
+    engine = VLLMEngine(model_path, EngineOptions(dtype="float32", device="cpu", seed=rank))
     groups = {
         "world": parallel_state.get_world_group().ranks,
         "tp": parallel_state.get_tp_group().ranks,

@@ -115,7 +115,7 @@ class As026(importlib.abc.MetaPathFinder):
 
 
 sys.meta_path.insert(0, As026())
-from grl.engines import SamplingParams
+from grl.engines import EngineOptions, SamplingParams
 from grl.engines.vllm_engine import VLLMEngine
 from grl.engines.vllm_grammar import grammar_processors, has_v2_interface
 from grl.models import load_tokenizer, resolve_model_path
@@ -136,7 +136,7 @@ except ValueError as err:
 vllm_config_module.HAS_TRITON = False
 del os.environ["VLLM_USE_V2_MODEL_RUNNER"]
 before = dict(v2=has_v2_interface(), processors=grammar_processors(args, grammar=True))
-engine = VLLMEngine(path, grammar=True)
+engine = VLLMEngine(path, EngineOptions(grammar=True))
 tokenizer = load_tokenizer(path)
 grammars = grammars_for(tokenizer, 6)
 outputs = engine.generate(chat_prompts(tokenizer)[:6], SamplingParams(temperature=1.0, max_new_tokens=24,

@@ -16,9 +16,10 @@ def one_torch_thread():
 @pytest.fixture(scope="session")
 def hf_engine():
     """The real HF engine with the tiny random model, loaded once for these tests."""
+    from grl.engines import EngineOptions
     from grl.engines.hf import HFEngine
 
-    return HFEngine("tiny", dtype="float32", device="cpu")
+    return HFEngine("tiny", EngineOptions(dtype="float32", device="cpu"))
 
 
 @pytest.fixture(scope="session")
