@@ -72,11 +72,25 @@ def start_groups(
             ActorRolloutRefGroup,
             run.actor_rollout_ref,
             plan,
-            run.rollout.weight_sync_timeout,
+            run.trainer,
+            run.rollout,
             not engines_last,
             run.teacher.model_path,
         ),
-        *([pool.submit(CriticGroup, run.critic, plan)] if plan.use_critic else []),
+        *(
+            [
+                pool.submit(
+                    CriticGroup,
+                    run.critic,
+                    plan,
+                    run.trainer,
+                    run.rollout,
+                    run.actor_rollout_ref.actor.logits_chunk_size,
+                )
+            ]
+            if plan.use_critic
+            else []
+        ),
     ]
     try:
         groups = [start.result() for start in starts]

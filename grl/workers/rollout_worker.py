@@ -57,7 +57,7 @@ def build_engine(section, name: str, device: str, seed: int, grammar: bool) -> E
 class RolloutWorker:
     """The Ray actor: one engine, called one request at a time."""
 
-    def __init__(self, section, plan: RunPlan):
+    def __init__(self, section, plan: RunPlan, seed: int):
         logging.basicConfig(level=logging.INFO, format="%(asctime)s rollout %(message)s")
         if plan.device == "cpu":
             torch.set_num_threads(plan.cpu_threads(usable_cores(), plan.device, engine=True))
@@ -65,7 +65,7 @@ class RolloutWorker:
         # on
         # a node that may differ from the driver's), and the seed of the colocated engine in rank 0, so that a
         # run with the engine apart samples as one with it in.
-        self.engine = build_engine(section, plan.engine, plan.device, plan.seed, grammar=plan.reply_grammars)
+        self.engine = build_engine(section, plan.engine, plan.device, seed, grammar=plan.reply_grammars)
 
     def ready(self) -> bool:
         return True
@@ -91,7 +91,7 @@ class RolloutWorker:
 class SeparateEngine(Engine):
     """The rollout worker as the driver sees it: an Engine, plus `load_weights(handle)`."""
 
-    def __init__(self, section, plan: RunPlan, weight_sync_timeout: float):
+    def __init__(self, section, plan: RunPlan, weight_sync_timeout: float, seed: int):
         """`section`: the typed actor_rollout_ref the engine is built from."""
         import ray
 
@@ -114,7 +114,7 @@ class SeparateEngine(Engine):
         self.last_check: SyncCheck | None = (
             None  # the engine's weights against the trainer's, at the last load
         )
-        self._worker = ray.remote(RolloutWorker).options(**options).remote(section, plan)
+        self._worker = ray.remote(RolloutWorker).options(**options).remote(section, plan, seed)
         ready, _ = ray.wait([self._worker.ready.remote()], timeout=ENGINE_START_TIMEOUT_S)
         if not ready:
             self.shutdown()
