@@ -13,9 +13,9 @@ import copy
 import functools
 import json
 import os
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, get_type_hints
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -25,27 +25,17 @@ from grl.composition import CONFIG_DIR, compose, presets
 from grl.engines import engine_names
 from grl.schema import (
     PROGRAM,
-    ActorRolloutRef,
     AgentConfig,
-    Algorithm,
     ConfigError,
-    Critic,
-    Data,
     GRLConfig,
-    Rollout,
     TaskInstance,
-    Teacher,
-    Tools,
-    Trainer,
     check_values,
     leaves,
     merge_typed,
     teacher_problem,
 )
 from grl.schema.keys import did_you_mean, one_line
-
-if TYPE_CHECKING:
-    from grl.agents.tasks import Task
+from grl.sections import RunSections, run_sections, task_instance, typed_section
 
 __all__ = [
     "ALIASES",
@@ -325,66 +315,3 @@ def task_blocks(cfg: DictConfig) -> dict[str, DictConfig]:
     line adds), by name."""
     known = {f.name for f in fields(GRLConfig)}
     return {str(key): cfg[key] for key in cfg.keys() if key not in known}
-
-
-def typed_section(cfg: DictConfig, name: str) -> Any:
-    """One section of the config as the schema's dataclass instance, its interpolations resolved against
-    the whole config: what a component is built from, instead of the whole config."""
-    section_class = get_type_hints(GRLConfig)[name]
-    return OmegaConf.to_object(
-        merge_typed(section_class, OmegaConf.to_container(cfg[name], resolve=True), f"{name}.")
-    )
-
-
-@dataclass(frozen=True)
-class RunSections:
-    """A checked config as the schema's typed sections, each converted once: what the builders hand the
-    components, each the sections it owns (the root DictConfig stops at the builders)."""
-
-    trainer: Trainer
-    rollout: Rollout
-    algorithm: Algorithm
-    actor_rollout_ref: ActorRolloutRef
-    critic: Critic
-    teacher: Teacher
-    data: Data  # max_prompt_length and max_response_length, resolved
-    tools: Tools
-    tasks: dict[str, Task]  # the task instances rollout.training and rollout.validation name, typed
-    record: dict[str, Any]  # the whole config, resolved, as the run records it (tracker, run_info.yaml)
-
-
-def run_sections(cfg: DictConfig) -> RunSections:
-    """The typed sections of a config from `load_config`."""
-    names = dict.fromkeys([*cfg.rollout.training, *cfg.rollout.validation])
-    return RunSections(
-        **{
-            name: typed_section(cfg, name)
-            for name in (
-                "trainer",
-                "rollout",
-                "algorithm",
-                "actor_rollout_ref",
-                "critic",
-                "teacher",
-                "data",
-                "tools",
-            )
-        },
-        tasks={name: _task(cfg, name) for name in names},
-        record=OmegaConf.to_container(cfg, resolve=True),
-    )
-
-
-def task_instance(cfg: DictConfig, name: str) -> dict[str, Any]:
-    """A task instance block as a plain dict (what grl.agents.make_agent takes)."""
-    return OmegaConf.to_container(cfg[name], resolve=True)  # type: ignore[return-value]
-
-
-def _task(cfg: DictConfig, name: str) -> Task:
-    """A task instance typed once: its block as the schema's TaskInstance (its agent_config's left-out keys at
-    their defaults; `validate` checked the values), with the env its agent type drives."""
-    import grl.agents
-
-    instance = OmegaConf.to_object(merge_typed(TaskInstance, task_instance(cfg, name), f"{name}."))
-    env_type = None if instance.agent_type == PROGRAM else grl.agents.env_name(instance.agent_type)
-    return grl.agents.Task(instance.agent_type, env_type, instance.agent_config, instance.env_config)

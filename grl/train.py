@@ -133,16 +133,16 @@ def check_device(cfg, overrides: list[str], gpus: int) -> None:
     )
 
 
-def resolve_run_plan(cfg, overrides: list[str] = ()):
-    """The run plan, with `auto` device and engine resolved once (grl/machine.py) on the machine the ranks
-    run on: the Ray cluster the run joins (whose address preflight checks first), else this one. A GPU run
-    where there is no GPU stops first (`check_device`), before the engine probe (a child that imports
-    vLLM)."""
+def build(cfg, overrides: list[str] = ()):
+    """The run (grl.run_plan.Run), built once: its typed sections and its plan, with `auto` device and
+    engine resolved once (grl/machine.py) on the machine the ranks run on: the Ray cluster the run joins
+    (whose address preflight checks first), else this one. A GPU run where there is no GPU stops first
+    (`check_device`), before the engine probe (a child that imports vLLM)."""
     import os
 
     from grl.machine import machine_facts, ray_address
     from grl.preflight import check_ray_address
-    from grl.run_plan import RunPlan
+    from grl.run_plan import build_run
 
     trainer, engine = cfg.trainer, cfg.actor_rollout_ref.rollout
     address = ray_address(trainer.ray_address)
@@ -156,9 +156,7 @@ def resolve_run_plan(cfg, overrides: list[str] = ()):
     check_device(
         cfg, list(overrides), machine_facts(trainer.device, "hf", trainer.gpu_memory_gb, cluster).gpus
     )
-    return RunPlan.from_config(
-        cfg, machine_facts(trainer.device, engine.name, trainer.gpu_memory_gb, cluster)
-    )
+    return build_run(cfg, machine_facts(trainer.device, engine.name, trainer.gpu_memory_gb, cluster))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -188,8 +186,8 @@ def main(argv: list[str] | None = None) -> int:
         print(catalog(args.config_dir, task_blocks(cfg)))
         return 0
     try:
-        plan = resolve_run_plan(cfg, args.overrides)
-        notes = preflight.check(cfg, run=plan)
+        built = build(cfg, args.overrides)
+        notes = preflight.check(cfg, run=built)
     except ConfigError as err:
         print(f"grl-train: {err}", file=sys.stderr)
         return 2
@@ -202,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.SIGTERM, _stop
     )  # `timeout`, a scheduler: unwind like Ctrl-C so workers are shut down
     try:
-        run(cfg, plan)
+        run(built)
     except KeyboardInterrupt:
         print("grl-train: stopped; every worker was shut down", file=sys.stderr)
         return 130

@@ -41,7 +41,12 @@ def probe() -> dict:
     ]
     cfg = load_config(overrides)
     worker = PolicyWorker(
-        0, RunPlan.from_config(cfg), typed_section(cfg, "actor_rollout_ref"), "cpu", engine_name="hf"
+        0,
+        RunPlan.from_config(cfg),
+        typed_section(cfg, "actor_rollout_ref"),
+        typed_section(cfg, "trainer"),
+        "cpu",
+        engine_name="hf",
     )
     worker.setup(*worker.listen(True))
     try:

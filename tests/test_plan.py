@@ -110,14 +110,15 @@ def test_7b_full_fine_tune_on_one_48gb_gpu_exits_2_with_one_line(capsys):
 
 def test_preflight_stops_a_config_that_does_not_fit():
     from grl.preflight import PreflightError, check_memory
+    from grl.run_plan import build_run
 
     too_big, fits = (
         load_config(["preset=l40_1x_0.5b", "model_path=Qwen/Qwen2.5-7B-Instruct"]),
         load_config(["preset=h200_4x_7b"]),
     )
     with pytest.raises(PreflightError, match=r"memory plan \(grl plan\): .* set "):
-        check_memory(too_big, RunPlan.from_config(too_big))
-    assert check_memory(fits, RunPlan.from_config(fits)) == []
+        check_memory(build_run(too_big))
+    assert check_memory(build_run(fits)) == []
 
 
 def _rows(memory, phase):
@@ -272,7 +273,9 @@ def test_planner_sizes_what_the_worker_builds(process_group_env, caplog):
     ]
     cfg = load_config(overrides + ["trainer.device=cpu"])
     run = RunPlan.from_config(cfg)
-    worker = PolicyWorker(0, run, typed_section(cfg, "actor_rollout_ref"), "cpu")
+    worker = PolicyWorker(
+        0, run, typed_section(cfg, "actor_rollout_ref"), typed_section(cfg, "trainer"), "cpu"
+    )
     try:
         with caplog.at_level(logging.INFO, logger="grl.workers"):
             worker.setup(*worker.listen(True))

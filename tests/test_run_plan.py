@@ -1,19 +1,16 @@
-"""The run plan: its decisions against the config that asks for them, and the keys it decides read
-nowhere else in the package."""
+"""The run plan: its decisions against the config that asks for them, none of them a copy of a section's
+key; the Run grl-train builds once."""
 
 import ast
-import io
 import math
 import pickle
-import re
-import tokenize
-from dataclasses import FrozenInstanceError, replace
+from dataclasses import FrozenInstanceError, asdict, fields, is_dataclass, replace
 from pathlib import Path
 
 import pytest
 
 from grl.config import load_config
-from grl.run_plan import PHASES, RunPlan
+from grl.run_plan import PHASES, RunPlan, build_run
 
 GRL = Path(__file__).resolve().parent.parent / "grl"
 AHEAD = [
@@ -54,24 +51,23 @@ def test_what_the_config_asks_for_is_what_the_plan_decides():
     assert lora.use_reference and not lora.reference_model  # the base, adapter off
 
     apart = plan_of(*AHEAD, "n_gpus_per_node=2", "nnodes=3", "trainer.seed=7")
-    assert (apart.engine_apart, apart.rollout_ahead, apart.max_staleness) == (True, True, 2)
-    assert (apart.world_size, apart.seed) == (6, 7)
-    assert apart.engine_place() == " in a worker of its own, rollouts up to 2 versions ahead"
+    assert (apart.engine_apart, apart.rollout_ahead, apart.world_size) == (True, True, 6)
+    assert apart.engine_place(2) == " in a worker of its own, rollouts up to 2 versions ahead"
     packed = plan_of("rollout.packing=true", "rollout.max_episode_length=512", "rollout.share_prompts=true")
-    assert (packed.packing_capacity, packed.share_prompts) == (512, True)
+    assert packed.packing_capacity == 512
     assert (
         plan_of("rollout.packing=false").packing_capacity is None
         and plan_of("trainer.device=cpu").device == "cpu"
     )
     colocated = plan_of()
-    assert (colocated.engine_apart, colocated.engine_place()) == (False, "")
+    assert (colocated.engine_apart, colocated.rollout_ahead, colocated.engine_place(0)) == (False, False, "")
 
 
 def test_the_plan_is_frozen_and_reaches_the_ranks_unchanged():
     plan = plan_of(*AHEAD)
     assert pickle.loads(pickle.dumps(plan)) == plan == plan_of(*AHEAD)
     with pytest.raises(FrozenInstanceError):
-        plan.max_staleness = 0
+        plan.rollout_ahead = False
 
 
 def test_the_old_log_probs_come_from_the_source_the_actor_section_names():
@@ -100,7 +96,7 @@ def test_old_log_prob_pass_is_needed_when_the_update_moves_before_it_reads_them(
         f"algorithm.use_kl_in_reward={kl_in_reward}",
         *(AHEAD[:1] + [f"rollout.max_staleness={staleness}", AHEAD[2]] if staleness else []),
     )
-    assert plan.max_staleness == staleness
+    assert plan.rollout_ahead is (staleness > 0)
     for episodes in range(1, 20):
         # reference: the update's optimizer steps; only the first is taken at the weights that sampled, and
         # only if nothing used the old log-probs before it and the sampler was the current policy
@@ -112,9 +108,10 @@ def test_old_log_prob_pass_is_needed_when_the_update_moves_before_it_reads_them(
 def test_cpu_threads_split_the_node_between_the_ranks_and_an_engine_generating_beside_them():
     for ranks in (1, 2, 4):
         for ahead in (False, True):
-            plan = replace(plan_of(), ranks_per_node=ranks, max_staleness=int(ahead), engine_apart=ahead)
+            plan = replace(plan_of(), rollout_ahead=ahead, engine_apart=ahead)
             for cores in range(1, 33):
-                rank, engine = plan.cpu_threads(cores, "cpu"), plan.cpu_threads(cores, "cpu", engine=True)
+                rank = plan.cpu_threads(cores, "cpu", ranks_per_node=ranks)
+                engine = plan.cpu_threads(cores, "cpu", engine=True)
                 assert rank >= 1 and engine >= 1
                 if (
                     ahead and cores >= 2 and cores - cores // 2 >= ranks
@@ -123,74 +120,89 @@ def test_cpu_threads_split_the_node_between_the_ranks_and_an_engine_generating_b
                 if not ahead:  # one at a time: the ranks share the node, the engine takes all of it
                     assert rank == max(1, cores // ranks) and engine == cores
                 # on a GPU node the engine's cores are not the ranks' concern
-                assert plan.cpu_threads(cores, "cuda") == max(1, cores // ranks)
+                assert plan.cpu_threads(cores, "cuda", ranks_per_node=ranks) == max(1, cores // ranks)
 
 
-# Keys whose consequences the plan decides: read from a config only by the plan's builder and by
-# grl/config.py's checks (the schema declares them).
-PLANNED_KEYS = (
-    "max_staleness",
-    "hybrid_engine",
-    "n_gpus_per_node",
-    "nnodes",
-    "packing",
-    "share_prompts",
-)
-ALLOWED_FILES = {GRL / "run_plan.py", GRL / "config.py"}
-
-
-def _code_without_strings(source: str) -> str:
-    """The source with its strings and comments blanked, so that messages naming a key do not count."""
-    out = []
-    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
-        if tok.type in (tokenize.STRING, tokenize.COMMENT) or tok.type == getattr(
-            tokenize, "FSTRING_MIDDLE", -1
-        ):
-            out.append(" ")
+def section_keys(value) -> dict[str, list]:
+    """Every leaf key of a typed section (a schema dataclass, its nested sections and dicts) by its last
+    name -> its values."""
+    items = asdict(value).items() if is_dataclass(value) else value.items()
+    keys: dict[str, list] = {}
+    for name, item in items:
+        if is_dataclass(item) or isinstance(item, dict):
+            for sub, values in section_keys(item).items():
+                keys.setdefault(sub, []).extend(values)
         else:
-            out.append(tok.string)
-        out.append(" " if tok.type != tokenize.NEWLINE else "\n")
-    return "".join(out)
+            keys.setdefault(name, []).append(item)
+    return keys
 
 
-ATTRIBUTE = re.compile(r"(\w+)\s*\.\s*(" + "|".join(PLANNED_KEYS) + r"|trainer\s*\.\s*seed)\b")
-BY_NAME = re.compile(r"""(?:get\(|\[)\s*["'](?:""" + "|".join(PLANNED_KEYS) + r""")["']""")
+# Configs in which each key a copy would mirror (the seed, the ranks, the staleness, the chunk size, the
+# packing, the temperature) takes another value.
+PLAN_CONFIGS = (
+    (),
+    (
+        *AHEAD,
+        "n_gpus_per_node=2",
+        "nnodes=3",
+        "trainer.seed=7",
+        "actor_rollout_ref.actor.logits_chunk_size=64",
+        "actor_rollout_ref.rollout.temperature=0.5",
+    ),
+    (
+        "rollout.packing=true",
+        "rollout.max_episode_length=512",
+        "rollout.share_prompts=false",
+        "trainer.device=cpu",
+        "actor_rollout_ref.rollout.temperature=0",
+    ),
+)
 
 
-def config_reads(source: str) -> list[str]:
-    """The reads of a planned key in `source`; `plan.max_staleness`, `run.nnodes` or an object's own
-    attribute read the plan, not a config."""
-    return [
-        re.sub(r"\s", "", m.group(2))
-        for m in ATTRIBUTE.finditer(_code_without_strings(source))
-        if m.group(1) not in ("plan", "run", "self")
-    ] + [m.group(0) for m in BY_NAME.finditer(source)]
+def test_no_plan_field_is_a_copy_of_a_section_key():
+    """A RunPlan field named as a section's key, or holding one key's value in every config, would be that
+    key copied: its readers should read the section. `device` and `engine` share their keys' names because
+    they resolve `auto` (the test below); a flag may agree with a flag, a count with a count by chance, so
+    only numbers and strings that no decision touched are compared by value."""
+    runs = [build_run(load_config(["model_path=tiny", *overrides])) for overrides in PLAN_CONFIGS]
+
+    def keys(run) -> dict[str, object]:
+        return {
+            f"{section}.{name}": value
+            for section in (f.name for f in fields(run.sections) if f.name != "record")
+            for name, value in section_keys(getattr(run.sections, section)).items()
+        }
+
+    names = {key.rpartition(".")[2] for run in runs for key in keys(run)}
+    copied = [f.name for f in fields(RunPlan) if f.name in names and f.name not in ("device", "engine")]
+    assert copied == []
+    by_key = [keys(run) for run in runs]
+    for field in fields(RunPlan):
+        values = [getattr(run.plan, field.name) for run in runs]
+        if isinstance(values[0], bool) or values[0] is None or len(set(map(repr, values))) == 1:
+            continue  # a flag, or a value the configs do not vary
+        mirrored = [key for key in by_key[0] if all(k.get(key) == [v] for k, v in zip(by_key, values))]
+        assert mirrored == [], f"RunPlan.{field.name} holds {mirrored[0]} in every config"
+    # the checks see a copy: the trainer's seed (7 in the second config) is a key a field must not mirror
+    assert by_key[1]["trainer.seed"] == [7] and "seed" in names
 
 
-def test_the_keys_the_plan_decides_are_read_nowhere_else():
-    readers = [
-        f"{path.relative_to(GRL)}: {read}"
-        for path in sorted(GRL.rglob("*.py"))
-        if path not in ALLOWED_FILES and GRL / "schema" not in path.parents
-        for read in config_reads(path.read_text())
-    ]
-    assert readers == []
-    # the scan sees the reads there are, and not a message that names a key
-    assert config_reads("k = cfg.rollout.max_staleness  # rollout.max_staleness") == ["max_staleness"]
-    assert config_reads("seed = int(self.cfg.trainer.seed)\nn = t.get('nnodes', 1)") == [
-        "trainer.seed",
-        "get('nnodes'",
-    ]
-    assert config_reads('log("rollout.max_staleness=%d", self.plan.max_staleness)') == []
+def test_the_resolved_fields_decide_where_the_config_leaves_it_to_the_machine():
+    """`device` and `engine` share their keys' names; they hold the answer to `auto`, never `auto`."""
+    run = build_run(
+        load_config(["model_path=tiny", "trainer.device=auto", "actor_rollout_ref.rollout.name=auto"])
+    )
+    assert run.sections.trainer.device == "auto" and run.plan.device in ("cpu", "cuda")
+    assert run.sections.actor_rollout_ref.rollout.name == "auto" and run.plan.engine in ("hf", "vllm")
 
 
 # The builders take the root config (grl.config.load_config's DictConfig) and hand every component typed
-# objects: its schema sections (grl.config.RunSections), the run plan, the task blocks. A builder is one of
-# these modules, a `from_config` classmethod or grl.trainer.run (grl-train's, which builds the trainer);
-# nothing else turns the root config into anything.
-BUILDER_MODULES = ("config.py", "run_plan.py", "preflight.py", "train.py", "cli.py", "schema/")
-BUILDER_FUNCTIONS = {"from_config", "trainer/__init__.py:run"}
-ROOT_ENTRIES = {"load_config", "typed_section", "run_sections", "task_instance"}
+# objects: its schema sections (grl.schema.RunSections), the run plan, the task blocks. A builder is one of
+# these modules or a `from_config` classmethod; grl-train's trainer is started from the Run it built once
+# (grl.run_plan.build_run), and nothing else turns the root config into anything.
+BUILDER_MODULES = ("config.py", "sections.py", "run_plan.py", "preflight", "train.py", "cli.py", "schema/")
+BUILDER_FUNCTIONS = {"from_config"}
+ROOT_ENTRIES = {"load_config", "typed_section", "run_sections", "build_run", "task_instance"}
 
 
 def root_config_uses(source: str, module: str = "") -> list[str]:
@@ -261,9 +273,43 @@ def test_the_components_are_built_from_typed_sections():
         ]
 
     assert annotations(AgentTrainer.__init__)[:2] == ["RunSections", "RunPlan"]
-    assert annotations(Validation.__init__)[:1] == ["RunSections"]
+    assert annotations(Validation.__init__)[:2] == ["list[TaskSpec]", "SamplingParams"]
+    assert annotations(Validation.of_run)[:1] == ["RunSections"]
     assert annotations(MultiTurnRollout.from_config)[:3] == ["Rollout", "Data", "Tools"]
     assert annotations(ActorRolloutRefGroup.__init__)[:2] == ["ActorRolloutRef", "RunPlan"]
     assert annotations(CriticGroup.__init__)[:2] == ["Critic", "RunPlan"]
     assert annotations(plan)[:1] == ["RunSections"]
     assert list(inspect.signature(ProgramRunner.from_config).parameters)[:2] == ["rollout", "data"]
+
+
+def test_grl_train_types_the_config_once_and_trains_the_run_it_built(tmp_path, monkeypatch):
+    """grl-train's whole path before the workers (config, run, preflight, the trainer's entry) converts the
+    config to its sections once: the Run preflight checked is the one the trainer is handed."""
+    import grl.config
+    import grl.sections
+    import grl.trainer
+    from grl import train
+    from grl.run_plan import Run
+
+    conversions, sections, trained = [], [], []
+    convert, typed = grl.sections.run_sections, grl.sections.typed_section
+
+    def counted(cfg):
+        conversions.append(cfg)
+        return convert(cfg)
+
+    def counted_section(cfg, name):
+        sections.append(name)
+        return typed(cfg, name)
+
+    for module in (grl.sections, grl.config):
+        monkeypatch.setattr(module, "run_sections", counted)
+        monkeypatch.setattr(module, "typed_section", counted_section)
+    monkeypatch.setattr(grl.trainer, "run", trained.append)  # the boundary: no worker starts
+    folders = [f"trainer.run_dir={tmp_path}/run", f"trainer.default_local_dir={tmp_path}/ckpt"]
+    assert train.main(["preset=cpu", "model_path=tiny", *folders]) == 0
+    assert len(conversions) == 1 and len(trained) == 1 and isinstance(trained[0], Run)
+    # every section conversion is that one run's (its eight sections), none of a check or a builder
+    typed_sections = [f.name for f in fields(trained[0].sections) if f.name not in ("tasks", "record")]
+    assert sorted(sections) == sorted(typed_sections)
+    assert trained[0].sections.trainer.run_dir == f"{tmp_path}/run"

@@ -6,12 +6,13 @@ subclass only where its replies or metrics differ from theirs.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from grl.agents.parse import split_actions
-from grl.schema import AgentConfig
+from grl.schema.tasks import Task
+
+__all__ = ["AGENT_TYPES", "AgentType", "Task", "TaskHooks"]
 
 
 class TaskHooks:
@@ -106,19 +107,3 @@ AGENT_TYPES: dict[str, AgentType] = {
     "textworldAgent": AgentType("textworld", TextWorldHooks()),
     "gemAgent": AgentType("gem", GemHooks()),
 }
-
-
-@dataclass(frozen=True)
-class Task:
-    """A task instance of configs/agents.yaml, checked once (by grl.config for a run's tasks, by
-    grl.agents.task_from_block for a block given by hand): what the rollout, the gateway, the planner and
-    make_agent read, without checking or defaulting it again."""
-
-    agent_type: str
-    env_type: (
-        str | None
-    )  # the grl.envs name (or module:Class path) its agent drives; None for an agent program
-    agent_config: AgentConfig  # every key set, the left-out ones to their defaults
-    env_config: Mapping[
-        str, Any
-    ]  # the env constructor's keyword arguments (an agent program's `task.config`)

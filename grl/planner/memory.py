@@ -93,7 +93,7 @@ def plan(
     gpu_memory_gib = gpu_memory_gib if gpu_memory_gib is not None else run.gpu_memory_gib
     device = run.device
     on_gpu = device == "cuda"
-    per_node, world = run.ranks_per_node, run.world_size
+    per_node, world = sections.trainer.n_gpus_per_node, run.world_size
     s = seq_len or rollout_cfg.max_episode_length
     sampled = min(s, sampled_tokens or sampled_per_episode(sections))
     agents = rollout_agents or max(
@@ -244,7 +244,7 @@ def plan(
                 training_activations(shape, b_critic, s, e, critic_cfg.model.enable_gradient_checkpointing),
                 ["update_critic"],
             )
-    chunk = run.logits_chunk_size
+    chunk = arr.actor.logits_chunk_size
     chunk_fix = f"actor_rollout_ref.actor.logits_chunk_size={max(chunk // 2, 1)}"
     for phase, b, copies, scorer in (
         ("old_log_prob", b_score, SCORE_LOGIT_COPIES, shape),

@@ -19,7 +19,8 @@ from grl.schema.run import (
     Tools,
     Trainer,
 )
-from grl.schema.tasks import PROGRAM, AgentConfig, TaskInstance
+from grl.schema.sections import RunSections
+from grl.schema.tasks import PROGRAM, AgentConfig, Task, TaskInstance
 from grl.schema.teacher import Teacher, teacher_problem
 from grl.schema.workers import (
     Actor,
@@ -54,9 +55,11 @@ __all__ = [
     "Rollout",
     "RolloutEngine",
     "Rule",
+    "RunSections",
     "SamplingOverrides",
     "System",
     "Teacher",
+    "Task",
     "TaskInstance",
     "Tools",
     "Trainer",

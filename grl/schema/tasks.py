@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import Any, Optional
 
 from omegaconf import MISSING
@@ -85,3 +86,19 @@ class TaskInstance:
     env_config: dict[str, Any] = field(
         default_factory=dict
     )  # checked against the env constructor's signature
+
+
+@dataclass(frozen=True)
+class Task:
+    """A task instance of configs/agents.yaml, checked once (by grl.config for a run's tasks, by
+    grl.agents.task_from_block for a block given by hand): what the rollout, the gateway, the planner and
+    make_agent read, without checking or defaulting it again."""
+
+    agent_type: str
+    env_type: (
+        str | None
+    )  # the grl.envs name (or module:Class path) its agent drives; None for an agent program
+    agent_config: AgentConfig  # every key set, the left-out ones to their defaults
+    env_config: Mapping[
+        str, Any
+    ]  # the env constructor's keyword arguments (an agent program's `task.config`)

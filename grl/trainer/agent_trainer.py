@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import replace
 from functools import partial
@@ -19,12 +18,11 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from grl.algo import make_kl_controller
-from grl.config import RunSections, run_sections
 from grl.engines import sampling_from_config
-from grl.run_plan import RunPlan
-from grl.rollout import Batch, MultiTurnRollout, RolloutError, task_specs, training_base_seed
+from grl.run_plan import Run, RunPlan, build_run
+from grl.rollout import Batch, RolloutError, task_specs, training_base_seed
 from grl.rollout.dynamic_sampling import with_top_up
-from grl.rollout.tasks import is_program_task
+from grl.schema import RunSections
 from grl.tracking import Tracker, save_run_info
 from grl.trainer import RunAborted
 from grl.trainer.certificate import STOPS, certified
@@ -89,57 +87,27 @@ class AgentTrainer:
         self.last_checkpoint: Path | None = None
         self.tracker: Tracker | None = None
         self.progress = Progress(enabled="console" in self.settings.logger)
-        self.validation = Validation(run, rollout)
+        self.validation = Validation.of_run(run, rollout)
         # Where each step's episodes and old log-probs come from (grl/trainer/pipeline.py): the step reads
         # the same in every mode. The rollout source starts with the first step, after any resume.
         self._source: RolloutSource | None = None
         self.certificate, self.old_log_probs = certified(
-            run, plan, actor, old_log_probs_from(plan, self.policy.actor, actor)
+            run, actor, old_log_probs_from(plan, self.policy.actor, actor)
         )
         self.teacher = teacher_from(run.teacher, plan, actor)  # None without on-policy distillation
 
     @classmethod
-    def from_config(
-        cls, cfg: DictConfig, hooks: list[StepHook] | None = None, plan: RunPlan | None = None
-    ) -> AgentTrainer:
-        """Start Ray, the actor (+ref, +engine) and critic workers, and the rollout; `plan`: the builder's
-        (grl/train.py), by default the plan on this machine."""
-        from grl.models import load_tokenizer
-        from grl.workers import init_ray, start_groups
+    def from_config(cls, cfg: DictConfig, hooks: list[StepHook] | None = None) -> AgentTrainer:
+        """`from_run` of a checked config's run on this machine (grl-train builds its run itself)."""
+        return cls.from_run(build_run(cfg), hooks)
 
-        # Worker output (Ray, vLLM, transformers on every rank) stays in Ray's session logs, off the console;
-        # errors still reach the driver as exceptions.
-        run, plan = run_sections(cfg), plan or RunPlan.from_config(cfg)
-        init_ray(run.trainer.ray_address, log_to_driver=False)
-        with ThreadPoolExecutor(1) as driver:
-            tokenizer = driver.submit(
-                load_tokenizer, run.actor_rollout_ref.model.path
-            )  # while the ranks start
-            actor, critic = start_groups(run, plan)
-        try:
-            programs = None
-            program_tasks = [
-                task
-                for validation in (False, True)
-                for task in task_specs(run.rollout, run.tasks, validation)
-                if is_program_task(task)
-            ]
-            if program_tasks:
-                from grl.gateway.programs import ProgramRunner
+    @classmethod
+    def from_run(cls, built: Run, hooks: list[StepHook] | None = None) -> AgentTrainer:
+        """Start Ray, the actor (+ref, +engine) and critic workers, and the rollout of the run grl-train
+        built (grl/train.py)."""
+        from grl.trainer.start import start_components
 
-                programs = ProgramRunner.from_config(run.rollout, run.data, actor.engine, tokenizer.result())
-                programs.start_workers(
-                    program_tasks
-                )  # their processes start while the first rollout is prepared
-            rollout = MultiTurnRollout.from_config(
-                run.rollout, run.data, run.tools, actor.engine, tokenizer.result(), programs=programs
-            )
-        except BaseException:
-            for group in (actor, critic):
-                if group is not None:
-                    group.shutdown()
-            raise
-        return cls(run, plan, actor, critic, rollout, hooks)
+        return cls(built.sections, built.plan, *start_components(built), hooks)
 
     # ------------------------------------------------------------------ loop
 
@@ -267,13 +235,13 @@ class AgentTrainer:
         rollout's metrics; the curriculum records the step's success."""
         result = sampled.result
         self.certificate.sampled(result.episodes)
-        episodes, stale = drop_stale_episodes(result.episodes, step - 1, self.plan.max_staleness)
+        episodes, stale = drop_stale_episodes(result.episodes, step - 1, self.sections.rollout.max_staleness)
         if stale:
             log.error(
                 "step %d: %d episodes sampled more than rollout.max_staleness=%d versions ago were dropped",
                 step,
                 stale,
-                self.plan.max_staleness,
+                self.sections.rollout.max_staleness,
             )
         metrics = {
             **sampled.metrics,
@@ -330,7 +298,7 @@ class AgentTrainer:
                 partial(self._rollout, on_turn=None),
                 self.actor.engine.load_weights,
                 self.actor.weights_handle,
-                max_staleness=self.plan.max_staleness,
+                max_staleness=self.sections.rollout.max_staleness,
                 first_step=first_step,
                 last_step=self.settings.total_training_steps,
                 version=first_step - 1,
@@ -345,7 +313,7 @@ class AgentTrainer:
 
     def _rollout(self, step: int, on_turn: Callable | None):
         """Every training task's episodes of `step`, sampled by the engine's current weights."""
-        sampling = replace(self.sampling, seed=training_base_seed(self.plan.seed, step))
+        sampling = replace(self.sampling, seed=training_base_seed(self.settings.seed, step))
         tasks = (
             self.train_tasks
             if self.curriculum is None
@@ -358,7 +326,7 @@ class AgentTrainer:
         return with_top_up(play, training_base_seed(r.seed, step), r.top_up_rounds)
 
     def _stage(self, step: int) -> int:
-        return self.curriculum.stage_for(step, self.plan.max_staleness)
+        return self.curriculum.stage_for(step, self.sections.rollout.max_staleness)
 
     def validate(self) -> dict[str, float]:
         """Every validation task in one batched greedy rollout, `trainer.validation_steps`

@@ -181,13 +181,14 @@ def certificate_line(step: int, values: dict[str, float]) -> str:
     )
 
 
-def certified(run, plan, actor, old_log_probs) -> tuple[StepCertificate, CheckedLogProbs]:
+def certified(run, actor, old_log_probs) -> tuple[StepCertificate, CheckedLogProbs]:
     """The run's certificate, and its old-log-prob source (`old_log_probs`, grl/trainer/pipeline.py) that
     also measures the gap where PPO's old log-probs are the engine's and the engine samples the weights
     about to be trained (with a rollout ahead the gap would measure staleness too)."""
     section = run.trainer.certificate
-    engine_log_probs = not run.actor_rollout_ref.actor.recompute_old_log_probs and plan.max_staleness == 0
+    staleness = run.rollout.max_staleness
+    engine_log_probs = not run.actor_rollout_ref.actor.recompute_old_log_probs and staleness == 0
     checked = CheckedLogProbs(
-        old_log_probs, actor, section.logprob_check_fraction, engine_log_probs, plan.seed
+        old_log_probs, actor, section.logprob_check_fraction, engine_log_probs, run.trainer.seed
     )
-    return StepCertificate(section, plan.max_staleness), checked
+    return StepCertificate(section, staleness), checked

@@ -43,7 +43,7 @@ def start_report(run, plan, device: str, start_step: int = 0) -> str:
             f"  metrics      {run_dir / METRICS_FILE}  (grl plot {run_dir})",
             f"  checkpoints  {Path(trainer.default_local_dir).absolute()}",
             f"  device       {device} x {plan.world_size} rank(s), engine "
-            f"{plan.engine}{plan.engine_place()}, model {model.path}",
+            f"{plan.engine}{plan.engine_place(run.rollout.max_staleness)}, model {model.path}",
             f"  compute      {compute_report(model.dtype, device)}",
             f"  worker logs  {os.environ.get('RAY_TMPDIR', '/tmp/ray')}/session_latest/logs",
             f"  training     {training}",

@@ -10,15 +10,16 @@ replace and is left out of them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from statistics import fmean
 
 from grl.agents.controls import CONTROL_METRIC
-from grl.config import RunSections
-from grl.engines import sampling_from_config
+from grl.engines import SamplingParams, sampling_from_config
 from grl.rollout import MultiTurnRollout, task_specs
 from grl.rollout.diagnostics import input_dependence_metrics
-from grl.rollout.tasks import is_program_task
+from grl.rollout.tasks import TaskSpec, is_program_task
+from grl.schema import RunSections
 from grl.trainer.metrics import task_metrics, turn_length_metrics
 
 
@@ -67,18 +68,47 @@ class Validation:
     """The run's validations over the rollout's engine: each task's success at every validation (the
     finish report's first, best and last) and the best one after a training step (`trainer.export_best`)."""
 
-    def __init__(self, run: RunSections, rollout):
-        """`run`: the config's typed sections; `rollout`: the training rollout, whose engine it shares."""
-        self.run_sections, self.rollout = run, rollout
-        self.settings, self.max_response_length = run.trainer, run.data.max_response_length
-        self.seed, self.names = run.rollout.validation_seed, run.rollout.validation
-        self.sampling = sampling_from_config(
-            run.actor_rollout_ref.rollout, validate=True, max_new_tokens=self.max_response_length
-        )
-        self.tasks = task_specs(run.rollout, run.tasks, validation=True)
+    def __init__(
+        self,
+        rollout,
+        tasks: list[TaskSpec],
+        sampling: SamplingParams,
+        *,
+        seed: int,
+        runs: int,
+        controls: list[str],
+        control_rollout: Callable[[str], MultiTurnRollout],
+        max_response_length: int,
+    ):
+        """`rollout`: the training rollout, whose engine it shares; `tasks` (rollout.validation) played
+        `runs` times (trainer.validation_steps) from `seed` (rollout.validation_seed) under `sampling`;
+        `controls`: trainer.validation_controls, each played by `control_rollout(control=name)`, built on
+        first use."""
+        self.rollout, self.tasks, self.sampling = rollout, tasks, sampling
+        self.names = [task.name for task in tasks]
+        self.seed, self.runs, self.control_names = seed, runs, controls
+        self.control_rollout, self.max_response_length = control_rollout, max_response_length
         self.controls: dict = {}  # validation control -> its MultiTurnRollout (grl/agents/controls.py)
         self.success: dict[str, list[tuple[int, float]]] = {}
         self.best = BestValidation()
+
+    @classmethod
+    def of_run(cls, run: RunSections, rollout) -> Validation:
+        """The validations a run's sections ask for, over the training rollout's engine."""
+        return cls(
+            rollout,
+            task_specs(run.rollout, run.tasks, validation=True),
+            sampling_from_config(
+                run.actor_rollout_ref.rollout, validate=True, max_new_tokens=run.data.max_response_length
+            ),
+            seed=run.rollout.validation_seed,
+            runs=run.trainer.validation_steps,
+            controls=list(run.trainer.validation_controls),
+            control_rollout=lambda control: MultiTurnRollout.from_config(
+                run.rollout, run.data, run.tools, rollout.engine, rollout.tokenizer, control=control
+            ),
+            max_response_length=run.data.max_response_length,
+        )
 
     def run(self, step: int, on_turn=None) -> dict[str, float]:
         """Every validation task in one batched greedy rollout, `trainer.validation_steps` times with
@@ -88,7 +118,7 @@ class Validation:
             self._control_rollouts(),
             self.tasks,
             self.seed,
-            self.settings.validation_steps,
+            self.runs,
             self.sampling,
             on_turn=on_turn,
         )
@@ -104,17 +134,9 @@ class Validation:
 
     def _control_rollouts(self) -> dict:
         """The rollouts of `trainer.validation_controls`, built on first use over the same engine."""
-        run = self.run_sections
-        for name in self.settings.validation_controls:
+        for name in self.control_names:
             if name not in self.controls:
-                self.controls[name] = MultiTurnRollout.from_config(
-                    run.rollout,
-                    run.data,
-                    run.tools,
-                    self.rollout.engine,
-                    self.rollout.tokenizer,
-                    control=name,
-                )
+                self.controls[name] = self.control_rollout(control=name)
         return self.controls
 
     def close(self) -> None:

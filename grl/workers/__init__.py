@@ -54,7 +54,7 @@ def start_groups(
 ) -> tuple[ActorRolloutRefGroup, CriticGroup | None]:
     """The actor group and, where the plan has a critic, the critic group, started side by side: each
     group's ranks start their processes and load their model while the other's do, each from its typed
-    section of `run` (grl.config.RunSections). A group that started is shut down when the other fails
+    section of `run` (grl.schema.RunSections). A group that started is shut down when the other fails
     (or the start is interrupted).
 
     `engines_last` (default: on GPU) builds the colocated rollout engines only once every group has
@@ -72,11 +72,25 @@ def start_groups(
             ActorRolloutRefGroup,
             run.actor_rollout_ref,
             plan,
-            run.rollout.weight_sync_timeout,
+            run.trainer,
+            run.rollout,
             not engines_last,
             run.teacher.model_path,
         ),
-        *([pool.submit(CriticGroup, run.critic, plan)] if plan.use_critic else []),
+        *(
+            [
+                pool.submit(
+                    CriticGroup,
+                    run.critic,
+                    plan,
+                    run.trainer,
+                    run.rollout,
+                    run.actor_rollout_ref.actor.logits_chunk_size,
+                )
+            ]
+            if plan.use_critic
+            else []
+        ),
     ]
     try:
         groups = [start.result() for start in starts]

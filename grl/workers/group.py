@@ -21,9 +21,9 @@ from grl.engines.base import Engine
 from grl.engines.weights import SyncCheck, raise_on_mismatch
 from grl.errors import first_line
 from grl.rollout.types import Batch
-from grl.config import typed_section
 from grl.run_plan import RunPlan
-from grl.schema import ActorRolloutRef, Critic
+from grl.schema import ActorRolloutRef, Critic, Rollout, Trainer
+from grl.sections import typed_section
 from grl.workers.dispatch import FaultAwareDispatch
 from grl.workers.engine_proxy import EngineProxy
 from grl.workers.runtime import acquire_pool, check_device, init_ray, release_pool, worker_runtime_env
@@ -64,9 +64,13 @@ POLICY_SCORE_KEYS = SCORE_KEYS + CONSTRAINT_KEYS
 class _WorkerGroup(FaultAwareDispatch):
     """N ranks of one role; shared plumbing of the actor and critic groups."""
 
-    def __init__(self, worker_class: type, plan: RunPlan, section, rank_args=lambda rank: ()):
-        """`plan.world_size` ranks of `worker_class` (grl/workers/policy.py or critic.py), each built
-        with (rank, plan, section, device, *rank_args(rank)); `section` is the role's typed config section."""
+    def __init__(
+        self, worker_class: type, plan: RunPlan, section, trainer: Trainer, rollout: Rollout, rank_args
+    ):
+        """`plan.world_size` ranks of `worker_class` (grl/workers/policy.py or critic.py) on trainer.nnodes
+        nodes, each built with (rank, plan, section, trainer, device, *rank_args(rank)); `section` is the
+        role's typed config section; `rollout` says whether packed rows share prompts
+        (rollout.share_prompts)."""
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -74,12 +78,13 @@ class _WorkerGroup(FaultAwareDispatch):
         if size < 1:
             raise ValueError(f"a worker group needs at least one rank, got {size}")
         self.role, self.plan, self.section, self.size = worker_class.role, plan, section, size
+        self.seed, self.share_prompts = trainer.seed, rollout.share_prompts
         self.device = check_device(plan.device)
         self.workers: list = []
         self.nodes: list[str] = []  # the Ray node id of each rank
         self._abandoned: list = []  # results of peers of a failed rank, collected at shutdown
         self._closed = False
-        nnodes = plan.nnodes
+        nnodes = trainer.nnodes
         pg = acquire_pool(size, self.device, nnodes)
         self._pool = (size, self.device, nnodes)
         bundle = pg.bundle_specs[0]
@@ -97,7 +102,7 @@ class _WorkerGroup(FaultAwareDispatch):
                 )
                 self.workers.append(
                     remote.options(scheduling_strategy=strategy, **options).remote(
-                        rank, plan, section, self.device, *rank_args(rank)
+                        rank, plan, section, trainer, self.device, *rank_args(rank)
                     )
                 )
             self.nodes = self._gather([w.node_id.remote() for w in self.workers], list(range(size)))
@@ -143,7 +148,7 @@ class _WorkerGroup(FaultAwareDispatch):
             raise ValueError(f"{self.role}.{method}: the batch has no rows")
         capacity = self.plan.packing_capacity
         sent, where = (
-            pack(tensors, row_capacity(tensors, capacity), self.plan.share_prompts)
+            pack(tensors, row_capacity(tensors, capacity), self.share_prompts)
             if capacity is not None
             else (tensors, None)
         )
@@ -156,9 +161,9 @@ class _WorkerGroup(FaultAwareDispatch):
         return outs if where is None else [unpack(o, where, tensors["input_ids"].shape[1]) for o in outs]
 
     def _update(self, batch: Batch, keys: tuple[str, ...], train_cfg, step: int) -> dict[str, float]:
-        seed = self.plan.seed * SHUFFLE_SEED_STRIDE + step - 1
+        seed = self.seed * SHUFFLE_SEED_STRIDE + step - 1
         shards = minibatch_shards(
-            pick(batch, keys), train_cfg, self.size, seed, self.plan.packing_capacity, self.plan.share_prompts
+            pick(batch, keys), train_cfg, self.size, seed, self.plan.packing_capacity, self.share_prompts
         )
         return self.call_sharded("update", shards)[0]
 
@@ -223,7 +228,8 @@ class ActorRolloutRefGroup(_WorkerGroup):
         return cls(
             typed_section(cfg, "actor_rollout_ref"),
             plan,
-            cfg.rollout.weight_sync_timeout,
+            typed_section(cfg, "trainer"),
+            typed_section(cfg, "rollout"),
             engines_in_setup,
             teacher_path=cfg.teacher.model_path,
         )
@@ -232,7 +238,8 @@ class ActorRolloutRefGroup(_WorkerGroup):
         self,
         section: ActorRolloutRef,
         plan: RunPlan,
-        weight_sync_timeout: float,
+        trainer: Trainer,
+        rollout: Rollout,
         engines_in_setup: bool = True,
         teacher_path: str | None = None,
     ):
@@ -251,11 +258,13 @@ class ActorRolloutRefGroup(_WorkerGroup):
             PolicyWorker,
             plan,
             section,
+            trainer,
+            rollout,
             lambda rank: (self.engine_name if rank in engine_ranks else None, engines_in_setup, teacher_path),
         )
         try:
             self.engine: Engine = (
-                SeparateEngine(section, plan, weight_sync_timeout)
+                SeparateEngine(section, plan, rollout.weight_sync_timeout, trainer.seed)
                 if self.separate
                 else EngineProxy(self, self.engine_ranks)
             )
@@ -345,13 +354,22 @@ class CriticGroup(_WorkerGroup):
     @classmethod
     def from_config(cls, cfg, plan: RunPlan) -> CriticGroup:
         """The group of a checked config's `critic` section."""
-        return cls(typed_section(cfg, "critic"), plan)
+        return cls(
+            typed_section(cfg, "critic"),
+            plan,
+            typed_section(cfg, "trainer"),
+            typed_section(cfg, "rollout"),
+            cfg.actor_rollout_ref.actor.logits_chunk_size,
+        )
 
-    def __init__(self, section: Critic, plan: RunPlan):
+    def __init__(
+        self, section: Critic, plan: RunPlan, trainer: Trainer, rollout: Rollout, logits_chunk_size: int
+    ):
+        """`logits_chunk_size`: the actor's (actor_rollout_ref.actor.logits_chunk_size), for every role."""
         from grl.workers.critic import CriticWorker
 
         init_ray()
-        super().__init__(CriticWorker, plan, section)
+        super().__init__(CriticWorker, plan, section, trainer, rollout, lambda rank: (logits_chunk_size,))
 
     def compute_values(self, batch: Batch) -> torch.Tensor:
         return self._score("compute_values", pick(batch, SCORE_KEYS))[0]

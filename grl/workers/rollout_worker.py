@@ -39,13 +39,13 @@ class WeightSyncTimeout(RuntimeError):
     """The rollout engine did not take new weights within `rollout.weight_sync_timeout`."""
 
 
-def engine_options(rollout, dtype: str, plan: RunPlan, device: str, rank: int = 0) -> EngineOptions:
+def engine_options(rollout, dtype: str, plan: RunPlan, device: str, seed: int) -> EngineOptions:
     """The options of the engine `rollout` (the typed actor_rollout_ref.rollout) describes, for the model in
-    `dtype`, built on `device` by the actor's rank `rank` (its seed: the run's, plus the rank)."""
+    `dtype`, built on `device` with sampling seed `seed` (the run's plus the rank that builds it)."""
     return EngineOptions(
         dtype=dtype,
         device=device,
-        seed=plan.seed + rank,
+        seed=seed,
         grammar=plan.reply_grammars,  # some task's requests carry a reply grammar
         max_model_len=rollout.max_model_len or rollout.prompt_length + rollout.response_length,
         gpu_memory_utilization=rollout.gpu_memory_utilization,
@@ -55,25 +55,25 @@ def engine_options(rollout, dtype: str, plan: RunPlan, device: str, rank: int = 
     )
 
 
-def build_engine(section, plan: RunPlan, name: str, device: str, rank: int = 0) -> Engine:
+def build_engine(section, plan: RunPlan, name: str, device: str, seed: int) -> Engine:
     """The engine `name` (the plan's) for the typed actor_rollout_ref `section`, built where it will run."""
     from grl.engines import make_engine
 
-    options = engine_options(section.rollout, section.model.dtype, plan, device, rank)
+    options = engine_options(section.rollout, section.model.dtype, plan, device, seed)
     return make_engine(name, section.model.path, options)
 
 
 class RolloutWorker:
     """The Ray actor: one engine, called one request at a time."""
 
-    def __init__(self, section, plan: RunPlan):
+    def __init__(self, section, plan: RunPlan, seed: int):
         logging.basicConfig(level=logging.INFO, format="%(asctime)s rollout %(message)s")
         if plan.device == "cpu":
             torch.set_num_threads(plan.cpu_threads(usable_cores(), plan.device, engine=True))
         # The plan's engine, as the colocated ranks build it (not rollout.name's `auto` resolved again here,
         # on a node that may differ from the driver's), and the seed of the colocated engine in rank 0, so
         # that a run with the engine apart samples as one with it in.
-        self.engine = build_engine(section, plan, plan.engine, plan.device)
+        self.engine = build_engine(section, plan, plan.engine, plan.device, seed)
 
     def ready(self) -> bool:
         return True
@@ -99,7 +99,7 @@ class RolloutWorker:
 class SeparateEngine(Engine):
     """The rollout worker as the driver sees it: an Engine, plus `load_weights(handle)`."""
 
-    def __init__(self, section, plan: RunPlan, weight_sync_timeout: float):
+    def __init__(self, section, plan: RunPlan, weight_sync_timeout: float, seed: int):
         """`section`: the typed actor_rollout_ref the engine is built from."""
         import ray
 
@@ -122,7 +122,7 @@ class SeparateEngine(Engine):
         self.last_check: SyncCheck | None = (
             None  # the engine's weights against the trainer's, at the last load
         )
-        self._worker = ray.remote(RolloutWorker).options(**options).remote(section, plan)
+        self._worker = ray.remote(RolloutWorker).options(**options).remote(section, plan, seed)
         ready, _ = ray.wait([self._worker.ready.remote()], timeout=ENGINE_START_TIMEOUT_S)
         if not ready:
             self.shutdown()

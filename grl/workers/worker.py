@@ -15,6 +15,7 @@ import torch.distributed as dist
 from grl.engines.base import usable_cores
 from grl.rollout.batch import attention_spans
 from grl.run_plan import RunPlan
+from grl.schema import Trainer
 from grl.workers import fsdp, lora, sharded
 from grl.workers.heads import Head
 from grl.workers.scoring import TokenScorer, pad_width, trim_width
@@ -34,12 +35,17 @@ class Worker(UpdateLoop):
     (grl/workers/heads.py:
     what its models put on the backbone) and `build()`, which sets
     `module`, `model_cfg`, `train_cfg` and `objective`. A rank is built from the run's plan and its role's
-    typed config section (grl/schema/workers.py: ActorRolloutRef or Critic), not the whole config."""
+    typed config section (grl/schema/workers.py: ActorRolloutRef or Critic) and the trainer section (the
+    seed, the ranks per node), not the whole config."""
 
     role: str
     head: Head
 
-    def __init__(self, rank: int, plan: RunPlan, section, device: str):
+    def __init__(
+        self, rank: int, plan: RunPlan, section, trainer: Trainer, device: str, logits_chunk_size: int
+    ):
+        """`logits_chunk_size`: positions per chunk through the head, actor_rollout_ref.actor's for every
+        role (the critic's value head too)."""
         logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {self.role}[{rank}] %(message)s")
         self.rank, self.plan, self.world_size, self.section, self.device = (
             rank,
@@ -48,7 +54,10 @@ class Worker(UpdateLoop):
             section,
             device,
         )
-        torch.set_num_threads(plan.cpu_threads(usable_cores(), device))
+        self.seed, self.logits_chunk_size = trainer.seed, logits_chunk_size
+        torch.set_num_threads(
+            plan.cpu_threads(usable_cores(), device, ranks_per_node=trainer.n_gpus_per_node)
+        )
         self.peft_model = None  # set on a LoRA policy: the adapter's config and on/off switch
         # Wall-clock times (time.time(), comparable between the processes of a node) of this rank's start-up:
         # "loaded" once setup has built its models, "engine_start"/"engine_ready" around its engine's build.
@@ -80,7 +89,7 @@ class Worker(UpdateLoop):
             timeout_s=self.section.nccl_timeout,
             listening=getattr(self, "_listening", None),
         )
-        fsdp.seed_everything(self.plan.seed + self.rank)
+        fsdp.seed_everything(self.seed + self.rank)
         self.build()
         self.optimizer = fsdp.make_optimizer(
             [p for p in self.module.parameters() if p.requires_grad], self.train_cfg.optim
@@ -155,7 +164,7 @@ class Worker(UpdateLoop):
                 trimmed["attention_mask"],
                 trimmed["position_ids"],
                 attention_spans(trimmed),
-                chunk_size=self.plan.logits_chunk_size,
+                chunk_size=self.logits_chunk_size,
                 temperature=self.plan.score_temperature,
                 constraint_size=trimmed.get("constraint_size"),
                 constraint_ids=trimmed.get("constraint_ids"),

@@ -163,6 +163,7 @@ def test_the_engine_takes_grammars_when_a_task_of_the_run_decodes_constrained(ov
 
 
 def test_a_run_s_engine_options_come_from_the_rollout_section_the_model_dtype_and_the_plan():
+    """The seed is the rank's (the run's plus the rank), given by the worker that builds the engine."""
     from types import SimpleNamespace
 
     from grl.engines import EngineOptions
@@ -174,8 +175,8 @@ def test_a_run_s_engine_options_come_from_the_rollout_section_the_model_dtype_an
             "actor_rollout_ref.rollout.free_cache_engine=false",
         ]
     ).actor_rollout_ref.rollout
-    plan = SimpleNamespace(seed=7, reply_grammars=True)
-    assert engine_options(rollout, "bfloat16", plan, "cuda:1", rank=2) == EngineOptions(
+    plan = SimpleNamespace(reply_grammars=True)
+    assert engine_options(rollout, "bfloat16", plan, "cuda:1", seed=9) == EngineOptions(
         dtype="bfloat16",
         device="cuda:1",
         seed=9,

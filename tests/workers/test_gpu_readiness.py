@@ -160,7 +160,13 @@ def test_gpu_rank_takes_its_share_of_the_cores():
     before = torch.get_num_threads()
     torch.set_num_threads(1)  # what Ray's OMP_NUM_THREADS=1 gives a fractional-CPU actor
     try:
-        PolicyWorker(0, RunPlan.from_config(cfg), typed_section(cfg, "actor_rollout_ref"), "cuda")
+        PolicyWorker(
+            0,
+            RunPlan.from_config(cfg),
+            typed_section(cfg, "actor_rollout_ref"),
+            typed_section(cfg, "trainer"),
+            "cuda",
+        )
         assert torch.get_num_threads() == len(os.sched_getaffinity(0))
     finally:
         torch.set_num_threads(before)
@@ -265,7 +271,9 @@ def _build_score_and_train(rank, ports, cfg):
     packed = layout(PACKED[rank], {k: data[k] for k in policy_keys})
 
     with_ref = replace(RunPlan.from_config(cfg), use_reference=True, reference_model=True)
-    actor = PolicyWorker(rank, with_ref, typed_section(cfg, "actor_rollout_ref"), "cpu")
+    actor = PolicyWorker(
+        rank, with_ref, typed_section(cfg, "actor_rollout_ref"), typed_section(cfg, "trainer"), "cpu"
+    )
     actor.setup("127.0.0.1", ports[0])
     out["timeouts_s"] = [group_timeout_s()]
     out["buffers"] = {k: v.clone() for k, v in actor.module.named_buffers()}
@@ -293,7 +301,14 @@ def _build_score_and_train(rank, ports, cfg):
         out[f"{name}_update"] = (metrics, {k: s["exp_avg"].clone() for k, s in moments.items()})
     actor.teardown()
 
-    critic = CriticWorker(rank, RunPlan.from_config(cfg), typed_section(cfg, "critic"), "cpu")
+    critic = CriticWorker(
+        rank,
+        RunPlan.from_config(cfg),
+        typed_section(cfg, "critic"),
+        typed_section(cfg, "trainer"),
+        "cpu",
+        cfg.actor_rollout_ref.actor.logits_chunk_size,
+    )
     critic.setup("127.0.0.1", ports[1])
     out["timeouts_s"].append(group_timeout_s())
     critic.update(

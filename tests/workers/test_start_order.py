@@ -69,9 +69,11 @@ def test_on_gpu_the_engines_come_last_by_default(monkeypatch):
     monkeypatch.setattr(
         workers,
         "ActorRolloutRefGroup",
-        lambda section, plan, timeout, in_setup, teacher_path: Group("actor", in_setup),
+        lambda section, plan, trainer, rollout, in_setup, teacher_path: Group("actor", in_setup),
     )
-    monkeypatch.setattr(workers, "CriticGroup", lambda section, plan: Group("critic"))
+    monkeypatch.setattr(
+        workers, "CriticGroup", lambda section, plan, trainer, rollout, chunk: Group("critic")
+    )
     cfg = compose(OVERRIDES)
     start_groups(
         run_sections(cfg), replace(RunPlan.from_config(cfg), device="cuda")

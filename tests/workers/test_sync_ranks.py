@@ -42,7 +42,13 @@ def _resident_kib(field: str) -> int:
 def _hand_over(rank, ports, cfg):
     from grl.workers.policy import PolicyWorker
 
-    actor = PolicyWorker(rank, RunPlan.from_config(cfg), typed_section(cfg, "actor_rollout_ref"), "cpu")
+    actor = PolicyWorker(
+        rank,
+        RunPlan.from_config(cfg),
+        typed_section(cfg, "actor_rollout_ref"),
+        typed_section(cfg, "trainer"),
+        "cpu",
+    )
     actor.setup("127.0.0.1", ports[0])
     actor.host_weights()  # the first gathers set up gloo's buffers: not what is measured
     # Live memory only (freed heap returned), then the peak from here (as bench/bench_plan_accuracy.py).

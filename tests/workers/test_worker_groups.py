@@ -263,7 +263,9 @@ def test_a_rank_and_a_rollout_worker_of_its_own_get_the_one_runtime_env(cfg, act
     from grl.workers.rollout_worker import SeparateEngine
     from grl.workers.runtime import REPO_ROOT, worker_runtime_env
 
-    apart = SeparateEngine(typed_section(cfg, "actor_rollout_ref"), RunPlan.from_config(cfg), 60.0)
+    apart = SeparateEngine(
+        typed_section(cfg, "actor_rollout_ref"), RunPlan.from_config(cfg), 60.0, cfg.trainer.seed
+    )
     try:
         engine_env = ray.get(apart._worker.execute.remote(_environment))
     finally:
@@ -287,7 +289,7 @@ def test_a_rollout_worker_of_its_own_builds_the_planned_engine_not_auto_again(cf
 
     section = typed_section(cfg, "actor_rollout_ref")
     section = replace(section, rollout=replace(section.rollout, name="auto"))
-    apart = SeparateEngine(section, replace(RunPlan.from_config(cfg), engine="hf"), 60.0)
+    apart = SeparateEngine(section, replace(RunPlan.from_config(cfg), engine="hf"), 60.0, cfg.trainer.seed)
     try:
         assert ray.get(apart._worker.execute.remote(_engine_class)) == "HFEngine"
     finally:
