@@ -145,14 +145,14 @@ class RunPlan:
         AReaL's decoupled objective) while a truncated importance weight corrects for the versions between."""
         return episodes > self.single_step_episodes
 
-    def cpu_threads(self, cores: int, device: str, engine: bool = False, ranks_per_node: int = 1) -> int:
+    def cpu_threads(self, cores: int, engine: bool = False, ranks_per_node: int = 1) -> int:
         """Threads of a process with `cores` on its node: the share of one of `ranks_per_node` training
         ranks (trainer.n_gpus_per_node; `engine=False`) or the engine worker's. Ray sets OMP_NUM_THREADS=1
         in a fractional-CPU actor, which would leave an offloaded optimizer step (AdamW over the host
         shards) one core. On CPU the driver runs the phases one after another, so the ranks of the working
         group (and a colocated engine, in a rank) may share every core, except while rollouts run beside
         the update: the engine then keeps its share and the ranks split the rest."""
-        beside = device == "cpu" and self.rollout_ahead
+        beside = self.device == "cpu" and self.rollout_ahead
         if engine:
             return engine_cpu_threads(cores) if beside else cores
         return max(1, max(1, cores - engine_cpu_threads(cores) if beside else cores) // ranks_per_node)

@@ -45,7 +45,6 @@ def probe() -> dict:
         RunPlan.from_config(cfg),
         typed_section(cfg, "actor_rollout_ref"),
         typed_section(cfg, "trainer"),
-        "cpu",
         engine_name="hf",
     )
     worker.setup(*worker.listen(True))

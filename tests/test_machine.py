@@ -95,7 +95,7 @@ def test_every_reader_takes_the_one_answer(facts, device, engine, tmp_path, monk
     assert pick_engine_name(run.engine) == engine  # the name the ranks get is built as it is
 
     # The banner.
-    assert f"device       {device} x 2 rank(s), engine {engine}," in start_report(sections, run, run.device)
+    assert f"device       {device} x 2 rank(s), engine {engine}," in start_report(sections, run)
 
 
 def test_the_cluster_a_run_joins_is_the_key_then_the_environment_then_none():

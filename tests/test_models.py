@@ -2,6 +2,7 @@
 
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -124,7 +125,7 @@ def test_banner_and_preflight_say_what_the_cpu_computes_in(cpu_reports, tmp_path
     from grl.trainer.report import start_report
 
     def banner_of(cfg):
-        return start_report(run_sections(cfg), RunPlan.from_config(cfg), "cpu")
+        return start_report(run_sections(cfg), replace(RunPlan.from_config(cfg), device="cpu"))
 
     base = ["preset=cpu", "model_path=tiny", f"trainer.run_dir={tmp_path}/run"]
     cpu_reports("AVX2")

@@ -273,9 +273,7 @@ def test_planner_sizes_what_the_worker_builds(process_group_env, caplog):
     ]
     cfg = load_config(overrides + ["trainer.device=cpu"])
     run = RunPlan.from_config(cfg)
-    worker = PolicyWorker(
-        0, run, typed_section(cfg, "actor_rollout_ref"), typed_section(cfg, "trainer"), "cpu"
-    )
+    worker = PolicyWorker(0, run, typed_section(cfg, "actor_rollout_ref"), typed_section(cfg, "trainer"))
     try:
         with caplog.at_level(logging.INFO, logger="grl.workers"):
             worker.setup(*worker.listen(True))

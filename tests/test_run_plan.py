@@ -108,10 +108,10 @@ def test_old_log_prob_pass_is_needed_when_the_update_moves_before_it_reads_them(
 def test_cpu_threads_split_the_node_between_the_ranks_and_an_engine_generating_beside_them():
     for ranks in (1, 2, 4):
         for ahead in (False, True):
-            plan = replace(plan_of(), rollout_ahead=ahead, engine_apart=ahead)
+            plan = replace(plan_of(), device="cpu", rollout_ahead=ahead, engine_apart=ahead)
             for cores in range(1, 33):
-                rank = plan.cpu_threads(cores, "cpu", ranks_per_node=ranks)
-                engine = plan.cpu_threads(cores, "cpu", engine=True)
+                rank = plan.cpu_threads(cores, ranks_per_node=ranks)
+                engine = plan.cpu_threads(cores, engine=True)
                 assert rank >= 1 and engine >= 1
                 if (
                     ahead and cores >= 2 and cores - cores // 2 >= ranks
@@ -120,7 +120,8 @@ def test_cpu_threads_split_the_node_between_the_ranks_and_an_engine_generating_b
                 if not ahead:  # one at a time: the ranks share the node, the engine takes all of it
                     assert rank == max(1, cores // ranks) and engine == cores
                 # on a GPU node the engine's cores are not the ranks' concern
-                assert plan.cpu_threads(cores, "cuda", ranks_per_node=ranks) == max(1, cores // ranks)
+                gpu = replace(plan, device="cuda")
+                assert gpu.cpu_threads(cores, ranks_per_node=ranks) == max(1, cores // ranks)
 
 
 def section_keys(value) -> dict[str, list]:

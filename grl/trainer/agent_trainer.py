@@ -134,7 +134,7 @@ class AgentTrainer:
             )
             save_run_info(settings.run_dir, OmegaConf.to_yaml(self.sections.record))
             print(
-                start_report(self.sections, self.plan, self.plan.device, start_step=self.global_step),
+                start_report(self.sections, self.plan, start_step=self.global_step),
                 flush=True,
             )
             if settings.val_only:

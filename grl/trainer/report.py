@@ -13,7 +13,7 @@ def validation_runs(trainer, start_step: int) -> bool:
     return trainer.val_only or trainer.test_freq > 0 or (trainer.val_before_train and start_step == 0)
 
 
-def start_report(run, plan, device: str, start_step: int = 0) -> str:
+def start_report(run, plan, start_step: int = 0) -> str:
     """Where this run writes, on what it runs and what it trains and validates on (only what will run);
     `run`: the config's typed sections, `start_step`: the step a resumed run continues after."""
     from grl.tracking import METRICS_FILE
@@ -42,9 +42,9 @@ def start_report(run, plan, device: str, start_step: int = 0) -> str:
             f"  run folder   {run_dir}",
             f"  metrics      {run_dir / METRICS_FILE}  (grl plot {run_dir})",
             f"  checkpoints  {Path(trainer.default_local_dir).absolute()}",
-            f"  device       {device} x {plan.world_size} rank(s), engine "
+            f"  device       {plan.device} x {plan.world_size} rank(s), engine "
             f"{plan.engine}{plan.engine_place(run.rollout.max_staleness)}, model {model.path}",
-            f"  compute      {compute_report(model.dtype, device)}",
+            f"  compute      {compute_report(model.dtype, plan.device)}",
             f"  worker logs  {os.environ.get('RAY_TMPDIR', '/tmp/ray')}/session_latest/logs",
             f"  training     {training}",
             f"  validation   {validation}",

@@ -68,7 +68,7 @@ class _WorkerGroup(FaultAwareDispatch):
         self, worker_class: type, plan: RunPlan, section, trainer: Trainer, rollout: Rollout, rank_args
     ):
         """`plan.world_size` ranks of `worker_class` (grl/workers/policy.py or critic.py) on trainer.nnodes
-        nodes, each built with (rank, plan, section, trainer, device, *rank_args(rank)); `section` is the
+        nodes, each built with (rank, plan, section, trainer, *rank_args(rank)); `section` is the
         role's typed config section; `rollout` says whether packed rows share prompts
         (rollout.share_prompts)."""
         import ray
@@ -102,7 +102,7 @@ class _WorkerGroup(FaultAwareDispatch):
                 )
                 self.workers.append(
                     remote.options(scheduling_strategy=strategy, **options).remote(
-                        rank, plan, section, trainer, self.device, *rank_args(rank)
+                        rank, plan, section, trainer, *rank_args(rank)
                     )
                 )
             self.nodes = self._gather([w.node_id.remote() for w in self.workers], list(range(size)))

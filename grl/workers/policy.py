@@ -97,7 +97,6 @@ class PolicyWorker(Worker):
         plan: RunPlan,
         section,
         trainer: Trainer,
-        device: str,
         engine_name: str | None = None,
         engine_in_setup: bool = True,
         teacher_path: str | None = None,
@@ -105,7 +104,7 @@ class PolicyWorker(Worker):
         """`engine_name`: this rank holds the rollout engine; `engine_in_setup`: it is built once the models
         are, in `setup`, else when the driver calls `build_engine` (grl.workers.start_groups);
         `teacher_path`: a frozen teacher to load beside the reference (on-policy distillation)."""
-        super().__init__(rank, plan, section, trainer, device, section.actor.logits_chunk_size)
+        super().__init__(rank, plan, section, trainer, section.actor.logits_chunk_size)
         self.use_ref, self.engine_name, self.engine_in_setup = (
             plan.use_reference,
             engine_name,
@@ -137,9 +136,7 @@ class PolicyWorker(Worker):
         from grl.workers.rollout_worker import build_engine
 
         self.startup["engine_start"] = time.time()
-        self.engine = build_engine(
-            self.section, self.plan, self.engine_name, self.device, self.seed + self.rank
-        )
+        self.engine = build_engine(self.section, self.plan, self.engine_name, self.seed + self.rank)
         self.startup["engine_ready"] = time.time()
 
     def update(self, minibatches: list[dict]) -> dict[str, float]:

@@ -39,12 +39,12 @@ class WeightSyncTimeout(RuntimeError):
     """The rollout engine did not take new weights within `rollout.weight_sync_timeout`."""
 
 
-def engine_options(rollout, dtype: str, plan: RunPlan, device: str, seed: int) -> EngineOptions:
+def engine_options(rollout, dtype: str, plan: RunPlan, seed: int) -> EngineOptions:
     """The options of the engine `rollout` (the typed actor_rollout_ref.rollout) describes, for the model in
-    `dtype`, built on `device` with sampling seed `seed` (the run's plus the rank that builds it)."""
+    `dtype`, built on the plan's device with sampling seed `seed` (the run's plus the rank that builds it)."""
     return EngineOptions(
         dtype=dtype,
-        device=device,
+        device=plan.device,
         seed=seed,
         grammar=plan.reply_grammars,  # some task's requests carry a reply grammar
         max_model_len=rollout.max_model_len or rollout.prompt_length + rollout.response_length,
@@ -55,11 +55,11 @@ def engine_options(rollout, dtype: str, plan: RunPlan, device: str, seed: int) -
     )
 
 
-def build_engine(section, plan: RunPlan, name: str, device: str, seed: int) -> Engine:
+def build_engine(section, plan: RunPlan, name: str, seed: int) -> Engine:
     """The engine `name` (the plan's) for the typed actor_rollout_ref `section`, built where it will run."""
     from grl.engines import make_engine
 
-    options = engine_options(section.rollout, section.model.dtype, plan, device, seed)
+    options = engine_options(section.rollout, section.model.dtype, plan, seed)
     return make_engine(name, section.model.path, options)
 
 
@@ -69,11 +69,11 @@ class RolloutWorker:
     def __init__(self, section, plan: RunPlan, seed: int):
         logging.basicConfig(level=logging.INFO, format="%(asctime)s rollout %(message)s")
         if plan.device == "cpu":
-            torch.set_num_threads(plan.cpu_threads(usable_cores(), plan.device, engine=True))
+            torch.set_num_threads(plan.cpu_threads(usable_cores(), engine=True))
         # The plan's engine, as the colocated ranks build it (not rollout.name's `auto` resolved again here,
         # on a node that may differ from the driver's), and the seed of the colocated engine in rank 0, so
         # that a run with the engine apart samples as one with it in.
-        self.engine = build_engine(section, plan, plan.engine, plan.device, seed)
+        self.engine = build_engine(section, plan, plan.engine, seed)
 
     def ready(self) -> bool:
         return True

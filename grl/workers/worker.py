@@ -41,23 +41,14 @@ class Worker(UpdateLoop):
     role: str
     head: Head
 
-    def __init__(
-        self, rank: int, plan: RunPlan, section, trainer: Trainer, device: str, logits_chunk_size: int
-    ):
+    def __init__(self, rank: int, plan: RunPlan, section, trainer: Trainer, logits_chunk_size: int):
         """`logits_chunk_size`: positions per chunk through the head, actor_rollout_ref.actor's for every
         role (the critic's value head too)."""
         logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {self.role}[{rank}] %(message)s")
-        self.rank, self.plan, self.world_size, self.section, self.device = (
-            rank,
-            plan,
-            plan.world_size,
-            section,
-            device,
-        )
+        self.rank, self.plan, self.world_size, self.section = rank, plan, plan.world_size, section
+        self.device = plan.device
         self.seed, self.logits_chunk_size = trainer.seed, logits_chunk_size
-        torch.set_num_threads(
-            plan.cpu_threads(usable_cores(), device, ranks_per_node=trainer.n_gpus_per_node)
-        )
+        torch.set_num_threads(plan.cpu_threads(usable_cores(), ranks_per_node=trainer.n_gpus_per_node))
         self.peft_model = None  # set on a LoRA policy: the adapter's config and on/off switch
         # Wall-clock times (time.time(), comparable between the processes of a node) of this rank's start-up:
         # "loaded" once setup has built its models, "engine_start"/"engine_ready" around its engine's build.

@@ -175,8 +175,8 @@ def test_a_run_s_engine_options_come_from_the_rollout_section_the_model_dtype_an
             "actor_rollout_ref.rollout.free_cache_engine=false",
         ]
     ).actor_rollout_ref.rollout
-    plan = SimpleNamespace(reply_grammars=True)
-    assert engine_options(rollout, "bfloat16", plan, "cuda:1", seed=9) == EngineOptions(
+    plan = SimpleNamespace(reply_grammars=True, device="cuda:1")
+    assert engine_options(rollout, "bfloat16", plan, seed=9) == EngineOptions(
         dtype="bfloat16",
         device="cuda:1",
         seed=9,

@@ -31,7 +31,7 @@ def with_trainer(**keys):
 
 def banner(start_step=0, **keys) -> dict[str, str]:
     run, plan = with_trainer(**keys)
-    lines = start_report(run, plan, "cpu", start_step).splitlines()[1:]
+    lines = start_report(run, replace(plan, device="cpu"), start_step).splitlines()[1:]
     return dict(line.strip().split(maxsplit=1) for line in lines)
 
 

@@ -162,10 +162,9 @@ def test_gpu_rank_takes_its_share_of_the_cores():
     try:
         PolicyWorker(
             0,
-            RunPlan.from_config(cfg),
+            replace(RunPlan.from_config(cfg), device="cuda"),
             typed_section(cfg, "actor_rollout_ref"),
             typed_section(cfg, "trainer"),
-            "cuda",
         )
         assert torch.get_num_threads() == len(os.sched_getaffinity(0))
     finally:
@@ -272,7 +271,7 @@ def _build_score_and_train(rank, ports, cfg):
 
     with_ref = replace(RunPlan.from_config(cfg), use_reference=True, reference_model=True)
     actor = PolicyWorker(
-        rank, with_ref, typed_section(cfg, "actor_rollout_ref"), typed_section(cfg, "trainer"), "cpu"
+        rank, with_ref, typed_section(cfg, "actor_rollout_ref"), typed_section(cfg, "trainer")
     )
     actor.setup("127.0.0.1", ports[0])
     out["timeouts_s"] = [group_timeout_s()]
@@ -306,7 +305,6 @@ def _build_score_and_train(rank, ports, cfg):
         RunPlan.from_config(cfg),
         typed_section(cfg, "critic"),
         typed_section(cfg, "trainer"),
-        "cpu",
         cfg.actor_rollout_ref.actor.logits_chunk_size,
     )
     critic.setup("127.0.0.1", ports[1])

@@ -47,7 +47,6 @@ def _hand_over(rank, ports, cfg):
         RunPlan.from_config(cfg),
         typed_section(cfg, "actor_rollout_ref"),
         typed_section(cfg, "trainer"),
-        "cpu",
     )
     actor.setup("127.0.0.1", ports[0])
     actor.host_weights()  # the first gathers set up gloo's buffers: not what is measured
