@@ -107,3 +107,29 @@ class FaultAwareDispatch:
             if time.monotonic() >= deadline:
                 return None
             time.sleep(0.5)
+
+
+def stop_ranks(workers: list, abandoned: list, timeout: float) -> None:
+    """Ask every rank to tear down, give them `timeout` seconds, then kill them; and collect what a failed
+    call's other ranks left (`abandoned`), so that Ray does not report those errors as unhandled when the
+    references go away."""
+    import ray
+
+    refs = []
+    for w in workers:
+        try:
+            refs.append(w.teardown.remote())
+        except Exception as err:  # noqa: BLE001 - the actor may be gone already
+            log.debug("teardown: %s", err)
+    if refs and timeout > 0:
+        ray.wait(refs, num_returns=len(refs), timeout=timeout)
+    for w in workers:
+        try:
+            ray.kill(w)
+        except Exception as err:  # noqa: BLE001
+            log.debug("kill: %s", err)
+    for ref in abandoned:
+        try:
+            ray.get(ref, timeout=timeout)
+        except Exception as err:  # noqa: BLE001
+            log.debug("abandoned call: %s", first_line(err))

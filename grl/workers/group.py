@@ -19,12 +19,11 @@ import torch
 
 from grl.engines.base import Engine
 from grl.engines.weights import SyncCheck, raise_on_mismatch
-from grl.errors import first_line
 from grl.rollout.types import Batch
 from grl.run_plan import RunPlan
 from grl.schema import ActorRolloutRef, Critic, Rollout, Trainer
 from grl.sections import typed_section
-from grl.workers.dispatch import FaultAwareDispatch
+from grl.workers.dispatch import FaultAwareDispatch, stop_ranks
 from grl.workers.engine_proxy import EngineProxy
 from grl.workers.runtime import acquire_pool, check_device, init_ray, release_pool, worker_runtime_env
 from grl.workers.sharding import equal_shards, minibatch_shards, pack, pad_rows, pick, row_capacity, unpack
@@ -189,26 +188,7 @@ class _WorkerGroup(FaultAwareDispatch):
             return
         self._closed = True
         if self.workers and ray.is_initialized():
-            refs = []
-            for w in self.workers:
-                try:
-                    refs.append(w.teardown.remote())
-                except Exception as err:  # noqa: BLE001 - the actor may be gone already
-                    log.debug("teardown: %s", err)
-            if refs and timeout > 0:
-                ray.wait(refs, num_returns=len(refs), timeout=timeout)
-            for w in self.workers:
-                try:
-                    ray.kill(w)
-                except Exception as err:  # noqa: BLE001
-                    log.debug("kill: %s", err)
-            # Fetch what the failed call's other ranks left, so Ray does not
-            # report those errors as unhandled when the references go away.
-            for ref in self._abandoned:
-                try:
-                    ray.get(ref, timeout=timeout)
-                except Exception as err:  # noqa: BLE001
-                    log.debug("abandoned call: %s", first_line(err))
+            stop_ranks(self.workers, self._abandoned, timeout)
         self.workers, self._abandoned = [], []
         if ray.is_initialized():
             release_pool(*self._pool)
