@@ -34,7 +34,8 @@ from grl.schema import (
     merge_typed,
     teacher_problem,
 )
-from grl.schema.keys import did_you_mean, one_line
+from grl.schema.keys import check_together, did_you_mean, one_line
+from grl.schema.workers import micro_within_mini
 from grl.sections import RunSections, run_sections, task_instance, typed_section
 
 __all__ = [
@@ -120,83 +121,57 @@ def _apply_aliases(cfg: DictConfig) -> None:
             OmegaConf.update(cfg, shorthand, "${" + key + "}")
 
 
-def _check_one_entry_each(cfg: DictConfig, key: str, along: str) -> None:
-    """`key` is a list with one entry for each entry of the list `along`."""
-    values, names = OmegaConf.select(cfg, key), OmegaConf.select(cfg, along)
-    if len(values) != len(names):
-        raise ConfigError(f"{key}: has {len(values)} entries but {along} has {len(names)}")
-
-
 def _check_rules(cfg: DictConfig) -> None:
-    """What no single key's declaration can say: keys that must agree with each other, and names that
-    live in a registry users add to (the advantage estimators)."""
+    """The rules that read a registry users add to (the advantage estimators, the engines) or the disk;
+    the schema's own rules over several keys sit beside their keys (`together`, grl/schema)."""
     if cfg.algorithm.adv_estimator not in ESTIMATORS:
         raise ConfigError(
             f"algorithm.adv_estimator: {cfg.algorithm.adv_estimator!r} is not one of {', '.join(ESTIMATORS)}"
         )
-    for key in ESTIMATORS[cfg.algorithm.adv_estimator].hyperparameters:
+    estimator = ESTIMATORS[cfg.algorithm.adv_estimator]
+    for key in estimator.hyperparameters:
         if key not in cfg.algorithm:
             raise ConfigError(
-                f"algorithm.{key}: {cfg.algorithm.adv_estimator} reads it, but the schema declares no such "
-                "key"
+                f"algorithm.{key}: {estimator.name} reads it, but the schema declares no such key"
             )
     if cfg.actor_rollout_ref.rollout.name not in engine_names():
         raise ConfigError(
             f"actor_rollout_ref.rollout.name: {cfg.actor_rollout_ref.rollout.name!r} is not one of "
             f"{', '.join(engine_names())}"
         )
-    _check_one_entry_each(cfg, "rollout.agent_group_num", "rollout.training")
-    _check_one_entry_each(cfg, "rollout.agent_group_size", "rollout.training")
-    _check_one_entry_each(cfg, "rollout.validation_agent_group_num", "rollout.validation")
-    _check_one_entry_each(cfg, "rollout.validation_agent_group_size", "rollout.validation")
-    if not cfg.rollout.training:
-        raise ConfigError("rollout.training: name at least one task instance")
-    for list_key in ("rollout.training", "rollout.validation"):
-        names = list(OmegaConf.select(cfg, list_key))
-        twice = sorted({n for n in names if names.count(n) > 1})
-        if twice:
-            raise ConfigError(
-                f"{list_key}: {', '.join(twice)} named twice; raise its agent_group_num instead"
-            )
-    episodes = sum(n * s for n, s in zip(cfg.rollout.agent_group_num, cfg.rollout.agent_group_size))
-    if cfg.train_batch_size is not None and cfg.train_batch_size != episodes:
+    check_together(GRLConfig, cfg)
+    if estimator.needs_critic and not cfg.critic.enable:
+        raise ConfigError(f"critic.enable: estimator {estimator.name} needs the critic")
+    if estimator.needs_critic:
+        micro_within_mini(cfg.critic, "critic.")
+    if estimator.group_based and min(cfg.rollout.agent_group_size) < 2:
         raise ConfigError(
-            f"train_batch_size: {cfg.train_batch_size} episodes per step, but rollout.agent_group_num x "
-            f"agent_group_size gives {episodes}; set it to {episodes} or null"
+            f"rollout.agent_group_size: {list(cfg.rollout.agent_group_size)!r} has a group of 1 agent, which "
+            f"{estimator.name} (it compares the agents of a group) has nothing to compare with; use groups "
+            "of 2 or more"
         )
-    if ESTIMATORS[cfg.algorithm.adv_estimator].needs_critic and not cfg.critic.enable:
-        raise ConfigError(f"critic.enable: estimator {cfg.algorithm.adv_estimator} needs the critic")
-    problem = teacher_problem(cfg.teacher, ESTIMATORS[cfg.algorithm.adv_estimator].needs_teacher)
+    problem = teacher_problem(cfg.teacher, estimator.needs_teacher)
     if problem:
         raise ConfigError(problem)
-    if cfg.rollout.max_staleness > 0 and cfg.actor_rollout_ref.hybrid_engine:
-        raise ConfigError(
-            f"rollout.max_staleness={cfg.rollout.max_staleness}: rollout then runs beside the update, "
-            "so the engine needs a worker of its own; add actor_rollout_ref.hybrid_engine=false"
-        )
-    actor = cfg.actor_rollout_ref.actor
-    if cfg.rollout.max_staleness > 0 and actor.recompute_old_log_probs and actor.tis_imp_ratio_cap <= 0:
-        raise ConfigError(
-            f"rollout.max_staleness={cfg.rollout.max_staleness}: episodes come from older weights than "
-            "the update's, which the loss corrects for with truncated importance weights; set "
-            "actor_rollout_ref.actor.tis_imp_ratio_cap (e.g. 2.0), or clip around the sampling policy "
-            "with actor_rollout_ref.actor.recompute_old_log_probs=false"
-        )
-    if not actor.recompute_old_log_probs and actor.tis_imp_ratio_cap > 0:
-        raise ConfigError(
-            "actor_rollout_ref.actor.tis_imp_ratio_cap: its weight pi_old / pi_engine is 1 when the "
-            "engine's log-probs are the old ones (recompute_old_log_probs=false); set it to -1"
-        )
-    curriculum = cfg.rollout.curriculum
-    if curriculum.env_key is not None and not curriculum.levels:
-        raise ConfigError(
-            f"rollout.curriculum.levels: name the values of {curriculum.env_key}, easiest first"
-        )
-    if curriculum.max_turns:
-        _check_one_entry_each(cfg, "rollout.curriculum.max_turns", "rollout.curriculum.levels")
     mode = cfg.trainer.resume_mode
     if mode not in ("auto", "disable") and not Path(mode).is_dir():
         raise ConfigError(f"trainer.resume_mode: {mode!r} is neither auto, disable nor an existing folder")
+
+
+def notes(cfg: DictConfig) -> list[str]:
+    """What a checked config sets to no effect: GRL's compatibility keys, a critic no estimator reads."""
+    found = [
+        f"{key}: {OmegaConf.select(cfg, key)!r} has no effect (GRL compatibility): {why}"
+        for key, (behaves_as, why) in NO_EFFECT.items()
+        if OmegaConf.select(cfg, key) != behaves_as
+    ]
+    estimator = ESTIMATORS[cfg.algorithm.adv_estimator]
+    if not estimator.needs_critic and cfg.critic.enable:
+        found.append(
+            f"critic.enable: {estimator.name} uses no critic, so none is built (set critic.enable=false to "
+            "silence this)"
+        )
+    return found
 
 
 @functools.lru_cache(

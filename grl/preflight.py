@@ -2,9 +2,8 @@
 
 `grl.config` checks the config against itself (keys, types, choices, ranges); this
 module checks it against the machine: the model and its tokenizer, every task
-instance's data, the folders the run will write, the W&B login, and the
-numbers that are each in range but do not fit together (a micro-batch larger
-than its mini-batch, a context longer than the model's). The first failure is one
+instance's data, the folders the run will write, the W&B login, the Ray cluster, the toolchain, and
+what the model decides (a context longer than the model's). The first failure is one
 `PreflightError` line naming the key, its value and the fix; nothing is
 written (the folder check creates and removes one probe file). The memory
 planner (grl.planner) checks that every phase fits the device.
@@ -24,8 +23,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from grl.algo.estimators import ESTIMATORS
-from grl.config import NO_EFFECT, task_instance
+from grl import config
+from grl.config import task_instance
 from grl.errors import first_line
 from grl.machine import ray_address
 from grl.preflight_models import PreflightError, check_model, check_teacher
@@ -39,7 +38,7 @@ def check(cfg: DictConfig, environ: os._Environ | dict | None = None, run: Run |
     """Run every check; returns notes to print. `cfg` is only read; `run` is the builder's (its plan with
     `auto` resolved, grl/train.py), by default the run on this machine."""
     environ = os.environ if environ is None else environ
-    notes = check_numbers(cfg)
+    notes = config.notes(cfg)
     check_wandb(cfg, environ)
     check_ray_address(cfg, environ)
     run = run or build_run(cfg)
@@ -52,65 +51,6 @@ def check(cfg: DictConfig, environ: os._Environ | dict | None = None, run: Run |
     notes += check_memory(run)
     notes += check_dtype(cfg, run.plan)
     check_tasks(cfg)
-    return notes
-
-
-# ---------------------------------------------------------------- numbers
-
-
-def _need(cfg: DictConfig, key: str, ok, expected: str, fix: str = "") -> None:
-    value = OmegaConf.select(cfg, key)
-    if not ok(value):
-        raise PreflightError(f"{key}: {value!r} {expected}{'; ' + fix if fix else ''}")
-
-
-def check_numbers(cfg: DictConfig) -> list[str]:
-    """The numbers that are each in range (grl.config checked them against the schema) but do not fit
-    together, and notes on keys that have no effect."""
-    _need(
-        cfg,
-        "trainer.critic_warmup",
-        lambda v: v < cfg.trainer.total_training_steps or v == 0,
-        f"leaves no step (of {cfg.trainer.total_training_steps}) that updates the actor",
-    )
-    estimator = ESTIMATORS[cfg.algorithm.adv_estimator]
-    actor = "actor_rollout_ref.actor"
-    for section in (actor, "critic") if estimator.needs_critic else (actor,):
-        mini = OmegaConf.select(cfg, f"{section}.ppo_mini_batch_size")
-        _need(
-            cfg,
-            f"{section}.ppo_micro_batch_size_per_gpu",
-            lambda v, mini=mini: v <= mini,
-            f"is larger than {section}.ppo_mini_batch_size ({mini})",
-        )
-    # A colocated engine lives in one actor rank and the rollout worker of hybrid_engine=false asks
-    # for one GPU: Ray shows either one GPU, and vLLM refuses a larger world only once the actor is up.
-    _need(
-        cfg,
-        "actor_rollout_ref.rollout.tensor_model_parallel_size",
-        lambda v: v == 1,
-        "needs as many GPUs per engine, but each rollout engine sees one",
-        "set it to 1",
-    )
-    if estimator.group_based:
-        _need(
-            cfg,
-            "rollout.agent_group_size",
-            lambda v: min(v) >= 2,
-            f"has a group of 1 agent, which {estimator.name} (it compares the agents of a group) has nothing "
-            "to compare with",
-            "use groups of 2 or more",
-        )
-    notes = [
-        f"{key}: {OmegaConf.select(cfg, key)!r} has no effect (GRL compatibility): {why}"
-        for key, (behaves_as, why) in NO_EFFECT.items()
-        if OmegaConf.select(cfg, key) != behaves_as
-    ]
-    if not estimator.needs_critic and cfg.critic.enable:
-        notes.append(
-            f"critic.enable: {estimator.name} uses no critic, so none is built (set critic.enable=false to "
-            "silence this)"
-        )
     return notes
 
 

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 from omegaconf import OmegaConf
 
-from grl import preflight
+from grl.config import notes as config_notes
 from grl.config import NO_EFFECT, ConfigError, load_config, run_sections
 from grl.engines import sampling_from_config
 from grl.run_plan import RunPlan
@@ -16,9 +16,9 @@ from grl.trainer.agent_trainer import AgentTrainer
 
 
 def verdict(overrides: list[str]) -> str | None:
-    """None if the config loads and its numbers pass preflight, else the key the error names."""
+    """None if the config loads (its keys and their rules together), else the key the error names."""
     try:
-        preflight.check_numbers(load_config(["model_path=tiny", *overrides]))
+        config_notes(load_config(["model_path=tiny", *overrides]))
     except ConfigError as err:
         return str(err).split(":", 1)[0]
     return None
@@ -152,22 +152,21 @@ def test_keys_nothing_reads_are_accepted_with_a_note(key):
     ]
     other = next(o for value, o in others if type(value) is type(behaves_as) and value == behaves_as)
     cfg = load_config([f"{key}={other}"])
-    assert (
-        f"{key}: {OmegaConf.select(cfg, key)!r} has no effect (GRL compatibility): {why}"
-        in preflight.check_numbers(cfg)
+    assert f"{key}: {OmegaConf.select(cfg, key)!r} has no effect (GRL compatibility): {why}" in config_notes(
+        cfg
     )
-    assert not any(note.startswith(key) for note in preflight.check_numbers(load_config([])))
+    assert not any(note.startswith(key) for note in config_notes(load_config([])))
 
 
 @pytest.mark.parametrize("estimator, critic", [("gae", True), ("grpo", False), ("rebn", False)])
-def test_critic_follows_the_estimator_and_preflight_only_reads(estimator, critic):
+def test_critic_follows_the_estimator_and_the_notes_only_read(estimator, critic):
     from grl.planner import plan
 
     cfg = load_config(
         ["model_path=tiny", f"algorithm.adv_estimator={estimator}", "rollout.agent_group_size=[2]"]
     )
     before = OmegaConf.to_yaml(cfg)
-    preflight.check_numbers(cfg)
+    config_notes(cfg)
     assert OmegaConf.to_yaml(cfg) == before
     assert ("update_critic" in plan(run_sections(cfg)).phases) is critic
 

@@ -10,7 +10,7 @@ import yaml
 
 from omegaconf import OmegaConf
 
-from grl import preflight
+from grl.config import notes as config_notes
 from grl.config import ALIASES, NO_EFFECT, ConfigError, load_config
 
 TASKS_13 = (
@@ -114,7 +114,7 @@ def test_each_grl_override_reaches_the_key_that_is_read(overrides, override):
     got = OmegaConf.select(cfg, read_key)
     got = OmegaConf.to_container(got) if OmegaConf.is_config(got) else got
     if key in NO_EFFECT:
-        notes = preflight.check_numbers(cfg)
+        notes = config_notes(cfg)
         assert (want == NO_EFFECT[key][0]) != any(n.startswith(f"{key}:") and "no effect" in n for n in notes)
     else:
         assert got == want, (override, read_key, got)

@@ -13,12 +13,11 @@ from grl.schema.run import (
     GRLConfig,
     KLControl,
     PythonSandbox,
-    RewardNormalization,
-    Rollout,
     System,
     Tools,
     Trainer,
 )
+from grl.schema.rollout import RewardNormalization, Rollout
 from grl.schema.sections import RunSections
 from grl.schema.tasks import PROGRAM, AgentConfig, Task, TaskInstance
 from grl.schema.teacher import Teacher, teacher_problem

@@ -180,6 +180,27 @@ def check_values(cls: type, cfg: DictConfig, prefix: str = "") -> None:
             raise ConfigError(f"{name}: {'every entry ' if many else ''}must be {bounds}, got {got!r}")
 
 
+def one_entry_each(node: DictConfig, key: str, along: str, prefix: str) -> None:
+    """`node.key` is a list with one entry for each entry of the list `node.along`."""
+    if len(node[key]) != len(node[along]):
+        raise ConfigError(
+            f"{prefix}{key}: has {len(node[key])} entries but {prefix}{along} has {len(node[along])}"
+        )
+
+
+def check_together(cls: type, root: DictConfig, node: DictConfig | None = None, prefix: str = "") -> None:
+    """The rules over several keys that no one key's declaration can say, each declared beside its keys as
+    the section's `together(node, prefix, root)` (`root`: the whole config, for a key of another section the
+    rule reads). Inner sections are checked before the section that holds them."""
+    node = root if node is None else node
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(hints[f.name]):
+            check_together(hints[f.name], root, node[f.name], f"{prefix}{f.name}.")
+    if hasattr(cls, "together"):
+        cls.together(node, prefix, root)
+
+
 def checked(cls: type, cfg: Any, prefix: str = "") -> DictConfig:
     """Merged into the schema and checked: what a consumer given a plain mapping starts from."""
     typed = merge_typed(cls, cfg, prefix)

@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from grl.schema.run import Algorithm, Data, Rollout, Tools, Trainer
+from grl.schema.rollout import Rollout
+from grl.schema.run import Algorithm, Data, Tools, Trainer
 from grl.schema.tasks import Task
 from grl.schema.teacher import Teacher
 from grl.schema.workers import ActorRolloutRef, Critic

@@ -7,7 +7,7 @@ from typing import Any, Optional
 
 from omegaconf import II
 
-from grl.schema.keys import key, section
+from grl.schema.keys import ConfigError, key, section
 
 DTYPES = ("auto", "float32", "bfloat16", "float16", "fp32", "bf16", "fp16")
 # The schema is the package's floor: it imports nothing of GRL's, so the fixed names of grl.algo live here
@@ -132,6 +132,24 @@ class Actor:
     optim: Optim = section(Optim)
     fsdp_config: FSDPConfig = section(FSDPConfig)
 
+    @staticmethod
+    def together(node, prefix: str, root) -> None:
+        micro_within_mini(node, prefix)
+        if not node.recompute_old_log_probs and node.tis_imp_ratio_cap > 0:
+            raise ConfigError(
+                f"{prefix}tis_imp_ratio_cap: its weight pi_old / pi_engine is 1 when the "
+                "engine's log-probs are the old ones (recompute_old_log_probs=false); set it to -1"
+            )
+
+
+def micro_within_mini(node, prefix: str) -> None:
+    """A role's forward/backward takes at most one optimizer step's episodes."""
+    if node.ppo_micro_batch_size_per_gpu > node.ppo_mini_batch_size:
+        raise ConfigError(
+            f"{prefix}ppo_micro_batch_size_per_gpu: {node.ppo_micro_batch_size_per_gpu!r} is larger than "
+            f"{prefix}ppo_mini_batch_size ({node.ppo_mini_batch_size})"
+        )
+
 
 @dataclass
 class Ref:
@@ -210,6 +228,16 @@ class RolloutEngine:
         "GRL's spelling of rollout.rollout_filter_type; a value set here replaces it",
     )
     val_kwargs: SamplingOverrides = section(SamplingOverrides)
+
+    @staticmethod
+    def together(node, prefix: str, root) -> None:
+        # A colocated engine lives in one actor rank and the rollout worker of hybrid_engine=false asks
+        # for one GPU: Ray shows either one GPU, and vLLM refuses a larger world only once the actor is up.
+        if node.tensor_model_parallel_size != 1:
+            raise ConfigError(
+                f"{prefix}tensor_model_parallel_size: {node.tensor_model_parallel_size!r} needs as many GPUs "
+                "per engine, but each rollout engine sees one; set it to 1"
+            )
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """The estimator registry: a new advantage estimator is its function with `@register_estimator` (and, for a
-new hyperparameter, its `algorithm` key); the config's choices, preflight's rules, the trainer's inputs and
+new hyperparameter, its `algorithm` key); the config's choices and rules, the trainer's inputs and
 the dispatch follow from what its parameters read."""
 
 import json
@@ -12,7 +12,8 @@ import torch
 
 import grl.composition
 import grl.config
-from grl import preflight
+import grl.sections
+from grl.config import notes as config_notes
 from grl.algo import ESTIMATORS, compute_advantage, make_kl_controller, register_estimator
 from grl.config import ConfigError, load_config, typed_section
 from grl.rollout import Batch
@@ -46,9 +47,9 @@ def test_an_estimator_that_reads_group_ids_is_configured_checked_and_dispatched(
     register_group_mean()
     assert ESTIMATORS["toy"].group_based and not ESTIMATORS["toy"].needs_critic
     cfg = load_config(["algorithm.adv_estimator=toy", "critic.enable=false", "rollout.agent_group_size=[2]"])
-    assert preflight.check_numbers(cfg) == []
-    with pytest.raises(preflight.PreflightError, match=r"rollout\.agent_group_size: .* toy"):
-        preflight.check_numbers(load_config(["algorithm.adv_estimator=toy", "rollout.agent_group_size=[1]"]))
+    assert config_notes(cfg) == []
+    with pytest.raises(ConfigError, match=r"rollout\.agent_group_size: .* toy"):
+        load_config(["algorithm.adv_estimator=toy", "rollout.agent_group_size=[1]"])
     inputs = {"token_rewards": TOKEN_REWARDS, "loss_mask": LOSS_MASK, "group_ids": [0, 0, 1]}
     advantages, returns = compute_advantage(inputs, Algorithm(adv_estimator="toy"))
     assert torch.equal(advantages, torch.tensor([[0.0, 0.5, 0.5], [-0.5, -0.5, 0.0], [0.0, 0.0, 0.0]]))
@@ -122,7 +123,7 @@ class ConfigWithScale(GRLConfig):
 
 
 def test_a_new_estimator_with_a_new_hyperparameter_is_its_function_registration_and_schema_key(monkeypatch):
-    for module in (grl.config, grl.composition):  # its schema key, in the typed check and Hydra's schema node
+    for module in (grl.config, grl.composition, grl.sections):  # the typed check, Hydra, the sections
         monkeypatch.setattr(module, "GRLConfig", ConfigWithScale)
 
     @register_estimator("scaled_score", hyperparameters=("score_scale",))  # its registration
