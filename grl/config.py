@@ -24,7 +24,6 @@ from grl.algo.estimators import ESTIMATORS
 from grl.composition import CONFIG_DIR, compose, presets
 from grl.engines import engine_names
 from grl.schema import (
-    PROGRAM,
     AgentConfig,
     ConfigError,
     GRLConfig,
@@ -183,16 +182,10 @@ def _typed_task_block(name: str, block_json: str) -> DictConfig:
 
     typed = merge_typed(TaskInstance, json.loads(block_json), f"{name}.")
     check_values(AgentConfig, typed.agent_config, f"{name}.agent_config.")
-    if (typed.agent_type == PROGRAM) != bool(typed.agent_config.program):
-        raise ConfigError(
-            f"{name}: a task played by an agent program has agent_type: {PROGRAM} and "
-            "agent_config.program: 'package.module:function'; the one needs the other"
-        )
-    if typed.agent_type != PROGRAM:
-        try:
-            grl.agents.env_name(typed.agent_type)
-        except KeyError as err:
-            raise ConfigError(f"{name}.agent_type: {err.args[0]}") from None
+    try:
+        grl.agents.check_task(name, typed.agent_type, typed.agent_config.program, None)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
     OmegaConf.set_readonly(typed, True)
     return typed
 
@@ -212,19 +205,16 @@ def _check_tasks(cfg: DictConfig, tasks: dict[str, DictConfig]) -> dict[str, Dic
                 known = sorted(typed)
                 hint = did_you_mean(name, known) or f" (known: {', '.join(known)})"
                 raise ConfigError(f"{list_key}: no task instance named {name!r}{hint}")
-            if typed[name].agent_type == PROGRAM:
-                continue
-            env_type = grl.agents.env_name(typed[name].agent_type)
+            block = typed[name]
             try:
-                accepted = grl.envs.config_keys(env_type)
-            except grl.envs.EnvUnavailable as err:
-                raise ConfigError(f"{name}.agent_type: {err}") from None
-            for key in typed[name].env_config:
-                if accepted is not None and key not in accepted:
-                    raise ConfigError(
-                        f"{name}.env_config.{key}: unknown key for env "
-                        f"{env_type}{did_you_mean(key, sorted(accepted))}"
-                    )
+                env_type = grl.agents.check_task(
+                    name, block.agent_type, block.agent_config.program, block.env_config
+                )
+            except ValueError as err:
+                raise ConfigError(str(err)) from None
+            if env_type is None:
+                continue
+            accepted = grl.envs.config_keys(env_type)
             stepped = cfg.rollout.curriculum.env_key
             if (
                 list_key == "rollout.training"

@@ -18,6 +18,7 @@ from grl.agents.openenv_tools import ToolCallHooks
 from grl.agents.parse import ParsedReply, ToolCall, parse_reply, parse_tool_calls, split_actions
 from grl.agents.tasks import AGENT_TYPES, AgentType, Task, TaskHooks
 from grl.schema import PROGRAM
+from grl.schema.keys import did_you_mean
 from grl.tools import SandboxLimits
 
 
@@ -61,6 +62,38 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def check_task(task_name: str, agent_type: Any, program: Any, env_keys) -> str | None:
+    """The one check of a task instance's shape, for every way a task comes in (a run's config, a block
+    given by hand): an agent program goes with `agent_type: program`, any other agent type is registered
+    (or names an env), and each env_config key is one its env takes (`env_keys` None: not looked at, so
+    that no env module is imported). Returns the env's name (None for a program); raises ValueError naming
+    the key."""
+    if (agent_type == PROGRAM) != bool(program):
+        raise ValueError(
+            f"{task_name}: a task played by an agent program has agent_type: {PROGRAM} and "
+            "agent_config.program: 'package.module:function'; the one needs the other"
+        )
+    if agent_type == PROGRAM:
+        return None
+    try:
+        env_type = _agent_type(agent_type).env
+    except KeyError as err:
+        raise ValueError(f"{task_name}.agent_type: {err.args[0]}") from None
+    if env_keys is None:
+        return env_type
+    try:
+        accepted = grl.envs.config_keys(env_type)
+    except grl.envs.EnvUnavailable as err:
+        raise ValueError(f"{task_name}.agent_type: {err}") from None
+    for key in env_keys:
+        if accepted is not None and key not in accepted:
+            raise ValueError(
+                f"{task_name}.env_config.{key}: unknown key for env "
+                f"{env_type}{did_you_mean(key, sorted(accepted))}"
+            )
+    return env_type
+
+
 def task_from_block(task_name: str, block: Mapping[str, Any]) -> Task:
     """A task instance block given by hand (`{agent_type, agent_config, env_config}`, as configs/agents.yaml
     writes it) checked into a Task; a run's tasks come checked from grl.config instead."""
@@ -70,13 +103,6 @@ def task_from_block(task_name: str, block: Mapping[str, Any]) -> Task:
     for key in block:
         if key not in ("agent_type", "agent_config", "env_config"):
             raise ValueError(f"{task_name}.{key}: unknown key (known: agent_type, agent_config, env_config)")
-    agent_type = block.get("agent_type")
-    env_type = None
-    if agent_type != PROGRAM:
-        try:
-            env_type = _agent_type(agent_type).env
-        except KeyError as err:
-            raise ValueError(f"{task_name}.agent_type: {err.args[0]}") from None
     agent_config = block.get("agent_config")
     if not isinstance(agent_config, Mapping):
         raise ValueError(f"{task_name}.agent_config: missing or not a mapping")
@@ -84,18 +110,8 @@ def task_from_block(task_name: str, block: Mapping[str, Any]) -> Task:
     if not isinstance(env_config, Mapping):
         raise ValueError(f"{task_name}.env_config: must be a mapping")
     settings = settings_from_mapping(agent_config, f"{task_name}.agent_config")
-    if (agent_type == PROGRAM) != bool(settings.program):
-        raise ValueError(
-            f"{task_name}: agent_type: {PROGRAM} and agent_config.program go together; the one needs the "
-            "other"
-        )
-    accepted = None if env_type is None else grl.envs.config_keys(env_type)
-    for key in env_config:
-        if accepted is not None and key not in accepted:
-            raise ValueError(
-                f"{task_name}.env_config.{key}: unknown key for env {env_type} (known: "
-                f"{', '.join(sorted(accepted))})"
-            )
+    agent_type = block.get("agent_type")
+    env_type = check_task(task_name, agent_type, settings.program, env_config)
     return Task(agent_type, env_type, settings, dict(env_config))
 
 

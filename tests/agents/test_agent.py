@@ -226,7 +226,7 @@ def test_env_error_ends_the_episode_without_raising(task, monkeypatch):
         ({"agent_type": "sokoAgent"}, r"simpleSokobanAgent.agent_type: unknown agent_type 'sokoAgent'"),
         (
             {"agent_type": "program"},
-            r"simpleSokobanAgent: agent_type: program and agent_config.program go together",
+            r"simpleSokobanAgent: a task played by an agent program has agent_type: program",
         ),
     ],
 )

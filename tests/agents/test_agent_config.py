@@ -162,6 +162,26 @@ def test_a_misspelt_env_key_is_caught_by_the_validator():
         load_config(["+simpleSokobanAgent.env_config.dim_rom=[5,5]"])
 
 
+@pytest.mark.parametrize(
+    "override, change",
+    [
+        ("+simpleSokobanAgent.env_config.dim_rom=[5,5]", {"env_config": {"dim_rom": [5, 5]}}),
+        ("simpleSokobanAgent.agent_type=sokoAgent", {"agent_type": "sokoAgent"}),
+        (f"simpleSokobanAgent.agent_type={PROGRAM}", {"agent_type": PROGRAM}),
+    ],
+)
+def test_a_run_s_config_and_a_block_given_by_hand_are_refused_in_one_text(override, change):
+    """One task check serves the config and make_agent's blocks (grl.agents.check_task)."""
+    with pytest.raises(ConfigError) as from_config:
+        load_config([override])
+    block = task_instance(load_config([]), "simpleSokobanAgent")
+    for part, value in change.items():
+        block[part] = {**block[part], **value} if isinstance(value, dict) else value
+    with pytest.raises(ValueError) as by_hand:
+        grl.agents.task_from_block("simpleSokobanAgent", block)
+    assert str(from_config.value) == str(by_hand.value)
+
+
 def test_textworld_blocks_take_one_command_per_turn(validated):
     cfg, _ = validated
     budgets = []
