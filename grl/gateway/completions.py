@@ -27,20 +27,35 @@ def chat_completion(
         )
     sampled = sum(len(out.token_ids) for out in outputs)
     return {
-        "id": f"chatcmpl-{uuid.uuid4().hex}",
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": model_name,
-        "choices": choices,
-        "usage": {
-            "prompt_tokens": len(prompt),
-            "completion_tokens": sampled,
-            "total_tokens": len(prompt) + sampled,
-        },
+        **response_body("chatcmpl", "chat.completion", model_name, choices, len(prompt), sampled),
         "grl": {
             "prompt_token_ids": prompt,
             "completion_token_ids": [out.token_ids for out in outputs],
             "log_probs": [out.log_probs for out in outputs],
+        },
+    }
+
+
+def response_body(
+    id_prefix: str,
+    kind: str,
+    model_name: str,
+    choices: list[dict],
+    prompt_tokens: int,
+    completion_tokens: int,
+) -> dict:
+    """What every OpenAI completion body holds (a chat completion's, a scoring's `text_completion`): a
+    fresh id, the time, the model, the `choices` and the token usage."""
+    return {
+        "id": f"{id_prefix}-{uuid.uuid4().hex}",
+        "object": kind,
+        "created": int(time.time()),
+        "model": model_name,
+        "choices": choices,
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
         },
     }
 

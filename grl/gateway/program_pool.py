@@ -28,20 +28,14 @@ time in its own code (a hang, slow work of its own) has the infrastructure's `ti
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
-import subprocess
-import sys
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from multiprocessing.connection import Connection
-from multiprocessing.reduction import send_handle
 from typing import Any
 
-from grl.gateway.program_worker import ProgramCall, descendants, is_running, kill_group_and_tree, rss_bytes
+from grl.gateway.program_processes import TemplateProcess, WorkerProcess
+from grl.gateway.program_worker import ProgramCall, rss_bytes
 
 # A worker counts its program's time from when it says it started; one that never says so (stuck in its
 # own imports) is given this much longer before its episode times out, and a template this long for its own.
@@ -91,107 +85,6 @@ def timeout_blamed(
     return outcome
 
 
-class _Template:
-    """The process the pool's workers are forked from; it reaps them and says how each ended."""
-
-    def __init__(self, program: str | None):
-        ours, theirs = socket.socketpair()
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}  # the trainer's imports
-        self.process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "grl.gateway.program_worker",
-                str(theirs.fileno()),
-                *([program] if program else []),
-            ],
-            pass_fds=(theirs.fileno(),),
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,  # a Ctrl-C meant for the trainer does not reach it; it ends with its pool
-            env=env,
-        )
-        theirs.close()
-        self.conn = Connection(ours.detach())
-        self.launched = time.monotonic()
-        self.ready = False
-        self.returncodes: dict[int, int] = {}  # pid -> how each of its workers ended
-
-    @property
-    def alive(self) -> bool:
-        return self.process.poll() is None
-
-    def read(self, until_forked: bool = False) -> int | None:
-        """Takes in what the template said; with `until_forked`, waits for the pid of the worker it forks."""
-        try:
-            while until_forked or self.conn.poll(0):
-                message = self.conn.recv()
-                if message[0] == "ready":
-                    self.ready = True
-                elif message[0] == "exited":
-                    self.returncodes[message[1]] = message[2]
-                else:
-                    return message[1]
-        except (EOFError, OSError):
-            pass  # it ended: `alive` says so
-        return None
-
-    def wait_ready(self) -> None:
-        while not self.ready and self.alive and time.monotonic() - self.launched < START_GRACE_S:
-            if self.conn.poll(0.05):
-                self.read()
-
-    def fork(self) -> _Worker | None:
-        """A new worker, or None when the template ended."""
-        ours, theirs = socket.socketpair()
-        try:
-            self.conn.send(("fork",))
-            send_handle(self.conn, theirs.fileno(), self.process.pid)
-        except OSError:
-            return None
-        finally:
-            theirs.close()
-        pid = self.read(until_forked=True)
-        return None if pid is None else _Worker(self, pid, Connection(ours.detach()))
-
-    def ended(self, pid: int) -> str | None:
-        """How worker `pid` ended, None while it runs."""
-        if pid in self.returncodes:
-            return _exit_status(self.returncodes[pid])
-        if not self.alive and not is_running(pid):
-            return "with its template process"
-        return None
-
-    def close(self) -> None:
-        self.conn.close()  # it ends its workers and exits
-        try:
-            self.process.wait(5.0)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-
-
-class _Worker:
-    def __init__(self, template: _Template, pid: int, conn: Connection):
-        self.template, self.pid, self.conn = template, pid, conn
-        self.key = None  # the episode it plays, None when idle
-        self.messages: Callable[[], list[dict]] | None = None
-        self.sent = self.started = 0.0
-
-    def tree(self) -> list[int]:
-        return [self.pid, *descendants(self.pid)]
-
-    def kill(self) -> None:
-        """Ends the worker, its process group and every process below it (one that left the group too)."""
-        tree = (
-            self.tree() if self.template.ended(self.pid) is None else []
-        )  # a reaped pid may be another's now
-        kill_group_and_tree(self.pid, tree)
-        while self.template.ended(self.pid) is None:  # until its template reaped it (or ended itself)
-            if self.template.conn.poll(0.01):
-                self.template.read()
-        self.conn.close()
-
-
 class ProgramPool:
     """`submit(key, call, messages)` an episode, `collect()` -> [(key, ProgramOutcome)] of those that ended;
     `messages()` gives a program's final messages when it returned a function of them. `program` is the
@@ -205,8 +98,8 @@ class ProgramPool:
         self.max_rss = None if max_rss_mb is None else max_rss_mb * 2**20
         self.program = program
         self._waiting: deque = deque()  # (key, call, messages) not yet sent to a worker
-        self._workers: list[_Worker] = []
-        self._template: _Template | None = None
+        self._workers: list[WorkerProcess] = []
+        self._template: TemplateProcess | None = None
         self._preload = True  # False once a template failed to import the program: workers import it then
         self._to_start = 0  # workers asked for by `start` that wait for the template
         self._memory_checked = 0.0
@@ -259,7 +152,7 @@ class ProgramPool:
 
     # ------------------------------------------------------------ workers
 
-    def _ready_template(self, wait: bool = False) -> _Template | None:
+    def _ready_template(self, wait: bool = False) -> TemplateProcess | None:
         """The template to fork from (started now if there is none), None while it imports."""
         template = self._template
         if template is not None:
@@ -274,12 +167,12 @@ class ProgramPool:
                     template.close()
                 template = None
         if template is None:
-            template = self._template = _Template(self.program if self._preload else None)
+            template = self._template = TemplateProcess(self.program if self._preload else None)
         if wait:
-            template.wait_ready()
+            template.wait_ready(START_GRACE_S)
         return template if template.ready else None
 
-    def _fork(self, wait: bool = False) -> _Worker | None:
+    def _fork(self, wait: bool = False) -> WorkerProcess | None:
         template = self._ready_template(wait)
         worker = None if template is None else template.fork()
         if worker is not None:
@@ -307,18 +200,20 @@ class ProgramPool:
                 continue
             worker.key, worker.messages, worker.sent, worker.started = key, messages, time.monotonic(), 0.0
 
-    def _retire(self, worker: _Worker) -> None:
+    def _retire(self, worker: WorkerProcess) -> None:
         worker.kill()
         self._workers.remove(worker)
 
-    def _end(self, worker: _Worker, outcome: ProgramOutcome, retire: bool) -> tuple[Any, ProgramOutcome]:
+    def _end(
+        self, worker: WorkerProcess, outcome: ProgramOutcome, retire: bool
+    ) -> tuple[Any, ProgramOutcome]:
         key = worker.key
         worker.key = worker.messages = None
         if retire:
             self._retire(worker)
         return key, outcome
 
-    def _check(self, worker: _Worker, check_memory: bool) -> tuple[Any, ProgramOutcome] | None:
+    def _check(self, worker: WorkerProcess, check_memory: bool) -> tuple[Any, ProgramOutcome] | None:
         try:
             while worker.conn.poll(0):
                 message = worker.conn.recv()
@@ -350,7 +245,7 @@ class ProgramPool:
         return None
 
     def _answer(
-        self, worker: _Worker, value, error, rss: int, leftovers: list[int], kind: str = "exception"
+        self, worker: WorkerProcess, value, error, rss: int, leftovers: list[int], kind: str = "exception"
     ) -> tuple[Any, ProgramOutcome]:
         if leftovers:
             said = (
@@ -370,12 +265,3 @@ class ProgramPool:
             f"{self.max_rss / 2**20:g}"
         )
         return ProgramOutcome(error=said, kind="memory")
-
-
-def _exit_status(code: int) -> str:
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit code {code}"

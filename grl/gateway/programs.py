@@ -52,7 +52,8 @@ from grl.gateway.episodes import EpisodeLog
 from grl.gateway.program_pool import ProgramPool, fault_metrics, timeout_blamed
 from grl.gateway.program_worker import ProgramCall
 from grl.gateway.recording import EpisodeRecorder, ProgramEpisode, gateway_metrics
-from grl.gateway.server import Gateway, build_app
+from grl.gateway.app import build_app
+from grl.gateway.server import Gateway
 from grl.gateway.serving import LocalServer
 from grl.rollout.env_faults import check_failure_ratio
 from grl.rollout.tasks import TaskSpec, is_program_task

