@@ -208,27 +208,24 @@ class Agent:
         proposed = self.hooks.actions(answer, s.action_separator)
         room = min(s.max_actions_per_turn, s.max_actions_all_turns - self._actions_used)
 
-        reward, env_done, env_error, env_error_kind, env_traceback, observation = (
-            0.0,
-            False,
-            None,
-            None,
-            None,
-            None,
-        )
+        reward, env_done, observation = 0.0, False, None
+        fault: dict[str, str] = {}  # the env broke the episode: env_error, env_error_kind (, env_traceback)
         executed, invalid = [], []
         self.env_repairs = []
         for action in proposed[:room]:
             try:
                 result = self.env.step(action)
             except Exception as err:  # a broken env ends this episode, never the rollout
-                env_error, env_error_kind = f"{type(err).__name__}: {err}", fault_kind(err)
-                env_traceback = traceback.format_exc()
+                fault = {
+                    "env_error": f"{type(err).__name__}: {err}",
+                    "env_error_kind": fault_kind(err),
+                    "env_traceback": traceback.format_exc(),
+                }
                 break
             try:
                 observation, action_reward, env_done, env_info, repairs = check_step(result)
             except EnvValueError as err:  # so does a malformed result
-                env_error, env_error_kind = str(err), err.kind
+                fault = {"env_error": str(err), "env_error_kind": err.kind}
                 break
             self.env_repairs += repairs
             executed.append(action)
@@ -250,7 +247,7 @@ class Agent:
             reward += s.format_penalty
         done = (
             env_done
-            or env_error is not None
+            or bool(fault)
             or self._turn >= s.max_turns
             or self._actions_used >= s.max_actions_all_turns
         )
@@ -266,11 +263,9 @@ class Agent:
             format_error=parsed.error,
             penalised=penalised,
             env_done=env_done,
-            env_error=env_error,
-            env_error_kind=env_error_kind,
-            env_traceback=env_traceback,
             think=parsed.think,
             answer=answer,
+            **fault,
         )
         self.messages.append({"role": "assistant", "content": reply})
         if not done:
