@@ -33,14 +33,14 @@ def stock_prefill_cache(engine):
         cache = DynamicCache(config=engine.model.config)
         if past == 0:
             return cache
-        template = next(engine._reusable[ids] for ids in cached if ids)
+        template = next(engine.prefixes.last[ids] for ids in cached if ids)
         for layer, (keys, values) in enumerate(template):
             k = keys.new_zeros((len(cached), keys.shape[0], past, keys.shape[-1]))
             v = values.new_zeros((len(cached), values.shape[0], past, values.shape[-1]))
             for row, ids in enumerate(cached):
                 if ids:
-                    k[row, :, past - len(ids) :] = engine._reusable[ids][layer][0]
-                    v[row, :, past - len(ids) :] = engine._reusable[ids][layer][1]
+                    k[row, :, past - len(ids) :] = engine.prefixes.last[ids][layer][0]
+                    v[row, :, past - len(ids) :] = engine.prefixes.last[ids][layer][1]
             cache.update(k, v, layer)
         return cache
 

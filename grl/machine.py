@@ -79,6 +79,7 @@ class MachineFacts:
     gpu_memory_gib: float | None  # the first device's memory, where known
     vllm_usable: bool  # vllm is installed, built for this hardware and imports
     vllm_why: str = ""  # the reason, for the log line
+    host_free_gib: float | None = None  # memory the host has free now (psutil's available), where known
 
 
 @dataclass(frozen=True)
@@ -128,7 +129,17 @@ def machine_facts(
     usable, why = False, ""
     if engine == AUTO:
         usable, why = vllm_status(on_gpu=gpus > 0)
-    return MachineFacts(gpus=gpus, gpu_memory_gib=memory, vllm_usable=usable, vllm_why=why)
+    return MachineFacts(
+        gpus=gpus, gpu_memory_gib=memory, vllm_usable=usable, vllm_why=why, host_free_gib=_host_free_gib()
+    )
+
+
+def _host_free_gib() -> float | None:
+    try:
+        import psutil
+    except ImportError:
+        return None
+    return psutil.virtual_memory().available / 2**30
 
 
 def _local_gpus() -> int:

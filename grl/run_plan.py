@@ -15,6 +15,7 @@ from them; preflight checks it and the trainer is built from it.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -40,6 +41,24 @@ PHASES = (
     "update_actor",
     "sync_weights",
 )
+
+
+# The hf engine's default KV budget: half of what the host has free before the run starts (the update's
+# activations and optimizer state come later, and the engine lets its cache go before the update), or a
+# quarter of a GPU, which the actor's weights, gradients and optimizer share.
+KV_SHARE_OF_FREE_HOST = 0.5
+KV_SHARE_OF_GPU = 0.25
+
+
+def kv_budget(asked: float | None, device: str, facts: MachineFacts, gpu_memory_gib: float | None):
+    """GiB for the hf engine's keys and values: `asked` (rollout.kv_cache_gb) if set, else the default share
+    of the device's memory; None where that memory is not known (no bound)."""
+    if asked is not None:
+        return asked
+    if device == "cuda":
+        return None if gpu_memory_gib is None else KV_SHARE_OF_GPU * gpu_memory_gib
+    # whole GiB free: two plans of one run on one machine agree
+    return None if facts.host_free_gib is None else KV_SHARE_OF_FREE_HOST * math.floor(facts.host_free_gib)
 
 
 @dataclass(frozen=True)
@@ -78,6 +97,9 @@ class RunPlan:
     # (TRL's num_iterations=1): ppo_mini_batch_size for one epoch, no KL in the reward and no staleness, else
     # 0.
     single_step_episodes: int
+    # GiB of keys and values the hf engine keeps and computes with (actor_rollout_ref.rollout.kv_cache_gb,
+    # else `kv_budget`'s default); the rollout runs at once the rows that fit (grl/engines/prefix_store.py)
+    kv_cache_gib: float | None
 
     @classmethod
     def from_config(cls, cfg, facts: MachineFacts | None = None) -> RunPlan:
@@ -126,6 +148,7 @@ class RunPlan:
             score_temperature=temperature if temperature > 0 else 1.0,
             packing_capacity=run.rollout.max_episode_length if run.rollout.packing else None,
             single_step_episodes=actor.ppo_mini_batch_size if one_step else 0,
+            kv_cache_gib=kv_budget(engine.kv_cache_gb, resolved.device, facts, resolved.gpu_memory_gib),
         )
 
     @property

@@ -328,3 +328,20 @@ def test_the_plan_of_the_kit_s_run_is_within_a_quarter_of_each_process_and_of_th
         assert sum(share[phase] for share in memory.processes.values()) == pytest.approx(
             memory.device_total(phase)
         )
+
+
+def test_the_hf_engines_kv_row_is_every_row_kept_and_a_chunk_at_work_within_its_budget():
+    """preset=cpu's 64 agents of up to 2,064 tokens; `kv_cache_gb` caps the row (the rest of the rows wait,
+    grl/rollout/multi_turn.py)."""
+    from grl.engines.prefix_store import kv_token_bytes
+
+    base = ["preset=cpu", "model_path=embedded", "actor_rollout_ref.model.dtype=bfloat16"]
+    shape = model_shape("embedded")
+    unbounded = _rows(plan(run_sections(load_config(base)), shape=shape), "gen")
+    expected = (64 + 64) * (2048 + 16) * kv_token_bytes(shape.layers, shape.kv, 2)
+    assert unbounded["engine KV cache (hf)"] == pytest.approx(expected)
+    capped = plan(
+        run_sections(load_config(base + ["actor_rollout_ref.rollout.kv_cache_gb=1.5"])), shape=shape
+    )
+    assert _rows(capped, "gen")["engine KV cache (hf)"] == pytest.approx(1.5 * GIB)
+    assert _rows(capped, "update_actor")["engine KV cache (hf)"] == 0  # let go at the engine's sleep

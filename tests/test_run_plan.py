@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from grl.config import load_config
+from grl.machine import machine_facts
 from grl.run_plan import PHASES, RunPlan, build_run
 
 GRL = Path(__file__).resolve().parent.parent / "grl"
@@ -64,8 +65,10 @@ def test_what_the_config_asks_for_is_what_the_plan_decides():
 
 
 def test_the_plan_is_frozen_and_reaches_the_ranks_unchanged():
-    plan = plan_of(*AHEAD)
-    assert pickle.loads(pickle.dumps(plan)) == plan == plan_of(*AHEAD)
+    cfg = load_config(["model_path=tiny", *AHEAD])
+    facts = machine_facts("cpu", "hf")  # the free memory the KV budget is a share of, asked once
+    plan = RunPlan.from_config(cfg, facts)
+    assert pickle.loads(pickle.dumps(plan)) == plan == RunPlan.from_config(cfg, facts)
     with pytest.raises(FrozenInstanceError):
         plan.rollout_ahead = False
 
@@ -314,3 +317,19 @@ def test_grl_train_types_the_config_once_and_trains_the_run_it_built(tmp_path, m
     typed_sections = [f.name for f in fields(trained[0].sections) if f.name not in ("tasks", "record")]
     assert sorted(sections) == sorted(typed_sections)
     assert trained[0].sections.trainer.run_dir == f"{tmp_path}/run"
+
+
+def test_the_engines_kv_budget_is_the_key_else_a_share_of_the_devices_memory():
+    from grl.config import ConfigError
+    from grl.machine import MachineFacts
+    from grl.run_plan import KV_SHARE_OF_FREE_HOST, KV_SHARE_OF_GPU, kv_budget
+
+    facts = MachineFacts(gpus=0, gpu_memory_gib=None, vllm_usable=False, host_free_gib=20.0)
+    assert kv_budget(3.0, "cpu", facts, None) == 3.0
+    assert kv_budget(None, "cpu", facts, None) == KV_SHARE_OF_FREE_HOST * 20.0
+    assert kv_budget(None, "cpu", replace(facts, host_free_gib=20.7), None) == KV_SHARE_OF_FREE_HOST * 20.0
+    assert kv_budget(None, "cuda", facts, 80.0) == KV_SHARE_OF_GPU * 80.0
+    assert kv_budget(None, "cpu", replace(facts, host_free_gib=None), None) is None
+    assert plan_of("actor_rollout_ref.rollout.kv_cache_gb=2.5").kv_cache_gib == 2.5
+    with pytest.raises(ConfigError, match="kv_cache_gb"):
+        plan_of("actor_rollout_ref.rollout.kv_cache_gb=0")

@@ -66,6 +66,8 @@ class EngineOptions:
     enforce_eager: bool = True
     tensor_model_parallel_size: int = 1
     free_cache_engine: bool = True
+    # The hf engine's budget for the keys and values it keeps (grl/engines/prefix_store.py); None: unbounded.
+    kv_cache_gb: float | None = None
 
     def resolved_device(self) -> str:
         import torch
@@ -124,6 +126,11 @@ class Engine:
         temperature 1, no top-k/top-p, no grammar. A served teacher's scores of a student's episode
         (OpenAI completions with `echo` and `max_tokens: 0`, grl/gateway/scoring.py)."""
         raise NotImplementedError(f"{type(self).__name__} does not score prompts (prompt_log_probs)")
+
+    def rows_within(self, row_tokens: int) -> int | None:
+        """How many rows of up to `row_tokens` tokens the engine's cache holds at once, so that a rollout
+        runs no more (the rest wait); None: the engine schedules its own (vLLM) or has no bound."""
+        return None
 
     def context_length(self) -> int | None:
         """The most tokens one sequence (prompt and reply) may hold here: the model's context, or the

@@ -16,8 +16,9 @@ and reply of turn k, so the engine keeps the KV cache of every sequence of the
 last call and, for a prompt that extends one of them, computes only the new
 tokens (the template and environment tokens of the turn). A row is laid out as
 [padding | cached prefix | padding | new tokens]; the attention mask and the
-position ids make the holes invisible. New weights drop the cache. Within a call,
-a prompt that several rows share (a GRPO group's) is run once and reused the same way.
+position ids make the holes invisible. New weights drop the cache, and so does sleep. Within a call,
+a prompt that several rows share (a GRPO group's) is run once and reused the same way. The kept sequences
+and a call's working cache stay within the engine's `kv_cache_gb` (grl/engines/prefix_store.py).
 """
 
 from __future__ import annotations
@@ -34,25 +35,24 @@ from grl.engines.hf_decoding import choose, constrain, replies, take_forced
 from grl.engines.hf_scoring import prompt_log_probs
 from grl.engines.kept_sets import filters
 from grl.engines.kv_slab import prefix_slab
+from grl.engines.prefix_store import CHUNK_ROWS, GIB, STORE_SHARE, PrefixStore, kv_token_bytes, rows_within
 from grl.engines.weights import check_named_tensors, module_digests, weight_spec
 
-# Calls a cached sequence survives without being extended (its episode finished, or waits on its env).
-PREFIX_KEEP_CALLS = 8
 # Cache columns set aside for a call's reply tokens; a longer reply grows the cache (grl/engines/kv_slab.py),
 # so a free reply of max_new_tokens=4096 does not reserve 4096 columns a row it may never use.
 REPLY_RESERVE = 64
 
 
 class HFEngine(Engine):
-    """Batched generation with a transformers causal LM on CPU or GPU. Of the options it reads dtype, device
-    and seed: vLLM's memory and parallelism mean nothing here, and it always takes a grammar."""
+    """Batched generation with a transformers causal LM on CPU or GPU. Of the options it reads dtype, device,
+    seed and kv_cache_gb: vLLM's memory and parallelism mean nothing here, and it always takes a grammar."""
 
     def __init__(
         self,
         model_path: str,
         options: EngineOptions = EngineOptions(),
         *,
-        max_batch_size: int = 64,
+        max_batch_size: int = CHUNK_ROWS,
         reuse_prefixes: bool = True,
     ):
         from grl.models import load_causal_lm, load_tokenizer
@@ -67,11 +67,15 @@ class HFEngine(Engine):
         self.generator = torch.Generator(device=self.device).manual_seed(options.seed)
         self.spec = weight_spec(self.model)
         self.asleep = False
-        # token ids -> per-layer (keys, values) `[heads, len(ids), dim]` of the last call's sequences
-        self._prefixes: dict[tuple[int, ...], list[tuple]] = {}
-        self._reusable = self._prefixes
-        self._extended: set[tuple[int, ...]] = set()
-        self._prefix_ages: dict[tuple[int, ...], int] = {}  # calls a carried sequence has waited unextended
+        text = self.model.config.get_text_config()
+        head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+        element = next(self.model.parameters()).element_size()
+        kv_width = text.num_key_value_heads * head_dim
+        self.token_bytes = kv_token_bytes(text.num_hidden_layers, kv_width, element)
+        self.kv_cache_gb = options.kv_cache_gb
+        budget = None if options.kv_cache_gb is None else int(options.kv_cache_gb * GIB)
+        # The sequences of the last calls, token ids -> per-layer (keys, values) `[heads, len(ids), dim]`
+        self.prefixes = PrefixStore(budget)
         # Off: every prompt is prefilled whole (the benchmark's baseline).
         self.reuse_prefixes = reuse_prefixes
 
@@ -79,6 +83,9 @@ class HFEngine(Engine):
         from grl.models import config_context
 
         return config_context(self.model.config)
+
+    def rows_within(self, row_tokens: int) -> int | None:
+        return rows_within(self.kv_cache_gb, row_tokens, self.token_bytes)
 
     def _eos_ids(self) -> set[int]:
         configured = self.model.generation_config.eos_token_id
@@ -106,18 +113,20 @@ class HFEngine(Engine):
                 for i in range(len(prompt_token_ids))
             ]
         outputs: list[GenerationOutput | None] = [None] * len(prompt_token_ids)
-        self._reusable, self._prefixes, self._extended = self._prefixes, {}, set()
-        for chunk in self._chunks(prompt_token_ids):
+        hits = self.prefixes.begin(prompt_token_ids if self.reuse_prefixes else [])
+        hits = hits or [()] * len(prompt_token_ids)
+        for chunk in self._chunks(prompt_token_ids, hits, min(sampling.max_new_tokens, REPLY_RESERVE)):
             chunk_generators = [generators[i] for i in chunk] if generators else None
             results = self._generate_chunk(
                 [prompt_token_ids[i] for i in chunk],
                 sampling,
                 chunk_generators,
                 [constraints[i] for i in chunk],
+                [hits[i] for i in chunk],
             )
             for i, result in zip(chunk, results):
                 outputs[i] = result
-        self._carry_unextended()
+        self.prefixes.end()
         return outputs
 
     def prompt_log_probs(self, prompt_token_ids: list[list[int]]) -> list[list[float]]:
@@ -127,35 +136,34 @@ class HFEngine(Engine):
             self.wake()
         return prompt_log_probs(self, prompt_token_ids)
 
-    def _chunks(self, prompt_token_ids: list[list[int]]) -> list[list[int]]:
-        """Row indices in chunks of at most `max_batch_size`, similar lengths together so that little compute
-        goes to padding. A row with no cached prefix (its first turn, or a prompt cut to max_prompt_length)
-        runs its whole prompt, and every row of its chunk would pad its new tokens to that width: such rows
-        get chunks of their own."""
-        hit = [bool(self.reuse_prefixes and self._cached_prefix(list(p))) for p in prompt_token_ids]
+    def _chunks(self, prompts: list[list[int]], hits: list[tuple[int, ...]], room: int) -> list[list[int]]:
+        """Row indices in chunks of at most `max_batch_size` whose working cache (their cached prefixes,
+        new tokens and `room` reply columns a row) fits the budget's share for it, similar lengths together
+        so that little compute goes to padding. A row with no cached prefix (its first turn, or a prompt cut
+        to max_prompt_length) runs its whole prompt, and every row of its chunk would pad its new tokens to
+        that width: such rows get chunks of their own."""
+        working = None if self.kv_cache_gb is None else self.kv_cache_gb * GIB * (1 - STORE_SHARE)
         chunks = []
         for cached in (True, False):
-            order = sorted(
-                (i for i in range(len(hit)) if hit[i] == cached), key=lambda i: len(prompt_token_ids[i])
-            )
-            chunks += [
-                order[start : start + self.max_batch_size]
-                for start in range(0, len(order), self.max_batch_size)
-            ]
+            rows = [i for i in range(len(hits)) if bool(hits[i]) == cached]
+            order = sorted(rows, key=lambda i: len(prompts[i]))
+            chunk, past, width = [], 0, 0
+            for i in order:
+                grown = max(past, len(hits[i])), max(width, len(prompts[i]) - len(hits[i]))
+                columns = grown[0] + grown[1] + room
+                full = len(chunk) == self.max_batch_size or (
+                    working is not None and (len(chunk) + 1) * columns * self.token_bytes > working
+                )
+                if chunk and full:
+                    chunks.append(chunk)
+                    chunk, grown = [], (len(hits[i]), len(prompts[i]) - len(hits[i]))
+                chunk.append(i)
+                past, width = grown
+            chunks += [chunk] if chunk else []
         return chunks
 
-    def _carry_unextended(self) -> None:
-        """Keep a cached sequence that this call did not extend for a few more calls: an episode whose
-        env step outlasted the call (a rollout without a turn barrier) still finds its cache next turn."""
-        ages = {}
-        for ids, kv in self._reusable.items():
-            age = self._prefix_ages.get(ids, 0) + 1
-            if ids not in self._extended and ids not in self._prefixes and age <= PREFIX_KEEP_CALLS:
-                self._prefixes[ids], ages[ids] = kv, age
-        self._prefix_ages = ages
-
     def _generate_chunk(
-        self, prompts, sampling: SamplingParams, generators, constraints
+        self, prompts, sampling: SamplingParams, generators, constraints, hits
     ) -> list[GenerationOutput]:
         batch = len(prompts)
         tokens: list[list[int]] = [[] for _ in range(batch)]
@@ -170,16 +178,18 @@ class HFEngine(Engine):
                 take_forced(walker, tokens[row], log_probs[row], finish, row, sampling.max_new_tokens)
         # Every reply was forced whole (one valid action): no model call.
         if all(f is not None for f in finish):
+            self.prefixes.done_with(hits)
             return replies(tokens, log_probs, kept, finish, sampling)
         prompts = [list(p) + t for p, t in zip(prompts, tokens)]
         if self.reuse_prefixes:
             self._prefill_shared(prompts)
-        cached = [self._cached_prefix(p) for p in prompts]
-        self._extended.update(cached)
+        cached = [self.prefixes.longest(p) if self.reuse_prefixes else () for p in prompts]
+        self.prefixes.extended.update(cached)
         input_ids, attention_mask, position_ids, past, width = self._layout(prompts, cached)
 
         stop_ids = set(sampling.stop_token_ids) | (set() if sampling.ignore_eos else self.eos_token_ids)
         cache = self._prefill_cache(cached, past, width + min(sampling.max_new_tokens, REPLY_RESERVE))
+        self.prefixes.done_with(hits)  # now in `cache`
         fed: list[list[int]] = [[] for _ in range(batch)]  # reply tokens run through the model, per row
         step_ids = input_ids
         with torch.inference_mode():
@@ -259,39 +269,27 @@ class HFEngine(Engine):
         prompts but their last token, into the reusable cache, so each row then computes one token."""
         counts = Counter(tuple(p[:-1]) for p in prompts)
         # (A cached sequence may equal the shared part itself: then there is nothing left to run.)
-        found = [(list(ids), self._cached_prefix(list(ids) + [-1])) for ids, n in counts.items() if n > 1]
+        found = [(list(ids), self.prefixes.longest(list(ids) + [-1])) for ids, n in counts.items() if n > 1]
         found = [(ids, prefix) for ids, prefix in found if len(ids) - len(prefix) > 1]
         if not found:
             return
         shared, cached = [ids for ids, _ in found], [prefix for _, prefix in found]
-        self._extended.update(cached)
+        self.prefixes.extended.update(cached)
         input_ids, attention_mask, position_ids, past, width = self._layout(shared, cached)
         cache = self._prefill_cache(cached, past, width)
         with torch.inference_mode():
             self._forward(input_ids, attention_mask, position_ids, cache)
-        self._keep_prefixes(cache, shared, cached, [[] for _ in shared], past, width, self._reusable)
-
-    def _cached_prefix(self, prompt: list[int]) -> tuple[int, ...]:
-        """The longest sequence of the last call that `prompt` extends (at least one prompt token
-        is left to run, for the next-token logits); () when there is none."""
-        best: tuple[int, ...] = ()
-        for ids in self._reusable:
-            if len(best) < len(ids) < len(prompt) and tuple(prompt[: len(ids)]) == ids:
-                best = ids
-        return best
+        self._keep_prefixes(cache, shared, cached, [[] for _ in shared], past, width, now=True)
 
     def _prefill_cache(self, cached: list[tuple[int, ...]], past: int, room: int):
         """A cache holding each row's cached prefix, right-aligned in `past` columns, with `room` columns
         more for this call's tokens."""
-        prefixes = [self._reusable[ids] if ids else None for ids in cached]
+        prefixes = [self.prefixes.last[ids] if ids else None for ids in cached]
         return prefix_slab(prefixes, past, room, self.model.config.get_text_config().num_hidden_layers)
 
-    def _keep_prefixes(
-        self, cache, prompts, cached, fed, past: int, width: int, into: dict | None = None
-    ) -> None:
+    def _keep_prefixes(self, cache, prompts, cached, fed, past: int, width: int, now: bool = False) -> None:
         """Store every row's KV (its prompt and the reply tokens the model ran) for the next call
-        (or, `into`, for this one)."""
-        into = self._prefixes if into is None else into
+        (`now`: for this one)."""
         for row, (prompt, prefix) in enumerate(zip(prompts, cached)):
             new = len(prompt) - len(prefix)
             columns = torch.cat(
@@ -300,10 +298,11 @@ class HFEngine(Engine):
                     torch.arange(past + width - new, past + width + len(fed[row])),
                 ]
             ).to(self.device)
-            into[tuple(prompt + fed[row])] = [
+            kv = [
                 (layer.keys[row].index_select(1, columns), layer.values[row].index_select(1, columns))
                 for layer in cache.layers
             ]
+            self.prefixes.put(tuple(prompt + fed[row]), kv, now)
 
     def _hit_stop_string(self, tokens: list[int], stops: list[str]) -> bool:
         if not stops:
@@ -319,7 +318,7 @@ class HFEngine(Engine):
 
     def update_weights(self, named_tensors: NamedTensors) -> None:
         checked = check_named_tensors(named_tensors, self.spec)
-        self._prefixes, self._prefix_ages = {}, {}  # computed with the old weights
+        self.prefixes.clear()  # computed with the old weights
         if self.asleep:
             self.wake()
         params = self.model.state_dict(keep_vars=True)
@@ -331,13 +330,12 @@ class HFEngine(Engine):
         return module_digests(self.model, self.spec)
 
     def sleep(self, discard_weights: bool = False) -> None:
-        """On GPU, park the weights in host memory and release the CUDA cache;
-        on CPU there is no accelerator memory to give back. The weights are kept either way
-        (a host copy is what update_weights writes into)."""
+        """Let the kept sequences go (the rollout is over; the update needs the memory); on GPU, also park
+        the weights in host memory and release the CUDA cache. The weights are kept either way (a host copy is
+        what update_weights writes into)."""
+        self.prefixes.clear()
         if self.asleep or not self.device.startswith("cuda"):
             return
-        self._prefixes = self._reusable = {}
-        self._prefix_ages = {}
         self.model.to("cpu")
         torch.cuda.empty_cache()
         self.asleep = True

@@ -171,6 +171,9 @@ class SubprocessEngine(Engine):
     def context_length(self) -> int | None:
         return self._call("context_length")
 
+    def rows_within(self, row_tokens: int) -> int | None:
+        return self._call("rows_within", row_tokens)
+
     def update_weights(self, named_tensors: NamedTensors) -> None:
         items = named_tensors.items() if hasattr(named_tensors, "items") else named_tensors
         # Detached CPU copies: gradients and devices do not cross processes.

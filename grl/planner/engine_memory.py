@@ -5,6 +5,7 @@ a rollout worker of its own. The formulas: grl/planner/formulas.py, "engine"."""
 from __future__ import annotations
 
 from grl.engines import ENGINE_TRAITS
+from grl.engines.prefix_store import CHUNK_ROWS, kv_token_bytes
 from grl.planner.shapes import ModelShape
 from grl.planner.table import GIB, Plan
 from grl.schema import Data, RolloutEngine
@@ -24,9 +25,10 @@ def add_engine(
     agents: int,
     s: int,
     separate: bool,
+    kv_budget_gib: float | None,
 ) -> None:
-    """The engine's rows: a GPU share or weights and KV cache, where they are while it sleeps, and the
-    weights handed to a rollout worker of its own (`separate`)."""
+    """The engine's rows: a GPU share or weights and KV cache (within the hf engine's `kv_budget_gib`), where
+    they are while it sleeps, and the weights handed to a rollout worker of its own (`separate`)."""
     asleep = rollout.free_cache_engine
     awake_phases = ("gen", "sync_weights") if asleep else None
     weights = shape.params * e  # each engine holds the whole model (preflight refuses tensor parallelism)
@@ -79,7 +81,10 @@ def add_engine(
         )
     else:
         context = min(s, data.max_prompt_length + data.max_response_length)
-        kv = agents * context * shape.layers * 2 * shape.kv * e * 3
+        # Every row's sequence kept between calls, and a chunk of rows in the call's working cache
+        # (grl/engines/prefix_store.py); rows past the budget wait.
+        kv = (agents + min(agents, CHUNK_ROWS)) * context * kv_token_bytes(shape.layers, shape.kv, e)
+        kv = kv if kv_budget_gib is None else min(kv, kv_budget_gib * GIB)
         # A rollout worker of its own is a process on the host that generates beside the update.
         place, phases = ("host", None) if separate else ("device", ["gen"])
         p.add(place, f"engine weights ({engine})", weights, awake_phases if on_gpu else None)

@@ -249,7 +249,8 @@ def plan(
         )
 
     separate = run.engine_apart
-    add_engine(p, sections.data, arr.rollout, shape, engine, on_gpu, per_node, e, agents, s, separate)
+    kv = run.kv_cache_gib
+    add_engine(p, sections.data, arr.rollout, shape, engine, on_gpu, per_node, e, agents, s, separate, kv)
 
     # Weight sync: a stream (grl/workers/streaming.py) gathers one parameter at a time, cast to the
     # engine's dtype first; the gathered tensor and the engine's copy of it are alive together.

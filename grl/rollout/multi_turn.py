@@ -208,11 +208,11 @@ class MultiTurnRollout:
         try:
             self._reset(slots)
             if turn_barrier:
-                turn = 0
+                turn, at_once = 0, self._rows_at_once(len(slots))
                 while playing := sum(not s.done for s in slots):
                     if on_turn is not None:
                         on_turn(turn, playing, len(slots))
-                    self._turn(slots, turn, sampling)
+                    self._turn(slots, turn, sampling, at_once)
                     turn += 1
             else:
                 play_without_barrier(self, slots, sampling, on_turn)
@@ -266,8 +266,17 @@ class MultiTurnRollout:
             self._new_context(s, result.value)
         self.faults.check(slots)
 
-    def _turn(self, slots: list[Slot], turn: int, sampling: SamplingParams) -> None:
-        """One turn of every agent still playing: one engine call per token limit, then every env step."""
+    def _rows_at_once(self, agents: int) -> int | None:
+        """As many agents as the engine's cache holds at their longest (the rest wait for one to finish, as
+        requests wait in vLLM's scheduler); None: all of them."""
+        at_once = self.engine.rows_within(self.max_prompt_length + self.max_response_length)
+        if at_once is not None and at_once < agents:
+            log.info("the engine's kv_cache_gb holds %d of %d agents at once; the rest wait", at_once, agents)
+        return at_once
+
+    def _turn(self, slots: list[Slot], turn: int, sampling: SamplingParams, at_once: int | None) -> None:
+        """One turn of the agents still playing (the first `at_once`): one engine call per token limit, then
+        every env step."""
 
         def params(call: int, limit: int, group: list[Slot]) -> SamplingParams:
             return replace(
@@ -276,7 +285,7 @@ class MultiTurnRollout:
                 seed=None if sampling.seed is None else sampling.seed + 1009 * turn + call,
             )
 
-        active, replies = self._generate(slots, [s for s in slots if not s.done], params)
+        active, replies = self._generate(slots, [s for s in slots if not s.done][:at_once], params)
         with self.clock.waiting("gen_env"):
             results = self._env_calls(
                 [(s, lambda s=s, r=r: s.agent.step(r)) for s, r in zip(active, replies)]

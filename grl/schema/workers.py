@@ -216,6 +216,13 @@ class RolloutEngine:
     )
     tensor_model_parallel_size: int = key(1, "vLLM's tensor parallel degree", ge=1)
     max_model_len: Optional[int] = key(None, "null: prompt_length + response_length")
+    kv_cache_gb: Optional[float] = key(
+        None,
+        "GiB of keys and values the hf engine keeps and computes with; a rollout runs the rows that fit and "
+        "the rest wait (vLLM sizes its own by gpu_memory_utilization). null: half the host's free memory at "
+        "the start on CPU, a quarter of the GPU's on GPU",
+        gt=0,
+    )
     log_prob_micro_batch_size_per_gpu: int = key(
         II("micro_batch_size_per_gpu"), "episodes per old-log-prob forward on one device", ge=1
     )

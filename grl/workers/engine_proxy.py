@@ -42,6 +42,13 @@ class EngineProxy(Engine):
         results = self._group.call_ranks([self._ranks[i] for i in busy], "engine_generate", pieces)
         return [out for part in results for out in part]
 
+    def rows_within(self, row_tokens: int) -> int | None:
+        """The prompts are split evenly over the ranks' engines: as many rows as the tightest holds, each."""
+        held = self._group.call_ranks(
+            self._ranks, "engine_call", [("rows_within", row_tokens)] * len(self._ranks)
+        )
+        return None if None in held else min(held) * len(held)
+
     def update_weights(self, named_tensors: NamedTensors) -> None:
         items = list(named_tensors.items()) if hasattr(named_tensors, "items") else list(named_tensors)
         self._group.call_ranks(self._ranks, "engine_update_weights", [(items,)] * len(self._ranks))

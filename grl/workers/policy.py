@@ -270,11 +270,13 @@ class PolicyWorker(Worker):
     def engine_update_weights(self, named_tensors) -> None:
         self.engine.update_weights(named_tensors)
 
-    def engine_call(self, method: str, *args) -> None:
-        if self.engine is not None:
-            getattr(self.engine, method)(*args)
-            if method == "shutdown":
-                self.engine = None
+    def engine_call(self, method: str, *args):
+        if self.engine is None:
+            return None
+        answer = getattr(self.engine, method)(*args)
+        if method == "shutdown":
+            self.engine = None
+        return answer
 
     def teardown(self) -> None:
         if self.engine is not None:

@@ -52,6 +52,7 @@ def engine_options(rollout, dtype: str, plan: RunPlan, seed: int) -> EngineOptio
         enforce_eager=rollout.enforce_eager,
         tensor_model_parallel_size=rollout.tensor_model_parallel_size,
         free_cache_engine=rollout.free_cache_engine,
+        kv_cache_gb=plan.kv_cache_gib,
     )
 
 
@@ -82,6 +83,9 @@ class RolloutWorker:
         self, prompts: list[list[int]], sampling: SamplingParams, constraints=None
     ) -> list[GenerationOutput]:
         return self.engine.generate(prompts, sampling, constraints)
+
+    def rows_within(self, row_tokens: int) -> int | None:
+        return self.engine.rows_within(row_tokens)
 
     def update_weights(self, named_tensors: NamedTensors) -> dict:
         """Load them; -> the engine's digest of what it then holds (`Engine.weights_digest`)."""
@@ -147,6 +151,9 @@ class SeparateEngine(Engine):
         return self._get(
             self._worker.generate.remote([list(p) for p in prompt_token_ids], sampling, constraints)
         )
+
+    def rows_within(self, row_tokens: int) -> int | None:
+        return self._get(self._worker.rows_within.remote(row_tokens))
 
     def load_weights(self, handle, version: int) -> None:
         """The weights `handle` names (`ActorRolloutRefGroup.weights_handle`: the weights' reference and

@@ -205,9 +205,9 @@ def test_prefix_reuse_gives_what_a_fresh_prefill_gives(hf_tiny, tokenizer, promp
     first = hf_tiny.generate(prompts[:5], sampling)
     delta = tokenizer("\nNext turn, please.", add_special_tokens=False)["input_ids"]
     second_prompts = [p + o.token_ids + delta for p, o in zip(prompts[:5], first)]
-    assert hf_tiny._prefixes  # the first call kept its sequences
+    assert hf_tiny.prefixes.next  # the first call kept its sequences
     reused = hf_tiny.generate(second_prompts, sampling)
-    hf_tiny._prefixes = {}
+    hf_tiny.prefixes.clear()
     fresh = hf_tiny.generate(second_prompts, sampling)
     assert [o.token_ids for o in reused] == [o.token_ids for o in fresh]
     for a, b in zip(reused, fresh):
@@ -236,7 +236,7 @@ def test_a_row_without_a_cached_prefix_does_not_widen_the_others(hf_tiny, tokeni
         kept_rows == 4 and kept_width <= len(delta) + sampling.max_new_tokens
     )  # the delta and the reply's unrun tail
     monkeypatch.undo()
-    hf_tiny._prefixes = {}
+    hf_tiny.prefixes.clear()
     fresh = hf_tiny.generate(second, sampling)
     assert [o.token_ids for o in reused] == [o.token_ids for o in fresh]
 

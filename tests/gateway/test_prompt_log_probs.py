@@ -72,8 +72,9 @@ def test_hf_prompt_log_probs_leave_the_prefix_cache_and_refuse_an_empty_prompt(h
     hf.generate(prompts[:2], SamplingParams(greedy=True, max_new_tokens=4))  # fills the prefix cache
 
     def state():
-        held = (hf._prefixes, hf._reusable, hf._extended, hf._prefix_ages)
-        return [id(part) for part in held], {ids: id(kv) for ids, kv in hf._prefixes.items()}, hf._prefix_ages
+        store = hf.prefixes
+        held = (store.next, store.last, store.extended, store.ages)
+        return [id(part) for part in held], {ids: id(kv) for ids, kv in store.next.items()}, store.held_bytes
 
     before = state()
     assert before[1]
