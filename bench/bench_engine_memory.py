@@ -43,7 +43,6 @@ def run(budget: str, puzzles: int, extra: list[str]) -> dict:
         "rollout.validation_seed=999",
         f"rollout.validation_agent_group_num=[{puzzles}]",
         f"trainer.run_dir={run_dir}",
-        "trainer.logger=[console]",
         *([] if budget == "default" else [f"actor_rollout_ref.rollout.kv_cache_gb={budget}"]),
         *extra,
     ]
