@@ -175,7 +175,7 @@ def test_a_run_s_engine_options_come_from_the_rollout_section_the_model_dtype_an
             "actor_rollout_ref.rollout.free_cache_engine=false",
         ]
     ).actor_rollout_ref.rollout
-    plan = SimpleNamespace(reply_grammars=True, device="cuda:1")
+    plan = SimpleNamespace(reply_grammars=True, device="cuda:1", kv_cache_gib=2.5)
     assert engine_options(rollout, "bfloat16", plan, seed=9) == EngineOptions(
         dtype="bfloat16",
         device="cuda:1",
@@ -186,4 +186,5 @@ def test_a_run_s_engine_options_come_from_the_rollout_section_the_model_dtype_an
         enforce_eager=rollout.enforce_eager,
         tensor_model_parallel_size=rollout.tensor_model_parallel_size,
         free_cache_engine=False,
+        kv_cache_gb=2.5,
     )

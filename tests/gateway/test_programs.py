@@ -34,6 +34,9 @@ class CountingEngine:
         self.batches.append(len(prompts))
         return self.engine.generate(prompts, sampling, constraints)
 
+    def rows_within(self, row_tokens):
+        return self.engine.rows_within(row_tokens)
+
 
 @pytest.fixture(scope="module")
 def engine():
