@@ -31,10 +31,8 @@ def _pin_xdist_worker() -> None:
         return
     cores = sorted(os.sched_getaffinity(0))
     index = int(name.removeprefix("gw"))
-    share = cores[index * len(cores) // count : (index + 1) * len(cores) // count] or [
-        cores[index % len(cores)]
-    ]
-    os.sched_setaffinity(0, share)
+    first = index * len(cores) // count  # more workers than cores: each core takes an equal number of them
+    os.sched_setaffinity(0, cores[first : max(first + 1, (index + 1) * len(cores) // count)])
 
 
 _pin_xdist_worker()

@@ -33,6 +33,7 @@ from grl.engines.base import check_prompts, check_request, unsampled
 from grl.engines.constraint import ReplyGrammar
 from grl.engines.hf_decoding import choose, constrain, replies, take_forced
 from grl.engines.hf_scoring import prompt_log_probs
+from grl.engines.host_memory import TRIM_SLACK_BYTES, release_freed_host_memory
 from grl.engines.kept_sets import filters
 from grl.engines.kv_slab import prefix_slab
 from grl.engines.prefix_store import CHUNK_ROWS, GIB, STORE_SHARE, PrefixStore, kv_token_bytes, rows_within
@@ -126,6 +127,8 @@ class HFEngine(Engine):
             )
             for i, result in zip(chunk, results):
                 outputs[i] = result
+            if self.device == "cpu":  # a chunk's cache is freed: the next chunk's sizes differ
+                release_freed_host_memory(TRIM_SLACK_BYTES)
         self.prefixes.end()
         return outputs
 
@@ -335,6 +338,7 @@ class HFEngine(Engine):
         what update_weights writes into)."""
         self.prefixes.clear()
         if self.asleep or not self.device.startswith("cuda"):
+            release_freed_host_memory()
             return
         self.model.to("cpu")
         torch.cuda.empty_cache()

@@ -15,8 +15,9 @@ import ray
 from omegaconf import OmegaConf
 
 from grl.config import load_config
+from grl.run_plan import build_run
 from grl.tracking import METRICS_FILE, read_jsonl
-from grl.trainer import RunAborted
+from grl.trainer import RunAborted, run
 from grl.trainer.agent_trainer import AgentTrainer
 
 # Metrics that depend only on the data and the weights (timings and throughput excluded).
@@ -190,8 +191,9 @@ def test_train_checkpoint_kill_and_resume(tmp_path, ray_runtime, capsys):
     for key in compared:
         assert resumed[2][key] == pytest.approx(history[2][key], rel=1e-6, abs=1e-9), key
 
-    # C again: nothing is left to train; one line, and neither the metrics nor the checkpoint change
-    AgentTrainer.from_config(cfg_b).fit()
+    # C again, as grl-train runs it: nothing is left to train; one line before any worker starts, and
+    # neither the metrics nor the checkpoint change
+    run(build_run(cfg_b))
     assert capsys.readouterr().out.startswith(
         f"grl-train: nothing left to train: {b_dir / 'ckpt' / 'global_step_2'} is step 2"
     )
@@ -201,8 +203,9 @@ def test_train_checkpoint_kill_and_resume(tmp_path, ray_runtime, capsys):
 @pytest.mark.slow
 def test_lora_gigpo_run_resumes_to_equal_metrics(tmp_path, ray_runtime):
     """A LoRA policy trained with GiGPO and a KL loss (the reference is the base model with
-    the adapter off): stopped after step 1 and resumed from the adapter-only checkpoint, its
-    step 2 is the uninterrupted run's; the export is a merged model plus the adapter."""
+    the adapter off): resumed from the uninterrupted run's adapter-only checkpoint of step 1
+    (trainer.resume_mode=<folder>), its step 2 is that run's; the export is a merged model plus the
+    adapter. (test_train_checkpoint_kill_and_resume resumes a run a killed worker stopped.)"""
     from transformers import AutoModelForCausalLM
 
     from grl.workers.sharded import saved_names
@@ -217,18 +220,12 @@ def test_lora_gigpo_run_resumes_to_equal_metrics(tmp_path, ray_runtime):
         "critic.enable": False,
     }
 
-    def kill_after_step_1(trainer, step, metrics, batch):
-        if step == 1:
-            ray.kill(trainer.actor.workers[1], no_restart=True)
-
     AgentTrainer.from_config(config(tmp_path, "a", resume_mode="disable", **lora)).fit()
     history = by_step(tmp_path / "a" / "run")
-    cfg_b = config(tmp_path, "b", resume_mode="auto", **lora)
-    with pytest.raises(RunAborted):
-        AgentTrainer.from_config(cfg_b, hooks=[kill_after_step_1]).fit()
-    saved = saved_names(tmp_path / "b" / "ckpt" / "global_step_1" / "actor")["model"]
+    step_1 = tmp_path / "a" / "ckpt" / "global_step_1"
+    saved = saved_names(step_1 / "actor")["model"]
     assert saved and all(".lora_" in k for k in saved)
-    AgentTrainer.from_config(cfg_b).fit()
+    AgentTrainer.from_config(config(tmp_path, "b", resume_mode=str(step_1), **lora)).fit()
     resumed = by_step(tmp_path / "b" / "run")
     assert history[1]["actor/grad_norm"] > 0 and "actor/kl_loss" in history[1]
     compared = [k for k in DETERMINISTIC + ("actor/kl_loss",) if k in history[2]]
