@@ -36,11 +36,12 @@ def measure_phases(trainer, step: int):
         # glibc keeps freed heap pages resident, so without a trim the peak of one phase would be the
         # high-water mark of the update before it; trimmed, resident memory is live memory, the CPU
         # counterpart of torch.cuda.empty_cache() before reset_peak_memory_stats().
-        import ctypes
         import gc
 
+        from grl.engines.host_memory import release_freed_host_memory
+
         gc.collect()
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
+        release_freed_host_memory()
         with open("/proc/self/clear_refs", "w") as clear:
             clear.write("5")
 

@@ -2,13 +2,13 @@
 only rank 0 sends the weights, so only rank 0 may hold them whole on the host. Two real ranks
 (spawned processes, gloo), as in tests/workers/test_gpu_readiness.py."""
 
-import ctypes
 import gc
 
 import pytest
 import torch
 
 from grl.config import compose, typed_section
+from grl.engines.host_memory import release_freed_host_memory
 from grl.run_plan import RunPlan
 from tests.workers.test_gpu_readiness import run_two_ranks
 
@@ -52,7 +52,7 @@ def _hand_over(rank, ports, cfg):
     actor.host_weights()  # the first gathers set up gloo's buffers: not what is measured
     # Live memory only (freed heap returned), then the peak from here (as bench/bench_plan_accuracy.py).
     gc.collect()
-    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    release_freed_host_memory()
     with open("/proc/self/clear_refs", "w") as clear:
         clear.write("5")
     start = _resident_kib("VmRSS")
