@@ -157,8 +157,12 @@ class ProgramPool:
         template = self._template
         if template is not None:
             template.read()
+            # Only the program's import can hang: a template without it imports `openai` alone and is waited
+            # for however loaded the machine is (giving up on it would only start the same imports again).
             if not template.alive or (
-                not template.ready and time.monotonic() - template.launched > START_GRACE_S
+                not template.ready
+                and template.imports_program
+                and time.monotonic() - template.launched > START_GRACE_S
             ):
                 # It ended, or its imports hang; one that never got ready leaves the program to each worker.
                 self._preload = self._preload and template.ready

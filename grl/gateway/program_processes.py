@@ -38,6 +38,7 @@ class TemplateProcess:
         )
         theirs.close()
         self.conn = Connection(ours.detach())
+        self.imports_program = bool(program)
         self.launched = time.monotonic()
         self.ready = False
         self.returncodes: dict[int, int] = {}  # pid -> how each of its workers ended

@@ -13,7 +13,11 @@ def resident_bytes() -> int:
         return int(statm.read().split()[1]) * PAGE
 
 
-def fragment_the_heap(count: int = 2000, size: int = 64 * 1024):
+BLOCK = 64 * 1024
+BLOCKS = 2000
+
+
+def fragment_the_heap(count: int = BLOCKS, size: int = BLOCK):
     """`count` tensors small enough for glibc's heap (below its mmap threshold), every other one freed and
     the last kept: the freed ones sit between live ones, where glibc's own trimming of the heap's top
     cannot reach them."""
@@ -26,11 +30,13 @@ def fragment_the_heap(count: int = 2000, size: int = 64 * 1024):
 def test_a_trim_hands_the_freed_pages_back_and_a_slack_holds_it_off():
     kept = fragment_the_heap()
     held = held_free_bytes()
-    assert held >= 60 * 2**20, held  # about 1000 freed blocks of 64 KiB
+    freed_here = BLOCKS // 2 * BLOCK
+    assert held >= freed_here, held  # with what earlier tests of this process freed
     assert release_freed_host_memory(slack_bytes=held + 1) is False  # under the slack: nothing done
     before = resident_bytes()
     assert release_freed_host_memory(slack_bytes=0) is True
     after = resident_bytes()
-    assert before - after >= held // 2, (before, after, held)
-    assert sum(t.numel() for t in kept) == 1000 * 16 * 1024  # the live ones are untouched
+    # What earlier tests freed may be trimmed already or never touched, so only this test's blocks count.
+    assert before - after >= freed_here // 2, (before, after, freed_here)
+    assert sum(t.numel() for t in kept) == BLOCKS // 2 * BLOCK // 4  # the live ones are untouched
     assert all(bool((t == 1).all()) for t in kept)
