@@ -1,15 +1,15 @@
 """Where the actor update's time goes, against the rank's matmul peak: the CPU preset's second training
-step with torch.profiler around the actor rank's `update`, its operators' own time grouped by kind.
+step with torch.profiler around the actor rank's update loop, its operators' own time grouped by kind.
 
-    .venv/bin/python bench/bench_update_profile.py [hydra overrides ...]
+    .venv/bin/python bench/bench_update_profile.py [--first-step] [hydra overrides ...]
 
 The first step warms the kernels and the optimizer's state; the second is profiled (`--first-step`: the
-first). The dense matmuls'
-FLOPs are the profiler's own count (aten::mm, addmm, bmm), so their rate is measured where they ran, and
-set against the peak `perf/mfu/actor` divides by (grl/workers/peak.py: `F.linear` forward + backward at the
-model's MLP shape, in the update's dtype and threads). What the operators do not account for is the
-update's Python and dispatch: the loop, the loss's small tensors, autograd's bookkeeping.
-"""
+first). The profiled step's update runs twice on the same mini-batches, the first time unprofiled, so the
+profiler's own cost shows as the difference. The dense matmuls' FLOPs are the profiler's own count
+(aten::mm, addmm, bmm), the work actually done, so their rate is measured where they ran and set against
+the peak `perf/mfu/actor` divides by (grl/workers/peak.py: `F.linear` forward + backward at the model's MLP
+shape, in the update's dtype and threads). What the operators do not account for is the update's Python and
+dispatch: the loop, the loss's small tensors, autograd's bookkeeping."""
 
 from __future__ import annotations
 
