@@ -23,6 +23,9 @@ from pathlib import Path
 
 import psutil
 
+from grl.tracking import METRICS_FILE
+from grl.trainer.report import VAL_ONLY_FOLDER
+
 GRL_TRAIN = Path(sys.executable).with_name("grl-train")
 
 
@@ -68,7 +71,8 @@ def run(budget: str, puzzles: int, extra: list[str]) -> dict:
         raise SystemExit(
             f"budget {budget}: grl-train exited {child.returncode}: {child.stderr.read()[-2000:]}"
         )
-    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    records = run_dir / VAL_ONLY_FOLDER / METRICS_FILE
+    metrics = [json.loads(line) for line in records.read_text().splitlines()]
     validation = {k: v for row in metrics for k, v in row.items() if k.startswith("val") and "success" in k}
     top = sorted(peaks.values(), reverse=True)
     return {

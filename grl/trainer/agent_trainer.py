@@ -39,7 +39,7 @@ from grl.trainer.metrics import (
 )
 from grl.trainer.pipeline import RolloutAhead, RolloutSource, SynchronousRollout, old_log_probs_from
 from grl.trainer.progress import Progress
-from grl.trainer.report import abort_message, finish_report, start_report
+from grl.trainer.report import abort_message, finish_report, records_dir, start_report
 from grl.trainer.transforms import (
     add_advantages,
     drop_nonfinite_rows,
@@ -123,16 +123,18 @@ class AgentTrainer:
             resumed = resume(self)
             if resumed:
                 print(resume_line(resumed, settings), flush=True)
+            records = records_dir(settings)
             self.tracker = Tracker(
                 settings.logger,
-                settings.run_dir,
+                records,
                 settings.project_name,
                 settings.experiment_name,
                 config=self.sections.record,
                 total_steps=settings.total_training_steps,
-                resume_step=resumed.step if resumed else None,
+                # A val-only run's folder holds its own history, never a continued one.
+                resume_step=resumed.step if resumed and not settings.val_only else None,
             )
-            save_run_info(settings.run_dir, OmegaConf.to_yaml(self.sections.record))
+            save_run_info(records, OmegaConf.to_yaml(self.sections.record))
             print(
                 start_report(self.sections, self.plan, start_step=self.global_step),
                 flush=True,

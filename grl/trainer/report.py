@@ -8,6 +8,16 @@ from pathlib import Path
 from grl.compute import compute_report
 
 
+VAL_ONLY_FOLDER = "val_only"
+
+
+def records_dir(trainer) -> Path:
+    """Where a run of these trainer settings writes its metrics, curves and config: `trainer.run_dir`, and for
+    a val-only run its `val_only` folder, so that validating a trained run's export or checkpoint in that
+    run's folder leaves the run's own history and config as they were."""
+    return Path(trainer.run_dir) / VAL_ONLY_FOLDER if trainer.val_only else Path(trainer.run_dir)
+
+
 def validation_runs(trainer, start_step: int) -> bool:
     """Whether a run of these trainer settings, starting after `start_step`, validates at all."""
     return trainer.val_only or trainer.test_freq > 0 or (trainer.val_before_train and start_step == 0)
@@ -19,7 +29,7 @@ def start_report(run, plan, start_step: int = 0) -> str:
     from grl.tracking import METRICS_FILE
 
     trainer, rollout, model = run.trainer, run.rollout, run.actor_rollout_ref.model
-    run_dir = Path(trainer.run_dir).absolute()
+    run_dir = records_dir(trainer).absolute()
     groups = zip(rollout.training, rollout.agent_group_num, rollout.agent_group_size)
     val_groups = zip(
         rollout.validation, rollout.validation_agent_group_num, rollout.validation_agent_group_size

@@ -145,19 +145,18 @@ def test_train_checkpoint_kill_and_resume(tmp_path, ray_runtime, capsys):
     exported = AutoModelForCausalLM.from_pretrained(a_dir / "ckpt" / "hf_actor")
     assert exported.config.num_hidden_layers == 2
 
-    # val_only: resume A's last checkpoint, validate once, exit without training
-    cfg_val = config(
-        tmp_path,
-        "a",
-        resume_mode="auto",
-        **{"trainer.val_only": True, "trainer.run_dir": str(a_dir / "val_only")},
-    )
+    # val_only: resume A's last checkpoint, validate once, exit without training, in A's own run folder,
+    # whose history and config stay as A left them
+    a_records = {name: (a_dir / "run" / name).read_bytes() for name in (METRICS_FILE, "config.yaml")}
+    cfg_val = config(tmp_path, "a", resume_mode="auto", **{"trainer.val_only": True})
     AgentTrainer.from_config(cfg_val).fit()
     val_report = capsys.readouterr().out
     assert (
         f"grl-train: resumed from {a_dir / 'ckpt' / 'global_step_2'} (step 2); trainer.val_only" in val_report
     )
-    only = by_step(a_dir / "val_only")
+    assert f"metrics      {a_dir / 'run' / 'val_only' / METRICS_FILE}" in val_report
+    assert {name: (a_dir / "run" / name).read_bytes() for name in a_records} == a_records
+    only = by_step(a_dir / "run" / "val_only")
     assert sorted(only) == [2] and "val-env/simpleSokobanAgent/success" in only[2]
     assert not any(k.startswith("actor/") for k in only[2])
     assert (a_dir / "ckpt" / "latest").read_text().strip() == "global_step_2"
