@@ -38,7 +38,8 @@ from grl.gateway.program_processes import TemplateProcess, WorkerProcess
 from grl.gateway.program_worker import ProgramCall, rss_bytes
 
 # A worker counts its program's time from when it says it started; one that never says so (stuck in its
-# own imports) is given this much longer before its episode times out, and a template this long for its own.
+# own imports) is given this much longer before its episode times out, and a template that imports the
+# program this long for its own.
 START_GRACE_S = 60.0
 MEMORY_CHECK_S = 0.25  # how often the memory of running programs is read (~80 us a worker)
 FAULT_COUNTS = {

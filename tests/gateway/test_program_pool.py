@@ -189,6 +189,20 @@ def test_a_program_whose_import_fails_crashes_or_hangs_fails_as_in_a_fresh_inter
     assert outcome.kind == "timeout"
 
 
+def test_a_template_without_the_program_is_waited_for_past_the_grace(monkeypatch):
+    # With no grace at all, the template that imports the program is given up on at once; the one that then
+    # imports only `openai` must still be waited for (restarting it would start the same imports forever).
+    monkeypatch.setattr(program_pool, "START_GRACE_S", 0.0)
+    program = f"{PROGRAMS}:tells_who_imported_it"
+    pool = ProgramPool(1, 60.0, program=program)
+    try:
+        (outcome,) = play(pool, program, [{}])
+    finally:
+        pool.close()
+    assert outcome.ok and outcome.value[0] == 1.0, outcome
+    assert outcome.value[1]["imported_by"] == outcome.value[1]["pid"]  # the worker imported it itself
+
+
 def test_the_template_and_its_workers_end_with_the_pools_process():
     script = (
         "from grl.gateway.program_pool import ProgramPool\n"
