@@ -69,11 +69,13 @@ def profile_updates(worker) -> None:
             start = time.perf_counter()
             metrics = update(self, minibatches)
             wall = time.perf_counter() - start
+        averages = prof.key_averages()  # aggregated once: the kinds and the top list read it
         by_kind: dict[str, float] = {}
         matmul_flops = matmul_s = 0.0
-        for event in prof.key_averages():
+        for event in averages:
             seconds = event.self_cpu_time_total / 1e6
-            by_kind[kind_of(event.key)] = by_kind.get(kind_of(event.key), 0.0) + seconds
+            kind = kind_of(event.key)
+            by_kind[kind] = by_kind.get(kind, 0.0) + seconds
             if event.key in MATMULS:
                 matmul_flops += event.flops
                 matmul_s += seconds
@@ -93,7 +95,7 @@ def profile_updates(worker) -> None:
             ],
             "top": [
                 (e.key, e.self_cpu_time_total / 1e6, e.count)
-                for e in sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:15]
+                for e in sorted(averages, key=lambda e: -e.self_cpu_time_total)[:15]
             ],
         }
         return metrics
