@@ -157,9 +157,10 @@ def _checked_stream(stream: TensorStream, filled: dict[str, str | None]) -> Iter
 # of its parts. Any changed, missing or extra value changes it, as does a transposed or reordered row;
 # values swapped between rows of one column are what it cannot see.
 Digest = tuple[int, int, int, int]
-DIGEST_CHUNK_WORDS = (
-    1 << 22
-)  # words per pass: bounds the int64 copies and keeps every partial sum below 2**63
+# Words per tile. The sums run in float64 through BLAS (4-8x faster than int64 on a CPU, where the sync
+# digests the whole model on both sides every step), and float64 adds integers exactly while every partial
+# sum stays below 2**53: a tile's squares are at most 2**20 words of at most 2**32 each.
+DIGEST_TILE_WORDS = 1 << 20
 
 
 def tensor_digest(tensor: torch.Tensor) -> Digest:
@@ -168,15 +169,20 @@ def tensor_digest(tensor: torch.Tensor) -> Digest:
     value = tensor.detach().contiguous()
     # Rows keep their columns when tensors are concatenated along dim 0; a 1-D tensor has one column.
     value = value.reshape(-1, 1) if value.dim() < 2 else value.flatten(1)
-    byte_words = value.element_size() == 1
-    words = value.view(torch.uint8 if byte_words else torch.int16)
-    column = torch.arange(1, words.shape[1] + 1, device=words.device, dtype=torch.int64)
-    totals = [0, 0, 0, 0]
-    for part in words.split(max(1, DIGEST_CHUNK_WORDS // words.shape[1])):
-        w = part.to(torch.int64) & (0xFF if byte_words else 0xFFFF)
-        for i, term in enumerate((w.numel(), w.sum(), (w * w).sum(), (w * column).sum())):
-            totals[i] += int(term)
-    return tuple(totals)
+    words = value.view(torch.uint8 if value.element_size() == 1 else torch.uint16)
+    width = words.shape[1]
+    block = min(width, DIGEST_TILE_WORDS)
+    column_sums = torch.zeros(width, dtype=torch.int64, device=words.device)
+    total = squares = 0
+    for rows in words.split(max(1, DIGEST_TILE_WORDS // block)):
+        for start in range(0, width, block):
+            tile = rows[:, start : start + block].to(torch.float64)
+            flat = tile.view(-1)
+            total += int(flat.sum())
+            squares += int(torch.dot(flat, flat))
+            column_sums[start : start + block] += tile.sum(0).to(torch.int64)
+    column = torch.arange(1, width + 1, device=words.device, dtype=torch.int64)
+    return words.numel(), total, squares, int((column_sums * column).sum())
 
 
 def add_digests(digests) -> Digest:

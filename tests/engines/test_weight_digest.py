@@ -8,7 +8,7 @@ import struct
 import pytest
 import torch
 
-from grl.engines import make_engine
+from grl.engines import make_engine, weights
 from grl.engines.weights import (
     SyncCheck,
     WeightsMismatch,
@@ -52,6 +52,18 @@ def slow_digest(tensor: torch.Tensor) -> tuple[int, int, int, int]:
 )
 def test_the_digest_equals_the_slow_reference(tensor):
     assert tensor_digest(tensor) == slow_digest(tensor)
+
+
+def test_the_digest_is_exact_when_tiles_cut_rows(monkeypatch):
+    """Tiles smaller than a row (a row of a wide weight, or a long 1-D tensor) add up to the same digest."""
+    monkeypatch.setattr(weights, "DIGEST_TILE_WORDS", 64)
+    gen = torch.Generator().manual_seed(4)
+    for tensor in (
+        torch.randn(7, 300, generator=gen),
+        torch.randn(3, 2, 50, generator=gen).to(torch.bfloat16),
+        torch.randn(1000, generator=gen),
+    ):
+        assert tensor_digest(tensor) == slow_digest(tensor)
 
 
 def test_the_digest_of_a_fused_tensor_is_the_sum_of_its_parts_and_sees_any_change():
