@@ -69,26 +69,38 @@ def test_train_flops_match_verls_hand_computation():
         * (512 + 1024 + 2048)
         + 12 * (512 * 512 + 1024 * 1024 + 2048 * 2048) * 28 * 3584
     )
-    assert train_flops(ModelShape(**KNOWN_MODELS["Qwen2.5-7B-Instruct"]), [512, 1024, 2048]) == expected
+    shape = ModelShape(**KNOWN_MODELS["Qwen2.5-7B-Instruct"])
+    assert train_flops(shape, 512 + 1024 + 2048, 512**2 + 1024**2 + 2048**2) == expected
 
 
-def test_mfu_is_model_flops_per_device_over_the_update_time():
+def test_mfu_is_the_computed_model_flops_per_device_over_the_update_time():
     from grl.rollout.types import Batch
     from grl.trainer.metrics import throughput_metrics
 
     shape = ModelShape(layers=2, hidden=8, intermediate=16, heads=2, kv_heads=1, vocab=32, tied=True)
-    lengths = [3, 5]
     mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
     batch = Batch({"attention_mask": mask, "loss_mask": mask.float()})
-    # By hand: per layer MLP 3*8*16 = 384 and attention q, k, v, o 8*(8+4+4+8) = 192 weights; embedding
-    # and head 2*32*8 = 512; 6 FLOPs per weight per token over 8 tokens; attention 12*(9+25)*q(8)*layers(2).
-    flops = 6 * (2 * (384 + 192) + 512) * 8 + 12 * (9 + 25) * 8 * 2
+    update = {
+        "perf/actor/computed_tokens": 7.0,  # say a 1-token prompt the two episodes share
+        "perf/actor/computed_attention_pairs": 1.0 + (9 - 1) + (25 - 1),
+        "perf/actor/computed_head_tokens": 3.0,
+    }
+    # By hand: per layer MLP 3*8*16 = 384 and attention q, k, v, o 8*(8+4+4+8) = 192 weights, 6 FLOPs per
+    # weight per token over 7 tokens; the head 32*8 = 256 over the 3 scored; attention 12*33*q(8)*layers(2).
+    flops = 6 * (2 * (384 + 192) * 7 + 256 * 3) + 12 * 33 * 8 * 2
     metrics = throughput_metrics(
-        batch, {"update_actor": 2.0, "step": 3.0}, n_gpus=4, shape=shape, peak_flops=989e12, ppo_epochs=2
+        batch,
+        {"update_actor": 2.0, "step": 3.0},
+        n_gpus=4,
+        shape=shape,
+        peak_flops=989e12,
+        actor_update=update,
     )
-    assert metrics["perf/mfu/actor"] == pytest.approx(flops * 2 / (2.0 * 989e12 * 4))
-    assert "perf/mfu/actor" not in throughput_metrics(batch, {"update_actor": 2.0}, n_gpus=1)
-    assert lengths == [int(n) for n in mask.sum(-1)]
+    assert metrics["perf/mfu/actor"] == pytest.approx(flops / (2.0 * 989e12 * 4))
+    assert "perf/mfu/actor" not in throughput_metrics(
+        batch, {"update_actor": 2.0}, n_gpus=1, actor_update=update
+    )
+    assert "perf/mfu/actor" not in throughput_metrics(batch, {"update_actor": 2.0}, 1, shape, 989e12)
 
 
 @pytest.mark.parametrize("preset", GPU_PRESETS)

@@ -146,12 +146,14 @@ def peak_flops(device_name: str) -> float:
     return next((flops for key, flops in PEAK_BF16_FLOPS.items() if key in device_name), 0.0)
 
 
-def train_flops(shape: ModelShape, seq_lens: list[int]) -> float:
-    """FLOPs of one forward and backward over episodes of these lengths, as verl counts them: 6 per
-    dense weight (the matmuls of attention and MLP, embedding and head) per token, plus attention's
-    score and value products, 12 x q x L per pair of positions (sum of squared lengths)."""
+def train_flops(
+    shape: ModelShape, tokens: int, attention_pairs: int, head_tokens: int | None = None
+) -> float:
+    """FLOPs of one forward and backward: 6 per weight per token through the decoder layers (attention
+    and MLP matmuls), 6 per head weight per token the head scores, plus attention's score and value
+    products, 12 x q x L per attended pair of positions (n^2 for a sequence of n). `head_tokens=None`
+    counts as verl does: every token through the head and again through the embedding."""
     h = shape.hidden
-    dense = (
-        shape.layers * (3 * h * shape.intermediate + h * (2 * shape.q + 2 * shape.kv)) + 2 * shape.embedding
-    )
-    return 6 * dense * sum(seq_lens) + 12 * sum(n * n for n in seq_lens) * shape.q * shape.layers
+    layers = shape.layers * (3 * h * shape.intermediate + h * (2 * shape.q + 2 * shape.kv))
+    head = 2 * shape.embedding * tokens if head_tokens is None else shape.embedding * head_tokens
+    return 6 * (layers * tokens + head) + 12 * attention_pairs * shape.q * shape.layers

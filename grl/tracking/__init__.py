@@ -10,7 +10,6 @@ from __future__ import annotations
 import datetime
 import json
 import logging
-import math
 import os
 import socket
 import subprocess
@@ -51,7 +50,9 @@ class Tracker:
     ):
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self._plotted_at = -math.inf  # the first logged step draws; then once a minute, and at close
+        # Curves a minute into the run, then once a minute, and at close: a run shorter than that (every
+        # test's) draws once, and matplotlib's ~2 s a figure is not paid for a one-point curve.
+        self._plotted_at = time.monotonic()
         self._unplotted = False  # a step logged since the last drawing
         self.backends = []
         for name in loggers:

@@ -212,9 +212,11 @@ class AgentTrainer:
             if len(batch) > 0 and self.critic is not None:
                 with phase("update_critic"), timer("update_critic"):
                     metrics.update(self.critic.update(batch, step))
+            actor_update = None
             if len(batch) > 0 and self.updates_actor(step):
                 with phase("update_actor"), timer("update_actor"):
-                    metrics.update(on_policy_mismatch(self.actor.update(batch, step)))
+                    actor_update = on_policy_mismatch(self.actor.update(batch, step))
+                metrics.update(actor_update)
             with phase("sync_weights"), timer("sync_weights"):
                 self._source.publish(step)
         if len(batch) > 0:
@@ -226,7 +228,7 @@ class AgentTrainer:
                     self.plan.world_size,
                     self.mfu_shape,
                     self.peak_flops,
-                    self.policy.actor.ppo_epochs,
+                    actor_update,
                 )
             )
         metrics.update(timer.metrics())

@@ -144,13 +144,15 @@ def throughput_metrics(
     n_gpus: int,
     shape: ModelShape | None = None,
     peak_flops: float = 0.0,
-    ppo_epochs: int = 1,
+    actor_update: dict[str, float] | None = None,
 ) -> dict[str, float]:
     """As verl: tokens per second per device (`perf/throughput`), step time, and each
     phase's milliseconds per token (generated tokens for `gen`, every token otherwise);
     plus ours: tokens per second of the step, the rollout and the actor update. With the
-    policy's `shape` and the device's `peak_flops`, verl's `perf/mfu/actor`: the model FLOPs
-    of `ppo_epochs` passes over the batch's episodes per device, over the update time."""
+    policy's `shape`, the device's `peak_flops` and the `actor_update`'s metrics, `perf/mfu/actor`:
+    the model FLOPs of the work the update's ranks computed (`perf/actor/computed_*`,
+    grl/workers/sharding.py `computed_work`: a shared prompt once, the head on the scored tokens) per
+    device, over the update time. verl counts every episode whole, which packing does not compute."""
     tokens = (batch["attention_mask"] > 0).sum().item()
     generated = (batch["loss_mask"] > 0).sum().item()
     out = {"perf/total_tokens": float(tokens), "perf/total_num_tokens": float(tokens)}
@@ -164,9 +166,14 @@ def throughput_metrics(
         out["perf/rollout_tokens_per_s"] = generated / timings["gen"]
     if timings.get("update_actor"):
         out["perf/update_actor_tokens_per_s"] = tokens / timings["update_actor"]
-        if shape is not None and peak_flops > 0:
-            lengths = [int(n) for n in episode_token_counts(batch, "attention_mask").tolist()]
-            flops = train_flops(shape, lengths) * ppo_epochs
+        computed = actor_update or {}
+        if shape is not None and peak_flops > 0 and "perf/actor/computed_tokens" in computed:
+            flops = train_flops(
+                shape,
+                int(computed["perf/actor/computed_tokens"]),
+                int(computed["perf/actor/computed_attention_pairs"]),
+                int(computed["perf/actor/computed_head_tokens"]),
+            )
             out["perf/mfu/actor"] = flops / (timings["update_actor"] * peak_flops * max(n_gpus, 1))
     return out
 

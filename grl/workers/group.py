@@ -26,7 +26,16 @@ from grl.sections import typed_section
 from grl.workers.dispatch import FaultAwareDispatch, stop_ranks
 from grl.workers.engine_proxy import EngineProxy
 from grl.workers.runtime import acquire_pool, check_device, init_ray, release_pool, worker_runtime_env
-from grl.workers.sharding import equal_shards, minibatch_shards, pack, pad_rows, pick, row_capacity, unpack
+from grl.workers.sharding import (
+    computed_work,
+    equal_shards,
+    minibatch_shards,
+    pack,
+    pad_rows,
+    pick,
+    row_capacity,
+    unpack,
+)
 
 log = logging.getLogger("grl.workers")
 
@@ -164,7 +173,11 @@ class _WorkerGroup(FaultAwareDispatch):
         shards = minibatch_shards(
             pick(batch, keys), train_cfg, self.size, seed, self.plan.packing_capacity, self.share_prompts
         )
-        return self.call_sharded("update", shards)[0]
+        work = computed_work(sum(shards, []))
+        return {
+            **self.call_sharded("update", shards)[0],
+            **{f"perf/{self.role}/computed_{k}": float(v) for k, v in work.items()},
+        }
 
     # -- checkpoints
 

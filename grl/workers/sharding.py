@@ -169,6 +169,33 @@ def unpack(values: torch.Tensor, where: list[list[tuple[int, int, int]]], width:
     return out
 
 
+def computed_work(shards: list[dict[str, torch.Tensor]]) -> dict[str, int]:
+    """What the ranks compute over these shards, for the update's FLOPs (grl.planner.train_flops):
+    `tokens` through the backbone, a shared prompt once; `attention_pairs`, n^2 for an episode of n as
+    verl counts them, where an episode's rest of r tokens after a shared prompt of p adds (p + r)^2 - p^2;
+    `head_tokens`, the loss-mask tokens the policy's head scores. Filler rows (`pad_rows`: an empty loss
+    mask) are computed but count nothing: no episode needs them."""
+    work = {"tokens": 0, "attention_pairs": 0, "head_tokens": 0}
+    for shard in shards:
+        real = shard["loss_mask"].flatten(1).any(-1)
+        work["head_tokens"] += int((shard["loss_mask"][real] > 0).sum())
+        if "segment_ids" not in shard:
+            lengths = (shard["attention_mask"][real] > 0).sum(-1)
+            work["tokens"] += int(lengths.sum())
+            work["attention_pairs"] += int((lengths * lengths).sum())
+            continue
+        parents = shard.get("parent_ids", torch.zeros_like(shard["segment_ids"]))
+        for segments, parent_of in zip(shard["segment_ids"][real], parents[real]):
+            sizes = torch.bincount(segments, minlength=int(segments.max()) + 1)
+            work["tokens"] += int(sizes[1:].sum())
+            for segment in range(1, len(sizes)):
+                n = int(sizes[segment])
+                first = int((segments == segment).int().argmax())
+                p = int(sizes[parent_of[first]]) if int(parent_of[first]) else 0
+                work["attention_pairs"] += (p + n) ** 2 - p * p
+    return work
+
+
 def plan_minibatches(
     rows: int,
     mini_batch_size: int,

@@ -7,7 +7,7 @@ from omegaconf import OmegaConf
 
 from grl.rollout.batch import build_batch, pack_rows, packed_attention_mask
 from grl.rollout.types import Episode, Turn
-from grl.workers.sharding import minibatch_shards, pack, row_capacity, unpack
+from grl.workers.sharding import computed_work, minibatch_shards, pack, row_capacity, unpack
 
 
 def two_turn_episode(group_id=0, member=0):
@@ -142,6 +142,39 @@ def test_packed_rows_are_at_most_twice_the_longest_episode():
     assert mini["input_ids"].shape[1] <= 20
     # every token is there; episodes 0 and 2 share the 3-token prompt (with 3 too the row would pass 20)
     assert int(mini["attention_mask"].sum()) == 9 + 3 + 8 + 10 - 3
+
+
+def test_the_update_counts_the_work_its_ranks_compute():
+    """perf/mfu/actor's numerator: a shared prompt once, each rest against it, the head on the loss
+    tokens, filler rows not at all; every epoch counts."""
+    a = two_turn_episode()  # 9 tokens: a 3-token prompt, then 6 (5 of them sampled)
+    eps = [a, short_episode(), replied(a, [25]), replied(a, [26, 27, 28])]  # 9, 3, 8, 10 tokens
+    padded, _ = build_batch(eps)
+    sampled = 5 + 1 + 4 + 6
+    train = OmegaConf.create({"ppo_mini_batch_size": 4, "ppo_epochs": 2, "shuffle": False})
+
+    unpacked = minibatch_shards(padded.tensors, train, ranks=1, seed=0)
+    assert computed_work(sum(unpacked, [])) == {
+        "tokens": 2 * (9 + 3 + 8 + 10),
+        "attention_pairs": 2 * (81 + 9 + 64 + 100),
+        "head_tokens": 2 * sampled,
+    }
+    # Rows of at most 20 tokens (twice the longest): episodes 0 and 2 share their prompt (3 + 6 + 5),
+    # episode 3 would pass 20 beside them and goes whole, episode 1 has a prompt of its own.
+    packed = minibatch_shards(padded.tensors, train, ranks=1, seed=0, capacity=4096, share_prompts=True)
+    assert computed_work(sum(packed, [])) == {
+        "tokens": 2 * (3 + 6 + 5 + 10 + 3),
+        "attention_pairs": 2 * (3**2 + (9**2 - 3**2) + (8**2 - 3**2) + 10**2 + 3**2),
+        "head_tokens": 2 * sampled,
+    }
+    # Three episodes on two ranks: a filler copy evens the shards out and counts nothing.
+    odd = build_batch(eps[:3])[0].tensors
+    one = OmegaConf.create({"ppo_mini_batch_size": 3, "ppo_epochs": 1, "shuffle": False})
+    assert computed_work(sum(minibatch_shards(odd, one, ranks=2, seed=0), [])) == {
+        "tokens": 9 + 3 + 8,
+        "attention_pairs": 81 + 9 + 64,
+        "head_tokens": 5 + 1 + 4,
+    }
 
 
 def test_packed_attention_mask_is_block_diagonal_causal():

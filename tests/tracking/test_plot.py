@@ -184,9 +184,7 @@ def test_cli(tmp_path):
     assert empty.returncode == 2 and "no logged step" in empty.stderr
 
 
-def test_tracker_draws_the_curves_after_the_first_step_then_once_a_minute_and_at_the_end(
-    tmp_path, monkeypatch
-):
+def test_tracker_draws_the_curves_a_minute_in_then_once_a_minute_and_at_the_end(tmp_path, monkeypatch):
     import grl.tracking
     from grl.tracking import Tracker
 
@@ -199,26 +197,23 @@ def test_tracker_draws_the_curves_after_the_first_step_then_once_a_minute_and_at
 
     monkeypatch.setattr(grl.tracking.Tracker, "plot", counted_plot)
     tracker = Tracker(["jsonl"], tmp_path, "p", "e")
-    tracker.log(
-        {"reward/mean": 0.5, "env/simpleSokobanAgent/success": 0.25}, step=1
-    )  # the first point: drawn
-    assert drawn == [1] and (tmp_path / "curves.png").exists()
-    tracker.log({"reward/mean": 0.6}, step=2)  # within REPLOT_S of the last drawing: not drawn
-    assert drawn == [1]
+    tracker.log({"reward/mean": 0.5, "env/simpleSokobanAgent/success": 0.25}, step=1)
+    tracker.log({"reward/mean": 0.6}, step=2)  # within REPLOT_S of the start: not drawn
+    assert drawn == [] and not (tmp_path / "curves.png").exists()
     monkeypatch.setattr(grl.tracking, "REPLOT_S", 0.0)  # a minute later
     tracker.log({"reward/mean": 0.7, "val-env/simpleSokobanAgent/success": 0.5}, step=3)
-    assert drawn == [1, 3]
+    assert drawn == [3] and (tmp_path / "curves.png").exists()
     monkeypatch.setattr(grl.tracking, "REPLOT_S", 3600.0)
     tracker.log({"reward/mean": 0.9}, step=4)
     tracker.close()
-    assert drawn == [1, 3, 4]
+    assert drawn == [3, 4]
     assert matplotlib.image.imread(tmp_path / "curves.png").shape[1] > 1000
 
     (tmp_path / "one").mkdir()
     one_step = Tracker(["jsonl"], tmp_path / "one", "p", "e")
     one_step.log({"reward/mean": 0.5}, step=1)
-    one_step.close()  # nothing logged since the first step's drawing: not drawn again
-    assert drawn == [1, 3, 4, 1]
+    one_step.close()  # a run shorter than a minute draws once, at its end
+    assert drawn == [3, 4, 1]
 
 
 def drawn_panels(tmp_path, monkeypatch) -> dict:
