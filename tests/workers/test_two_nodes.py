@@ -214,8 +214,7 @@ def cfg(cluster):
     return compose(OVERRIDES)
 
 
-# The module's group, once a test on this pytest-xdist worker started it: the node-death test needs the
-# cluster to itself, and under --dist worksteal the test that closes the group may run on the other worker.
+# The module's group, once a test started it: the node-death test needs the cluster to itself.
 _module_groups: list[ActorRolloutRefGroup] = []
 
 
