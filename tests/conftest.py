@@ -44,34 +44,20 @@ SLOW_KINDS = ("learning", "multinode")
 
 
 def pytest_collection_modifyitems(config, items):
+    grouped = getattr(config.option, "loadgroup", False)  # --dist loadgroup; set in xdist workers only
     for item in items:
         if any(item.get_closest_marker(kind) for kind in SLOW_KINDS):
             item.add_marker(pytest.mark.slow)
-
-
-class ModuleGroups:
-    """Under `--dist loadgroup` a module whose tests share a fixture runs on one worker: its tests' ids end
-    in `@<its file>`, the group xdist's scheduler reads. pytest-xdist 3.8 writes that suffix into a field
-    pytest 9.2 no longer reads (pytest-xdist#1386), so the suite writes it where pytest keeps the id now."""
-
-    @pytest.hookimpl(trylast=True)
-    def pytest_collection_modifyitems(self, config, items):
-        if not getattr(config.option, "loadgroup", False):  # set in xdist workers only
-            return
-        for item in items:
-            if shares_a_module_fixture(item) and "@" not in item.nodeid.rpartition("]")[2]:
-                item._id = NodeId.parse(f"{item.nodeid}@{item.nodeid.partition('::')[0]}")
-
-
-def pytest_configure(config):
-    config.pluginmanager.register(ModuleGroups(), "grl-module-groups")
+        if grouped and shares_a_module_fixture(item):
+            # pytest-xdist 3.8 writes this suffix into a field pytest 9.2 no longer reads (pytest-xdist#1386)
+            item._id = NodeId.parse(f"{item.nodeid}@{item.nodeid.partition('::')[0]}")
 
 
 def shares_a_module_fixture(item) -> bool:
     """Whether the test uses a fixture its module's tests share (Ray worker groups, engines, clusters:
-    10-25 s to start). Under `--dist loadgroup` such a module's tests run on one worker, so it starts
-    once; split between the two workers, as work stealing did, it started on both (the worker groups'
-    module formed its actor group three times)."""
+    10-25 s to start). Under `--dist loadgroup` such a module's tests run on one worker (their ids end in
+    `@<file>`, the group xdist's scheduler reads), so it starts once; split between the two workers, as
+    work stealing did, it started on both (the worker groups' module formed its actor group three times)."""
     info = getattr(item, "_fixtureinfo", None)
     return info is not None and any(
         defs[-1].scope in ("module", "class") for defs in info.name2fixturedefs.values() if defs
