@@ -76,6 +76,8 @@ class RunPlan:
     # rollouts generate while the actor trains (grl/trainer/pipeline.py): rollout.max_staleness > 0, which
     # grl.config allows only with the engine apart
     rollout_ahead: bool
+    # A val-only run validates and trains nothing: it starts no critic, reference model or teacher (the
+    # critic's ranks were half a tiny run's start-up, and each of the others is a model's memory).
     use_critic: bool  # the estimator reads values
     use_reference: bool  # a KL loss or a KL penalty in the reward needs reference log-probs
     reference_model: bool  # a model of its own; a LoRA run's reference is its base with the adapter off
@@ -119,7 +121,8 @@ class RunPlan:
             facts = machine_facts(trainer.device, engine.name, trainer.gpu_memory_gb)
         resolved = resolve(trainer.device, engine.name, facts, trainer.gpu_memory_gb)
         temperature = engine.temperature
-        use_reference = actor.use_kl_loss or run.algorithm.use_kl_in_reward
+        trains = not trainer.val_only
+        use_reference = trains and (actor.use_kl_loss or run.algorithm.use_kl_in_reward)
         one_step = (
             actor.ppo_epochs == 1 and not run.algorithm.use_kl_in_reward and run.rollout.max_staleness == 0
         )
@@ -130,10 +133,10 @@ class RunPlan:
             world_size=trainer.nnodes * trainer.n_gpus_per_node,
             engine_apart=not run.actor_rollout_ref.hybrid_engine,
             rollout_ahead=run.rollout.max_staleness > 0,
-            use_critic=ESTIMATORS[run.algorithm.adv_estimator].needs_critic,
+            use_critic=trains and ESTIMATORS[run.algorithm.adv_estimator].needs_critic,
             use_reference=use_reference,
             reference_model=use_reference and run.actor_rollout_ref.model.lora_rank == 0,
-            teacher="local" if run.teacher.model_path else "served" if run.teacher.url else None,
+            teacher=None if not trains else "local" if run.teacher.model_path else "served" if run.teacher.url else None,
             reply_grammars=decodes_constrained(
                 [
                     spec

@@ -36,6 +36,14 @@ def test_what_the_config_asks_for_is_what_the_plan_decides():
     assert gae_kl.use_critic and gae_kl.use_reference and gae_kl.reference_model
     assert gae_kl.teacher == "local" and plan_of().teacher is None
     assert gae_kl.phases == PHASES  # every phase, in the order a step runs them
+    validating = plan_of(
+        "algorithm.adv_estimator=gae",
+        "actor_rollout_ref.actor.use_kl_loss=true",
+        "teacher.model_path=tiny",
+        "trainer.val_only=true",
+    )
+    assert not (validating.use_critic or validating.use_reference or validating.reference_model)
+    assert validating.teacher is None  # a val-only run trains nothing, so it starts none of them
     served = plan_of(
         "algorithm.adv_estimator=opd", "teacher.url=http://127.0.0.1:8000", "critic.enable=false"
     )

@@ -76,7 +76,9 @@ class Trainer:
     save_freq: int = key(II("save_freq"), "checkpoint every N steps; -1 or 0: only at the end", ge=-1)
     val_before_train: bool = key(True, "validate before the first step")
     val_only: bool = key(
-        False, "validate once (after resuming, if any) and exit; its records go in run_dir's val_only folder"
+        False,
+        "validate once (after resuming, if any) and exit, starting no critic, reference model or teacher; "
+        "its records go in run_dir's val_only folder",
     )
     validation_steps: int = key(
         1, "validation rollouts per validation; rollout i uses validation_seed + i", ge=1

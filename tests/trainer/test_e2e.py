@@ -149,7 +149,9 @@ def test_train_checkpoint_kill_and_resume(tmp_path, ray_runtime, capsys):
     # whose history and config stay as A left them
     a_records = {name: (a_dir / "run" / name).read_bytes() for name in (METRICS_FILE, "config.yaml")}
     cfg_val = config(tmp_path, "a", resume_mode="auto", **{"trainer.val_only": True})
-    AgentTrainer.from_config(cfg_val).fit()
+    validator = AgentTrainer.from_config(cfg_val)
+    assert validator.critic is None  # nothing trains, so no critic starts (A's critic stays in its folder)
+    validator.fit()
     val_report = capsys.readouterr().out
     assert (
         f"grl-train: resumed from {a_dir / 'ckpt' / 'global_step_2'} (step 2); trainer.val_only" in val_report
