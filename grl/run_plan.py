@@ -122,6 +122,7 @@ class RunPlan:
         resolved = resolve(trainer.device, engine.name, facts, trainer.gpu_memory_gb)
         temperature = engine.temperature
         trains = not trainer.val_only
+        teacher = "local" if run.teacher.model_path else "served" if run.teacher.url else None
         use_reference = trains and (actor.use_kl_loss or run.algorithm.use_kl_in_reward)
         one_step = (
             actor.ppo_epochs == 1 and not run.algorithm.use_kl_in_reward and run.rollout.max_staleness == 0
@@ -136,7 +137,7 @@ class RunPlan:
             use_critic=trains and ESTIMATORS[run.algorithm.adv_estimator].needs_critic,
             use_reference=use_reference,
             reference_model=use_reference and run.actor_rollout_ref.model.lora_rank == 0,
-            teacher=None if not trains else "local" if run.teacher.model_path else "served" if run.teacher.url else None,
+            teacher=teacher if trains else None,
             reply_grammars=decodes_constrained(
                 [
                     spec
